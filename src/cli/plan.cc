@@ -1,0 +1,6 @@
+// PLACEHOLDER: replaced by the owner of this subcommand.
+#include "cli/commands.h"
+
+namespace atl::cli {
+void AddPlanCommands(CLI::App& app) { (void)app; }
+}  // namespace atl::cli
