@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The main job: prepare the bundled corpus (State of the Union addresses, public domain), train the
+# `small` GPT (~11M parameters) for a few minutes on this machine's cores with a progress bar,
+# evaluate validation loss, print a text sample and the checkpoint's path.
+# Usage: scripts/demo.sh [--set section.key=value ...]   (e.g. --set train.steps=100)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}"
+ATOLL=build/release/atoll
+OUT=runs/demo
+[[ -f .cache/data/sotu/train.bin ]] || $ATOLL data prepare --out .cache/data/sotu
+$ATOLL train --config configs/small.toml --out "$OUT" "$@"
+echo
+echo "== validation loss of the final checkpoint =="
+$ATOLL eval --checkpoint "$OUT/checkpoint" --tokens .cache/data/sotu/val.bin --max-windows 64
+echo
+echo "== sample =="
+$ATOLL sample --checkpoint "$OUT/checkpoint" --prompt "Fellow-Citizens of the Senate and House of Representatives:" --tokens 60 --seed 1
+echo
+echo "checkpoint: $OUT/checkpoint"

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Builds atoll (installing what is missing) and runs every test: unit tests, end-to-end CLI tests
+# and the PyTorch comparison. Usage: scripts/test.sh [extra ctest arguments]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# The end-to-end tests train on the prepared corpus.
+[[ -f .cache/data/sotu/train.bin ]] || build/release/atoll data prepare --out .cache/data/sotu
+ctest --test-dir build/release --output-on-failure --timeout 900 -j2 "$@"
