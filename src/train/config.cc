@@ -1,0 +1,334 @@
+#include "train/config.h"
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "core/file.h"
+
+namespace atl {
+
+namespace {
+
+// Sections that exist but accept no keys yet (the multi-rank and multi-site engine).
+constexpr std::string_view kReservedSections[] = {"parallel", "world"};
+
+bool IsReserved(std::string_view section) {
+  for (auto r : kReservedSections)
+    if (r == section) return true;
+  return false;
+}
+
+std::string TypeName(toml::node_type t) {
+  std::ostringstream os;
+  os << t;
+  return os.str();
+}
+
+// "string \"abc\"", "integer 3", "table {...}": what a value is, for error messages.
+std::string Describe(const toml::node& n) {
+  std::ostringstream os;
+  n.visit([&](const auto& x) { os << x; });
+  std::string s = os.str();
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return fmt::format("{} {}", TypeName(n.type()), s);
+}
+
+// Assigns a TOML value to a key, checking its type. `where` names the key in errors.
+Status AssignFromToml(const ConfigKey& key, const toml::node& n) {
+  const std::string where = key.path();
+  return std::visit(
+      [&](auto* p) -> Status {
+        using V = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<V, std::string>) {
+          if (!n.is_string())
+            return Status::InvalidArgument(
+                fmt::format("{}: expected a string, got {}", where, Describe(n)));
+          *p = n.as_string()->get();
+        } else if constexpr (std::is_same_v<V, double>) {
+          if (n.is_floating_point()) {
+            *p = n.as_floating_point()->get();
+          } else if (n.is_integer()) {
+            *p = double(n.as_integer()->get());
+          } else {
+            return Status::InvalidArgument(
+                fmt::format("{}: expected a number, got {}", where, Describe(n)));
+          }
+        } else {
+          if (!n.is_integer())
+            return Status::InvalidArgument(
+                fmt::format("{}: expected an integer, got {}", where, Describe(n)));
+          const int64_t v = n.as_integer()->get();
+          if (v < int64_t(std::numeric_limits<V>::min()) ||
+              v > int64_t(std::numeric_limits<V>::max()))
+            return Status::InvalidArgument(fmt::format("{}: {} is out of range", where, v));
+          *p = V(v);
+        }
+        return Status::Ok();
+      },
+      key.value);
+}
+
+const ConfigKey* FindKey(const std::vector<ConfigKey>& keys, std::string_view section,
+                         std::string_view name) {
+  for (const auto& k : keys)
+    if (k.section == section && k.name == name) return &k;
+  return nullptr;
+}
+
+Status UnknownKey(std::string_view section, std::string_view name) {
+  if (IsReserved(section))
+    return Status::InvalidArgument(
+        fmt::format("{}.{}: unknown key (the [{}] section is reserved; it accepts no keys yet)",
+                    section, name, section));
+  return Status::InvalidArgument(fmt::format("{}.{}: unknown key", section, name));
+}
+
+bool IsKnownSection(std::string_view s) {
+  return s == "model" || s == "train" || s == "data" || IsReserved(s);
+}
+
+// A float as TOML: the shortest text that reads back to the same double, always with a '.' or
+// an exponent so it stays a float.
+std::string TomlFloat(double v) {
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+}  // namespace
+
+std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
+  return {
+      {"model", "n_layer", &c.model.n_layer, "transformer blocks"},
+      {"model", "n_head", &c.model.n_head, "attention heads per block"},
+      {"model", "n_embd", &c.model.n_embd, "embedding width (divisible by n_head)"},
+      {"model", "seq_len", &c.model.seq_len, "context length (rows of wpe)"},
+      {"model", "vocab_size", &c.model.vocab_size, "token vocabulary (GPT-2: 50257)"},
+      {"train", "steps", &c.train.steps, "optimizer steps"},
+      {"train", "seed", &c.train.seed, "seed of every random draw"},
+      {"train", "batch_size", &c.train.batch_size, "sequences per optimizer step"},
+      {"train", "micro_batch_size", &c.train.micro_batch_size, "sequences per forward/backward"},
+      {"train", "lr", &c.train.lr, "peak learning rate"},
+      {"train", "min_lr", &c.train.min_lr, "learning rate at the last step (cosine)"},
+      {"train", "warmup_steps", &c.train.warmup_steps, "linear warmup steps"},
+      {"train", "weight_decay", &c.train.weight_decay, "decoupled weight decay (2-D weights)"},
+      {"train", "beta1", &c.train.beta1, "Adam first-moment decay"},
+      {"train", "beta2", &c.train.beta2, "Adam second-moment decay"},
+      {"train", "eps", &c.train.eps, "Adam epsilon"},
+      {"train", "grad_clip", &c.train.grad_clip, "global gradient-norm clip (0: off)"},
+      {"train", "eval_every", &c.train.eval_every, "validation every N steps (0: at end only)"},
+      {"train", "eval_batches", &c.train.eval_batches, "validation batches (0: none)"},
+      {"train", "checkpoint_every", &c.train.checkpoint_every, "checkpoint every N steps (0: end)"},
+      {"train", "threads", &c.train.threads, "OpenMP threads (0: OMP_NUM_THREADS or all cores)"},
+      {"data", "dir", &c.data.dir, "directory with train.bin and val.bin"},
+  };
+}
+
+StatusOr<RunConfig> ParseRunConfig(std::string_view text, const std::string& source) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    return Status::InvalidArgument(
+        fmt::format("{}:{}:{}: {}", source, b.line, b.column, e.description()));
+  }
+  RunConfig cfg;
+  auto keys = ConfigKeys(cfg);
+  for (const auto& [section_key, section_node] : root) {
+    const std::string_view section = section_key.str();
+    if (!IsKnownSection(section))
+      return Status::InvalidArgument(fmt::format(
+          "{}: unknown section [{}] (known: model, train, data; reserved: parallel, world)", source,
+          section));
+    const toml::table* table = section_node.as_table();
+    if (table == nullptr)
+      return Status::InvalidArgument(fmt::format("{}: {} must be a table [{}], got {}", source,
+                                                 section, section, TypeName(section_node.type())));
+    for (const auto& [name_key, value] : *table) {
+      const ConfigKey* key = FindKey(keys, section, name_key.str());
+      if (key == nullptr) return UnknownKey(section, name_key.str()).WithContext(source);
+      ATOLL_RETURN_IF_ERROR(AssignFromToml(*key, value).WithContext(source));
+    }
+  }
+  return cfg;
+}
+
+Status ApplyConfigOverride(RunConfig* cfg, std::string_view assignment) {
+  const size_t eq = assignment.find('=');
+  const std::string_view path = assignment.substr(0, eq);
+  const size_t dot = path.find('.');
+  if (eq == std::string_view::npos || dot == std::string_view::npos || dot == 0 ||
+      dot + 1 == path.size())
+    return Status::InvalidArgument(
+        fmt::format("--set {}: expected section.key=value, e.g. train.steps=100", assignment));
+  const std::string_view section = path.substr(0, dot), name = path.substr(dot + 1);
+  std::string_view text = assignment.substr(eq + 1);
+  auto keys = ConfigKeys(*cfg);
+  if (!IsKnownSection(section))
+    return Status::InvalidArgument(fmt::format("--set {}: unknown section {}", path, section));
+  const ConfigKey* key = FindKey(keys, section, name);
+  if (key == nullptr) return UnknownKey(section, name).WithContext("--set");
+  if (std::holds_alternative<std::string*>(key->value)) {
+    // Any text; surrounding quotes, if given, are not part of the value.
+    if (text.size() >= 2 && (text.front() == '"' || text.front() == '\'') &&
+        text.back() == text.front())
+      text = text.substr(1, text.size() - 2);
+    *std::get<std::string*>(key->value) = std::string(text);
+    return Status::Ok();
+  }
+  // Numbers are read as TOML, so `1_000`, `3e-4` and `0x10` mean what they mean in a file.
+  toml::table t;
+  try {
+    const std::string doc = fmt::format("v = {}", text);
+    t = toml::parse(std::string_view(doc), std::string_view("--set"));
+  } catch (const toml::parse_error&) {
+    return Status::InvalidArgument(
+        fmt::format("{}: cannot read '{}' as a {}", key->path(), text,
+                    std::holds_alternative<double*>(key->value) ? "number" : "integer"));
+  }
+  return AssignFromToml(*key, *t.get("v")).WithContext("--set");
+}
+
+Status ValidateRunConfig(const RunConfig& c) {
+  auto bad = [](std::string_view key, const std::string& why) {
+    return Status::InvalidArgument(fmt::format("{}: {}", key, why));
+  };
+  const GPTConfig& m = c.model;
+  if (std::string why = ValidateConfig(m); !why.empty()) return Status::InvalidArgument(why);
+  if (m.seq_len > 16384) return bad("model.seq_len", fmt::format("{} > 16384", m.seq_len));
+  if (m.n_layer > 1024) return bad("model.n_layer", fmt::format("{} > 1024", m.n_layer));
+  if (m.n_embd > 65536) return bad("model.n_embd", fmt::format("{} > 65536", m.n_embd));
+
+  const TrainConfig& t = c.train;
+  // Steps fold into the RNG counter below 2^40 (core/rng.cc).
+  if (t.steps < 1 || t.steps >= (int64_t{1} << 40))
+    return bad("train.steps", fmt::format("must be in [1, 2^40), got {}", t.steps));
+  if (t.seed < 0) return bad("train.seed", fmt::format("must be >= 0, got {}", t.seed));
+  if (t.batch_size < 1)
+    return bad("train.batch_size", fmt::format("must be >= 1, got {}", t.batch_size));
+  if (t.micro_batch_size < 1)
+    return bad("train.micro_batch_size", fmt::format("must be >= 1, got {}", t.micro_batch_size));
+  if (t.batch_size % t.micro_batch_size != 0)
+    return bad("train.batch_size", fmt::format("{} is not divisible by train.micro_batch_size {}",
+                                               t.batch_size, t.micro_batch_size));
+  auto finite = [](double v) { return std::isfinite(v); };
+  if (!finite(t.lr) || t.lr <= 0) return bad("train.lr", fmt::format("must be > 0, got {}", t.lr));
+  if (!finite(t.min_lr) || t.min_lr < 0 || t.min_lr > t.lr)
+    return bad("train.min_lr",
+               fmt::format("must be in [0, train.lr = {}], got {}", t.lr, t.min_lr));
+  // warmup_steps > steps is allowed: a short run (--set train.steps=5) stays in warmup.
+  if (t.warmup_steps < 0)
+    return bad("train.warmup_steps", fmt::format("must be >= 0, got {}", t.warmup_steps));
+  if (!finite(t.weight_decay) || t.weight_decay < 0)
+    return bad("train.weight_decay", fmt::format("must be >= 0, got {}", t.weight_decay));
+  if (!finite(t.beta1) || t.beta1 < 0 || t.beta1 >= 1)
+    return bad("train.beta1", fmt::format("must be in [0, 1), got {}", t.beta1));
+  if (!finite(t.beta2) || t.beta2 < 0 || t.beta2 >= 1)
+    return bad("train.beta2", fmt::format("must be in [0, 1), got {}", t.beta2));
+  if (!finite(t.eps) || t.eps <= 0)
+    return bad("train.eps", fmt::format("must be > 0, got {}", t.eps));
+  if (!finite(t.grad_clip) || t.grad_clip < 0)
+    return bad("train.grad_clip", fmt::format("must be >= 0 (0: off), got {}", t.grad_clip));
+  if (t.eval_every < 0)
+    return bad("train.eval_every", fmt::format("must be >= 0, got {}", t.eval_every));
+  if (t.eval_batches < 0)
+    return bad("train.eval_batches", fmt::format("must be >= 0, got {}", t.eval_batches));
+  if (t.checkpoint_every < 0)
+    return bad("train.checkpoint_every", fmt::format("must be >= 0, got {}", t.checkpoint_every));
+  if (t.threads < 0 || t.threads > 4096)
+    return bad("train.threads", fmt::format("must be in [0, 4096], got {}", t.threads));
+  if (c.data.dir.empty()) return bad("data.dir", "must not be empty");
+  return Status::Ok();
+}
+
+StatusOr<RunConfig> LoadRunConfig(const std::string& path,
+                                  const std::vector<std::string>& overrides) {
+  RunConfig cfg;
+  if (!path.empty()) {
+    auto text = ReadFile(path);
+    if (!text.ok()) return text.status().WithContext("reading config");
+    ATOLL_ASSIGN_OR_RETURN(cfg, ParseRunConfig(*text, path));
+  }
+  for (const auto& o : overrides) ATOLL_RETURN_IF_ERROR(ApplyConfigOverride(&cfg, o));
+  ATOLL_RETURN_IF_ERROR(ValidateRunConfig(cfg));
+  return cfg;
+}
+
+std::string RunConfigToToml(const RunConfig& in) {
+  RunConfig cfg = in;
+  std::string out = "# atoll effective config (file + --set overrides)\n";
+  std::string_view section;
+  for (const auto& k : ConfigKeys(cfg)) {
+    if (k.section != section) {
+      section = k.section;
+      out += fmt::format("{}[{}]\n", out.size() > 60 ? "\n" : "", section);
+    }
+    std::string v = std::visit(
+        [](auto* p) -> std::string {
+          using V = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_same_v<V, std::string>) {
+            std::ostringstream os;
+            os << toml::value<std::string>(*p);
+            return os.str();
+          } else if constexpr (std::is_same_v<V, double>) {
+            return TomlFloat(*p);
+          } else {
+            return fmt::format("{}", *p);
+          }
+        },
+        k.value);
+    out += fmt::format("{} = {}\n", k.name, v);
+  }
+  return out;
+}
+
+nlohmann::json RunConfigToJson(const RunConfig& in) {
+  RunConfig cfg = in;
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& k : ConfigKeys(cfg)) {
+    std::visit([&](auto* p) { j[std::string(k.section)][std::string(k.name)] = *p; }, k.value);
+  }
+  return j;
+}
+
+StatusOr<RunConfig> RunConfigFromJson(const nlohmann::json& j) {
+  RunConfig cfg;
+  auto keys = ConfigKeys(cfg);
+  if (!j.is_object()) return Status::InvalidArgument("config: expected a JSON object");
+  for (const auto& [section, table] : j.items()) {
+    if (!table.is_object())
+      return Status::InvalidArgument(fmt::format("config.{}: expected an object", section));
+    for (const auto& [name, v] : table.items()) {
+      const ConfigKey* key = FindKey(keys, section, name);
+      if (key == nullptr) return UnknownKey(section, name).WithContext("config");
+    }
+  }
+  for (const auto& k : keys) {
+    const std::string s(k.section), n(k.name);
+    if (!j.contains(s) || !j[s].contains(n))
+      return Status::InvalidArgument(fmt::format("config: missing key {}", k.path()));
+    const nlohmann::json& v = j[s][n];
+    Status st = std::visit(
+        [&](auto* p) -> Status {
+          using V = std::remove_pointer_t<decltype(p)>;
+          const bool ok = std::is_same_v<V, std::string> ? v.is_string()
+                          : std::is_same_v<V, double>    ? v.is_number()
+                                                         : v.is_number_integer();
+          if (!ok)
+            return Status::InvalidArgument(fmt::format("config: {} has the wrong type", k.path()));
+          *p = v.get<V>();
+          return Status::Ok();
+        },
+        k.value);
+    ATOLL_RETURN_IF_ERROR(st);
+  }
+  ATOLL_RETURN_IF_ERROR(ValidateRunConfig(cfg));
+  return cfg;
+}
+
+}  // namespace atl

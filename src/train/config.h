@@ -1,0 +1,98 @@
+// The run configuration: what `atoll train` reads from a TOML file and `--set` overrides.
+//
+// Sections [model], [train], [data]; [parallel] and [world] are reserved for the multi-rank and
+// multi-site engine and accept no keys yet. Every key has a default (the `small` preset), so a
+// config file may name only what it changes. An unknown section or key, a value of the wrong
+// type, or a value out of range is an error that names the key ("train.lr: ...").
+//
+// `--set section.key=value` overrides one key after the file is read; the value is typed by the
+// key (an integer key takes a TOML integer, a float key a TOML float or integer, a string key any
+// text), so `--set train.lr=3e-4 --set data.dir=/tmp/d` need no quoting.
+//
+// The effective configuration (file + overrides) is written into the run directory as TOML and
+// into each checkpoint's manifest as JSON; both read back to the same values, bit for bit.
+//
+// Thread-safety: values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "core/status.h"
+#include "model/config.h"
+
+namespace atl {
+
+struct TrainConfig {
+  int64_t steps = 300;           // optimizer steps
+  int64_t seed = 1337;           // keys every random draw (init, data sampling)
+  int64_t batch_size = 16;       // sequences per optimizer step
+  int64_t micro_batch_size = 8;  // sequences per forward/backward (accumulation = batch / micro)
+  double lr = 3e-3;              // peak learning rate, reached after warmup
+  double min_lr = 3e-4;          // cosine decays to this at the last step
+  int64_t warmup_steps = 30;     // linear warmup
+  double weight_decay = 0.1;     // decoupled (AdamW), on 2-D weights only
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;        // global-norm clipping threshold; 0 disables
+  int64_t eval_every = 100;      // validation loss every N steps (and at the end); 0: only at end
+  int64_t eval_batches = 8;      // validation batches of micro_batch_size windows; 0: no eval
+  int64_t checkpoint_every = 0;  // also write DIR/checkpoint-<step> every N steps; 0: final only
+  int64_t threads = 0;           // OpenMP threads; 0: OMP_NUM_THREADS if set, else all cores
+
+  int64_t accumulation_steps() const { return batch_size / micro_batch_size; }
+  bool operator==(const TrainConfig&) const = default;
+};
+
+struct DataConfig {
+  std::string dir = ".cache/data/sotu";  // holds train.bin and val.bin (`atoll data prepare`)
+  bool operator==(const DataConfig&) const = default;
+};
+
+struct RunConfig {
+  GPTConfig model{.vocab_size = 50257, .seq_len = 128, .n_layer = 4, .n_head = 4, .n_embd = 192};
+  TrainConfig train;
+  DataConfig data;
+  bool operator==(const RunConfig&) const = default;
+};
+
+// One configurable key: where it lives and a pointer to its value in a RunConfig.
+struct ConfigKey {
+  std::string_view section;
+  std::string_view name;
+  std::variant<int*, int64_t*, double*, std::string*> value;
+  std::string_view help;
+  std::string path() const { return std::string(section) + "." + std::string(name); }
+};
+
+// Every key of `cfg`, in the order they are serialized.
+std::vector<ConfigKey> ConfigKeys(RunConfig& cfg);
+
+// Parses TOML text (`source` names it in errors) over the defaults. Does not validate ranges.
+StatusOr<RunConfig> ParseRunConfig(std::string_view toml_text, const std::string& source);
+
+// Applies one "section.key=value" override.
+Status ApplyConfigOverride(RunConfig* cfg, std::string_view assignment);
+
+// Checks types' ranges and the relations between keys; the error names the key.
+Status ValidateRunConfig(const RunConfig& cfg);
+
+// Reads `path` (or starts from the defaults if `path` is empty), applies `overrides` in order and
+// validates. Errors are kInvalidArgument / kNotFound (exit code 2).
+StatusOr<RunConfig> LoadRunConfig(const std::string& path,
+                                  const std::vector<std::string>& overrides);
+
+// The effective config as TOML text (reads back to the same values) and as a JSON object
+// {"model": {...}, "train": {...}, "data": {...}}.
+std::string RunConfigToToml(const RunConfig& cfg);
+nlohmann::json RunConfigToJson(const RunConfig& cfg);
+// Reads the JSON form back. Unknown, missing or mistyped keys are errors (a manifest's config must
+// be complete); the result is validated.
+StatusOr<RunConfig> RunConfigFromJson(const nlohmann::json& j);
+
+}  // namespace atl
