@@ -43,13 +43,23 @@ struct BackendInfo {
 // Prepares the backend; idempotent, cheap after the first call. The GPT constructor calls it;
 // call it yourself before timing raw kernels.
 // - Pins OpenBLAS to one thread (parallelism comes from the fixed OpenMP chunks above).
-// - OpenBLAS (0.3.21, DYNAMIC_ARCH) picks its Haswell kernels on AVX-512 Zen CPUs, which run
-//   SGEMM at about half the speed of its SkylakeX kernels there. If OPENBLAS_CORETYPE is unset
-//   and the CPU has AVX-512 (F, DQ, BW, VL) while OpenBLAS chose an AVX2 family, this re-runs
-//   OpenBLAS's own kernel selection with OPENBLAS_CORETYPE=SkylakeX (the same code path the
-//   environment variable takes at load time). Setting OPENBLAS_CORETYPE yourself always wins.
+// - OpenBLAS kernel family. SGEMM on AVX-512 Zen CPUs runs at ~190 GFLOP/s per core with
+//   OpenBLAS's SkylakeX/Cooperlake kernels and ~100 with its AVX2 (Haswell, Zen) ones.
+//   * OPENBLAS_CORETYPE set: respected (it is read when libopenblas loads; an explicit choice,
+//     e.g. to pin numerics across machines). If it names an AVX2 family on an AVX-512 CPU,
+//     InitBackend logs a warning once saying what that costs.
+//   * unset: if OpenBLAS chose an AVX2 family although the CPU has AVX-512 (F, DQ, BW, VL), as
+//     OpenBLAS versions without this CPU in their tables do, it switches to SkylakeX (SetBlasCore).
 // REQUIRES: no BLAS call is running in another thread during the first call.
 BackendInfo InitBackend();
+
+// Switches OpenBLAS's kernel family now, without restarting the process: sets OPENBLAS_CORETYPE
+// (so child processes inherit it) and re-runs OpenBLAS's own load-time selection (DYNAMIC_ARCH
+// builds; a no-op elsewhere). Names as OPENBLAS_CORETYPE takes them ("SkylakeX", "Haswell",
+// "Cooperlake", ...). Returns the family in use afterwards (OpenBLAS keeps its own choice for
+// names it does not know). Results of BLAS calls can differ in the last bits between families.
+// REQUIRES: no BLAS call is running in any thread; no other thread reads the environment.
+std::string SetBlasCore(const std::string& name);
 
 // ---- Encoder: token + position embeddings --------------------------------------------------
 

@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -14,6 +16,33 @@
 namespace atl {
 
 namespace k = kernels;
+
+namespace {
+
+// Runs f; when profiling, adds its wall time to times' entry for op (entries in first-use order).
+template <class Times, class F>
+void Timed(bool profiling, Times& times, const char* op, F&& f) {
+  if (!profiling) {
+    f();
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (auto& e : times) {
+    if (std::strcmp(e.op, op) == 0) {
+      e.seconds += dt;
+      ++e.calls;
+      return;
+    }
+  }
+  times.push_back({op, dt, 1});
+}
+
+}  // namespace
+
+// One kernel call, timed under `op` when profiling is on.
+#define ATL_OP(op, ...) Timed(a.profiling, a.times, op, [&] { __VA_ARGS__; })
 
 // Forward activations for every layer (backward needs them), and one layer's worth of gradient
 // buffers that backward reuses from the top layer down. All sized for (max_batch, seq_len) once.
@@ -79,6 +108,9 @@ struct GPT<T>::Activations {
   std::vector<T> datt_scratch;
   std::vector<T> dfch_gelu, dfch;  // [N, 4C]
   std::vector<T> classifier_scratch;
+
+  bool profiling = false;
+  std::vector<OpTime> times;
 };
 
 template <class T>
@@ -163,7 +195,8 @@ T GPT<T>::Forward(const int32_t* inputs, const int32_t* targets, int B, int T_le
   const T* P = params_.data();
   auto W = [&](ParamKind kind, int l = -1) { return P + ParamOffset(cfg_, kind, l); };
 
-  k::EncoderForward(a.encoded.data(), inputs, W(ParamKind::kWte), W(ParamKind::kWpe), B, T_len, C);
+  ATL_OP("encoder fwd", k::EncoderForward(a.encoded.data(), inputs, W(ParamKind::kWte),
+                                          W(ParamKind::kWpe), B, T_len, C));
   const T* residual = a.encoded.data();
   for (int l = 0; l < L; ++l) {
     T* ln1 = a.ln1.data() + l * NR * C;
@@ -180,26 +213,34 @@ T GPT<T>::Forward(const int32_t* inputs, const int32_t* targets, int B, int T_le
     T* fch_gelu = a.fch_gelu.data() + l * NR * 4 * C;
     T* res3 = a.residual3.data() + l * NR * C;
 
-    k::LayerNormForward(ln1, ln1_mean, ln1_rstd, residual, W(ParamKind::kLn1W, l),
-                        W(ParamKind::kLn1B, l), N, C);
-    k::MatmulForward(qkv, ln1, W(ParamKind::kAttnW, l), W(ParamKind::kAttnB, l), N, C, 3 * C);
-    k::AttentionForward(atty, att, qkv, B, T_len, C, NH);
+    ATL_OP("layernorm fwd",
+           k::LayerNormForward(ln1, ln1_mean, ln1_rstd, residual, W(ParamKind::kLn1W, l),
+                               W(ParamKind::kLn1B, l), N, C));
+    ATL_OP("matmul fwd", k::MatmulForward(qkv, ln1, W(ParamKind::kAttnW, l),
+                                          W(ParamKind::kAttnB, l), N, C, 3 * C));
+    ATL_OP("attention fwd", k::AttentionForward(atty, att, qkv, B, T_len, C, NH));
     // residual2 = residual + atty · W_proj + b_proj (the projection lands in residual2 first).
-    k::MatmulForward(res2, atty, W(ParamKind::kAttnProjW, l), W(ParamKind::kAttnProjB, l), N, C, C);
-    k::ResidualForward(res2, residual, res2, NC);
-    k::LayerNormForward(ln2, ln2_mean, ln2_rstd, res2, W(ParamKind::kLn2W, l),
-                        W(ParamKind::kLn2B, l), N, C);
-    k::MatmulForward(fch, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l), N, C, 4 * C);
-    k::GeluForward(fch_gelu, fch, size_t(N) * 4 * C);
-    k::MatmulForward(res3, fch_gelu, W(ParamKind::kFcProjW, l), W(ParamKind::kFcProjB, l), N, 4 * C,
-                     C);
-    k::ResidualForward(res3, res2, res3, NC);
+    ATL_OP("matmul fwd", k::MatmulForward(res2, atty, W(ParamKind::kAttnProjW, l),
+                                          W(ParamKind::kAttnProjB, l), N, C, C));
+    ATL_OP("residual fwd", k::ResidualForward(res2, residual, res2, NC));
+    ATL_OP("layernorm fwd",
+           k::LayerNormForward(ln2, ln2_mean, ln2_rstd, res2, W(ParamKind::kLn2W, l),
+                               W(ParamKind::kLn2B, l), N, C));
+    ATL_OP("matmul fwd",
+           k::MatmulForward(fch, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l), N, C, 4 * C));
+    ATL_OP("gelu fwd", k::GeluForward(fch_gelu, fch, size_t(N) * 4 * C));
+    ATL_OP("matmul fwd", k::MatmulForward(res3, fch_gelu, W(ParamKind::kFcProjW, l),
+                                          W(ParamKind::kFcProjB, l), N, 4 * C, C));
+    ATL_OP("residual fwd", k::ResidualForward(res3, res2, res3, NC));
     residual = res3;
   }
-  k::LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), residual,
-                      W(ParamKind::kLnfW), W(ParamKind::kLnfB), N, C);
-  const T loss = k::ClassifierForward(a.logits.data(), a.lse.data(), a.losses.data(), a.lnf.data(),
-                                      W(ParamKind::kWte), targets, N, C, V);
+  ATL_OP("layernorm fwd",
+         k::LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), residual,
+                             W(ParamKind::kLnfW), W(ParamKind::kLnfB), N, C));
+  T loss = 0;
+  ATL_OP("classifier fwd",
+         loss = k::ClassifierForward(a.logits.data(), a.lse.data(), a.losses.data(), a.lnf.data(),
+                                     W(ParamKind::kWte), targets, N, C, V));
   last_B_ = B;
   last_T_ = T_len;
   last_had_targets_ = targets != nullptr;
@@ -225,14 +266,16 @@ void GPT<T>::Backward(T loss_scale) {
   // Loss = loss_scale * mean over N positions.
   const T dloss = loss_scale / T(N);
   zero(a.dln, NC);
-  k::ClassifierBackward(a.dln.data(), D(ParamKind::kWte), a.classifier_scratch.data(),
-                        a.logits.data(), a.lse.data(), a.lnf.data(), W(ParamKind::kWte),
-                        a.targets.data(), dloss, N, C, V);
+  ATL_OP("classifier bwd",
+         k::ClassifierBackward(a.dln.data(), D(ParamKind::kWte), a.classifier_scratch.data(),
+                               a.logits.data(), a.lse.data(), a.lnf.data(), W(ParamKind::kWte),
+                               a.targets.data(), dloss, N, C, V));
   const T* last_residual = L > 0 ? a.residual3.data() + (L - 1) * NR * C : a.encoded.data();
   zero(a.dresidual, NC);
-  k::LayerNormBackward(a.dresidual.data(), D(ParamKind::kLnfW), D(ParamKind::kLnfB), a.dln.data(),
-                       last_residual, W(ParamKind::kLnfW), a.lnf_mean.data(), a.lnf_rstd.data(), N,
-                       C);
+  ATL_OP("layernorm bwd",
+         k::LayerNormBackward(a.dresidual.data(), D(ParamKind::kLnfW), D(ParamKind::kLnfB),
+                              a.dln.data(), last_residual, W(ParamKind::kLnfW), a.lnf_mean.data(),
+                              a.lnf_rstd.data(), N, C));
   T* dres = a.dresidual.data();
   for (int l = L - 1; l >= 0; --l) {
     const T* residual = l == 0 ? a.encoded.data() : a.residual3.data() + (l - 1) * NR * C;
@@ -252,29 +295,36 @@ void GPT<T>::Backward(T loss_scale) {
     // residual3 = residual2 + mlp(ln2(residual2)): dres flows to residual2 unchanged, and into
     // the MLP as the gradient of its output.
     zero(a.dfch_gelu, size_t(N) * 4 * C);
-    k::MatmulBackward(a.dfch_gelu.data(), D(ParamKind::kFcProjW, l), D(ParamKind::kFcProjB, l),
-                      dres, fch_gelu, W(ParamKind::kFcProjW, l), N, 4 * C, C);
+    ATL_OP("matmul bwd", k::MatmulBackward(a.dfch_gelu.data(), D(ParamKind::kFcProjW, l),
+                                           D(ParamKind::kFcProjB, l), dres, fch_gelu,
+                                           W(ParamKind::kFcProjW, l), N, 4 * C, C));
     zero(a.dfch, size_t(N) * 4 * C);
-    k::GeluBackward(a.dfch.data(), fch, a.dfch_gelu.data(), size_t(N) * 4 * C);
+    ATL_OP("gelu bwd", k::GeluBackward(a.dfch.data(), fch, a.dfch_gelu.data(), size_t(N) * 4 * C));
     zero(a.dln, NC);
-    k::MatmulBackward(a.dln.data(), D(ParamKind::kFcW, l), D(ParamKind::kFcB, l), a.dfch.data(),
-                      ln2, W(ParamKind::kFcW, l), N, C, 4 * C);
-    k::LayerNormBackward(dres, D(ParamKind::kLn2W, l), D(ParamKind::kLn2B, l), a.dln.data(), res2,
-                         W(ParamKind::kLn2W, l), ln2_mean, ln2_rstd, N, C);
+    ATL_OP("matmul bwd",
+           k::MatmulBackward(a.dln.data(), D(ParamKind::kFcW, l), D(ParamKind::kFcB, l),
+                             a.dfch.data(), ln2, W(ParamKind::kFcW, l), N, C, 4 * C));
+    ATL_OP("layernorm bwd",
+           k::LayerNormBackward(dres, D(ParamKind::kLn2W, l), D(ParamKind::kLn2B, l), a.dln.data(),
+                                res2, W(ParamKind::kLn2W, l), ln2_mean, ln2_rstd, N, C));
     // residual2 = residual + attn(ln1(residual)), likewise.
     zero(a.datty, NC);
-    k::MatmulBackward(a.datty.data(), D(ParamKind::kAttnProjW, l), D(ParamKind::kAttnProjB, l),
-                      dres, atty, W(ParamKind::kAttnProjW, l), N, C, C);
+    ATL_OP("matmul bwd", k::MatmulBackward(a.datty.data(), D(ParamKind::kAttnProjW, l),
+                                           D(ParamKind::kAttnProjB, l), dres, atty,
+                                           W(ParamKind::kAttnProjW, l), N, C, C));
     zero(a.dqkv, size_t(N) * 3 * C);
-    k::AttentionBackward(a.dqkv.data(), a.datt_scratch.data(), a.datty.data(), qkv, att, B, T_len,
-                         C, NH);
+    ATL_OP("attention bwd", k::AttentionBackward(a.dqkv.data(), a.datt_scratch.data(),
+                                                 a.datty.data(), qkv, att, B, T_len, C, NH));
     zero(a.dln, NC);
-    k::MatmulBackward(a.dln.data(), D(ParamKind::kAttnW, l), D(ParamKind::kAttnB, l), a.dqkv.data(),
-                      ln1, W(ParamKind::kAttnW, l), N, C, 3 * C);
-    k::LayerNormBackward(dres, D(ParamKind::kLn1W, l), D(ParamKind::kLn1B, l), a.dln.data(),
-                         residual, W(ParamKind::kLn1W, l), ln1_mean, ln1_rstd, N, C);
+    ATL_OP("matmul bwd",
+           k::MatmulBackward(a.dln.data(), D(ParamKind::kAttnW, l), D(ParamKind::kAttnB, l),
+                             a.dqkv.data(), ln1, W(ParamKind::kAttnW, l), N, C, 3 * C));
+    ATL_OP("layernorm bwd",
+           k::LayerNormBackward(dres, D(ParamKind::kLn1W, l), D(ParamKind::kLn1B, l), a.dln.data(),
+                                residual, W(ParamKind::kLn1W, l), ln1_mean, ln1_rstd, N, C));
   }
-  k::EncoderBackward(D(ParamKind::kWte), D(ParamKind::kWpe), dres, a.inputs.data(), B, T_len, C);
+  ATL_OP("encoder bwd", k::EncoderBackward(D(ParamKind::kWte), D(ParamKind::kWpe), dres,
+                                           a.inputs.data(), B, T_len, C));
 }
 
 template <class T>
@@ -286,6 +336,23 @@ template <class T>
 const T* GPT<T>::logits() const {
   return acts_->logits.data();
 }
+
+template <class T>
+void GPT<T>::set_profiling(bool on) {
+  acts_->profiling = on;
+}
+
+template <class T>
+std::vector<typename GPT<T>::OpTime> GPT<T>::op_times() const {
+  return acts_->times;
+}
+
+template <class T>
+void GPT<T>::reset_op_times() {
+  acts_->times.clear();
+}
+
+#undef ATL_OP
 
 template class GPT<float>;
 template class GPT<double>;

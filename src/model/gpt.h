@@ -57,6 +57,18 @@ class GPT {
   // Logits of the last Forward: [B, T, vocab_size], row-major.
   const T* logits() const;
 
+  // Optional per-op wall-clock profile, for benchmarks: while enabled, Forward and Backward add
+  // the time of each kernel call to its op's entry ("matmul fwd", "classifier bwd", ...). Off by
+  // default; when on it costs two clock reads per kernel call.
+  struct OpTime {
+    const char* op;
+    double seconds;
+    int64_t calls;
+  };
+  void set_profiling(bool on);
+  std::vector<OpTime> op_times() const;  // in order of first use
+  void reset_op_times();
+
  private:
   struct Activations;
   GPTConfig cfg_;

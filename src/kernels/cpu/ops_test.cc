@@ -19,6 +19,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
@@ -401,6 +402,28 @@ TEST_F(OpsTest, ParallelGemmMatchesNaive) {
       EXPECT_LE(worst, 1e-11) << "trans_a " << ta << " trans_b " << tb;
     }
   }
+}
+
+// ---- OpenBLAS kernel family ---------------------------------------------------------------------
+
+TEST_F(OpsTest, SetBlasCoreSwitchesAndGemmStaysCorrect) {
+  const std::string before = InitBackend().blas_core;
+  const int M = 67, N = 45, K = 33;
+  const auto A = ToFloat(RandomVec(size_t(M) * K, 60)), Bm = ToFloat(RandomVec(size_t(K) * N, 61));
+  for (const char* core : {"Haswell", "SkylakeX"}) {
+    ASSERT_EQ(SetBlasCore(core), core);
+    std::vector<float> Cm(size_t(M) * N);
+    cpu::Gemm<float>(false, false, M, N, K, 1.0f, A.data(), K, Bm.data(), N, 0.0f, Cm.data(), N);
+    for (int i = 0; i < M; ++i) {
+      for (int j = 0; j < N; ++j) {
+        double s = 0;
+        for (int k = 0; k < K; ++k) s += double(A[size_t(i) * K + k]) * Bm[size_t(k) * N + j];
+        ASSERT_NEAR(Cm[size_t(i) * N + j], s, 1e-4) << core;
+      }
+    }
+  }
+  SetBlasCore(before);
+  EXPECT_EQ(InitBackend().blas_core, before);
 }
 
 // ---- Determinism across thread counts -------------------------------------------------------

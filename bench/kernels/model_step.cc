@@ -1,0 +1,199 @@
+// Model step benchmark: GPT<float> Forward + Backward (no optimizer) tokens/s and MFU.
+//
+//   build/.../bench/kernels_model_step [--preset tiny|small|gpt2-124m|all] [--threads 1,2]
+//       [--batch B] [--steps S] [--warmup W] [--profile] [--sgemm GFLOPS]
+//
+// Shapes are those of configs/{tiny,small,gpt2-124m}.toml; the batch defaults to the preset's
+// micro_batch_size (gpt2-124m: 1, to fit beside other users' jobs).
+//
+// FLOPs per token (forward + backward = 3x forward), the same definition as
+// bench/bench_vs_torch.sh:
+//   N = L * 12 C^2 + V C   (matmul weights: qkv, attn proj, fc, mlp proj; the tied head)
+//   F = 6 N + 12 L T C     (attention's QK^T and AV over all T keys, as PaLM / nanoGPT count)
+// MFU = F * tokens/s / SGEMM rate, the rate measured here at the same thread count (the best of
+// atoll's tiled scheme and OpenBLAS's threaded sgemm on a 2048^3 product), unless --sgemm
+// gives one. Timings: best step of S timed steps after W warm-up steps (a shared machine: the
+// best step is the least disturbed one); the mean is printed too.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/ops.h"
+#include "model/gpt.h"
+
+namespace {
+
+struct Preset {
+  const char* name;
+  atl::GPTConfig cfg;
+  int batch;
+};
+
+atl::GPTConfig Shape(int L, int H, int C, int T, int V) {
+  atl::GPTConfig c;
+  c.n_layer = L;
+  c.n_head = H;
+  c.n_embd = C;
+  c.seq_len = T;
+  c.vocab_size = V;
+  return c;
+}
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Best GFLOP/s of a 2048^3 SGEMM at the current OpenMP thread count, either way.
+double SgemmRate(int threads) {
+  const int n = 2048;
+  std::vector<float> a(size_t(n) * n, 0.01f), b(size_t(n) * n, 0.02f), c(size_t(n) * n);
+  auto time_best = [&](auto&& run) {
+    run();
+    double best = 0;
+    for (int r = 0; r < 3; ++r) {
+      const double t0 = Now();
+      run();
+      best = std::max(best, 2.0 * n * n * n / (Now() - t0) / 1e9);
+    }
+    return best;
+  };
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(1);
+  const double tiles = time_best([&] {
+    atl::kernels::cpu::ParallelGemm<float>(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                                           0.0f, c.data(), n);
+  });
+  openblas_set_num_threads(threads);
+  const double blas = time_best([&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
+  });
+  openblas_set_num_threads(1);
+  return std::max(tiles, blas);
+}
+
+void Run(const Preset& p, int threads, int batch, int steps, int warmup, bool profile,
+         double sgemm_gflops) {
+  omp_set_num_threads(threads);
+  const atl::GPTConfig& c = p.cfg;
+  const int B = batch, T = c.seq_len;
+  atl::GPT<float> model(c, B);
+  model.InitParameters(1337);
+  std::mt19937 gen(1);
+  std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
+  for (auto& x : in) x = int32_t(gen() % uint32_t(c.vocab_size));
+  for (auto& x : tg) x = int32_t(gen() % uint32_t(c.vocab_size));
+  double best = 1e30, total = 0;
+  float loss = 0;
+  for (int s = 0; s < warmup + steps; ++s) {
+    if (s == warmup && profile) {
+      model.reset_op_times();
+      model.set_profiling(true);
+    }
+    const double t0 = Now();
+    model.ZeroGrad();
+    loss = model.Forward(in.data(), tg.data(), B, T);
+    model.Backward();
+    const double dt = Now() - t0;
+    if (s >= warmup) {
+      best = std::min(best, dt);
+      total += dt;
+    }
+  }
+  const double L = c.n_layer, C = c.n_embd, V = c.vocab_size;
+  const double n_matmul = L * 12 * C * C + V * C;
+  const double flops_tok = 6 * n_matmul + 12 * L * T * C;
+  const double tokens = double(B) * T;
+  const double tps = tokens / best;
+  std::printf(
+      "%-10s L%-2d H%-2d C%-4d T%-5d V%-6d B%-2d threads %d | %8.1f ms/step (mean %.1f) "
+      "| %9.0f tokens/s | %6.1f GFLOP/s | MFU %5.1f%% of %.0f | loss %.4f\n",
+      p.name, c.n_layer, c.n_head, c.n_embd, T, c.vocab_size, B, threads, best * 1e3,
+      total / steps * 1e3, tps, flops_tok * tps / 1e9, 100 * flops_tok * tps / (sgemm_gflops * 1e9),
+      sgemm_gflops, loss);
+  if (profile) {
+    const auto times = model.op_times();
+    double sum = 0;
+    for (const auto& t : times) sum += t.seconds;
+    for (const auto& t : times) {
+      std::printf("    %-16s %8.2f ms/step  %5.1f%%  (%lld calls/step)\n", t.op,
+                  t.seconds / steps * 1e3, 100 * t.seconds / sum,
+                  static_cast<long long>(t.calls / steps));
+    }
+    std::printf("    %-16s %8.2f ms/step (rest: zeroing, bookkeeping %.2f ms)\n", "sum of ops",
+                sum / steps * 1e3, total / steps * 1e3 - sum / steps * 1e3);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string preset = "small";
+  std::vector<int> threads = {1, 2};
+  int batch = 0, steps = 5, warmup = 2;
+  bool profile = false;
+  double sgemm = 0;
+  for (int i = 1; i < argc; ++i) {
+    auto next = [&] {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "kernels_model_step: %s needs a value\n", argv[i]);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (!std::strcmp(argv[i], "--preset"))
+      preset = next();
+    else if (!std::strcmp(argv[i], "--threads")) {
+      threads.clear();
+      for (char* p = next(); p && *p;) {
+        threads.push_back(std::atoi(p));
+        p = std::strchr(p, ',');
+        if (p) ++p;
+      }
+    } else if (!std::strcmp(argv[i], "--batch"))
+      batch = std::atoi(next());
+    else if (!std::strcmp(argv[i], "--steps"))
+      steps = std::atoi(next());
+    else if (!std::strcmp(argv[i], "--warmup"))
+      warmup = std::atoi(next());
+    else if (!std::strcmp(argv[i], "--sgemm"))
+      sgemm = std::atof(next());
+    else if (!std::strcmp(argv[i], "--profile"))
+      profile = true;
+    else {
+      std::fprintf(stderr,
+                   "usage: kernels_model_step [--preset tiny|small|gpt2-124m|all] [--threads 1,2] "
+                   "[--batch B] [--steps S] [--warmup W] [--profile] [--sgemm GFLOPS]\n");
+      return 2;
+    }
+  }
+  const std::vector<Preset> presets = {
+      {"tiny", Shape(2, 2, 32, 16, 50257), 2},
+      {"small", Shape(4, 4, 192, 128, 50257), 8},
+      {"gpt2-124m", Shape(12, 12, 768, 1024, 50257), 1},
+  };
+  const auto info = atl::kernels::InitBackend();
+  std::printf("OpenBLAS core %s%s; forward+backward per step, best of %d after %d warm-up\n",
+              info.blas_core.c_str(), info.blas_retargeted ? " (switched by InitBackend)" : "",
+              steps, warmup);
+  for (int t : threads) {
+    const double rate = sgemm > 0 ? sgemm : SgemmRate(t);
+    std::printf("SGEMM rate at %d thread(s): %.1f GFLOP/s%s\n", t, rate,
+                sgemm > 0 ? " (given)" : " (2048^3, best of tiles / OpenBLAS threads)");
+    for (const Preset& p : presets) {
+      if (preset != "all" && preset != p.name) continue;
+      Run(p, t, batch > 0 ? batch : p.batch, steps, warmup, profile, rate);
+    }
+  }
+  return 0;
+}
