@@ -13,7 +13,8 @@
 // MFU = F * tokens/s / SGEMM rate, the rate measured here at the same thread count (the best of
 // atoll's tiled scheme and OpenBLAS's threaded sgemm on a 2048^3 product), unless --sgemm
 // gives one. Timings: best step of S timed steps after W warm-up steps (a shared machine: the
-// best step is the least disturbed one); the mean is printed too.
+// best step is the least disturbed one); the mean is printed too, and the process CPU time of the
+// best-CPU step (with 1 thread, a measure of the work that a busy machine barely disturbs).
 #include <cblas.h>
 #include <omp.h>
 
@@ -22,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -46,6 +48,12 @@ atl::GPTConfig Shape(int L, int H, int C, int T, int V) {
   c.seq_len = T;
   c.vocab_size = V;
   return c;
+}
+
+double CpuNow() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
 
 double Now() {
@@ -92,19 +100,20 @@ void Run(const Preset& p, int threads, int batch, int steps, int warmup, bool pr
   std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
   for (auto& x : in) x = int32_t(gen() % uint32_t(c.vocab_size));
   for (auto& x : tg) x = int32_t(gen() % uint32_t(c.vocab_size));
-  double best = 1e30, total = 0;
+  double best = 1e30, total = 0, best_cpu = 1e30;
   float loss = 0;
   for (int s = 0; s < warmup + steps; ++s) {
     if (s == warmup && profile) {
       model.reset_op_times();
       model.set_profiling(true);
     }
-    const double t0 = Now();
+    const double t0 = Now(), c0 = CpuNow();
     model.ZeroGrad();
     loss = model.Forward(in.data(), tg.data(), B, T);
     model.Backward();
-    const double dt = Now() - t0;
+    const double dt = Now() - t0, dc = CpuNow() - c0;
     if (s >= warmup) {
+      best_cpu = std::min(best_cpu, dc);
       best = std::min(best, dt);
       total += dt;
     }
@@ -116,10 +125,10 @@ void Run(const Preset& p, int threads, int batch, int steps, int warmup, bool pr
   const double tps = tokens / best;
   std::printf(
       "%-10s L%-2d H%-2d C%-4d T%-5d V%-6d B%-2d threads %d | %8.1f ms/step (mean %.1f) "
-      "| %9.0f tokens/s | %6.1f GFLOP/s | MFU %5.1f%% of %.0f | loss %.4f\n",
+      "| %9.0f tokens/s | %6.1f GFLOP/s | MFU %5.1f%% of %.0f | cpu %.1f ms | loss %.4f\n",
       p.name, c.n_layer, c.n_head, c.n_embd, T, c.vocab_size, B, threads, best * 1e3,
       total / steps * 1e3, tps, flops_tok * tps / 1e9, 100 * flops_tok * tps / (sgemm_gflops * 1e9),
-      sgemm_gflops, loss);
+      sgemm_gflops, best_cpu * 1e3, loss);
   if (profile) {
     const auto times = model.op_times();
     double sum = 0;
@@ -183,9 +192,16 @@ int main(int argc, char** argv) {
       {"gpt2-124m", Shape(12, 12, 768, 1024, 50257), 1},
   };
   const auto info = atl::kernels::InitBackend();
-  std::printf("OpenBLAS core %s%s; forward+backward per step, best of %d after %d warm-up\n",
-              info.blas_core.c_str(), info.blas_retargeted ? " (switched by InitBackend)" : "",
-              steps, warmup);
+  double load[3] = {0, 0, 0};
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = -1;
+    std::fclose(f);
+  }
+  std::printf(
+      "OpenBLAS core %s%s; forward+backward per step, best of %d after %d warm-up; load average "
+      "%.2f %.2f %.2f (a busy machine makes every figure lower)\n",
+      info.blas_core.c_str(), info.blas_retargeted ? " (switched by InitBackend)" : "", steps,
+      warmup, load[0], load[1], load[2]);
   for (int t : threads) {
     const double rate = sgemm > 0 ? sgemm : SgemmRate(t);
     std::printf("SGEMM rate at %d thread(s): %.1f GFLOP/s%s\n", t, rate,
