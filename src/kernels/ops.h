@@ -128,9 +128,11 @@ void ResidualBackward(T* da, T* db, const T* dout, size_t n);
 // logits[N,V] = x[N,C] · wte[V,C]^T. If targets is non-null also computes, per row, lse[n] =
 // log sum_v exp(logits[n,v]) and losses[n] = lse[n] - logits[n, targets[n]], and returns the mean
 // of losses (summed in row order); else returns 0 and leaves lse, losses untouched.
+// scratch: ClassifierForwardScratch(N, V) elements, overwritten (may be null without targets).
 template <class T>
-T ClassifierForward(T* logits, T* lse, T* losses, const T* x, const T* wte, const int32_t* targets,
-                    int N, int C, int V);
+T ClassifierForward(T* logits, T* lse, T* losses, T* scratch, const T* x, const T* wte,
+                    const int32_t* targets, int N, int C, int V);
+size_t ClassifierForwardScratch(int N, int V);
 // Backward of dloss * sum_n losses[n] through the softmax and the tied head:
 //   dlogits[n,v] = dloss * (exp(logits[n,v] - lse[n]) - [v == targets[n]])
 //   dx[N,C] += dlogits · wte;  dwte[V,C] += dlogits^T · x.

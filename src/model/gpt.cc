@@ -83,7 +83,9 @@ struct GPT<T>::Activations {
     datt_scratch.resize(att);
     dfch_gelu.resize(N * 4 * C);
     dfch.resize(N * 4 * C);
-    classifier_scratch.resize(k::ClassifierBackwardScratch(int(N), c.n_embd, c.vocab_size));
+    classifier_scratch.resize(
+        std::max(k::ClassifierForwardScratch(int(N), c.vocab_size),
+                 k::ClassifierBackwardScratch(int(N), c.n_embd, c.vocab_size)));
   }
 
   size_t rows, att_per_layer;
@@ -239,8 +241,9 @@ T GPT<T>::Forward(const int32_t* inputs, const int32_t* targets, int B, int T_le
                              W(ParamKind::kLnfW), W(ParamKind::kLnfB), N, C));
   T loss = 0;
   ATL_OP("classifier fwd",
-         loss = k::ClassifierForward(a.logits.data(), a.lse.data(), a.losses.data(), a.lnf.data(),
-                                     W(ParamKind::kWte), targets, N, C, V));
+         loss = k::ClassifierForward(a.logits.data(), a.lse.data(), a.losses.data(),
+                                     a.classifier_scratch.data(), a.lnf.data(), W(ParamKind::kWte),
+                                     targets, N, C, V));
   last_B_ = B;
   last_T_ = T_len;
   last_had_targets_ = targets != nullptr;

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
-#include <vector>
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/vec_math.h"
@@ -93,11 +92,11 @@ void ScaledSoftmax(T* d, const T* l, int w, T lse, T dloss) {
 // lse then combine their segments in tile order (fixed, so deterministic), and the logits are
 // never read back from memory for the loss.
 template <class T>
-T ClassifierForward(T* logits, T* lse, T* losses, const T* x, const T* wte, const int32_t* targets,
-                    int N, int C, int V) {
+T ClassifierForward(T* logits, T* lse, T* losses, T* scratch, const T* x, const T* wte,
+                    const int32_t* targets, int N, int C, int V) {
   const int nvt = (V + kFwdVocabTile - 1) / kFwdVocabTile;
   const int nrb = (N + kFwdRowBlock - 1) / kFwdRowBlock;
-  std::vector<T> stats(targets != nullptr ? size_t(nvt) * N * 2 : 0);  // [tile][row]{max, sum}
+  T* stats = scratch;  // [tile][row]{max, sum}
 #pragma omp parallel for schedule(dynamic, 1)
   for (int task = 0; task < nvt * nrb; ++task) {
     const int t = task / nrb, r0 = (task % nrb) * kFwdRowBlock;
@@ -108,7 +107,7 @@ T ClassifierForward(T* logits, T* lse, T* losses, const T* x, const T* wte, cons
             out, V);
     if (targets == nullptr) continue;
     for (int r = 0; r < rows; ++r) {
-      T* st = stats.data() + (size_t(t) * N + r0 + r) * 2;
+      T* st = stats + (size_t(t) * N + r0 + r) * 2;
       SegmentMaxSumExp(out + size_t(r) * V, w, st, st + 1);
     }
   }
@@ -119,7 +118,7 @@ T ClassifierForward(T* logits, T* lse, T* losses, const T* x, const T* wte, cons
     for (int t = 1; t < nvt; ++t) mx = std::max(mx, stats[(size_t(t) * N + n) * 2]);
     T sum = 0;
     for (int t = 0; t < nvt; ++t) {
-      const T* st = stats.data() + (size_t(t) * N + n) * 2;
+      const T* st = stats + (size_t(t) * N + n) * 2;
       sum += st[1] * std::exp(st[0] - mx);
     }
     lse[n] = mx + std::log(sum);
@@ -128,6 +127,10 @@ T ClassifierForward(T* logits, T* lse, T* losses, const T* x, const T* wte, cons
   double sum = 0;  // in row order
   for (int n = 0; n < N; ++n) sum += double(losses[n]);
   return T(sum / N);
+}
+
+size_t ClassifierForwardScratch(int N, int V) {
+  return size_t((V + kFwdVocabTile - 1) / kFwdVocabTile) * N * 2;
 }
 
 size_t ClassifierBackwardScratch(int N, int C, int V) {
@@ -186,10 +189,10 @@ void ClassifierBackward(T* dx, T* dwte, T* scratch, const T* logits, const T* ls
   }
 }
 
-template float ClassifierForward<float>(float*, float*, float*, const float*, const float*,
+template float ClassifierForward<float>(float*, float*, float*, float*, const float*, const float*,
                                         const int32_t*, int, int, int);
-template double ClassifierForward<double>(double*, double*, double*, const double*, const double*,
-                                          const int32_t*, int, int, int);
+template double ClassifierForward<double>(double*, double*, double*, double*, const double*,
+                                          const double*, const int32_t*, int, int, int);
 template void ClassifierBackward<float>(float*, float*, float*, const float*, const float*,
                                         const float*, const float*, const int32_t*, float, int, int,
                                         int);

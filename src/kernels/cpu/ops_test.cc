@@ -241,12 +241,12 @@ void RunClassifierFiniteDiff(ClassifierCase cs, int samples) {
   std::mt19937 gen(21);
   for (int32_t& t : targets) t = int32_t(gen() % V);
   targets[0] = V - 1;  // the last column of the partial tile
-  std::vector<double> logits(size_t(N) * V), lse(N), losses(N);
+  std::vector<double> logits(size_t(N) * V), lse(N), losses(N), fs(ClassifierForwardScratch(N, V));
   const double dloss = 1.0 / N;
   auto J = [&] {
     return dloss * N *
-           ClassifierForward(logits.data(), lse.data(), losses.data(), x.data(), wte.data(),
-                             targets.data(), N, C, V);
+           ClassifierForward(logits.data(), lse.data(), losses.data(), fs.data(), x.data(),
+                             wte.data(), targets.data(), N, C, V);
   };
   const double mean = J() / (dloss * N);
   // The loss against a direct computation.
@@ -336,15 +336,17 @@ TEST_F(OpsTest, FloatMatchesDoubleClassifier) {
   for (int n = 0; n < N; ++n) targets[n] = (n * 977) % V;
   std::vector<double> logits(size_t(N) * V), lse(N), losses(N), dx(x.size(), 0.0),
       dwte(wte.size(), 0.0), scratch(ClassifierBackwardScratch(N, C, V));
-  const double loss = ClassifierForward(logits.data(), lse.data(), losses.data(), x.data(),
-                                        wte.data(), targets.data(), N, C, V);
+  std::vector<double> fs(ClassifierForwardScratch(N, V));
+  std::vector<float> fsf(fs.size());
+  const double loss = ClassifierForward(logits.data(), lse.data(), losses.data(), fs.data(),
+                                        x.data(), wte.data(), targets.data(), N, C, V);
   ClassifierBackward(dx.data(), dwte.data(), scratch.data(), logits.data(), lse.data(), x.data(),
                      wte.data(), targets.data(), 1.0 / N, N, C, V);
   auto xf = ToFloat(x), wtef = ToFloat(wte);
   std::vector<float> logitsf(logits.size()), lsef(N), lossesf(N), dxf(x.size(), 0.0f),
       dwtef(wte.size(), 0.0f), scratchf(scratch.size());
-  const float lossf = ClassifierForward(logitsf.data(), lsef.data(), lossesf.data(), xf.data(),
-                                        wtef.data(), targets.data(), N, C, V);
+  const float lossf = ClassifierForward(logitsf.data(), lsef.data(), lossesf.data(), fsf.data(),
+                                        xf.data(), wtef.data(), targets.data(), N, C, V);
   ClassifierBackward(dxf.data(), dwtef.data(), scratchf.data(), logitsf.data(), lsef.data(),
                      xf.data(), wtef.data(), targets.data(), 1.0f / N, N, C, V);
   EXPECT_NEAR(lossf, loss, kFloatTol * loss);
@@ -453,8 +455,9 @@ TEST_F(OpsTest, DeterministicForThreadCounts) {
                       r.data(), N, C);
     std::vector<float> logits(size_t(N) * V), lse(N), losses(N), dy(y.size(), 0.0f),
         dwte(wte.size(), 0.0f), cs(ClassifierBackwardScratch(N, C, V));
-    const float loss = ClassifierForward(logits.data(), lse.data(), losses.data(), y.data(),
-                                         wte.data(), tokens.data(), N, C, V);
+    std::vector<float> fs(ClassifierForwardScratch(N, V));
+    const float loss = ClassifierForward(logits.data(), lse.data(), losses.data(), fs.data(),
+                                         y.data(), wte.data(), tokens.data(), N, C, V);
     ClassifierBackward(dy.data(), dwte.data(), cs.data(), logits.data(), lse.data(), y.data(),
                        wte.data(), tokens.data(), 1.0f / N, N, C, V);
     std::vector<float> dte(wte.size(), 0.0f), dpe(size_t(T) * C, 0.0f);
