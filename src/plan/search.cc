@@ -229,13 +229,10 @@ std::optional<PlanResult> BestLayout(const Gpu& gpu, const Topology& topo, const
   return best;
 }
 
-std::optional<PlanResult> SmallestCluster(const Gpu& gpu, const Topology& topo,
-                                          const ModelShape& shape, double time_limit_s,
-                                          const std::vector<int64_t>& outer_dp,
-                                          const SearchOptions& options) {
+std::optional<PlanResult> SmallestSite(
+    const Gpu& gpu, const ModelShape& shape, double time_limit_s, int64_t outer,
+    const std::function<std::optional<PlanResult>(int64_t site_gpus)>& best_for_site) {
   if (LatencyFloorSeconds(gpu, shape) >= time_limit_s) return std::nullopt;
-  int64_t outer = 1;
-  for (int64_t d : outer_dp) outer *= d;
   // A run can never be faster than all its GPUs doing matmul arithmetic at the derated peak.
   const double work_s = 6.0 * shape.active_params * shape.tokens / gpu.flop_per_s();
   // Parallelism cannot exceed TP x DP x PP x EP capacity; beyond it no layout exists.
@@ -246,10 +243,21 @@ std::optional<PlanResult> SmallestCluster(const Gpu& gpu, const Topology& topo,
     double site = static_cast<double>(shape.experts) * std::ldexp(1.0, i);
     if (site * static_cast<double>(outer) > capacity) break;
     if (work_s / (site * static_cast<double>(outer)) >= time_limit_s) continue;
-    auto r = BestLayout(gpu, topo, shape, static_cast<int64_t>(site), outer_dp, options);
+    auto r = best_for_site(static_cast<int64_t>(site));
     if (r && r->train_s < time_limit_s) return r;
   }
   return std::nullopt;
+}
+
+std::optional<PlanResult> SmallestCluster(const Gpu& gpu, const Topology& topo,
+                                          const ModelShape& shape, double time_limit_s,
+                                          const std::vector<int64_t>& outer_dp,
+                                          const SearchOptions& options) {
+  int64_t outer = 1;
+  for (int64_t d : outer_dp) outer *= d;
+  return SmallestSite(gpu, shape, time_limit_s, outer, [&](int64_t site) {
+    return BestLayout(gpu, topo, shape, site, outer_dp, options);
+  });
 }
 
 std::string DescribeLayout(const Layout& l) {

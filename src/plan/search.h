@@ -18,7 +18,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "plan/step.h"
@@ -50,6 +52,14 @@ std::optional<PlanResult> SmallestCluster(const Gpu& gpu, const Topology& topo,
                                           const ModelShape& shape, double time_limit_s,
                                           const std::vector<int64_t>& outer_dp,
                                           const SearchOptions& options);
+
+// The loop behind SmallestCluster, for callers whose topology or step time depends on the site
+// size (world.h): tries site sizes E x 2^i with `outer` sites, skipping sizes too small to finish
+// even at the utilization cap, and returns the first plan from `best_for_site` with
+// train_s < time_limit_s.
+std::optional<PlanResult> SmallestSite(
+    const Gpu& gpu, const ModelShape& shape, double time_limit_s, int64_t outer,
+    const std::function<std::optional<PlanResult>(int64_t site_gpus)>& best_for_site);
 
 // Training time no layout can beat, for any number of GPUs: every step runs each layer's 6
 // matmuls in sequence for at least one microbatch (6 L latency_per_matmul), times the steps.
