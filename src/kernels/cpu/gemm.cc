@@ -39,27 +39,39 @@ GemmTiling DefaultTiling(int M, int N, int K) {
 }
 
 template <class T>
+int GemmJob<T>::num_tiles() const {
+  if (M <= 0 || N <= 0) return 0;
+  const int tm = std::max(1, tiling.tile_m), tn = std::max(1, tiling.tile_n);
+  return ((M + tm - 1) / tm) * ((N + tn - 1) / tn);
+}
+
+template <class T>
+void GemmJob<T>::RunTile(int tile) const {
+  const int tm = std::max(1, tiling.tile_m), tn = std::max(1, tiling.tile_n);
+  const int nn = (N + tn - 1) / tn;
+  const int i0 = (tile / nn) * tm, j0 = (tile % nn) * tn;
+  const int mm = std::min(tm, M - i0), ncols = std::min(tn, N - j0);
+  // Row block i0 of op(A): rows of A, or columns of A when transposed; likewise for B.
+  const T* a = trans_a ? A + i0 : A + size_t(i0) * lda;
+  const T* b = trans_b ? B + size_t(j0) * ldb : B + j0;
+  Gemm(trans_a, trans_b, mm, ncols, K, alpha, a, lda, b, ldb, beta, C + size_t(i0) * ldc + j0, ldc);
+}
+
+template <class T>
 void ParallelGemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda,
                   const T* B, int ldb, T beta, T* C, int ldc, GemmTiling tiling) {
-  if (M <= 0 || N <= 0) return;
-  const int tm = std::max(1, tiling.tile_m), tn = std::max(1, tiling.tile_n);
-  const int nm = (M + tm - 1) / tm, nn = (N + tn - 1) / tn;
-  const int ntiles = nm * nn;
+  const GemmJob<T> job{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, tiling};
+  const int ntiles = job.num_tiles();
   if (ntiles == 1) {
-    Gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    job.RunTile(0);
     return;
   }
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int tile = 0; tile < ntiles; ++tile) {
-    const int i0 = (tile / nn) * tm, j0 = (tile % nn) * tn;
-    const int mm = std::min(tm, M - i0), nnn = std::min(tn, N - j0);
-    // Row block i0 of op(A): rows of A, or columns of A when transposed; likewise for B.
-    const T* a = trans_a ? A + i0 : A + size_t(i0) * lda;
-    const T* b = trans_b ? B + size_t(j0) * ldb : B + j0;
-    Gemm(trans_a, trans_b, mm, nnn, K, alpha, a, lda, b, ldb, beta, C + size_t(i0) * ldc + j0, ldc);
-  }
+  for (int tile = 0; tile < ntiles; ++tile) job.RunTile(tile);
 }
 
+template struct GemmJob<float>;
+template struct GemmJob<double>;
 template void ParallelGemm<float>(bool, bool, int, int, int, float, const float*, int, const float*,
                                   int, float, float*, int, GemmTiling);
 template void ParallelGemm<double>(bool, bool, int, int, int, double, const double*, int,

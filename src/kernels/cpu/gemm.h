@@ -32,6 +32,26 @@ struct GemmTiling {
 // threads.
 GemmTiling DefaultTiling(int M, int N, int K);
 
+// One product C = alpha op(A) op(B) + beta C cut into tiles: the unit that parallel loops hand
+// out. Tile i covers rows [i / ntiles_n * tile_m, ...) and columns [i % ntiles_n * tile_n, ...).
+template <class T>
+struct GemmJob {
+  bool trans_a, trans_b;
+  int M, N, K;
+  T alpha;
+  const T* A;
+  int lda;
+  const T* B;
+  int ldb;
+  T beta;
+  T* C;
+  int ldc;
+  GemmTiling tiling;
+
+  int num_tiles() const;
+  void RunTile(int tile) const;  // one BLAS call
+};
+
 // Same contract as Gemm, computed as independent tiles in an OpenMP parallel loop.
 template <class T>
 void ParallelGemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda,

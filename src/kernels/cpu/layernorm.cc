@@ -1,4 +1,5 @@
 // LayerNorm forward and backward (eps 1e-5, biased variance, as GPT-2 and PyTorch).
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/ops.h"
@@ -30,39 +31,40 @@ void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, c
   }
 }
 
-// dinp = rstd * (g - mean(g) - norm * mean(g * norm)), g = dout * weight, norm = (x - mean) rstd.
-// Per row, so rows run in parallel. dweight and dbias sum over rows: a second pass cut by column
-// blocks, each walking the rows in order, keeps that reduction's order fixed.
+// dinp = rstd * (g - mean(g) - norm * mean(g * norm)), g = dout * weight, norm = (x - mean) rstd,
+// per row. dweight and dbias sum over rows: cut by column blocks, each walking the rows in order,
+// so that reduction's order is fixed. Both kinds of task run in one OpenMP loop.
 template <class T>
 void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                        const T* mean, const T* rstd, int N, int C) {
-  if (dinp != nullptr) {
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; ++n) {
-      const T* x = inp + size_t(n) * C;
-      const T* dy = dout + size_t(n) * C;
-      const T m = mean[n], s = rstd[n];
-      T g_mean = 0, gn_mean = 0;
-      for (int c = 0; c < C; ++c) {
-        const T g = dy[c] * weight[c];
-        g_mean += g;
-        gn_mean += g * (x[c] - m) * s;
+  constexpr int kRows = 32, kCols = 32;
+  const int nrow_tasks = dinp != nullptr ? (N + kRows - 1) / kRows : 0;
+  const int ncol_tasks = (dweight != nullptr || dbias != nullptr) ? (C + kCols - 1) / kCols : 0;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int task = 0; task < nrow_tasks + ncol_tasks; ++task) {
+    if (task < nrow_tasks) {
+      const int n1 = std::min(N, (task + 1) * kRows);
+      for (int n = task * kRows; n < n1; ++n) {
+        const T* x = inp + size_t(n) * C;
+        const T* dy = dout + size_t(n) * C;
+        const T m = mean[n], s = rstd[n];
+        T g_mean = 0, gn_mean = 0;
+        for (int c = 0; c < C; ++c) {
+          const T g = dy[c] * weight[c];
+          g_mean += g;
+          gn_mean += g * (x[c] - m) * s;
+        }
+        g_mean /= C;
+        gn_mean /= C;
+        T* dx = dinp + size_t(n) * C;
+        for (int c = 0; c < C; ++c) {
+          const T norm = (x[c] - m) * s;
+          dx[c] += s * (dy[c] * weight[c] - g_mean - norm * gn_mean);
+        }
       }
-      g_mean /= C;
-      gn_mean /= C;
-      T* dx = dinp + size_t(n) * C;
-      for (int c = 0; c < C; ++c) {
-        const T norm = (x[c] - m) * s;
-        dx[c] += s * (dy[c] * weight[c] - g_mean - norm * gn_mean);
-      }
+      continue;
     }
-  }
-  if (dweight == nullptr && dbias == nullptr) return;
-  constexpr int kCols = 32;
-  const int nblocks = (C + kCols - 1) / kCols;
-#pragma omp parallel for schedule(static)
-  for (int blk = 0; blk < nblocks; ++blk) {
-    const int c0 = blk * kCols, c1 = c0 + kCols < C ? c0 + kCols : C;
+    const int c0 = (task - nrow_tasks) * kCols, c1 = std::min(C, c0 + kCols);
     T dw[kCols] = {}, db[kCols] = {};
     for (int n = 0; n < N; ++n) {
       const T* x = inp + size_t(n) * C;
