@@ -332,7 +332,11 @@ void GPT<T>::Backward(T loss_scale) {
 
 template <class T>
 void GPT<T>::ZeroGrad() {
-  std::fill(grads_.begin(), grads_.end(), T(0));
+  // 44 MB for the `small` preset: worth both cores.
+  T* g = grads_.data();
+  const int64_t n = int64_t(grads_.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) g[i] = T(0);
 }
 
 template <class T>
