@@ -1,0 +1,47 @@
+// The single-process training loop: `atoll train`.
+//
+// Per optimizer step s (0-based; metrics and checkpoints count completed steps, s + 1):
+//   1. zero the gradients; for each of k = batch_size / micro_batch_size micro-batches j, fill
+//      micro_batch_size windows from the sampler at (seed, s, position j * micro + i), forward,
+//      and backward with loss_scale 1/k, so the gradients are those of the mean loss over the
+//      whole batch;
+//   2. the global gradient norm (fixed-order double sum), the clipping factor, the learning rate
+//      of step s (warmup + cosine), one AdamW update;
+//   3. a metrics line; validation every eval_every steps and at the end (the mean loss over the
+//      first eval_batches * micro_batch_size validation windows, Sampler::EvalWindow); a
+//      checkpoint every checkpoint_every steps (DIR/checkpoint-<s+1>) and at the end
+//      (DIR/checkpoint).
+//
+// Determinism: the batch of step s depends only on (seed, s); parameters, gradients and moments
+// are computed by kernels whose results do not depend on the thread count; the schedule is a
+// function of s. So two runs with the same config give the same bits, any thread count gives
+// the same bits, and a run resumed from checkpoint-k (which holds the parameters and moments
+// exactly, and k) continues exactly as the uninterrupted run did.
+//
+// Thread-safety: one Train call per process (it sets the OpenMP thread count).
+#pragma once
+
+#include <string>
+
+#include "core/status.h"
+#include "data/dataset.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+
+namespace atl {
+
+struct TrainOptions {
+  std::string out_dir;                 // metrics.jsonl, config.toml, checkpoint[-<step>]
+  const Checkpoint* resume = nullptr;  // continue from this state (loaded with the optimizer)
+  std::string resume_path;             // where it came from, for messages
+  bool progress = true;                // progress bar / lines on stderr
+};
+
+// Trains and returns the final checkpoint's directory. Bad config or data: kInvalidArgument /
+// kNotFound / kCorruption (exit 2); divergence or I/O failure: runtime errors (exit 1).
+StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options);
+
+// Opens DIR/train.bin or DIR/val.bin with a hint to run `atoll data prepare` when it is missing.
+StatusOr<TokenFile> OpenTokenFile(const std::string& dir, const char* name);
+
+}  // namespace atl

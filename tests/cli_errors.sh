@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Bad input exits with 2 and a message that names what was wrong; --help works everywhere.
+set -euo pipefail
+source "$(dirname "$0")/e2e_lib.sh"
+
+for cmd in train eval sample; do
+  expect_exit 0 "$ATOLL" "$cmd" --help
+  grep -q -- "--" "$T/out" || fail "$cmd --help printed nothing"
+done
+
+# Config errors name the key.
+expect_exit 2 "$ATOLL" train --config /nonexistent.toml --out "$T/x"
+expect_exit 2 "$ATOLL" train --out "$T/x"
+expect_err "--config"
+printf '[train]\nstepz = 3\n' >"$T/typo.toml"
+expect_exit 2 "$ATOLL" train --config "$T/typo.toml" --out "$T/x"
+expect_err "train.stepz"
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set train.lr=fast --out "$T/x"
+expect_err "train.lr"
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set train.micro_batch_size=3 --out "$T/x"
+expect_err "train.batch_size"
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set model.n_head=3 --out "$T/x"
+expect_err "model.n_embd"
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set world.sites=2 --out "$T/x"
+expect_err "world.sites"
+# Missing data: a hint to prepare it.
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set data.dir="$T/none" --out "$T/x"
+expect_err "atoll data prepare"
+
+# A good checkpoint, then corrupted and truncated copies of it.
+"$ATOLL" train --config configs/tiny.toml --set data.dir="$DATA" --set train.steps=2 \
+  --out "$T/run" -q >/dev/null
+CK=$T/run/checkpoint
+expect_exit 0 "$ATOLL" eval --checkpoint "$CK" --tokens "$DATA/val.bin" --max-windows 4
+cp -r "$CK" "$T/flipped"
+# Flip one byte inside transformer.wpe.weight (right after wte in the data section).
+python3 - "$T/flipped/model.safetensors" <<'PY'
+import json, struct, sys
+path = sys.argv[1]
+blob = bytearray(open(path, "rb").read())
+n = struct.unpack("<Q", blob[:8])[0]
+begin, end = json.loads(blob[8:8 + n])["transformer.wpe.weight"]["data_offsets"]
+blob[8 + n + (begin + end) // 2] ^= 0x10
+open(path, "wb").write(bytes(blob))
+PY
+expect_exit 2 "$ATOLL" eval --checkpoint "$T/flipped" --tokens "$DATA/val.bin"
+expect_err "transformer.wpe.weight"
+expect_err "model.safetensors"
+expect_exit 2 "$ATOLL" sample --checkpoint "$T/flipped" --prompt hi
+expect_err "transformer.wpe.weight"
+expect_exit 2 "$ATOLL" train --resume "$T/flipped" --out "$T/x"
+expect_err "transformer.wpe.weight"
+
+cp -r "$CK" "$T/truncated"
+truncate -s -100 "$T/truncated/optimizer.safetensors"
+expect_exit 2 "$ATOLL" train --resume "$T/truncated" --out "$T/x"
+expect_err "optimizer.safetensors"
+expect_err "exp_avg_sq.transformer.ln_f.bias"
+
+cp -r "$CK" "$T/badmanifest"
+sed -i 's/"step": 2/"step": 3/' "$T/badmanifest/manifest.json"
+expect_exit 2 "$ATOLL" eval --checkpoint "$T/badmanifest" --tokens "$DATA/val.bin"
+expect_err "manifest.json"
+
+expect_exit 2 "$ATOLL" eval --checkpoint "$T/nothing" --tokens "$DATA/val.bin"
+expect_exit 2 "$ATOLL" eval --checkpoint "$CK" --tokens "$T/none.bin"
+expect_err "none.bin"
+expect_exit 2 "$ATOLL" eval --checkpoint "$CK"
+echo "PASS"

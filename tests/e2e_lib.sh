@@ -1,0 +1,45 @@
+# Shared prelude of the end-to-end CLI tests: `source tests/e2e_lib.sh path/to/atoll`.
+# Sets ATOLL (the binary), T (a scratch directory removed on exit) and DATA (prepared token
+# files: .cache/data/sotu from `atoll data prepare`, or prepared into T if that is missing; the
+# test is skipped, exit 77, when neither is possible).
+ATOLL=${1:?usage: $0 path/to/atoll}
+T=$(mktemp -d "${TMPDIR:-/tmp}/atoll_e2e.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-SkylakeX}
+DATA=${ATOLL_TEST_DATA:-.cache/data/sotu}
+if [[ ! -f $DATA/train.bin || ! -f $DATA/val.bin ]]; then
+  if "$ATOLL" data prepare --out "$T/sotu" >"$T/prepare.log" 2>&1; then
+    DATA=$T/sotu
+  else
+    echo "SKIP: no token files in $DATA and 'atoll data prepare' failed:" >&2
+    tail -3 "$T/prepare.log" >&2
+    exit 77
+  fi
+fi
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+# expect_exit CODE cmd...: runs cmd with stdout in $T/out and stderr in $T/err.
+expect_exit() {
+  local want=$1 rc=0
+  shift
+  "$@" >"$T/out" 2>"$T/err" || rc=$?
+  [[ $rc == "$want" ]] || fail "expected exit $want, got $rc from: $* -- stderr: $(cat "$T/err")"
+}
+
+# expect_err TEXT: the last expect_exit's stderr contains TEXT.
+expect_err() {
+  grep -qF -- "$1" "$T/err" || fail "stderr lacks '$1': $(cat "$T/err")"
+}
+
+# The deterministic columns of a metrics.jsonl (drops tokens_per_s and step_ms).
+loss_columns() {
+  sed -E 's/,"tokens_per_s":[^,}]*//; s/,"step_ms":[^,}]*//' "$1"
+}
+
+same_files() {
+  cmp -s "$1" "$2" || fail "$1 and $2 differ"
+}
