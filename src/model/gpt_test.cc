@@ -167,7 +167,7 @@ TEST(GptTest, FloatMatchesDouble) {
   EXPECT_LE(gerr / gmax, 1e-4);  // backward through softmax and LayerNorm loses ~1 more digit
 }
 
-TEST(GptTest, BitwiseIdenticalForOneAndTwoThreads) {
+TEST(GptTest, BitwiseIdenticalForAnyThreadCount) {
   const GPTConfig cfg = MidConfig();
   const int B = 4, T = cfg.seq_len;
   const auto in = RandomTokens(size_t(B) * T, cfg.vocab_size, 21);
@@ -187,10 +187,13 @@ TEST(GptTest, BitwiseIdenticalForOneAndTwoThreads) {
   float l1, l2;
   std::vector<float> g1, g2;
   run(1, &l1, &g1);
-  run(2, &l2, &g2);
-  EXPECT_EQ(0, std::memcmp(&l1, &l2, sizeof(float)));
-  ASSERT_EQ(g1.size(), g2.size());
-  EXPECT_EQ(0, std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(float)));
+  for (int threads : {2, 3}) {  // 2: the requirement; 3: an odd count, more threads than cores
+    run(threads, &l2, &g2);
+    EXPECT_EQ(0, std::memcmp(&l1, &l2, sizeof(float))) << threads << " threads";
+    ASSERT_EQ(g1.size(), g2.size());
+    EXPECT_EQ(0, std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(float)))
+        << threads << " threads";
+  }
 }
 
 TEST(GptTest, InitParametersFollowsTheContract) {
