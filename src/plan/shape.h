@@ -68,8 +68,9 @@ struct ModelShape {
 ModelShape ShapeForWidth(int64_t d_model, const ShapeRules& rules);
 // A width, a multiple of 1024, whose shape has the parameter count closest to `params`.
 StatusOr<ModelShape> ShapeForParams(double params, const ShapeRules& rules);
-// Widths swept by the frontier: {f * 2^i : f odd in 1..15, i >= 8} in [lo, hi], sorted (the
-// reference's d_model_list, extended below 2^11).
+// Widths swept by the frontier: {f * 2^i : f odd in 1..15, i >= 8} in [lo, hi], sorted: eight
+// per octave from 2048 up (the reference's d_model_list takes i >= 11, which thins it below
+// 2^14).
 std::vector<int64_t> WidthGrid(int64_t lo, int64_t hi);
 
 // Continuous (unrounded) versions of the rules, used by the closed forms: for a model width
