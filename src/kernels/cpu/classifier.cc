@@ -7,8 +7,8 @@
 //   dwte[tile] += dtile^T · x[rows]        (the vocab tile is owned by one task: no race)
 //   dx_g[rows] += dtile · wte[tile]        (summed over vocab tiles: a reduction)
 // The dx reduction is made deterministic by giving each of a FIXED number of groups of vocab
-// tiles (kGroups, not the thread count) its own partial dx_g, accumulated in tile order, and
-// summing the partials in group order at the end.
+// tiles (NumGroups(N, C), a function of the shape, never of the thread count) its own partial dx_g,
+// accumulated in tile order, and summing the partials in group order at the end.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -24,14 +24,13 @@ using cpu::Gemm;
 using cpu::ParallelGemm;
 
 // Backward tiles: kRowBlock x kVocabTile floats (512 KB) stay in a core's L2 between being formed
-// and being read by the two GEMMs; 8 groups balance two threads on uneven cores. Measured on the
-// `small` shape (1 thread, Zen 5): ~225 ms against ~250 for 256 x 256 tiles without prefetch and
-// ~275 for an unfused backward (dlogits stored whole, then two tiled GEMMs).
+// and being read by the two GEMMs. Measured on the `small` shape (1 thread, Zen 5): ~225 ms
+// against ~250 for 256 x 256 tiles without prefetch and ~275 for an unfused backward (dlogits
+// stored whole, then two tiled GEMMs).
 constexpr int kFwdVocabTile = 1024;  // forward tiles: vocab columns
 constexpr int kFwdRowBlock = 256;    // forward tiles: rows (a 1 MB float tile)
 constexpr int kVocabTile = 256;      // vocab columns per tile
 constexpr int kRowBlock = 512;       // rows per tile in backward
-constexpr int kGroups = 8;           // groups of vocab tiles, each with its own partial dx
 // Forming a tile reads kVocabTile logits from each of kRowBlock rows V floats apart: a pattern
 // the hardware prefetchers do not follow, so it ran latency-bound (~45 ms of the backward)
 // until we prefetch the same segment kPrefetchRows rows ahead in software (~20 ms).
@@ -129,21 +128,31 @@ T ClassifierForward(T* logits, T* lse, T* losses, T* scratch, const T* x, const 
   return T(sum / N);
 }
 
+// Groups of vocab tiles in backward: each group is one task with its own partial dx [N, C]. More
+// groups balance uneven cores better (the last task's length is the idle tail); the partials cost
+// memory and a final pass. Up to 32 groups while they stay under 8M elements (32 MB of float).
+static int NumGroups(int N, int C) {
+  const int64_t fit = (int64_t(8) << 20) / std::max<int64_t>(1, int64_t(N) * C);
+  return int(std::clamp<int64_t>(fit, 8, 32));
+}
+
 size_t ClassifierForwardScratch(int N, int V) {
   return size_t((V + kFwdVocabTile - 1) / kFwdVocabTile) * N * 2;
 }
 
 size_t ClassifierBackwardScratch(int N, int C, int V) {
-  return size_t(kGroups) * N * C + size_t(kGroups) * kRowBlock * kVocabTile;
+  const size_t groups = size_t(NumGroups(N, C));
+  return groups * N * C + groups * kRowBlock * kVocabTile;
 }
 
 template <class T>
 void ClassifierBackward(T* dx, T* dwte, T* scratch, const T* logits, const T* lse, const T* x,
                         const T* wte, const int32_t* targets, T dloss, int N, int C, int V) {
   const int ntiles = (V + kVocabTile - 1) / kVocabTile;
-  const int groups = std::min(kGroups, ntiles);
-  T* partial_dx = scratch;                       // [groups][N][C]
-  T* tiles = scratch + size_t(kGroups) * N * C;  // [groups][kRowBlock][kVocabTile]
+  const int max_groups = NumGroups(N, C);
+  const int groups = std::min(max_groups, ntiles);
+  T* partial_dx = scratch;                          // [groups][N][C]
+  T* tiles = scratch + size_t(max_groups) * N * C;  // [groups][kRowBlock][kVocabTile]
 #pragma omp parallel for schedule(dynamic, 1)
   for (int g = 0; g < groups; ++g) {
     T* pdx = partial_dx + size_t(g) * N * C;

@@ -274,7 +274,9 @@ void RunClassifierFiniteDiff(ClassifierCase cs, int samples) {
 
 TEST_F(OpsTest, FiniteDiffClassifierSmall) { RunClassifierFiniteDiff({5, 4, 11}, 0); }
 
-TEST_F(OpsTest, FiniteDiffClassifierTiled) { RunClassifierFiniteDiff({300, 8, 2500}, 60); }
+// 600 rows: two row blocks in backward, three in forward. V 9000: 36 vocab tiles over 32 groups
+// (some groups chain two tiles), and partial tiles at the end in both passes.
+TEST_F(OpsTest, FiniteDiffClassifierTiled) { RunClassifierFiniteDiff({600, 6, 9000}, 40); }
 
 // ---- Float against double ---------------------------------------------------------------------
 
