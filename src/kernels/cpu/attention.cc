@@ -3,6 +3,7 @@
 // Each task runs its products as single-threaded BLAS calls on strided views of qkv (row stride
 // 3C) and writes only its own head's columns of out / dqkv, so tasks never share an output and
 // the result does not depend on how OpenMP assigns them.
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -48,6 +49,11 @@ void CausalSoftmaxRow(T* row, int len, int width) {
 
 }  // namespace
 
+// Causal blocking: queries are processed kQueryBlock rows at a time, and a block of rows
+// [i0, i1) only meets keys [0, i1), so the products skip (most of) the zero upper triangle: about
+// half the FLOPs at long contexts (T = 1024: 53%), and 75% of them at T = 128.
+constexpr int kQueryBlock = 64;
+
 template <class T>
 void AttentionForward(T* out, T* att, const T* qkv, int B, int T_, int C, int NH) {
   const int hs = C / NH;
@@ -60,12 +66,14 @@ void AttentionForward(T* out, T* att, const T* qkv, int B, int T_, int C, int NH
     const T* k = q + C;
     const T* v = q + 2 * C;
     T* a = att + size_t(task) * T_ * T_;
-    // Scores for the whole square; the causal mask is applied by the softmax (zeros above the
-    // diagonal), so the product with v below can run over the full square too.
-    Gemm<T>(false, true, T_, T_, hs, scale, q, int(C3), k, int(C3), T(0), a, T_);
-    for (int i = 0; i < T_; ++i) CausalSoftmaxRow(a + size_t(i) * T_, i + 1, T_);
-    Gemm<T>(false, false, T_, hs, T_, T(1), a, T_, v, int(C3), T(0),
-            out + size_t(b) * T_ * C + size_t(h) * hs, C);
+    T* y = out + size_t(b) * T_ * C + size_t(h) * hs;
+    for (int i0 = 0; i0 < T_; i0 += kQueryBlock) {
+      const int rows = std::min(kQueryBlock, T_ - i0), keys = i0 + rows;
+      T* ab = a + size_t(i0) * T_;
+      Gemm<T>(false, true, rows, keys, hs, scale, q + i0 * C3, int(C3), k, int(C3), T(0), ab, T_);
+      for (int i = 0; i < rows; ++i) CausalSoftmaxRow(ab + size_t(i) * T_, i0 + i + 1, T_);
+      Gemm<T>(false, false, rows, hs, keys, T(1), ab, T_, v, int(C3), T(0), y + size_t(i0) * C, C);
+    }
   }
 }
 
@@ -88,21 +96,29 @@ void AttentionBackward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T
     const T* a = att + size_t(task) * T_ * T_;
     const T* dy = dout + size_t(b) * T_ * C + size_t(h) * hs;
     T* ds = scratch + size_t(task) * T_ * T_;
-    // dP = dy · v^T and dv += P^T · dy.
-    Gemm<T>(false, true, T_, T_, hs, T(1), dy, C, v, int(C3), T(0), ds, T_);
-    Gemm<T>(true, false, T_, hs, T_, T(1), a, T_, dy, C, T(1), dv, int(C3));
-    // Softmax backward per row: dS = P * (dP - <P, dP>), zero above the diagonal (P is zero).
-    for (int i = 0; i < T_; ++i) {
-      const T* p = a + size_t(i) * T_;
-      T* d = ds + size_t(i) * T_;
-      T dot = 0;
-      for (int j = 0; j <= i; ++j) dot += p[j] * d[j];
-      for (int j = 0; j <= i; ++j) d[j] = p[j] * (d[j] - dot);
-      for (int j = i + 1; j < T_; ++j) d[j] = 0;
+    // Query blocks in order: dk and dv accumulate over them in a fixed order.
+    for (int i0 = 0; i0 < T_; i0 += kQueryBlock) {
+      const int rows = std::min(kQueryBlock, T_ - i0), keys = i0 + rows;
+      const T* ab = a + size_t(i0) * T_;
+      T* db = ds + size_t(i0) * T_;
+      const T* dyb = dy + size_t(i0) * C;
+      // dP = dy · v^T and dv += P^T · dy.
+      Gemm<T>(false, true, rows, keys, hs, T(1), dyb, C, v, int(C3), T(0), db, T_);
+      Gemm<T>(true, false, keys, hs, rows, T(1), ab, T_, dyb, C, T(1), dv, int(C3));
+      // Softmax backward per row: dS = P * (dP - <P, dP>), zero right of the diagonal.
+      for (int r = 0; r < rows; ++r) {
+        const int i = i0 + r;
+        const T* p = ab + size_t(r) * T_;
+        T* d = db + size_t(r) * T_;
+        T dot = 0;
+        for (int j = 0; j <= i; ++j) dot += p[j] * d[j];
+        for (int j = 0; j <= i; ++j) d[j] = p[j] * (d[j] - dot);
+        for (int j = i + 1; j < keys; ++j) d[j] = 0;
+      }
+      // Scores were scale * q k^T: dq += scale dS · k, dk += scale dS^T · q.
+      Gemm<T>(false, false, rows, hs, keys, scale, db, T_, k, int(C3), T(1), dq + i0 * C3, int(C3));
+      Gemm<T>(true, false, keys, hs, rows, scale, db, T_, q + i0 * C3, int(C3), T(1), dk, int(C3));
     }
-    // Scores were scale * q k^T: dq += scale dS · k, dk += scale dS^T · q.
-    Gemm<T>(false, false, T_, hs, T_, scale, ds, T_, k, int(C3), T(1), dq, int(C3));
-    Gemm<T>(true, false, T_, hs, T_, scale, ds, T_, q, int(C3), T(1), dk, int(C3));
   }
 }
 

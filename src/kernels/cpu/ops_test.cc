@@ -163,8 +163,7 @@ TEST_F(OpsTest, FiniteDiffMatmul) {
 
 // ---- Attention --------------------------------------------------------------------------------
 
-TEST_F(OpsTest, FiniteDiffAttention) {
-  const int B = 2, T = 6, C = 8, NH = 2;
+void RunAttentionFiniteDiff(int B, int T, int C, int NH) {
   auto qkv = RandomVec(size_t(B) * T * 3 * C, 12);
   const auto R = RandomVec(size_t(B) * T * C, 13);
   std::vector<double> out(R.size()), att(size_t(B) * NH * T * T);
@@ -189,6 +188,11 @@ TEST_F(OpsTest, FiniteDiffAttention) {
   AttentionBackward(dqkv.data(), scratch.data(), R.data(), qkv.data(), att.data(), B, T, C, NH);
   CheckGradient("dqkv", qkv, dqkv, J);
 }
+
+TEST_F(OpsTest, FiniteDiffAttention) { RunAttentionFiniteDiff(2, 6, 8, 2); }
+
+// More rows than one causal query block (64): a full block then a partial one.
+TEST_F(OpsTest, FiniteDiffAttentionBlocked) { RunAttentionFiniteDiff(1, 70, 4, 2); }
 
 // ---- GELU and residual ------------------------------------------------------------------------
 
@@ -313,7 +317,7 @@ TEST_F(OpsTest, FloatMatchesDoubleLayerNormGeluMatmul) {
 }
 
 TEST_F(OpsTest, FloatMatchesDoubleAttention) {
-  const int B = 2, T = 37, C = 32, NH = 4;
+  const int B = 2, T = 150, C = 32, NH = 4;
   auto qkv = RandomVec(size_t(B) * T * 3 * C, 36);
   const auto R = RandomVec(size_t(B) * T * C, 37);
   std::vector<double> out(R.size()), att(size_t(B) * NH * T * T), dqkv(qkv.size(), 0.0),
@@ -433,7 +437,7 @@ TEST_F(OpsTest, SetBlasCoreSwitchesAndGemmStaysCorrect) {
 // ---- Determinism across thread counts -------------------------------------------------------
 
 TEST_F(OpsTest, DeterministicForThreadCounts) {
-  const int B = 4, T = 64, C = 96, NH = 4, V = 5000, N = B * T;
+  const int B = 3, T = 100, C = 96, NH = 4, V = 5000, N = B * T;
   const auto x = ToFloat(RandomVec(size_t(N) * C, 50)), w = ToFloat(RandomVec(C, 51));
   const auto bias = ToFloat(RandomVec(C, 52)), wte = ToFloat(RandomVec(size_t(V) * C, 53, 0.3));
   const auto W = ToFloat(RandomVec(size_t(C) * 3 * C, 54, 0.1));
