@@ -84,6 +84,11 @@ void ProgressBar::Update(const StepMetrics& m) {
   const double eta = done > 0 ? elapsed / double(done) * double(total_ - m.step) : NAN;
   const std::string val = m.val_loss ? fmt::format(" | val {:.4f}", *m.val_loss) : "";
   if (tty_) {
+    // Redraw at most 10 times a second (fast steps would flood a slow terminal), but always
+    // for the last step and for validation.
+    const double now = NowSeconds();
+    if (now - last_draw_s_ < 0.1 && m.step != total_ && !m.val_loss) return;
+    last_draw_s_ = now;
     constexpr int kWidth = 24;
     const int filled = int(kWidth * double(m.step) / double(total_));
     const std::string bar =

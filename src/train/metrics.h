@@ -69,6 +69,7 @@ class ProgressBar {
   int64_t first_, total_;
   double start_s_;
   double ema_tokens_per_s_ = 0;
+  double last_draw_s_ = 0;
   bool drawn_ = false;
 };
 

@@ -75,9 +75,18 @@ CheckpointSource Source(const RunConfig& cfg, Run& run, int64_t completed) {
 }
 
 Status Resume(const Checkpoint& ck, const std::string& path, Run& run) {
-  if (!(ck.config.model == run.cfg.model))
-    return Status::InvalidArgument(fmt::format(
-        "--resume {}: the checkpoint's model shape differs from the config's [model]", path));
+  {
+    RunConfig ck_cfg = ck.config, run_cfg = run.cfg;
+    const auto ck_keys = ConfigKeys(ck_cfg), run_keys = ConfigKeys(run_cfg);
+    for (size_t i = 0; i < ck_keys.size(); ++i) {
+      if (ck_keys[i].section != "model") continue;
+      const int a = *std::get<int*>(ck_keys[i].value), b = *std::get<int*>(run_keys[i].value);
+      if (a != b)
+        return Status::InvalidArgument(
+            fmt::format("--resume {}: {} is {} in the checkpoint but {} in the config", path,
+                        ck_keys[i].path(), a, b));
+    }
+  }
   if (ck.exp_avg.size() != run.model.num_params())
     return Status::InvalidArgument(fmt::format("--resume {}: loaded without the optimizer", path));
   if (ck.cursor.train_checksum != run.train_tokens.checksum() ||

@@ -171,6 +171,9 @@ TEST_F(TrainerTest, ResumeRefusesADifferentModelOrChangedData) {
   auto r = Train(wider, o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().ExitCode(), 2);
+  EXPECT_NE(r.status().message().find("model.n_embd is 16 in the checkpoint but 32"),
+            std::string::npos)
+      << r.status().message();
   ASSERT_TRUE(WriteTokenFile(data_ + "/train.bin", SyntheticTokens(20000, 3)).ok());
   r = Train(cfg_, o);
   ASSERT_FALSE(r.ok());
