@@ -7,8 +7,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "core/rng.h"
 #include "kernels/ops.h"
@@ -37,6 +39,16 @@ void Timed(bool profiling, Times& times, const char* op, F&& f) {
     }
   }
   times.push_back({op, dt, 1});
+}
+
+// Zeroes several buffers in one OpenMP region (static chunks; values, so any split is exact).
+template <class T>
+void ZeroBuffers(std::initializer_list<std::pair<T*, size_t>> buffers) {
+#pragma omp parallel
+  for (const auto& [p, n] : buffers) {
+#pragma omp for schedule(static) nowait
+    for (int64_t i = 0; i < int64_t(n); ++i) p[i] = T(0);
+  }
 }
 
 }  // namespace
@@ -78,6 +90,7 @@ struct GPT<T>::Activations {
 
     dresidual.resize(N * C);
     dln.resize(N * C);
+    dln1.resize(N * C);
     datty.resize(N * C);
     dqkv.resize(N * 3 * C);
     datt_scratch.resize(att);
@@ -104,7 +117,7 @@ struct GPT<T>::Activations {
   std::vector<T> lse, losses;              // [N]
 
   std::vector<T> dresidual;  // [N, C] gradient of the residual stream, carried down the layers
-  std::vector<T> dln;        // [N, C] gradient of a LayerNorm output
+  std::vector<T> dln, dln1;  // [N, C] gradients of LayerNorm outputs (ln_f / ln_2, ln_1)
   std::vector<T> datty;      // [N, C]
   std::vector<T> dqkv;       // [N, 3C]
   std::vector<T> datt_scratch;
@@ -264,17 +277,15 @@ void GPT<T>::Backward(T loss_scale) {
   T* G = grads_.data();
   auto W = [&](ParamKind kind, int l = -1) { return P + ParamOffset(cfg_, kind, l); };
   auto D = [&](ParamKind kind, int l = -1) { return G + ParamOffset(cfg_, kind, l); };
-  auto zero = [](std::vector<T>& v, size_t n) { std::fill(v.begin(), v.begin() + n, T(0)); };
 
   // Loss = loss_scale * mean over N positions.
   const T dloss = loss_scale / T(N);
-  zero(a.dln, NC);
+  ATL_OP("zero", ZeroBuffers<T>({{a.dln.data(), NC}, {a.dresidual.data(), NC}}));
   ATL_OP("classifier bwd",
          k::ClassifierBackward(a.dln.data(), D(ParamKind::kWte), a.classifier_scratch.data(),
                                a.logits.data(), a.lse.data(), a.lnf.data(), W(ParamKind::kWte),
                                a.targets.data(), dloss, N, C, V));
   const T* last_residual = L > 0 ? a.residual3.data() + (L - 1) * NR * C : a.encoded.data();
-  zero(a.dresidual, NC);
   ATL_OP("layernorm bwd",
          k::LayerNormBackward(a.dresidual.data(), D(ParamKind::kLnfW), D(ParamKind::kLnfB),
                               a.dln.data(), last_residual, W(ParamKind::kLnfW), a.lnf_mean.data(),
@@ -297,13 +308,16 @@ void GPT<T>::Backward(T loss_scale) {
 
     // residual3 = residual2 + mlp(ln2(residual2)): dres flows to residual2 unchanged, and into
     // the MLP as the gradient of its output.
-    zero(a.dfch_gelu, size_t(N) * 4 * C);
+    ATL_OP("zero", ZeroBuffers<T>({{a.dfch_gelu.data(), size_t(N) * 4 * C},
+                                   {a.dfch.data(), size_t(N) * 4 * C},
+                                   {a.dln.data(), NC},
+                                   {a.dln1.data(), NC},
+                                   {a.datty.data(), NC},
+                                   {a.dqkv.data(), size_t(N) * 3 * C}}));
     ATL_OP("matmul bwd", k::MatmulBackward(a.dfch_gelu.data(), D(ParamKind::kFcProjW, l),
                                            D(ParamKind::kFcProjB, l), dres, fch_gelu,
                                            W(ParamKind::kFcProjW, l), N, 4 * C, C));
-    zero(a.dfch, size_t(N) * 4 * C);
     ATL_OP("gelu bwd", k::GeluBackward(a.dfch.data(), fch, a.dfch_gelu.data(), size_t(N) * 4 * C));
-    zero(a.dln, NC);
     ATL_OP("matmul bwd",
            k::MatmulBackward(a.dln.data(), D(ParamKind::kFcW, l), D(ParamKind::kFcB, l),
                              a.dfch.data(), ln2, W(ParamKind::kFcW, l), N, C, 4 * C));
@@ -311,19 +325,16 @@ void GPT<T>::Backward(T loss_scale) {
            k::LayerNormBackward(dres, D(ParamKind::kLn2W, l), D(ParamKind::kLn2B, l), a.dln.data(),
                                 res2, W(ParamKind::kLn2W, l), ln2_mean, ln2_rstd, N, C));
     // residual2 = residual + attn(ln1(residual)), likewise.
-    zero(a.datty, NC);
     ATL_OP("matmul bwd", k::MatmulBackward(a.datty.data(), D(ParamKind::kAttnProjW, l),
                                            D(ParamKind::kAttnProjB, l), dres, atty,
                                            W(ParamKind::kAttnProjW, l), N, C, C));
-    zero(a.dqkv, size_t(N) * 3 * C);
     ATL_OP("attention bwd", k::AttentionBackward(a.dqkv.data(), a.datt_scratch.data(),
                                                  a.datty.data(), qkv, att, B, T_len, C, NH));
-    zero(a.dln, NC);
     ATL_OP("matmul bwd",
-           k::MatmulBackward(a.dln.data(), D(ParamKind::kAttnW, l), D(ParamKind::kAttnB, l),
+           k::MatmulBackward(a.dln1.data(), D(ParamKind::kAttnW, l), D(ParamKind::kAttnB, l),
                              a.dqkv.data(), ln1, W(ParamKind::kAttnW, l), N, C, 3 * C));
     ATL_OP("layernorm bwd",
-           k::LayerNormBackward(dres, D(ParamKind::kLn1W, l), D(ParamKind::kLn1B, l), a.dln.data(),
+           k::LayerNormBackward(dres, D(ParamKind::kLn1W, l), D(ParamKind::kLn1B, l), a.dln1.data(),
                                 residual, W(ParamKind::kLn1W, l), ln1_mean, ln1_rstd, N, C));
   }
   ATL_OP("encoder bwd", k::EncoderBackward(D(ParamKind::kWte), D(ParamKind::kWpe), dres,
