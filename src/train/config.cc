@@ -141,11 +141,16 @@ StatusOr<RunConfig> ParseRunConfig(std::string_view text, const std::string& sou
   auto keys = ConfigKeys(cfg);
   for (const auto& [section_key, section_node] : root) {
     const std::string_view section = section_key.str();
+    const toml::table* table = section_node.as_table();
+    if (table == nullptr && !IsKnownSection(section))
+      return Status::InvalidArgument(
+          fmt::format("{}: {}: a key outside any section; keys belong in [model], [train] or "
+                      "[data]",
+                      source, section));
     if (!IsKnownSection(section))
       return Status::InvalidArgument(fmt::format(
           "{}: unknown section [{}] (known: model, train, data; reserved: parallel, world)", source,
           section));
-    const toml::table* table = section_node.as_table();
     if (table == nullptr)
       return Status::InvalidArgument(fmt::format("{}: {} must be a table [{}], got {}", source,
                                                  section, section, TypeName(section_node.type())));
