@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 namespace atl::plan {
@@ -136,6 +138,24 @@ TEST(Overrides, ReadsFilesAndReportsMissingOnes) {
   ASSERT_TRUE(ApplyHardwareOverrides(path, &hw).ok());
   EXPECT_DOUBLE_EQ(hw.gpu.hbm_bandwidth, 4e12);
   std::remove(path.c_str());
+}
+
+TEST(Overrides, ShippedExampleFilesApply) {
+  const char* root = std::getenv("ATOLL_SOURCE_DIR");
+  std::filesystem::path dir = std::filesystem::path(root ? root : ".") / "configs" / "hardware";
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << "no " << dir;
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".toml") continue;
+    Hardware hw = *MakeHardware("H100", "default");
+    Status s = ApplyHardwareOverrides(entry.path().string(), &hw);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    ++files;
+  }
+  EXPECT_GE(files, 3);
+  Hardware ref = *MakeHardware("H100", "default");
+  ASSERT_TRUE(ApplyHardwareOverrides((dir / "h100-reference-code.toml").string(), &ref).ok());
+  EXPECT_DOUBLE_EQ(ref.network[1].latency_s, 5e-6);
 }
 
 }  // namespace
