@@ -79,6 +79,7 @@ std::vector<int> ParseThreads(const char* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  atl::kernels::ReexecWithRuntimeDefaults(argv);  // OMP_WAIT_POLICY=passive unless set
   std::vector<int> threads = {1, 2};
   double seconds = 0.3;
   int repeat = 3;

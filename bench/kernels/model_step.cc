@@ -147,6 +147,7 @@ void Run(const Preset& p, int threads, int batch, int steps, int warmup, bool pr
 }  // namespace
 
 int main(int argc, char** argv) {
+  atl::kernels::ReexecWithRuntimeDefaults(argv);  // OMP_WAIT_POLICY=passive unless set
   std::string preset = "small";
   std::vector<int> threads = {1, 2};
   int batch = 0, steps = 5, warmup = 2;
@@ -198,10 +199,11 @@ int main(int argc, char** argv) {
     std::fclose(f);
   }
   std::printf(
-      "OpenBLAS core %s%s; forward+backward per step, best of %d after %d warm-up; load average "
-      "%.2f %.2f %.2f (a busy machine makes every figure lower)\n",
-      info.blas_core.c_str(), info.blas_retargeted ? " (switched by InitBackend)" : "", steps,
-      warmup, load[0], load[1], load[2]);
+      "OpenBLAS core %s%s; OMP_WAIT_POLICY=%s; forward+backward per step, best of %d after %d "
+      "warm-up; load average %.2f %.2f %.2f (a busy machine makes every figure lower)\n",
+      info.blas_core.c_str(), info.blas_retargeted ? " (switched by InitBackend)" : "",
+      std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)", steps, warmup,
+      load[0], load[1], load[2]);
   for (int t : threads) {
     const double rate = sgemm > 0 ? sgemm : SgemmRate(t);
     std::printf("SGEMM rate at %d thread(s): %.1f GFLOP/s%s\n", t, rate,

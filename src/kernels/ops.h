@@ -53,6 +53,17 @@ struct BackendInfo {
 // REQUIRES: no BLAS call is running in another thread during the first call.
 BackendInfo InitBackend();
 
+// OpenMP threads waiting at a barrier spin by default (libgomp: ~3 ms before sleeping). On a
+// machine whose cores other jobs share, the spinning thread takes the core its sibling needs:
+// on the 2-vCPU dev VM under load, the `small` model step took ~1000 ms with 2 threads spinning
+// and ~450 ms with OMP_WAIT_POLICY=passive (about the 1-thread time). libgomp reads the variable
+// only when it loads, so a program cannot set it for itself; this re-executes the program
+// (/proc/self/exe, same argv, same pid) with OMP_WAIT_POLICY=passive added, when it is unset.
+// Call it first thing in main(), before threads, MPI or open files matter. Returns false (and
+// does nothing) when OMP_WAIT_POLICY is already set, when ATOLL_NO_REEXEC is set non-empty, or
+// when the exec fails; on success it does not return.
+bool ReexecWithRuntimeDefaults(char** argv);
+
 // Switches OpenBLAS's kernel family now, without restarting the process: sets OPENBLAS_CORETYPE
 // (so child processes inherit it) and re-runs OpenBLAS's own load-time selection (DYNAMIC_ARCH
 // builds; a no-op elsewhere). Names as OPENBLAS_CORETYPE takes them ("SkylakeX", "Haswell",

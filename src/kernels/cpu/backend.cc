@@ -1,6 +1,7 @@
 // InitBackend and SetBlasCore for the CPU: OpenBLAS threads and kernel family (see ops.h).
 #include <cblas.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -63,6 +64,15 @@ std::string SetBlasCore(const std::string& name) {
   gotoblas_dynamic_init();
   openblas_set_num_threads(1);
   return CoreName();
+}
+
+bool ReexecWithRuntimeDefaults(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return false;
+  if (const char* no = std::getenv("ATOLL_NO_REEXEC"); no != nullptr && *no != '\0') return false;
+  if (setenv("OMP_WAIT_POLICY", "passive", 0) != 0) return false;
+  execv("/proc/self/exe", argv);
+  unsetenv("OMP_WAIT_POLICY");  // exec failed: carry on as we are
+  return false;
 }
 
 BackendInfo InitBackend() {
