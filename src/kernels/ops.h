@@ -47,9 +47,10 @@ struct BackendInfo {
 //   OpenBLAS's SkylakeX/Cooperlake kernels and ~100 with its AVX2 (Haswell, Zen) ones.
 //   * OPENBLAS_CORETYPE set: respected (it is read when libopenblas loads; an explicit choice,
 //     e.g. to pin numerics across machines). If it names an AVX2 family on an AVX-512 CPU,
-//     InitBackend logs a warning once saying what that costs.
+//     InitBackend logs a warning once saying what that costs. (The dev VM's environment sets
+//     OPENBLAS_CORETYPE=Haswell; unset, OpenBLAS 0.3.21 picks Cooperlake on its Zen 5 CPU.)
 //   * unset: if OpenBLAS chose an AVX2 family although the CPU has AVX-512 (F, DQ, BW, VL), as
-//     OpenBLAS versions without this CPU in their tables do, it switches to SkylakeX (SetBlasCore).
+//     OpenBLAS versions without the CPU in their tables do, it switches to SkylakeX (SetBlasCore).
 // REQUIRES: no BLAS call is running in another thread during the first call.
 BackendInfo InitBackend();
 
