@@ -244,6 +244,10 @@ TEST(GptTest, ShorterBatchMatchesPrefixAndNoTargets) {
   const std::vector<double> full(m.logits(), m.logits() + 16 * cfg.vocab_size);
   EXPECT_EQ(m.Forward(in.data(), nullptr, 1, 5), 0.0);
   for (int i = 0; i < 5 * cfg.vocab_size; ++i) EXPECT_NEAR(m.logits()[i], full[i], 1e-12);
+  m.Forward(in.data(), tg.data(), 1, 1);  // a single position
+  for (int i = 0; i < cfg.vocab_size; ++i) EXPECT_NEAR(m.logits()[i], full[i], 1e-12);
+  m.Backward();
+  m.Forward(in.data(), nullptr, 1, 5);
   EXPECT_THROW(m.Backward(), std::logic_error);  // the last Forward had no targets
 }
 
