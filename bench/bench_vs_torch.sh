@@ -12,7 +12,7 @@
 #                       (on a shared machine the best run is the least disturbed one)
 #   TORCH_MODE=best     eager | script | script-fuse | best (times each briefly, keeps the fastest)
 #   CORETYPE=SkylakeX   OPENBLAS_CORETYPE for atoll AND torch (both use OpenBLAS for fp32 GEMM)
-#   ATOLL=build/release/atoll   SGEMM_RATE=<binary>   (default: bench/sgemm_rate built under build/)
+#   ATOLL=build/release/atoll   SGEMM_RATE=<binary>   (default: bench/sgemm_rate of $ATOLL's build)
 #   MD=FILE             also append the result table, in markdown, to FILE
 #
 # Definitions (the same for both programs):
@@ -45,7 +45,11 @@ trap 'rm -rf "$WORK"' EXIT
 export OPENBLAS_CORETYPE=$CORETYPE OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS
 
 # --- SGEMM rate -------------------------------------------------------------------------------
-SGEMM_RATE=${SGEMM_RATE:-$(find build -type f -name sgemm_rate -perm -u+x 2>/dev/null | sort | head -1 || true)}
+# bench/sgemm_rate from the same build as $ATOLL, else from any build under build/.
+if [[ -z "${SGEMM_RATE:-}" ]]; then
+  SGEMM_RATE=$(dirname "$ATOLL")/bench/sgemm_rate
+  [[ -x "$SGEMM_RATE" ]] || SGEMM_RATE=$(find build -type f -name sgemm_rate -perm -u+x 2>/dev/null | sort | head -1 || true)
+fi
 SGEMM_SRC="bench/sgemm_rate ($SGEMM_RATE)"
 if [[ -z "$SGEMM_RATE" ]]; then
   # Fallback (no numpy, no torch): OpenBLAS cblas_sgemm timed in C, best of 5 over square shapes.
@@ -92,8 +96,10 @@ for ((r = 0; r < REPEAT; r++)); do
     --mode "$TORCH_MODE" --json >"$WORK/torch$r.json" 2>"$WORK/torch$r.log" ||
     { tail -20 "$WORK/torch$r.log" >&2; echo "bench_vs_torch: torch_gpt.py failed" >&2; exit 1; }
 done
-echo "  $SGEMM_RATE (threads $THREADS)"
-"$SGEMM_RATE" >"$WORK/sgemm.out" 2>&1 || { cat "$WORK/sgemm.out" >&2; echo "bench_vs_torch: SGEMM timer failed" >&2; exit 1; }
+echo "  $SGEMM_RATE --threads $THREADS"
+SGEMM_ARGS=()
+[[ "$SGEMM_RATE" == "$WORK/sgemm" ]] || SGEMM_ARGS=(--threads "$THREADS")
+"$SGEMM_RATE" "${SGEMM_ARGS[@]}" >"$WORK/sgemm.out" 2>&1 || { cat "$WORK/sgemm.out" >&2; echo "bench_vs_torch: SGEMM timer failed" >&2; exit 1; }
 
 "$PY" - "$WORK" "$CONFIG" "$THREADS" "$STEPS" "$WARMUP" "$REPEAT" "$SGEMM_SRC" "${MD:-}" <<'EOF'
 import json, os, re, sys, tomllib
@@ -118,13 +124,14 @@ a_tps, a_loss = max(atoll)
 tr = max(torch_runs, key=lambda j: j["tokens_per_s"])
 t_tps = tr["tokens_per_s"]
 
-# SGEMM rate: the largest number followed by GFLOP/s (or a "gflops" JSON field) in the timer's output.
+# SGEMM rate: bench/sgemm_rate's last line is JSON {"gflops": R, ...} (R: its best square rate at
+# OMP_NUM_THREADS threads); the fallback timer prints the same.
 out = open(f"{work}/sgemm.out").read()
-vals = [float(x) for x in re.findall(r'"gflops"\s*:\s*([0-9.eE+]+)', out)]
-vals += [float(x) for x in re.findall(r'([0-9]+(?:\.[0-9]+)?)\s*GFLOP', out, re.I)]
-if not vals:
-    raise SystemExit(f"bench_vs_torch: no GFLOP/s figure in the SGEMM timer's output:\n{out}")
-sgemm = max(vals) * 1e9
+last = [l for l in out.splitlines() if l.strip().startswith("{")]
+try:
+    sgemm = float(json.loads(last[-1])["gflops"]) * 1e9
+except (IndexError, KeyError, ValueError):
+    raise SystemExit(f"bench_vs_torch: no {{\"gflops\": ...}} line in the SGEMM timer's output:\n{out}")
 
 N = L * 12 * C * C + V * C
 f_tok = 6 * N + 12 * L * T * C
