@@ -84,7 +84,9 @@ TrialResult RunTrial(const GoodputSettings& s, Recovery mode, double interval, u
     const double restart = from_replica ? RestartSeconds(s, Recovery::kReplica)
                                         : RestartSeconds(s, Recovery::kCheckpoint);
     double start = t, end = t + restart;
-    while (next_fail < end) {  // a failure during the restart starts it over
+    // A failure during the restart starts it over (when restarts outlast the MTBF this can go on
+    // until the horizon: the run makes no progress at all).
+    while (next_fail < end && next_fail < horizon) {
       ++r.interruptions;
       end = next_fail + restart;
       next_fail += failures.Next(fail_rate);

@@ -81,6 +81,16 @@ TEST(Goodput, StartupGrowthAndCorruptionHurt) {
   EXPECT_GT(dirty.lost_fraction, clean.lost_fraction + 0.01);
 }
 
+TEST(Goodput, RestartsLongerThanTheMtbfStallTheRun) {
+  GoodputSettings s;
+  s.gpus = 1000000;  // MTBF 164 s, restart 2 h: no restart ever completes
+  s.trials = 2;
+  s.days = 2;
+  GoodputStats st = SimulateGoodput(s, Recovery::kCheckpoint, 600);
+  EXPECT_LT(st.goodput, 0.01);
+  EXPECT_GT(st.restart_fraction, 0.99);
+}
+
 TEST(Goodput, RefusesBadSettings) {
   GoodputSettings s;
   s.gpus = 0;
