@@ -8,7 +8,6 @@
 namespace atl::plan {
 namespace {
 
-constexpr double kKi = 1024;
 constexpr double kMi = 1024 * 1024;
 
 // Latency of one message or collective step at each network level, and of one matmul.

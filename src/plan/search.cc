@@ -146,6 +146,7 @@ std::optional<PlanResult> BestLayout(const Gpu& gpu, const Topology& topo, const
                                      const SearchOptions& options) {
   int64_t outer = 1;
   for (int64_t d : outer_dp) outer *= d;
+  if (site_gpus < 1 || outer < 1) return std::nullopt;
   const int64_t ep = std::gcd(site_gpus, shape.experts);
   const int64_t rest = site_gpus / ep;
   const int64_t width = shape.d_model * shape.d_ff;
