@@ -11,7 +11,12 @@
 #   REPEAT=1            run atoll and torch alternately REPEAT times; report each one's best run
 #                       (on a shared machine the best run is the least disturbed one)
 #   TORCH_MODE=best     eager | script | script-fuse | best (times each briefly, keeps the fastest)
-#   CORETYPE=SkylakeX   OPENBLAS_CORETYPE for atoll AND torch (both use OpenBLAS for fp32 GEMM)
+#   CORETYPE=SkylakeX   OPENBLAS_CORETYPE for atoll AND torch (both use OpenBLAS for fp32 GEMM;
+#                       SkylakeX is also torch's faster choice here: 1,101 vs 759 tokens/s, 1 thread)
+#   TORCH_OMP_WAIT_POLICY=PASSIVE   for torch only (empty: libgomp's default). Debian's torch 1.13
+#                       runs GEMMs on OpenBLAS's own pthreads, which then compete with torch's
+#                       spinning OpenMP workers: PASSIVE made torch ~1.5x faster at 2 threads
+#                       (1,631-1,795 vs 1,125-1,143 tokens/s on small), so the peer gets it.
 #   ATOLL=build/release/atoll   SGEMM_RATE=<binary>   (default: bench/sgemm_rate of $ATOLL's build)
 #   MD=FILE             also append the result table, in markdown, to FILE
 #
@@ -35,6 +40,7 @@ WARMUP=${WARMUP:-2}
 REPEAT=${REPEAT:-1}
 TORCH_MODE=${TORCH_MODE:-best}
 CORETYPE=${CORETYPE:-SkylakeX}
+TORCH_OMP_WAIT_POLICY=${TORCH_OMP_WAIT_POLICY-PASSIVE}
 ATOLL=${ATOLL:-build/release/atoll}
 PY=/usr/bin/python3   # Debian's python3 with python3-torch; the pyenv python3 on PATH lacks torch
 [[ -f "$CONFIG" ]] || { echo "bench_vs_torch: no config $CONFIG" >&2; exit 2; }
@@ -91,8 +97,9 @@ for ((r = 0; r < REPEAT; r++)); do
   "$ATOLL" train --config "$CONFIG" --set "train.threads=$THREADS" --set "train.steps=$STEPS" \
     --out "$WORK/atoll$r" </dev/null >"$WORK/atoll$r.log" 2>&1 ||
     { tail -20 "$WORK/atoll$r.log" >&2; echo "bench_vs_torch: atoll train failed" >&2; exit 1; }
-  echo "  run $((r + 1))/$REPEAT: $PY bench/torch_gpt.py --config $CONFIG --threads $THREADS --steps $STEPS --warmup $WARMUP --mode $TORCH_MODE"
-  "$PY" bench/torch_gpt.py --config "$CONFIG" --threads "$THREADS" --steps "$STEPS" --warmup "$WARMUP" \
+  echo "  run $((r + 1))/$REPEAT: ${TORCH_OMP_WAIT_POLICY:+OMP_WAIT_POLICY=$TORCH_OMP_WAIT_POLICY }$PY bench/torch_gpt.py --config $CONFIG --threads $THREADS --steps $STEPS --warmup $WARMUP --mode $TORCH_MODE"
+  env ${TORCH_OMP_WAIT_POLICY:+OMP_WAIT_POLICY=$TORCH_OMP_WAIT_POLICY} \
+    "$PY" bench/torch_gpt.py --config "$CONFIG" --threads "$THREADS" --steps "$STEPS" --warmup "$WARMUP" \
     --mode "$TORCH_MODE" --json >"$WORK/torch$r.json" 2>"$WORK/torch$r.log" ||
     { tail -20 "$WORK/torch$r.log" >&2; echo "bench_vs_torch: torch_gpt.py failed" >&2; exit 1; }
 done
@@ -101,7 +108,7 @@ SGEMM_ARGS=()
 [[ "$SGEMM_RATE" == "$WORK/sgemm" ]] || SGEMM_ARGS=(--threads "$THREADS")
 "$SGEMM_RATE" "${SGEMM_ARGS[@]}" >"$WORK/sgemm.out" 2>&1 || { cat "$WORK/sgemm.out" >&2; echo "bench_vs_torch: SGEMM timer failed" >&2; exit 1; }
 
-"$PY" - "$WORK" "$CONFIG" "$THREADS" "$STEPS" "$WARMUP" "$REPEAT" "$SGEMM_SRC" "${MD:-}" <<'EOF'
+TORCH_OMP_WAIT_POLICY=$TORCH_OMP_WAIT_POLICY "$PY" - "$WORK" "$CONFIG" "$THREADS" "$STEPS" "$WARMUP" "$REPEAT" "$SGEMM_SRC" "${MD:-}" <<'EOF'
 import json, os, re, sys, tomllib
 work, config, threads, steps, warmup, repeat, sgemm_src, md = sys.argv[1:9]
 threads, steps, warmup, repeat = int(threads), int(steps), int(warmup), int(repeat)
@@ -140,7 +147,8 @@ t_runs = ", ".join(f"{j['tokens_per_s']:,.0f}" for j in torch_runs)
 probe = ", ".join(f"{k} {v:,.0f}" for k, v in (tr.get("probe_tokens_per_s") or {}).items())
 rows = [
     ("config", f"{config}: L={L} H={m['n_head']} C={C} T={T} V={V}, batch {B} (micro {t['micro_batch_size']})"),
-    ("threads", f"{threads} (OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')})"),
+    ("threads", f"{threads} (OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')}; torch: "
+                f"OMP_WAIT_POLICY={os.environ.get('TORCH_OMP_WAIT_POLICY') or 'default'})"),
     ("steps", f"{steps}, first {warmup} untimed, best of {repeat} run(s)"),
     ("atoll tokens/s", f"{a_tps:,.0f}" + (f"   (runs: {a_runs})" if repeat > 1 else "")),
     (f"torch {tr['torch']} tokens/s", f"{t_tps:,.0f}  [{tr['mode']}]" + (f"   (runs: {t_runs})" if repeat > 1 else "") +

@@ -9,8 +9,9 @@ biases, LM head tied to the token embedding), the same shape, batch (train.batch
 per step in micro-batches of train.micro_batch_size, gradients accumulated), sequence length,
 fp32, global-norm clipping and AdamW with warmup + cosine lr, on train.threads threads
 (torch.set_num_threads; also set OMP_NUM_THREADS / OPENBLAS_NUM_THREADS to the same number
-before starting python so OpenBLAS, which torch uses for fp32 GEMM here, agrees: the bench
-script does). Trains on random windows of <data.dir>/train.bin if it exists, else on uniform
+before starting python so OpenBLAS, which torch uses for fp32 GEMM here, agrees, and with more
+than one thread OMP_WAIT_POLICY=PASSIVE, so torch's idle OpenMP workers do not spin against
+OpenBLAS's threads (~1.5x faster at 2 threads here): bench/bench_vs_torch.sh does all that). Trains on random windows of <data.dir>/train.bin if it exists, else on uniform
 random tokens (the speed does not depend on which).
 
 tokens/s = batch_size * seq_len * (steps - warmup) / wall time of those steps (the first
