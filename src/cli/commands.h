@@ -8,7 +8,7 @@
 
 namespace atl::cli {
 
-void AddDataCommands(CLI::App& app);    // data.cc:   atoll data prepare | check-tokenizer
+void AddDataCommands(CLI::App& app);    // data.cc:   atoll data prepare | encode | check-tokenizer
 void AddTrainCommand(CLI::App& app);    // train.cc:  atoll train
 void AddEvalCommand(CLI::App& app);     // eval.cc:   atoll eval
 void AddSampleCommand(CLI::App& app);   // sample.cc: atoll sample
