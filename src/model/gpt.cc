@@ -45,9 +45,11 @@ void Timed(bool profiling, Times& times, const char* op, F&& f) {
 template <class T>
 void ZeroBuffers(std::initializer_list<std::pair<T*, size_t>> buffers) {
 #pragma omp parallel
-  for (const auto& [p, n] : buffers) {
+  for (const std::pair<T*, size_t>& buffer : buffers) {
+    T* p = buffer.first;
+    const int64_t n = int64_t(buffer.second);
 #pragma omp for schedule(static) nowait
-    for (int64_t i = 0; i < int64_t(n); ++i) p[i] = T(0);
+    for (int64_t i = 0; i < n; ++i) p[i] = T(0);
   }
 }
 
