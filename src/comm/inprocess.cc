@@ -187,9 +187,8 @@ class InProcessCommunicator final : public Communicator {
 
 class InProcessCommunicator::CollectiveWait final : public CommHandle::Pending {
  public:
-  CollectiveWait(std::shared_ptr<Group> g, std::shared_ptr<Collective> c, int rank,
-                 std::string prefix)
-      : g_(std::move(g)), c_(std::move(c)), rank_(rank), prefix_(std::move(prefix)) {}
+  CollectiveWait(std::shared_ptr<Group> g, std::shared_ptr<Collective> c, std::string prefix)
+      : g_(std::move(g)), c_(std::move(c)), prefix_(std::move(prefix)) {}
 
   Status Wait() override {
     std::unique_lock<std::mutex> lk(g_->mu);
@@ -216,7 +215,6 @@ class InProcessCommunicator::CollectiveWait final : public CommHandle::Pending {
  private:
   std::shared_ptr<Group> g_;
   std::shared_ptr<Collective> c_;
-  int rank_;
   std::string prefix_;
 };
 
@@ -270,7 +268,7 @@ CommHandle InProcessCommunicator::Post(CommOp op, size_t count, DType dtype, int
     c->state = Collective::State::kDone;
     g_->cv.notify_all();
   }
-  return CommHandle(std::make_unique<CollectiveWait>(g_, c, rank_, prefix));
+  return CommHandle(std::make_unique<CollectiveWait>(g_, c, prefix));
 }
 
 void Execute(const std::shared_ptr<Group>& g, Collective& c, const std::string& parent_label) {
