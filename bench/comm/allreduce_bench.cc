@@ -73,8 +73,11 @@ int main(int argc, char** argv) {
   const double bus_factor = 2.0 * (p - 1) / p;
 
   if (comm.rank() == 0) {
-    std::printf("all-reduce float32 sum, %d ranks, MPI thread level %d, best of %d trials\n", p,
-                comm.thread_level(), trials);
+    std::printf(
+        "all-reduce float32 sum, %d ranks, MPI thread level %d, best of %d trials; nb = "
+        "IAllReduce+Wait via %s\n",
+        p, comm.thread_level(), trials,
+        comm.uses_collective_thread() ? "the collective thread" : "MPI_Iallreduce");
     std::printf("%9s %11s %11s %11s %11s %7s %11s %7s\n", "size", "raw us", "raw GB/s", "ours us",
                 "ours GB/s", "ratio", "nb GB/s", "ratio");
   }

@@ -133,10 +133,19 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, int thread_level, bool owns_mpi,
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   label_ = fmt::format("rank {}{}", rank_, label_suffix);
+  // Every rank constructs its communicators in the same order with the same options, so this
+  // collective duplication matches across ranks.
+  if (options_.collective_thread && thread_level_ == MPI_THREAD_MULTIPLE &&
+      MPI_Comm_dup(comm_, &nb_comm_) == MPI_SUCCESS) {
+    MPI_Comm_set_errhandler(nb_comm_, MPI_ERRORS_RETURN);
+    worker_ = std::make_unique<CollectiveThread>();
+  }
 }
 
 MpiCommunicator::~MpiCommunicator() {
+  worker_.reset();  // finishes the queued collectives, joins
   if (MpiFinalized()) return;
+  if (nb_comm_ != MPI_COMM_NULL) MPI_Comm_free(&nb_comm_);
   MPI_Comm_free(&comm_);
   if (owns_mpi_) MPI_Finalize();
 }
@@ -180,6 +189,13 @@ CommHandle MpiCommunicator::Started(int rc, MPI_Request request, CommOp op, size
       request, options_.timeout_s, ErrorPrefix(op, count, dtype, peer, tag), expect, ToMpi(dtype)));
 }
 
+CommHandle MpiCommunicator::OnThread(std::function<int()> op, CommOp kind, size_t count,
+                                     DType dtype, int peer) {
+  return worker_->Run([this, op = std::move(op), kind, count, dtype,
+                       peer] { return FromMpi(op(), kind, count, dtype, peer); },
+                      options_.timeout_s, ErrorPrefix(kind, count, dtype, peer));
+}
+
 // Backend-independent argument checks first: MPI's own messages for these are less specific.
 #define ATOLL_MPI_CHECK(op, count, dtype, peer, tag) \
   do {                                               \
@@ -190,6 +206,14 @@ CommHandle MpiCommunicator::Started(int rc, MPI_Request request, CommOp op, size
 CommHandle MpiCommunicator::IAllReduce(void* data, size_t count, DType dtype) {
   Status s = Check(CommOp::kAllReduce, count, dtype);
   if (!s.ok()) return CommHandle::Done(s);
+  if (worker_) {
+    return OnThread(
+        [=, this] {
+          return MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), ToMpi(dtype), MPI_SUM,
+                               nb_comm_);
+        },
+        CommOp::kAllReduce, count, dtype);
+  }
   MPI_Request req;
   int rc = MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), ToMpi(dtype), MPI_SUM, comm_,
                           &req);
@@ -201,6 +225,14 @@ CommHandle MpiCommunicator::IReduceScatter(const void* send, void* recv, size_t 
                                            DType dtype) {
   Status s = Check(CommOp::kReduceScatter, count, dtype);
   if (!s.ok()) return CommHandle::Done(s);
+  if (worker_) {
+    return OnThread(
+        [=, this] {
+          return MPI_Reduce_scatter_block(send, recv, static_cast<int>(count), ToMpi(dtype),
+                                          MPI_SUM, nb_comm_);
+        },
+        CommOp::kReduceScatter, count, dtype);
+  }
   MPI_Request req;
   int rc = MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), ToMpi(dtype), MPI_SUM,
                                      comm_, &req);
@@ -211,6 +243,14 @@ CommHandle MpiCommunicator::IReduceScatter(const void* send, void* recv, size_t 
 CommHandle MpiCommunicator::IAllGather(const void* send, void* recv, size_t count, DType dtype) {
   Status s = Check(CommOp::kAllGather, count, dtype);
   if (!s.ok()) return CommHandle::Done(s);
+  if (worker_) {
+    return OnThread(
+        [=, this] {
+          return MPI_Allgather(send, static_cast<int>(count), ToMpi(dtype), recv,
+                               static_cast<int>(count), ToMpi(dtype), nb_comm_);
+        },
+        CommOp::kAllGather, count, dtype);
+  }
   MPI_Request req;
   int rc = MPI_Iallgather(send, static_cast<int>(count), ToMpi(dtype), recv,
                           static_cast<int>(count), ToMpi(dtype), comm_, &req);
@@ -221,6 +261,13 @@ CommHandle MpiCommunicator::IAllGather(const void* send, void* recv, size_t coun
 CommHandle MpiCommunicator::IBroadcast(void* data, size_t count, DType dtype, int root) {
   Status s = Check(CommOp::kBroadcast, count, dtype, root);
   if (!s.ok()) return CommHandle::Done(s);
+  if (worker_) {
+    return OnThread(
+        [=, this] {
+          return MPI_Bcast(data, static_cast<int>(count), ToMpi(dtype), root, nb_comm_);
+        },
+        CommOp::kBroadcast, count, dtype, root);
+  }
   MPI_Request req;
   int rc = MPI_Ibcast(data, static_cast<int>(count), ToMpi(dtype), root, comm_, &req);
   // NOLINTNEXTLINE(clang-analyzer-optin.mpi.MPI-Checker)
@@ -246,6 +293,9 @@ CommHandle MpiCommunicator::IRecv(void* data, size_t count, DType dtype, int sou
 }
 
 CommHandle MpiCommunicator::IBarrier() {
+  if (worker_) {
+    return OnThread([this] { return MPI_Barrier(nb_comm_); }, CommOp::kBarrier, 0, DType::kByte);
+  }
   MPI_Request req;
   int rc = MPI_Ibarrier(comm_, &req);
   // NOLINTNEXTLINE(clang-analyzer-optin.mpi.MPI-Checker)

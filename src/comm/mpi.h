@@ -12,7 +12,8 @@
 // calls rely on mpirun noticing a dead process (it then kills the job) rather than on a timeout.
 //
 // Thread level: MPI_Init_thread asks for MPI_THREAD_MULTIPLE and accepts MPI_THREAD_FUNNELED or
-// better; with less than MULTIPLE, only the thread that created the world may call into MPI.
+// better; with less than MULTIPLE, only the thread that created the world may call into MPI. With
+// MULTIPLE, non-blocking collectives run as blocking calls on a background thread (MpiOptions).
 //
 // Thread-safety: as Communicator; see the thread level above.
 #pragma once
@@ -21,6 +22,7 @@
 
 #include <memory>
 
+#include "comm/collective_thread.h"
 #include "comm/communicator.h"
 
 namespace atl {
@@ -28,6 +30,10 @@ namespace atl {
 struct MpiOptions {
   // Wait() on a non-blocking handle gives up after this many seconds; <= 0 waits forever.
   double timeout_s = 60.0;
+  // With MPI_THREAD_MULTIPLE, run non-blocking collectives as blocking MPI calls on a background
+  // thread (comm/collective_thread.h) instead of MPI_Iallreduce & co. (OpenMPI's libnbc, 2-5x
+  // slower on shared memory). Without MULTIPLE, or when false, the MPI_I* calls are used.
+  bool collective_thread = true;
 };
 
 class MpiCommunicator final : public Communicator {
@@ -46,6 +52,8 @@ class MpiCommunicator final : public Communicator {
   int thread_level() const { return thread_level_; }
   // The underlying (duplicated) communicator, for benchmarks and interop.
   MPI_Comm comm() const { return comm_; }
+  // Whether non-blocking collectives run on the collective thread (see MpiOptions).
+  bool uses_collective_thread() const { return worker_ != nullptr; }
 
   using Communicator::AllGather;
   using Communicator::AllReduce;
@@ -88,7 +96,13 @@ class MpiCommunicator final : public Communicator {
   CommHandle Started(int rc, MPI_Request request, CommOp op, size_t count, DType dtype,
                      int peer = -1, int tag = 0);
 
+  // Runs `op` (a blocking call on nb_comm_) on the collective thread.
+  CommHandle OnThread(std::function<int()> op, CommOp kind, size_t count, DType dtype,
+                      int peer = -1);
+
   MPI_Comm comm_;
+  MPI_Comm nb_comm_ = MPI_COMM_NULL;  // the collective thread's duplicate of comm_
+  std::unique_ptr<CollectiveThread> worker_;
   int rank_ = 0;
   int size_ = 1;
   int thread_level_;

@@ -82,6 +82,8 @@ TEST(Mpi, OverlappingNonBlockingOps) {
   ASSERT_TRUE(hg.Wait().ok());
   ASSERT_TRUE(hb.Wait().ok());
   ASSERT_TRUE(ha.Wait().ok());
+  // With MPI_THREAD_MULTIPLE the non-blocking collectives above ran on the collective thread.
+  EXPECT_EQ(world->uses_collective_thread(), world->thread_level() == MPI_THREAD_MULTIPLE);
   for (float v : a) ASSERT_EQ(v, float(n));
   for (float v : b) EXPECT_EQ(v, float(n * (n - 1) / 2));
   for (int r = 0; r < n; ++r) EXPECT_EQ(g[r], r);
