@@ -16,6 +16,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -69,6 +70,7 @@ double CheckGradient(const char* what, std::vector<double>& x, const std::vector
     EXPECT_LE(rel, kFdRtol) << what << "[" << i << "]: analytic " << analytic[i] << " numeric "
                             << numeric;
   }
+  std::printf("  %-8s %5zu elements, max rel err %.1e\n", what, indices.size(), worst);
   return worst;
 }
 
