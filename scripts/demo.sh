@@ -9,6 +9,9 @@ scripts/setup.sh
 # OpenBLAS's AVX2 (Haswell) kernels run SGEMM at about half speed on AVX-512 CPUs; machines here
 # may even preset OPENBLAS_CORETYPE=Haswell. Use the AVX-512 kernels whenever the CPU has them.
 grep -qw avx512f /proc/cpuinfo && export OPENBLAS_CORETYPE=SkylakeX
+# Idle OpenMP threads that spin steal the other core on a shared machine (measured: 2 threads ~2x
+# slower under load with libgomp's default waits).
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 ATOLL=build/release/atoll
 OUT=runs/demo
 [[ -f .cache/data/sotu/train.bin ]] || $ATOLL data prepare --out .cache/data/sotu
