@@ -65,6 +65,7 @@ void AddTrainCommand(CLI::App& app) {
       "  [train] steps seed batch_size micro_batch_size lr min_lr warmup_steps weight_decay\n"
       "          beta1 beta2 eps grad_clip eval_every eval_batches checkpoint_every threads\n"
       "  [data]  dir\n"
+      "  [parallel] dp tp pp reproducible bucket_mb   (dp * tp * pp = ranks; tp, pp: 1 for now)\n"
       "Examples:\n"
       "  atoll train --config configs/small.toml --out runs/s1 --set train.steps=200\n"
       "  atoll train --resume runs/s1/checkpoint-100 --out runs/s1");

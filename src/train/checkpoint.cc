@@ -190,7 +190,7 @@ Status WriteCheckpoint(const std::string& dir, const CheckpointSource& src) {
        "none: every draw is a pure function of (seed, step, purpose, index); the seed "
        "and data.next_step suffice to resume"},
   };
-  m["mesh"] = {{"dp", 1}, {"tp", 1}, {"pp", 1}};
+  m["mesh"] = {{"dp", cfg.parallel.dp}, {"tp", cfg.parallel.tp}, {"pp", cfg.parallel.pp}};
   m["optimizer"] = {{"name", "adamw"}, {"steps", src.optimizer_steps}};
   m["files"] = {
       {kModelFile, {{"tensors", model_sums}}},

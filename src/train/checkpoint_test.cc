@@ -218,6 +218,8 @@ TEST_F(CheckpointTest, TruncationsAreRefused) {
     const std::string good = Slurp(path);
     // Every length in the first 512 bytes, then a prime stride, then the last 8 lengths.
     for (size_t len = 0; len < good.size(); len += (len < 512 || len + 8 >= good.size() ? 1 : 13)) {
+      // Losing only the JSON files' final newline loses nothing: that file is still complete.
+      if (good.find_first_not_of('\n', len) == std::string::npos) continue;
       Spit(path, good.substr(0, len));
       ExpectRefused(dir_, {file}, fmt::format("{} truncated to {} bytes", file, len));
       if (HasFailure()) break;

@@ -14,7 +14,7 @@ namespace atl {
 namespace {
 
 // Sections that exist but accept no keys yet (the multi-rank and multi-site engine).
-constexpr std::string_view kReservedSections[] = {"parallel", "world"};
+constexpr std::string_view kReservedSections[] = {"world"};
 
 bool IsReserved(std::string_view section) {
   for (auto r : kReservedSections)
@@ -43,7 +43,12 @@ Status AssignFromToml(const ConfigKey& key, const toml::node& n) {
   return std::visit(
       [&](auto* p) -> Status {
         using V = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<V, std::string>) {
+        if constexpr (std::is_same_v<V, bool>) {
+          if (!n.is_boolean())
+            return Status::InvalidArgument(
+                fmt::format("{}: expected true or false, got {}", where, Describe(n)));
+          *p = n.as_boolean()->get();
+        } else if constexpr (std::is_same_v<V, std::string>) {
           if (!n.is_string())
             return Status::InvalidArgument(
                 fmt::format("{}: expected a string, got {}", where, Describe(n)));
@@ -88,7 +93,7 @@ Status UnknownKey(std::string_view section, std::string_view name) {
 }
 
 bool IsKnownSection(std::string_view s) {
-  return s == "model" || s == "train" || s == "data" || IsReserved(s);
+  return s == "model" || s == "train" || s == "data" || s == "parallel" || IsReserved(s);
 }
 
 // A float as TOML: the shortest text that reads back to the same double, always with a '.' or
@@ -125,6 +130,12 @@ std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
       {"train", "checkpoint_every", &c.train.checkpoint_every, "checkpoint every N steps (0: end)"},
       {"train", "threads", &c.train.threads, "OpenMP threads (0: OMP_NUM_THREADS or all cores)"},
       {"data", "dir", &c.data.dir, "directory with train.bin and val.bin"},
+      {"parallel", "dp", &c.parallel.dp, "data-parallel replicas (dp * tp * pp = MPI ranks)"},
+      {"parallel", "tp", &c.parallel.tp, "tensor-parallel ranks (not implemented yet: 1)"},
+      {"parallel", "pp", &c.parallel.pp, "pipeline stages (not implemented yet: 1)"},
+      {"parallel", "reproducible", &c.parallel.reproducible,
+       "bitwise-identical parameters for any dp (fixed-point gradient sums)"},
+      {"parallel", "bucket_mb", &c.parallel.bucket_mb, "gradient all-reduce bucket size, MiB"},
   };
 }
 
@@ -144,12 +155,12 @@ StatusOr<RunConfig> ParseRunConfig(std::string_view text, const std::string& sou
     const toml::table* table = section_node.as_table();
     if (table == nullptr && !IsKnownSection(section))
       return Status::InvalidArgument(
-          fmt::format("{}: {}: a key outside any section; keys belong in [model], [train] or "
-                      "[data]",
+          fmt::format("{}: {}: a key outside any section; keys belong in [model], [train], "
+                      "[data] or [parallel]",
                       source, section));
     if (!IsKnownSection(section))
       return Status::InvalidArgument(fmt::format(
-          "{}: unknown section [{}] (known: model, train, data; reserved: parallel, world)", source,
+          "{}: unknown section [{}] (known: model, train, data, parallel; reserved: world)", source,
           section));
     if (table == nullptr)
       return Status::InvalidArgument(fmt::format("{}: {} must be a table [{}], got {}", source,
@@ -194,7 +205,9 @@ Status ApplyConfigOverride(RunConfig* cfg, std::string_view assignment) {
   } catch (const toml::parse_error&) {
     return Status::InvalidArgument(
         fmt::format("{}: cannot read '{}' as a {}", key->path(), text,
-                    std::holds_alternative<double*>(key->value) ? "number" : "integer"));
+                    std::holds_alternative<double*>(key->value) ? "number"
+                    : std::holds_alternative<bool*>(key->value) ? "boolean (true or false)"
+                                                                : "integer"));
   }
   return AssignFromToml(*key, *t.get("v")).WithContext("--set");
 }
@@ -248,6 +261,33 @@ Status ValidateRunConfig(const RunConfig& c) {
   if (t.threads < 0 || t.threads > 4096)
     return bad("train.threads", fmt::format("must be in [0, 4096], got {}", t.threads));
   if (c.data.dir.empty()) return bad("data.dir", "must not be empty");
+
+  const ParallelConfig& p = c.parallel;
+  for (auto [key, v] : {std::pair{"parallel.dp", p.dp}, {"parallel.tp", p.tp}, {"parallel.pp", p.pp}})
+    if (v < 1 || v > 65536) return bad(key, fmt::format("must be in [1, 65536], got {}", v));
+  if (p.tp > 1 || p.pp > 1)
+    return bad(p.tp > 1 ? "parallel.tp" : "parallel.pp",
+               fmt::format("tensor and pipeline parallelism are not implemented yet (parallel.tp = "
+                           "{}, parallel.pp = {}); use parallel.dp only",
+                           p.tp, p.pp));
+  if (!finite(p.bucket_mb) || p.bucket_mb <= 0 || p.bucket_mb > 4096)
+    return bad("parallel.bucket_mb", fmt::format("must be in (0, 4096], got {}", p.bucket_mb));
+  if (t.batch_size % p.dp != 0 || (t.batch_size / p.dp) % t.micro_batch_size != 0)
+    return bad("parallel.dp",
+               fmt::format("train.batch_size {} must split into parallel.dp = {} equal shares of "
+                           "whole micro-batches of train.micro_batch_size {}",
+                           t.batch_size, p.dp, t.micro_batch_size));
+  return Status::Ok();
+}
+
+Status ValidateParallel(const RunConfig& c, int world_size) {
+  ATOLL_RETURN_IF_ERROR(ValidateRunConfig(c));
+  const ParallelConfig& p = c.parallel;
+  if (p.dp * p.tp * p.pp != world_size)
+    return Status::InvalidArgument(fmt::format(
+        "parallel.dp * parallel.tp * parallel.pp = {} * {} * {} = {}, but {} ranks are running "
+        "(mpirun -n {}): they must be equal",
+        p.dp, p.tp, p.pp, p.dp * p.tp * p.pp, world_size, world_size));
   return Status::Ok();
 }
 
@@ -315,6 +355,7 @@ StatusOr<RunConfig> RunConfigFromJson(const nlohmann::json& j) {
   }
   for (const auto& k : keys) {
     const std::string s(k.section), n(k.name);
+    if (s == "parallel" && !j.contains(s)) continue;  // written before [parallel] existed
     if (!j.contains(s) || !j[s].contains(n))
       return Status::InvalidArgument(fmt::format("config: missing key {}", k.path()));
     const nlohmann::json& v = j[s][n];
@@ -323,6 +364,7 @@ StatusOr<RunConfig> RunConfigFromJson(const nlohmann::json& j) {
           using V = std::remove_pointer_t<decltype(p)>;
           const bool ok = std::is_same_v<V, std::string> ? v.is_string()
                           : std::is_same_v<V, double>    ? v.is_number()
+                          : std::is_same_v<V, bool>      ? v.is_boolean()
                                                          : v.is_number_integer();
           if (!ok)
             return Status::InvalidArgument(fmt::format("config: {} has the wrong type", k.path()));

@@ -1,7 +1,7 @@
 // The run configuration: what `atoll train` reads from a TOML file and `--set` overrides.
 //
-// Sections [model], [train], [data]; [parallel] and [world] are reserved for the multi-rank and
-// multi-site engine and accept no keys yet. Every key has a default (the `small` preset), so a
+// Sections [model], [train], [data], [parallel] (the mesh of one site: dp x tp x pp ranks); [world]
+// is reserved for the multi-site engine and accepts no keys yet. Every key has a default (the `small` preset), so a
 // config file may name only what it changes. An unknown section or key, a value of the wrong
 // type, or a value out of range is an error that names the key ("train.lr: ...").
 //
@@ -54,10 +54,21 @@ struct DataConfig {
   bool operator==(const DataConfig&) const = default;
 };
 
+// The mesh of one site and how data-parallel gradients are reduced (train/trainer.h).
+struct ParallelConfig {
+  int64_t dp = 1;             // data-parallel replicas; dp * tp * pp = MPI world size
+  int64_t tp = 1;             // tensor parallel (not implemented yet: must be 1)
+  int64_t pp = 1;             // pipeline parallel (not implemented yet: must be 1)
+  bool reproducible = false;  // bitwise-identical parameters for any dp (fixed-point reduction)
+  double bucket_mb = 4.0;     // data-parallel all-reduce bucket size, MiB
+  bool operator==(const ParallelConfig&) const = default;
+};
+
 struct RunConfig {
   GPTConfig model{.vocab_size = 50257, .seq_len = 128, .n_layer = 4, .n_head = 4, .n_embd = 192};
   TrainConfig train;
   DataConfig data;
+  ParallelConfig parallel;
   bool operator==(const RunConfig&) const = default;
 };
 
@@ -65,7 +76,7 @@ struct RunConfig {
 struct ConfigKey {
   std::string_view section;
   std::string_view name;
-  std::variant<int*, int64_t*, double*, std::string*> value;
+  std::variant<int*, int64_t*, double*, std::string*, bool*> value;
   std::string_view help;
   std::string path() const { return std::string(section) + "." + std::string(name); }
 };
@@ -82,17 +93,22 @@ Status ApplyConfigOverride(RunConfig* cfg, std::string_view assignment);
 // Checks types' ranges and the relations between keys; the error names the key.
 Status ValidateRunConfig(const RunConfig& cfg);
 
+// The checks that need the MPI world size: dp * tp * pp == world_size, and tp, pp not yet above 1.
+// Errors are kInvalidArgument (exit 2) naming the keys.
+Status ValidateParallel(const RunConfig& cfg, int world_size);
+
 // Reads `path` (or starts from the defaults if `path` is empty), applies `overrides` in order and
 // validates. Errors are kInvalidArgument / kNotFound (exit code 2).
 StatusOr<RunConfig> LoadRunConfig(const std::string& path,
                                   const std::vector<std::string>& overrides);
 
 // The effective config as TOML text (reads back to the same values) and as a JSON object
-// {"model": {...}, "train": {...}, "data": {...}}.
+// {"model": {...}, "train": {...}, "data": {...}, "parallel": {...}}.
 std::string RunConfigToToml(const RunConfig& cfg);
 nlohmann::json RunConfigToJson(const RunConfig& cfg);
 // Reads the JSON form back. Unknown, missing or mistyped keys are errors (a manifest's config must
-// be complete); the result is validated.
+// be complete; a missing "parallel" section, from manifests written before it existed, means the
+// defaults); the result is validated.
 StatusOr<RunConfig> RunConfigFromJson(const nlohmann::json& j);
 
 }  // namespace atl

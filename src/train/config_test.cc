@@ -59,9 +59,9 @@ TEST(RunConfig, UnknownKeysAndSectionsAreErrorsNamingThem) {
   EXPECT_NE(ErrorOf("steps = 3\n").find("steps"), std::string::npos);  // top-level key
   // Reserved sections exist but take no keys yet.
   EXPECT_TRUE(Load("[parallel]\n[world]\n").ok());
-  const std::string reserved = ErrorOf("[parallel]\ndp = 2\n");
-  EXPECT_NE(reserved.find("parallel.dp"), std::string::npos);
+  const std::string reserved = ErrorOf("[world]\nsites = 2\n");
   EXPECT_NE(reserved.find("reserved"), std::string::npos);
+  EXPECT_NE(ErrorOf("[parallel]\nzero = 1\n").find("parallel.zero"), std::string::npos);
   EXPECT_NE(ErrorOf("[world]\nsites = 2\n").find("world.sites"), std::string::npos);
 }
 
@@ -131,7 +131,56 @@ TEST(RunConfig, BadOverridesAreErrorsNamingTheKey) {
   EXPECT_NE(ErrorOf("", {"train.steps"}).find("section.key=value"), std::string::npos);
   EXPECT_NE(ErrorOf("", {"nope.x=1"}).find("nope"), std::string::npos);
   EXPECT_NE(ErrorOf("", {"train.micro_batch_size=5"}).find("train.batch_size"), std::string::npos);
-  EXPECT_NE(ErrorOf("", {"parallel.dp=2"}).find("parallel.dp"), std::string::npos);
+  EXPECT_NE(ErrorOf("", {"parallel.dp=0"}).find("parallel.dp"), std::string::npos);
+  EXPECT_NE(ErrorOf("", {"parallel.reproducible=1"}).find("parallel.reproducible"),
+            std::string::npos);
+}
+
+TEST(RunConfig, ParallelKeysDefaultsAndErrors) {
+  auto cfg = Load("[parallel]\ndp = 2\nreproducible = true\nbucket_mb = 1.5\n");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(cfg->parallel.dp, 2);
+  EXPECT_EQ(cfg->parallel.tp, 1);
+  EXPECT_EQ(cfg->parallel.pp, 1);
+  EXPECT_TRUE(cfg->parallel.reproducible);
+  EXPECT_EQ(cfg->parallel.bucket_mb, 1.5);
+  EXPECT_FALSE(Load("")->parallel.reproducible);
+  // tp and pp are not implemented yet: a clear error naming the key.
+  for (const char* set : {"parallel.tp=2", "parallel.pp=2"}) {
+    const std::string e = ErrorOf("", {set});
+    EXPECT_NE(e.find(std::string(set).substr(0, 11)), std::string::npos) << e;
+    EXPECT_NE(e.find("not implemented yet"), std::string::npos) << e;
+  }
+  EXPECT_NE(ErrorOf("", {"parallel.bucket_mb=0"}).find("parallel.bucket_mb"), std::string::npos);
+  EXPECT_NE(ErrorOf("", {"parallel.reproducible=maybe"}).find("true or false"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("[parallel]\nreproducible = 1\n").find("parallel.reproducible"),
+            std::string::npos);
+  // The global batch (16 sequences of micro-batches of 8) must split into whole micro-batches.
+  EXPECT_NE(ErrorOf("", {"parallel.dp=4"}).find("parallel.dp"), std::string::npos);
+  EXPECT_NE(ErrorOf("", {"parallel.dp=3"}).find("parallel.dp"), std::string::npos);
+  // The world size is checked when ranks run.
+  auto dp2 = Load("", {"parallel.dp=2"});
+  ASSERT_TRUE(dp2.ok()) << dp2.status().ToString();
+  EXPECT_TRUE(ValidateParallel(*dp2, 2).ok());
+  const Status s = ValidateParallel(*dp2, 4);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("parallel.dp * parallel.tp * parallel.pp"), std::string::npos);
+  EXPECT_NE(s.message().find("4 ranks"), std::string::npos);
+  EXPECT_FALSE(ValidateParallel(*Load(""), 2).ok());
+}
+
+TEST(RunConfig, ManifestsWithoutParallelReadAsDefaults) {
+  auto cfg = Load("", {"parallel.dp=2", "parallel.reproducible=true"});
+  ASSERT_TRUE(cfg.ok());
+  auto j = RunConfigToJson(*cfg);
+  auto back = RunConfigFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, *cfg);
+  j.erase("parallel");
+  back = RunConfigFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->parallel, ParallelConfig{});
 }
 
 TEST(RunConfig, TomlAndJsonRoundTripBitForBit) {
