@@ -45,7 +45,7 @@ Status WriteGrads(const std::string& path, const GPT<double>& model, const std::
     if (dtype == "F32") {
       w.AddFloats(t.name, t.shape, narrow.data() + t.offset);
     } else {
-      w.Add(t.name, DType::kF64, t.shape, model.grads() + t.offset);
+      w.Add(t.name, SafetensorsDType::kF64, t.shape, model.grads() + t.offset);
     }
   }
   return w.Write(path);

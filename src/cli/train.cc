@@ -1,10 +1,12 @@
 // atoll train: train a GPT on this machine (see train/trainer.h).
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "comm/mpi.h"
 #include "core/status.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -20,7 +22,14 @@ struct TrainArgs {
   std::string out;
   std::string resume;
   bool quiet = false;
+  bool mpi = false;
 };
+
+// Started by mpirun / srun (OpenMPI or PMIx set these), or asked for with --mpi.
+bool UnderMpi(bool flag) {
+  return flag || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ||
+         std::getenv("PMIX_RANK") != nullptr || std::getenv("PMI_RANK") != nullptr;
+}
 
 Status RunTrain(const TrainArgs& a) {
   std::unique_ptr<Checkpoint> ck;
@@ -40,14 +49,22 @@ Status RunTrain(const TrainArgs& a) {
   } else {
     return Status::InvalidArgument("train: --config FILE is required (or --resume CHECKPOINT)");
   }
+  // MPI only under mpirun: a single process never initializes it.
+  std::unique_ptr<MpiCommunicator> world;
+  if (UnderMpi(a.mpi)) {
+    ATOLL_ASSIGN_OR_RETURN(world, MpiCommunicator::CreateWorld(nullptr, nullptr));
+  }
   TrainOptions options;
   options.out_dir = a.out;
   options.resume = ck.get();
   options.resume_path = a.resume;
-  options.progress = !a.quiet;
+  options.progress = !a.quiet && (world == nullptr || world->rank() == 0);
+  options.comm = world.get();
   ATOLL_ASSIGN_OR_RETURN(std::string path, Train(cfg, options));
-  std::printf("%s\n", path.c_str());
-  std::fflush(stdout);
+  if (world == nullptr || world->rank() == 0) {
+    std::printf("%s\n", path.c_str());
+    std::fflush(stdout);
+  }
   return Status::Ok();
 }
 
@@ -68,7 +85,8 @@ void AddTrainCommand(CLI::App& app) {
       "  [parallel] dp tp pp reproducible bucket_mb   (dp * tp * pp = ranks; tp, pp: 1 for now)\n"
       "Examples:\n"
       "  atoll train --config configs/small.toml --out runs/s1 --set train.steps=200\n"
-      "  atoll train --resume runs/s1/checkpoint-100 --out runs/s1");
+      "  atoll train --resume runs/s1/checkpoint-100 --out runs/s1\n"
+      "  mpirun -n 2 atoll train --config configs/small.toml --set parallel.dp=2 --out runs/dp2");
   cmd->add_option("--config", args->config, "TOML config file (e.g. configs/small.toml)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--set", args->sets, "Override a config key: section.key=value (repeatable)");
@@ -78,6 +96,8 @@ void AddTrainCommand(CLI::App& app) {
                   "bitwise the same as not stopping")
       ->check(CLI::ExistingDirectory);
   cmd->add_flag("--quiet,-q", args->quiet, "No progress output");
+  cmd->add_flag("--mpi", args->mpi,
+                "Initialize MPI (automatic under mpirun/srun: OMPI_COMM_WORLD_SIZE, PMIX_RANK)");
   cmd->callback([args] { ExitIfError(RunTrain(*args)); });
 }
 

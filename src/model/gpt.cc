@@ -338,6 +338,7 @@ void GPT<T>::Backward(T loss_scale) {
     ATL_OP("layernorm bwd",
            k::LayerNormBackward(dres, D(ParamKind::kLn1W, l), D(ParamKind::kLn1B, l), a.dln1.data(),
                                 residual, W(ParamKind::kLn1W, l), ln1_mean, ln1_rstd, N, C));
+    if (backward_hook_) backward_hook_(l);
   }
   ATL_OP("encoder bwd", k::EncoderBackward(D(ParamKind::kWte), D(ParamKind::kWpe), dres,
                                            a.inputs.data(), B, T_len, C));

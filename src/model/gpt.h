@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -54,6 +55,13 @@ class GPT {
 
   void ZeroGrad();
 
+  // Optional hook for overlapping communication with the backward (data parallel buckets):
+  // Backward calls hook(l) right after block l's backward, when the gradients of block l's
+  // tensors (and, from l = n_layer - 1 on, of ln_f) are final for this Backward; wte and wpe are
+  // final only when Backward returns. Unset (the default): never called. The hook must not touch
+  // the gradients of blocks below l.
+  void set_backward_hook(std::function<void(int layer)> hook) { backward_hook_ = std::move(hook); }
+
   // Logits of the last Forward: [B, T, vocab_size], row-major.
   const T* logits() const;
 
@@ -79,6 +87,7 @@ class GPT {
   std::unique_ptr<Activations> acts_;
   int last_B_ = 0, last_T_ = 0;
   bool last_had_targets_ = false;
+  std::function<void(int)> backward_hook_;
 };
 
 extern template class GPT<float>;

@@ -18,8 +18,8 @@ namespace {
 constexpr uint64_t kMaxHeader = uint64_t{100} << 20;
 }  // namespace
 
-const char* DTypeName(DType d) { return d == DType::kF32 ? "F32" : "F64"; }
-size_t DTypeSize(DType d) { return d == DType::kF32 ? 4 : 8; }
+const char* SafetensorsDTypeName(SafetensorsDType d) { return d == SafetensorsDType::kF32 ? "F32" : "F64"; }
+size_t SafetensorsDTypeSize(SafetensorsDType d) { return d == SafetensorsDType::kF32 ? 4 : 8; }
 
 size_t TensorView::numel() const {
   size_t n = 1;
@@ -27,11 +27,11 @@ size_t TensorView::numel() const {
   return n;
 }
 
-void SafetensorsWriter::Add(std::string name, DType dtype, std::vector<int64_t> shape,
+void SafetensorsWriter::Add(std::string name, SafetensorsDType dtype, std::vector<int64_t> shape,
                             const void* data) {
   size_t n = 1;
   for (int64_t d : shape) n *= size_t(d);
-  const size_t bytes = n * DTypeSize(dtype);
+  const size_t bytes = n * SafetensorsDTypeSize(dtype);
   entries_.push_back(
       {std::move(name), dtype, std::move(shape), data, data_size_, data_size_ + bytes});
   data_size_ += bytes;
@@ -43,7 +43,7 @@ std::string SafetensorsWriter::Header() const {
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   for (const auto& e : entries_) {
     header[e.name] = {
-        {"dtype", DTypeName(e.dtype)}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
+        {"dtype", SafetensorsDTypeName(e.dtype)}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');
@@ -154,9 +154,9 @@ StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string_view bytes, const s
     t.name = key;
     const auto& dt = info["dtype"];
     if (dt == "F32") {
-      t.dtype = DType::kF32;
+      t.dtype = SafetensorsDType::kF32;
     } else if (dt == "F64") {
-      t.dtype = DType::kF64;
+      t.dtype = SafetensorsDType::kF64;
     } else {
       return bad_tensor(fmt::format("unsupported dtype {}", dt.dump()));
     }
@@ -176,9 +176,9 @@ StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string_view bytes, const s
       return bad_tensor("data_offsets is not [begin, end]");
     const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
     if (b > e) return bad_tensor(fmt::format("data_offsets [{}, {}) run backwards", b, e));
-    if (e - b != numel * DTypeSize(t.dtype))
+    if (e - b != numel * SafetensorsDTypeSize(t.dtype))
       return bad_tensor(fmt::format("{} bytes for shape {} of {} (expected {})", e - b,
-                                    shape.dump(), DTypeName(t.dtype), numel * DTypeSize(t.dtype)));
+                                    shape.dump(), SafetensorsDTypeName(t.dtype), numel * SafetensorsDTypeSize(t.dtype)));
     t.size = e - b;
     t.data = nullptr;
     spans.push_back({b, e});

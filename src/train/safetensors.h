@@ -23,18 +23,18 @@
 
 namespace atl {
 
-enum class DType { kF32, kF64 };
-const char* DTypeName(DType d);
-size_t DTypeSize(DType d);
+enum class SafetensorsDType { kF32, kF64 };
+const char* SafetensorsDTypeName(SafetensorsDType d);
+size_t SafetensorsDTypeSize(SafetensorsDType d);
 
 // Builds a safetensors file; tensors are laid out in the order they are added. Tensor bytes are
 // not copied: they are read when the file is serialized or written.
 class SafetensorsWriter {
  public:
-  // REQUIRES: data (numel * DTypeSize(dtype) bytes) stays valid until Serialize/Write.
-  void Add(std::string name, DType dtype, std::vector<int64_t> shape, const void* data);
+  // REQUIRES: data (numel * SafetensorsDTypeSize(dtype) bytes) stays valid until Serialize/Write.
+  void Add(std::string name, SafetensorsDType dtype, std::vector<int64_t> shape, const void* data);
   void AddFloats(std::string name, std::vector<int64_t> shape, const float* data) {
-    Add(std::move(name), DType::kF32, std::move(shape), data);
+    Add(std::move(name), SafetensorsDType::kF32, std::move(shape), data);
   }
   void SetMetadata(std::string key, std::string value) {
     metadata_[std::move(key)] = std::move(value);
@@ -47,7 +47,7 @@ class SafetensorsWriter {
  private:
   struct Entry {
     std::string name;
-    DType dtype;
+    SafetensorsDType dtype;
     std::vector<int64_t> shape;
     const void* data;
     size_t begin, end;
@@ -61,7 +61,7 @@ class SafetensorsWriter {
 
 struct TensorView {
   std::string name;
-  DType dtype;
+  SafetensorsDType dtype;
   std::vector<int64_t> shape;
   const uint8_t* data;  // into the mapping; not necessarily aligned (use memcpy)
   size_t size;          // bytes

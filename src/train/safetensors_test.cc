@@ -16,7 +16,7 @@ std::string Build() {
   SafetensorsWriter w;
   w.SetMetadata("format", "pt");
   w.AddFloats("layer.a", {2, 3}, a);
-  w.Add("layer.b", DType::kF64, {2}, b);
+  w.Add("layer.b", SafetensorsDType::kF64, {2}, b);
   w.AddFloats("scalar", {}, c);
   return w.Serialize();
 }
@@ -44,7 +44,7 @@ TEST(Safetensors, RoundTripsThroughAFile) {
   SafetensorsWriter w;
   w.SetMetadata("format", "pt");
   w.AddFloats("layer.a", {2, 3}, a);
-  w.Add("layer.b", DType::kF64, {2}, b);
+  w.Add("layer.b", SafetensorsDType::kF64, {2}, b);
   ASSERT_TRUE(w.Write(path).ok());
   auto f = SafetensorsFile::Open(path);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
@@ -57,7 +57,7 @@ TEST(Safetensors, RoundTripsThroughAFile) {
   EXPECT_EQ(std::memcmp(ta->data, a, sizeof a), 0);
   const TensorView* tb = f->Find("layer.b");
   ASSERT_NE(tb, nullptr);
-  EXPECT_EQ(tb->dtype, DType::kF64);
+  EXPECT_EQ(tb->dtype, SafetensorsDType::kF64);
   EXPECT_EQ(std::memcmp(tb->data, b, sizeof b), 0);
   EXPECT_EQ(f->Find("nope"), nullptr);
 }

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "core/file.h"
@@ -12,6 +14,7 @@
 #include "core/log.h"
 #include "data/dataset.h"
 #include "model/gpt.h"
+#include "parallel/data_parallel.h"
 #include "train/evaluate.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
@@ -122,7 +125,12 @@ Status Resume(const Checkpoint& ck, const std::string& path, Run& run) {
 }  // namespace
 
 StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
-  ATOLL_RETURN_IF_ERROR(ValidateRunConfig(cfg));
+  Communicator* comm = options.comm;
+  ATOLL_RETURN_IF_ERROR(ValidateParallel(cfg, comm != nullptr ? comm->size() : 1));
+  const int rank = comm != nullptr ? comm->rank() : 0;
+  const bool leader = rank == 0;
+  const int64_t dp = cfg.parallel.dp;
+  const bool reproducible = cfg.parallel.reproducible;
   const TrainConfig& tc = cfg.train;
   if (tc.threads > 0) omp_set_num_threads(int(tc.threads));
 
@@ -160,12 +168,30 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   }
 
   const std::string& out = options.out_dir;
-  ATOLL_RETURN_IF_ERROR(MakeDirs(out));
-  ATOLL_RETURN_IF_ERROR(WriteFileAtomic(out + "/config.toml", RunConfigToToml(cfg)));
   MetricsLog metrics;
-  ATOLL_RETURN_IF_ERROR(metrics.Open(out + "/metrics.jsonl", start));
+  if (leader) {
+    ATOLL_RETURN_IF_ERROR(MakeDirs(out));
+    ATOLL_RETURN_IF_ERROR(WriteFileAtomic(out + "/config.toml", RunConfigToToml(cfg)));
+    ATOLL_RETURN_IF_ERROR(metrics.Open(out + "/metrics.jsonl", start));
+  }
 
-  LogInfo(
+  // Data parallel: this rank's micro-batches of each step, and the gradient reduction. A single
+  // process in the normal mode keeps the plain loop (no reducer).
+  const int64_t local_accum = accum / dp;
+  const int64_t first_micro = int64_t(rank) * local_accum;
+  const bool distributed = dp > 1 || reproducible;
+  std::unique_ptr<GradientReducer> reducer;
+  if (distributed)
+    reducer = std::make_unique<GradientReducer>(comm, cfg.model, cfg.parallel.bucket_mb,
+                                                reproducible, accum);
+  std::vector<double> local_losses(static_cast<size_t>(local_accum));
+  std::vector<double> all_losses(static_cast<size_t>(accum));
+
+  if (leader && dp > 1)
+    LogInfo("data parallel: {} ranks, {} micro-batches of {} each per step, {} gradient buckets{}",
+            dp, local_accum, micro, reducer->buckets().size(),
+            reproducible ? ", reproducible (int64 fixed-point) reduction" : "");
+  if (leader) LogInfo(
       "training {} parameters ({} layers, {} heads, n_embd {}, seq_len {}) for steps {}..{} "
       "of {}: batch {} = {} x {} micro, {} threads, data {} ({} train / {} val tokens)",
       run.model.num_params(), cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, seq, start + 1,
@@ -178,16 +204,54 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   ProgressBar progress(start, tc.steps, stderr);
   for (int64_t s = start; s < tc.steps; ++s) {
     const double t0 = NowSeconds();
-    run.model.ZeroGrad();
     double loss_sum = 0.0;
-    for (int64_t j = 0; j < accum; ++j) {
-      for (int i = 0; i < micro; ++i) {
-        const uint64_t position = uint64_t(j) * uint64_t(micro) + uint64_t(i);
-        run.train.Window(uint64_t(s), position, inputs.data() + size_t(i) * seq,
-                         targets.data() + size_t(i) * seq);
+    if (!distributed) {
+      run.model.ZeroGrad();
+      for (int64_t j = 0; j < accum; ++j) {
+        for (int i = 0; i < micro; ++i) {
+          const uint64_t position = uint64_t(j) * uint64_t(micro) + uint64_t(i);
+          run.train.Window(uint64_t(s), position, inputs.data() + size_t(i) * seq,
+                           targets.data() + size_t(i) * seq);
+        }
+        loss_sum += double(run.model.Forward(inputs.data(), targets.data(), micro, seq));
+        run.model.Backward(1.0f / float(accum));
       }
-      loss_sum += double(run.model.Forward(inputs.data(), targets.data(), micro, seq));
-      run.model.Backward(1.0f / float(accum));
+    } else {
+      if (reproducible)
+        reducer->BeginFixedPoint();
+      else
+        reducer->Begin();
+      if (!reproducible) run.model.ZeroGrad();
+      for (int64_t lj = 0; lj < local_accum; ++lj) {
+        const int64_t j = first_micro + lj;
+        for (int i = 0; i < micro; ++i) {
+          const uint64_t position = uint64_t(j) * uint64_t(micro) + uint64_t(i);
+          run.train.Window(uint64_t(s), position, inputs.data() + size_t(i) * seq,
+                           targets.data() + size_t(i) * seq);
+        }
+        local_losses[size_t(lj)] =
+            double(run.model.Forward(inputs.data(), targets.data(), micro, seq));
+        if (reproducible) {
+          run.model.ZeroGrad();
+          run.model.Backward(1.0f / float(accum));
+          ATOLL_RETURN_IF_ERROR(reducer->Add(run.model.grads()));
+        } else {
+          // The last micro-batch's backward starts each bucket's all-reduce as it completes.
+          const bool last_micro = lj + 1 == local_accum;
+          if (last_micro) run.model.set_backward_hook(reducer->Hook(run.model.grads()));
+          run.model.Backward(1.0f / float(accum));
+          if (last_micro) run.model.set_backward_hook(nullptr);
+        }
+      }
+      ATOLL_RETURN_IF_ERROR(reducer->Finish(run.model.grads()));
+      // Every micro-batch's loss, in global order (rank r holds micro-batches r*k/D ...).
+      if (comm != nullptr && comm->size() > 1) {
+        ATOLL_RETURN_IF_ERROR(comm->AllGather(std::span<const double>(local_losses),
+                                              std::span<double>(all_losses)));
+      } else {
+        all_losses = local_losses;
+      }
+      for (double l : all_losses) loss_sum += l;
     }
     StepMetrics m;
     m.step = s + 1;
@@ -195,7 +259,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     m.grad_norm = GradNorm(run.model.grads(), n);
     m.lr = LearningRate(tc, s);
     if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
-      progress.Finish();
+      if (leader) progress.Finish();
       return Status::Internal(
           fmt::format("training diverged at step {}: loss {}, gradient norm {} (lower train.lr?)",
                       s + 1, m.loss, m.grad_norm));
@@ -208,6 +272,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     m.step_ms = dt * 1e3;
     m.tokens_per_s = double(tc.batch_size) * seq / dt;
     const bool last = s + 1 == tc.steps;
+    if (!leader) continue;  // the replicas hold the same parameters; rank 0 reports and saves
     if (run.num_val_windows > 0 && (last || (tc.eval_every > 0 && (s + 1) % tc.eval_every == 0)))
       m.val_loss = EvalLoss(run.model, run.val, run.num_val_windows, micro, /*with_grads=*/false);
     ATOLL_RETURN_IF_ERROR(metrics.Append(m));
@@ -216,8 +281,9 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       ATOLL_RETURN_IF_ERROR(
           WriteCheckpoint(fmt::format("{}/checkpoint-{}", out, s + 1), Source(cfg, run, s + 1)));
   }
-  if (options.progress) progress.Finish();
   const std::string final_dir = out + "/checkpoint";
+  if (!leader) return final_dir;
+  if (options.progress) progress.Finish();
   ATOLL_RETURN_IF_ERROR(WriteCheckpoint(final_dir, Source(cfg, run, tc.steps)));
   return final_dir;
 }

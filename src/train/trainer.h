@@ -18,11 +18,25 @@
 // the same bits, and a run resumed from checkpoint-k (which holds the parameters and moments
 // exactly, and k) continues exactly as the uninterrupted run did.
 //
+// Data parallel (parallel.dp = D > 1, under mpirun with D ranks, TrainOptions::comm the world):
+// rank r takes micro-batches j = r*k/D .. (r+1)*k/D - 1 of each step (positions j * micro + i,
+// so the union over ranks is exactly the single-process batch), backward with loss_scale 1/k,
+// and the gradients are summed over ranks (parallel/data_parallel.h: buckets started from a
+// backward hook during the last micro-batch, waited before the optimizer), which gives the
+// single-process gradient of the mean loss up to float rounding. Every rank then runs the same
+// AdamW step, so the parameters stay replicated. The reported loss is the mean of every
+// micro-batch's loss in global order. Only rank 0 writes config.toml, metrics.jsonl and
+// checkpoints (the same format; the manifest records the mesh) and runs validation.
+// parallel.reproducible = true reduces each micro-batch's gradient in int64 fixed point, which
+// makes the parameters bitwise identical for any D (and for D = 1 with reproducible = true).
+// Single process with parallel.reproducible = false is the loop above, unchanged.
+//
 // Thread-safety: one Train call per process (it sets the OpenMP thread count).
 #pragma once
 
 #include <string>
 
+#include "comm/communicator.h"
 #include "core/status.h"
 #include "data/dataset.h"
 #include "train/checkpoint.h"
@@ -35,6 +49,9 @@ struct TrainOptions {
   const Checkpoint* resume = nullptr;  // continue from this state (loaded with the optimizer)
   std::string resume_path;             // where it came from, for messages
   bool progress = true;                // progress bar / lines on stderr
+  // The ranks of this site (MPI world); nullptr: one process. Its size must equal
+  // parallel.dp * parallel.tp * parallel.pp.
+  Communicator* comm = nullptr;
 };
 
 // Trains and returns the final checkpoint's directory. Bad config or data: kInvalidArgument /
