@@ -48,10 +48,17 @@ GradientReducer::GradientReducer(Communicator* comm, const GPTConfig& cfg, doubl
   if (reproducible_) acc_.assign(n_, 0);
 }
 
-void GradientReducer::Begin() { std::fill(started_.begin(), started_.end(), false); }
+void GradientReducer::Begin() {
+  std::fill(started_.begin(), started_.end(), false);
+  hook_status_ = Status::Ok();
+}
 
 void GradientReducer::Launch(size_t i, float* grads) {
   started_[i] = true;
+  if (reproducible_) {
+    Status s = AddRange(grads, buckets_[i].begin, buckets_[i].end);
+    if (!s.ok() && hook_status_.ok()) hook_status_ = s;
+  }
   if (comm_ == nullptr || comm_->size() == 1) return;
   const GradBucket& b = buckets_[i];
   if (reproducible_)
@@ -72,34 +79,37 @@ void GradientReducer::BeginFixedPoint() {
   std::fill(acc_.begin(), acc_.end(), int64_t{0});
 }
 
-Status GradientReducer::Add(const float* grads) {
-  // |sum| over every micro-batch of the step stays below 2^62 units.
+Status GradientReducer::AddRange(float* grads, size_t begin, size_t end) {
+  // |sum| over every micro-batch of the step stays below 2^62 units. One pass, vectorizable:
+  // rint (round half to even, inlined) and the range check as a flag.
   const double limit = std::ldexp(1.0, 62) / double(micro_batches_);
-  const int64_t n = int64_t(n_);
+  const int64_t b = int64_t(begin), e = int64_t(end);
   int64_t* acc = acc_.data();
-  int64_t bad = -1;
-#pragma omp parallel for schedule(static) reduction(max : bad)
-  for (int64_t i = 0; i < n; ++i) {
+  int ok = 1;
+#pragma omp parallel for simd schedule(static) reduction(& : ok)
+  for (int64_t i = b; i < e; ++i) {
     const double v = double(grads[i]) * kFixedScale;
-    if (std::fabs(v) < limit)
-      acc[i] += std::llrint(v);
-    else
-      bad = std::max(bad, i);
+    const bool in_range = std::fabs(v) < limit;
+    ok &= int(in_range);
+    acc[i] += in_range ? int64_t(std::rint(v)) : 0;
+    grads[i] = 0.0f;
   }
-  if (bad >= 0)
+  if (!ok)
     return Status::Internal(fmt::format(
-        "parallel.reproducible: gradient element {} = {} is outside the fixed-point range "
-        "(|g| < {} with {} micro-batches per step); the run diverged or needs "
+        "parallel.reproducible: a gradient element in {}..{} is outside the fixed-point range "
+        "(|g| < {} with {} micro-batches per step, or not finite); the run diverged or needs "
         "parallel.reproducible = false",
-        bad, grads[bad], limit * kFixedUnscale, micro_batches_));
+        begin, end, limit * kFixedUnscale, micro_batches_));
   return Status::Ok();
 }
+
+Status GradientReducer::Add(float* grads) { return AddRange(grads, 0, n_); }
 
 Status GradientReducer::Finish(float* grads) {
   const double t0 = NowSeconds();
   for (size_t i = 0; i < buckets_.size(); ++i)
     if (!started_[i]) Launch(i, grads);
-  Status first = Status::Ok();
+  Status first = hook_status_;
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Status s = handles_[i].Wait();
     if (!s.ok() && first.ok())

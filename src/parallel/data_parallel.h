@@ -57,14 +57,18 @@ class GradientReducer {
 
   // Normal mode: starts a step (no bucket in flight).
   void Begin();
-  // Normal mode: a GPT backward hook that starts the buckets completed by block l. Install it
-  // for the last micro-batch's Backward only.
+  // A GPT backward hook that starts the buckets completed by block l (reproducible mode: after
+  // adding them into the accumulator). Install it for the last micro-batch's Backward only.
   std::function<void(int)> Hook(float* grads);
 
-  // Reproducible mode: zeroes the accumulator (call once per step before the first Add).
+  // Reproducible mode: zeroes the accumulator (call once per step before the first Add, with
+  // zeroed gradients).
   void BeginFixedPoint();
-  // Reproducible mode: adds one micro-batch's gradient (alone in `grads`) into the accumulator.
-  Status Add(const float* grads);
+  // Reproducible mode: adds one micro-batch's gradient (alone in `grads`) into the accumulator
+  // and zeroes `grads` for the next micro-batch (one pass). For the last micro-batch install
+  // Hook(grads) instead and let Finish add what is left: each bucket is converted and its int64
+  // all-reduce started as soon as its blocks' backward is done.
+  Status Add(float* grads);
 
   // Starts the buckets not yet started, waits for all; reproducible mode: all-reduces the
   // accumulator and writes the sum into grads as float. Errors name the bucket.
@@ -75,6 +79,7 @@ class GradientReducer {
 
  private:
   void Launch(size_t i, float* grads);
+  Status AddRange(float* grads, size_t begin, size_t end);
 
   Communicator* comm_;
   bool reproducible_;
@@ -84,6 +89,7 @@ class GradientReducer {
   std::vector<CommHandle> handles_;
   std::vector<bool> started_;
   std::vector<int64_t> acc_;
+  Status hook_status_;
   double last_wait_s_ = 0;
 };
 

@@ -186,6 +186,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
                                                 reproducible, accum);
   std::vector<double> local_losses(static_cast<size_t>(local_accum));
   std::vector<double> all_losses(static_cast<size_t>(accum));
+  double comm_wait_s = 0;  // in GradientReducer::Finish: communication not hidden by backward
 
   if (leader && dp > 1)
     LogInfo("data parallel: {} ranks, {} micro-batches of {} each per step, {} gradient buckets{}",
@@ -217,11 +218,11 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
         run.model.Backward(1.0f / float(accum));
       }
     } else {
+      run.model.ZeroGrad();
       if (reproducible)
         reducer->BeginFixedPoint();
       else
         reducer->Begin();
-      if (!reproducible) run.model.ZeroGrad();
       for (int64_t lj = 0; lj < local_accum; ++lj) {
         const int64_t j = first_micro + lj;
         for (int i = 0; i < micro; ++i) {
@@ -231,19 +232,17 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
         }
         local_losses[size_t(lj)] =
             double(run.model.Forward(inputs.data(), targets.data(), micro, seq));
-        if (reproducible) {
-          run.model.ZeroGrad();
-          run.model.Backward(1.0f / float(accum));
-          ATOLL_RETURN_IF_ERROR(reducer->Add(run.model.grads()));
-        } else {
-          // The last micro-batch's backward starts each bucket's all-reduce as it completes.
-          const bool last_micro = lj + 1 == local_accum;
-          if (last_micro) run.model.set_backward_hook(reducer->Hook(run.model.grads()));
-          run.model.Backward(1.0f / float(accum));
-          if (last_micro) run.model.set_backward_hook(nullptr);
-        }
+        // The last micro-batch's backward starts each bucket's all-reduce as it completes.
+        // Reproducible mode: every micro-batch's gradient alone (Add zeroes the buffer after
+        // accumulating it in fixed point; the hook does the same per bucket for the last one).
+        const bool last_micro = lj + 1 == local_accum;
+        if (last_micro) run.model.set_backward_hook(reducer->Hook(run.model.grads()));
+        run.model.Backward(1.0f / float(accum));
+        if (last_micro) run.model.set_backward_hook(nullptr);
+        if (reproducible && !last_micro) ATOLL_RETURN_IF_ERROR(reducer->Add(run.model.grads()));
       }
       ATOLL_RETURN_IF_ERROR(reducer->Finish(run.model.grads()));
+      comm_wait_s += reducer->last_wait_s();
       // Every micro-batch's loss, in global order (rank r holds micro-batches r*k/D ...).
       if (comm != nullptr && comm->size() > 1) {
         ATOLL_RETURN_IF_ERROR(comm->AllGather(std::span<const double>(local_losses),
@@ -282,6 +281,9 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
           WriteCheckpoint(fmt::format("{}/checkpoint-{}", out, s + 1), Source(cfg, run, s + 1)));
   }
   const std::string final_dir = out + "/checkpoint";
+  if (leader && dp > 1 && tc.steps > start)
+    LogInfo("data parallel: {:.2f} ms per step waiting for gradient all-reduces after backward",
+            comm_wait_s * 1e3 / double(tc.steps - start));
   if (!leader) return final_dir;
   if (options.progress) progress.Finish();
   ATOLL_RETURN_IF_ERROR(WriteCheckpoint(final_dir, Source(cfg, run, tc.steps)));
