@@ -11,7 +11,7 @@
 namespace atl {
 
 namespace {
-constexpr double kFixedScale = 0x1p40;      // units of 2^-40
+constexpr double kFixedScale = 0x1p40;  // units of 2^-40
 constexpr double kFixedUnscale = 0x1p-40;
 }  // namespace
 
@@ -22,7 +22,8 @@ std::vector<GradBucket> MakeGradBuckets(const GPTConfig& cfg, double bucket_byte
   const int L = cfg.n_layer;
   std::vector<size_t> block_begin(size_t(std::max(L, 0)), n);
   for (const auto& t : layout)
-    if (t.layer >= 0) block_begin[size_t(t.layer)] = std::min(block_begin[size_t(t.layer)], t.offset);
+    if (t.layer >= 0)
+      block_begin[size_t(t.layer)] = std::min(block_begin[size_t(t.layer)], t.offset);
   std::vector<GradBucket> out;
   size_t end = n;
   for (int l = L - 1; l >= 1; --l) {

@@ -2,11 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "comm/inprocess.h"
-#include <cmath>
 
 namespace atl {
 namespace {

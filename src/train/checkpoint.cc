@@ -59,8 +59,8 @@ Status ReadTensors(const std::string& path, const std::vector<ParamTensor>& layo
       if (t == nullptr)
         return Status::Corruption(fmt::format("{}: tensor {} is missing", path, name));
       if (t->dtype != SafetensorsDType::kF32)
-        return Status::Corruption(
-            fmt::format("{}: tensor {}: dtype {}, expected F32", path, name, SafetensorsDTypeName(t->dtype)));
+        return Status::Corruption(fmt::format("{}: tensor {}: dtype {}, expected F32", path, name,
+                                              SafetensorsDTypeName(t->dtype)));
       if (t->shape != pt.shape)
         return Status::Corruption(fmt::format("{}: tensor {}: shape [{}], expected [{}]", path,
                                               name, fmt::join(t->shape, ", "),

@@ -263,7 +263,8 @@ Status ValidateRunConfig(const RunConfig& c) {
   if (c.data.dir.empty()) return bad("data.dir", "must not be empty");
 
   const ParallelConfig& p = c.parallel;
-  for (auto [key, v] : {std::pair{"parallel.dp", p.dp}, {"parallel.tp", p.tp}, {"parallel.pp", p.pp}})
+  for (auto [key, v] :
+       {std::pair{"parallel.dp", p.dp}, {"parallel.tp", p.tp}, {"parallel.pp", p.pp}})
     if (v < 1 || v > 65536) return bad(key, fmt::format("must be in [1, 65536], got {}", v));
   if (p.tp > 1 || p.pp > 1)
     return bad(p.tp > 1 ? "parallel.tp" : "parallel.pp",

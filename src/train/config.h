@@ -1,9 +1,10 @@
 // The run configuration: what `atoll train` reads from a TOML file and `--set` overrides.
 //
 // Sections [model], [train], [data], [parallel] (the mesh of one site: dp x tp x pp ranks); [world]
-// is reserved for the multi-site engine and accepts no keys yet. Every key has a default (the `small` preset), so a
-// config file may name only what it changes. An unknown section or key, a value of the wrong
-// type, or a value out of range is an error that names the key ("train.lr: ...").
+// is reserved for the multi-site engine and accepts no keys yet. Every key has a default (the
+// `small` preset), so a config file may name only what it changes. An unknown section or key, a
+// value of the wrong type, or a value out of range is an error that names the key ("train.lr:
+// ...").
 //
 // `--set section.key=value` overrides one key after the file is read; the value is typed by the
 // key (an integer key takes a TOML integer, a float key a TOML float or integer, a string key any

@@ -152,8 +152,7 @@ TEST(RunConfig, ParallelKeysDefaultsAndErrors) {
     EXPECT_NE(e.find("not implemented yet"), std::string::npos) << e;
   }
   EXPECT_NE(ErrorOf("", {"parallel.bucket_mb=0"}).find("parallel.bucket_mb"), std::string::npos);
-  EXPECT_NE(ErrorOf("", {"parallel.reproducible=maybe"}).find("true or false"),
-            std::string::npos);
+  EXPECT_NE(ErrorOf("", {"parallel.reproducible=maybe"}).find("true or false"), std::string::npos);
   EXPECT_NE(ErrorOf("[parallel]\nreproducible = 1\n").find("parallel.reproducible"),
             std::string::npos);
   // The global batch (16 sequences of micro-batches of 8) must split into whole micro-batches.

@@ -18,7 +18,9 @@ namespace {
 constexpr uint64_t kMaxHeader = uint64_t{100} << 20;
 }  // namespace
 
-const char* SafetensorsDTypeName(SafetensorsDType d) { return d == SafetensorsDType::kF32 ? "F32" : "F64"; }
+const char* SafetensorsDTypeName(SafetensorsDType d) {
+  return d == SafetensorsDType::kF32 ? "F32" : "F64";
+}
 size_t SafetensorsDTypeSize(SafetensorsDType d) { return d == SafetensorsDType::kF32 ? 4 : 8; }
 
 size_t TensorView::numel() const {
@@ -42,8 +44,9 @@ std::string SafetensorsWriter::Header() const {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   for (const auto& e : entries_) {
-    header[e.name] = {
-        {"dtype", SafetensorsDTypeName(e.dtype)}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
+    header[e.name] = {{"dtype", SafetensorsDTypeName(e.dtype)},
+                      {"shape", e.shape},
+                      {"data_offsets", {e.begin, e.end}}};
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');
@@ -178,7 +181,8 @@ StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string_view bytes, const s
     if (b > e) return bad_tensor(fmt::format("data_offsets [{}, {}) run backwards", b, e));
     if (e - b != numel * SafetensorsDTypeSize(t.dtype))
       return bad_tensor(fmt::format("{} bytes for shape {} of {} (expected {})", e - b,
-                                    shape.dump(), SafetensorsDTypeName(t.dtype), numel * SafetensorsDTypeSize(t.dtype)));
+                                    shape.dump(), SafetensorsDTypeName(t.dtype),
+                                    numel * SafetensorsDTypeSize(t.dtype)));
     t.size = e - b;
     t.data = nullptr;
     spans.push_back({b, e});

@@ -192,12 +192,13 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     LogInfo("data parallel: {} ranks, {} micro-batches of {} each per step, {} gradient buckets{}",
             dp, local_accum, micro, reducer->buckets().size(),
             reproducible ? ", reproducible (int64 fixed-point) reduction" : "");
-  if (leader) LogInfo(
-      "training {} parameters ({} layers, {} heads, n_embd {}, seq_len {}) for steps {}..{} "
-      "of {}: batch {} = {} x {} micro, {} threads, data {} ({} train / {} val tokens)",
-      run.model.num_params(), cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, seq, start + 1,
-      tc.steps, tc.steps, tc.batch_size, accum, micro, omp_get_max_threads(), cfg.data.dir,
-      run.train_tokens.size(), run.val_tokens.size());
+  if (leader)
+    LogInfo(
+        "training {} parameters ({} layers, {} heads, n_embd {}, seq_len {}) for steps {}..{} "
+        "of {}: batch {} = {} x {} micro, {} threads, data {} ({} train / {} val tokens)",
+        run.model.num_params(), cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, seq,
+        start + 1, tc.steps, tc.steps, tc.batch_size, accum, micro, omp_get_max_threads(),
+        cfg.data.dir, run.train_tokens.size(), run.val_tokens.size());
 
   const size_t n = run.model.num_params();
   std::vector<int32_t> inputs(size_t(micro) * seq), targets(size_t(micro) * seq);
@@ -245,8 +246,8 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       comm_wait_s += reducer->last_wait_s();
       // Every micro-batch's loss, in global order (rank r holds micro-batches r*k/D ...).
       if (comm != nullptr && comm->size() > 1) {
-        ATOLL_RETURN_IF_ERROR(comm->AllGather(std::span<const double>(local_losses),
-                                              std::span<double>(all_losses)));
+        ATOLL_RETURN_IF_ERROR(
+            comm->AllGather(std::span<const double>(local_losses), std::span<double>(all_losses)));
       } else {
         all_losses = local_losses;
       }
