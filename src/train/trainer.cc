@@ -176,12 +176,11 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   }
 
   // Data parallel: this rank's micro-batches of each step, and the gradient reduction. A single
-  // process in the normal mode keeps the plain loop (no reducer).
+  // process in the normal mode runs all micro-batches with no reducer.
   const int64_t local_accum = accum / dp;
   const int64_t first_micro = int64_t(rank) * local_accum;
-  const bool distributed = dp > 1 || reproducible;
   std::unique_ptr<GradientReducer> reducer;
-  if (distributed)
+  if (dp > 1 || reproducible)
     reducer = std::make_unique<GradientReducer>(comm, cfg.model, cfg.parallel.bucket_mb,
                                                 reproducible, accum);
   std::vector<double> local_losses(static_cast<size_t>(local_accum));
@@ -206,53 +205,45 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   ProgressBar progress(start, tc.steps, stderr);
   for (int64_t s = start; s < tc.steps; ++s) {
     const double t0 = NowSeconds();
-    double loss_sum = 0.0;
-    if (!distributed) {
-      run.model.ZeroGrad();
-      for (int64_t j = 0; j < accum; ++j) {
-        for (int i = 0; i < micro; ++i) {
-          const uint64_t position = uint64_t(j) * uint64_t(micro) + uint64_t(i);
-          run.train.Window(uint64_t(s), position, inputs.data() + size_t(i) * seq,
-                           targets.data() + size_t(i) * seq);
-        }
-        loss_sum += double(run.model.Forward(inputs.data(), targets.data(), micro, seq));
-        run.model.Backward(1.0f / float(accum));
-      }
-    } else {
-      run.model.ZeroGrad();
+    run.model.ZeroGrad();
+    if (reducer != nullptr) {
       if (reproducible)
         reducer->BeginFixedPoint();
       else
         reducer->Begin();
-      for (int64_t lj = 0; lj < local_accum; ++lj) {
-        const int64_t j = first_micro + lj;
-        for (int i = 0; i < micro; ++i) {
-          const uint64_t position = uint64_t(j) * uint64_t(micro) + uint64_t(i);
-          run.train.Window(uint64_t(s), position, inputs.data() + size_t(i) * seq,
-                           targets.data() + size_t(i) * seq);
-        }
-        local_losses[size_t(lj)] =
-            double(run.model.Forward(inputs.data(), targets.data(), micro, seq));
-        // The last micro-batch's backward starts each bucket's all-reduce as it completes.
-        // Reproducible mode: every micro-batch's gradient alone (Add zeroes the buffer after
-        // accumulating it in fixed point; the hook does the same per bucket for the last one).
-        const bool last_micro = lj + 1 == local_accum;
-        if (last_micro) run.model.set_backward_hook(reducer->Hook(run.model.grads()));
-        run.model.Backward(1.0f / float(accum));
-        if (last_micro) run.model.set_backward_hook(nullptr);
-        if (reproducible && !last_micro) ATOLL_RETURN_IF_ERROR(reducer->Add(run.model.grads()));
+    }
+    for (int64_t lj = 0; lj < local_accum; ++lj) {
+      const int64_t j = first_micro + lj;
+      for (int i = 0; i < micro; ++i) {
+        const uint64_t position = uint64_t(j) * uint64_t(micro) + uint64_t(i);
+        run.train.Window(uint64_t(s), position, inputs.data() + size_t(i) * seq,
+                         targets.data() + size_t(i) * seq);
       }
+      local_losses[size_t(lj)] =
+          double(run.model.Forward(inputs.data(), targets.data(), micro, seq));
+      // With a reducer, the last micro-batch's backward starts each bucket's all-reduce as it
+      // completes. Reproducible mode: every micro-batch's gradient alone (Add zeroes the buffer
+      // after accumulating it in fixed point; the hook does the same per bucket for the last one).
+      const bool hooked = reducer != nullptr && lj + 1 == local_accum;
+      if (hooked) run.model.set_backward_hook(reducer->Hook(run.model.grads()));
+      run.model.Backward(1.0f / float(accum));
+      if (hooked) run.model.set_backward_hook(nullptr);
+      if (reproducible && lj + 1 < local_accum)
+        ATOLL_RETURN_IF_ERROR(reducer->Add(run.model.grads()));
+    }
+    if (reducer != nullptr) {
       ATOLL_RETURN_IF_ERROR(reducer->Finish(run.model.grads()));
       comm_wait_s += reducer->last_wait_s();
-      // Every micro-batch's loss, in global order (rank r holds micro-batches r*k/D ...).
-      if (comm != nullptr && comm->size() > 1) {
-        ATOLL_RETURN_IF_ERROR(
-            comm->AllGather(std::span<const double>(local_losses), std::span<double>(all_losses)));
-      } else {
-        all_losses = local_losses;
-      }
-      for (double l : all_losses) loss_sum += l;
     }
+    // Every micro-batch's loss, summed in global order (rank r holds micro-batches r*k/D ...).
+    if (comm != nullptr && comm->size() > 1) {
+      ATOLL_RETURN_IF_ERROR(
+          comm->AllGather(std::span<const double>(local_losses), std::span<double>(all_losses)));
+    } else {
+      all_losses = local_losses;
+    }
+    double loss_sum = 0.0;
+    for (double l : all_losses) loss_sum += l;
     StepMetrics m;
     m.step = s + 1;
     m.loss = loss_sum / double(accum);
