@@ -33,14 +33,26 @@ struct GPTConfig {
 
 // Which tensor of a block (or of the whole model) a view is.
 enum class ParamKind {
-  kWte, kWpe,
-  kLn1W, kLn1B, kAttnW, kAttnB, kAttnProjW, kAttnProjB,
-  kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB,
-  kLnfW, kLnfB,
+  kWte,
+  kWpe,
+  kLn1W,
+  kLn1B,
+  kAttnW,
+  kAttnB,
+  kAttnProjW,
+  kAttnProjB,
+  kLn2W,
+  kLn2B,
+  kFcW,
+  kFcB,
+  kFcProjW,
+  kFcProjB,
+  kLnfW,
+  kLnfB,
 };
 
 struct ParamTensor {
-  std::string name;            // "transformer.h.3.attn.c_attn.weight"
+  std::string name;  // "transformer.h.3.attn.c_attn.weight"
   ParamKind kind;
   int layer;                   // block index, -1 for wte, wpe, ln_f
   std::vector<int64_t> shape;  // HF shape, e.g. {n_embd, 3 * n_embd}
@@ -56,5 +68,48 @@ size_t ParamOffset(const GPTConfig& cfg, ParamKind k, int layer = -1);
 
 // Returns an empty string if the shape is valid, else what is wrong (names the field).
 std::string ValidateConfig(const GPTConfig& cfg);
+
+// The part of the model one rank holds under tensor and pipeline parallelism.
+//
+// Pipeline: the blocks [layer_begin, layer_end). The first stage (layer_begin == 0) also holds
+// wte and wpe (the embeddings); the last stage (layer_end == n_layer) holds ln_f and wte again
+// (the tied LM head: with several stages, the first and the last stage each keep a copy and sum
+// their gradients).
+// Tensor parallel (Megatron): of tp ranks, rank tp_rank holds heads [tp_rank * n_head / tp, ...):
+//   attn.c_attn  (column parallel) the q, k and v columns of its heads: [C, 3C/tp], bias [3C/tp];
+//   attn.c_proj  (row parallel)    the rows of its heads: [C/tp, C]; bias [C] replicated;
+//   mlp.c_fc     (column parallel) columns [tp_rank * 4C/tp, ...): [C, 4C/tp], bias [4C/tp];
+//   mlp.c_proj   (row parallel)    the matching rows: [4C/tp, C]; bias [C] replicated;
+//   everything else (embeddings, LayerNorms, the head) replicated.
+// The default is the whole model.
+struct ModelShard {
+  int tp_rank = 0, tp_size = 1;
+  int layer_begin = 0, layer_end = -1;  // -1: n_layer
+
+  int end(const GPTConfig& cfg) const { return layer_end < 0 ? cfg.n_layer : layer_end; }
+  bool first_stage() const { return layer_begin == 0; }
+  bool last_stage(const GPTConfig& cfg) const { return end(cfg) == cfg.n_layer; }
+  bool whole(const GPTConfig& cfg) const {
+    return tp_size == 1 && first_stage() && last_stage(cfg);
+  }
+  // Whether a tensor of this kind is split across the tensor-parallel ranks (else replicated).
+  static bool SplitByTensorParallel(ParamKind k);
+};
+
+// Empty if the shard is valid for cfg, else what is wrong (n_head divisible by tp_size, a
+// non-empty layer range inside [0, n_layer), tp_rank in range).
+std::string ValidateShard(const GPTConfig& cfg, const ModelShard& shard);
+
+// The tensors a shard holds, with their local shapes and offsets into its own flat buffer
+// (contiguous from 0), in the whole model's order (wte, wpe, blocks, ln_f); names and `layer`
+// are the whole model's. ShardLayout(cfg, {}) == ParameterLayout(cfg).
+std::vector<ParamTensor> ShardLayout(const GPTConfig& cfg, const ModelShard& shard);
+
+// Copies a shard's elements between the whole model's flat buffer (ParameterLayout) and the
+// shard's (ShardLayout): to_shard = true reads `whole` and writes `shard_buf`; false writes the
+// shard's elements into `whole` (the others untouched). For parameters, gradients or moments.
+template <class T>
+void CopyShard(const GPTConfig& cfg, const ModelShard& shard, T* whole, T* shard_buf,
+               bool to_shard);
 
 }  // namespace atl

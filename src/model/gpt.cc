@@ -58,98 +58,105 @@ void ZeroBuffers(std::initializer_list<std::pair<T*, size_t>> buffers) {
 // One kernel call, timed under `op` when profiling is on.
 #define ATL_OP(op, ...) Timed(a.profiling, a.times, op, [&] { __VA_ARGS__; })
 
-// Forward activations for every layer (backward needs them), and one layer's worth of gradient
-// buffers that backward reuses from the top layer down. All sized for (max_batch, seq_len) once.
+// One micro-batch's forward activations for every block of the stage (backward needs them).
+// Sizes are per tensor-parallel rank: Cl = n_embd / tp columns of attention, Fl = 4 n_embd / tp of
+// the MLP, NHl heads. The last stage also keeps ln_f and the logits.
 template <class T>
-struct GPT<T>::Activations {
-  Activations(const GPTConfig& c, int max_batch) {
-    const size_t N = size_t(max_batch) * c.seq_len, C = c.n_embd, L = c.n_layer;
-    const size_t att = size_t(max_batch) * c.n_head * c.seq_len * c.seq_len;
-    rows = N;
-    att_per_layer = att;
+struct GPT<T>::Slot {
+  Slot(const GPTConfig& c, int max_batch, int layers, int tp, bool last) {
+    const size_t N = size_t(max_batch) * c.seq_len, C = c.n_embd, L = size_t(layers);
+    const size_t Cl = C / size_t(tp), Fl = 4 * C / size_t(tp), NHl = size_t(c.n_head / tp);
+    att_per_layer = size_t(max_batch) * NHl * c.seq_len * c.seq_len;
     inputs.resize(N);
     targets.resize(N);
     encoded.resize(N * C);
     ln1.resize(L * N * C);
     ln1_mean.resize(L * N);
     ln1_rstd.resize(L * N);
-    qkv.resize(L * N * 3 * C);
-    atty.resize(L * N * C);
-    att_probs.resize(L * att);
+    qkv.resize(L * N * 3 * Cl);
+    atty.resize(L * N * Cl);
+    att_probs.resize(L * att_per_layer);
     residual2.resize(L * N * C);
     ln2.resize(L * N * C);
     ln2_mean.resize(L * N);
     ln2_rstd.resize(L * N);
-    fch.resize(L * N * 4 * C);
-    fch_gelu.resize(L * N * 4 * C);
+    fch.resize(L * N * Fl);
+    fch_gelu.resize(L * N * Fl);
     residual3.resize(L * N * C);
-    lnf.resize(N * C);
-    lnf_mean.resize(N);
-    lnf_rstd.resize(N);
-    logits.resize(N * size_t(c.vocab_size));
-    lse.resize(N);
-    losses.resize(N);
+    if (last) {
+      lnf.resize(N * C);
+      lnf_mean.resize(N);
+      lnf_rstd.resize(N);
+      logits.resize(N * size_t(c.vocab_size));
+      lse.resize(N);
+      losses.resize(N);
+    }
+  }
 
+  size_t att_per_layer;
+  std::vector<int32_t> inputs, targets;
+  std::vector<T> encoded;                  // [N, C] the stage's input (embeddings on the first)
+  std::vector<T> ln1, ln1_mean, ln1_rstd;  // [L, N, C], [L, N], [L, N]
+  std::vector<T> qkv;                      // [L, N, 3Cl]
+  std::vector<T> atty;                     // [L, N, Cl]
+  std::vector<T> att_probs;                // [L, B, NHl, T, T]
+  std::vector<T> residual2;                // [L, N, C]  residual + attn.c_proj
+  std::vector<T> ln2, ln2_mean, ln2_rstd;  // [L, N, C], [L, N], [L, N]
+  std::vector<T> fch, fch_gelu;            // [L, N, Fl]
+  std::vector<T> residual3;                // [L, N, C]  residual2 + mlp.c_proj
+  std::vector<T> lnf, lnf_mean, lnf_rstd;  // [N, C], [N], [N]   (last stage)
+  std::vector<T> logits;                   // [N, V]             (last stage)
+  std::vector<T> lse, losses;              // [N]                (last stage)
+  int B = 0, T_len = 0;
+  bool had_targets = false;
+};
+
+// The slots, and one block's worth of gradient buffers that backward reuses from the top block
+// down (one backward runs at a time). All sized for (max_batch, seq_len) once.
+template <class T>
+struct GPT<T>::Activations {
+  Activations(const GPTConfig& c, int max_batch, int layers, int tp, bool last, int num_slots) {
+    const size_t N = size_t(max_batch) * c.seq_len, C = c.n_embd;
+    const size_t Cl = C / size_t(tp), Fl = 4 * C / size_t(tp);
+    rows = N;
+    for (int i = 0; i < num_slots; ++i) slots.emplace_back(c, max_batch, layers, tp, last);
     dresidual.resize(N * C);
     dln.resize(N * C);
     dln1.resize(N * C);
-    datty.resize(N * C);
-    dqkv.resize(N * 3 * C);
-    datt_scratch.resize(att);
-    dfch_gelu.resize(N * 4 * C);
-    dfch.resize(N * 4 * C);
-    classifier_scratch.resize(
-        std::max(k::ClassifierForwardScratch(int(N), c.vocab_size),
-                 k::ClassifierBackwardScratch(int(N), c.n_embd, c.vocab_size)));
+    datty.resize(N * Cl);
+    dqkv.resize(N * 3 * Cl);
+    datt_scratch.resize(slots[0].att_per_layer);
+    dfch_gelu.resize(N * Fl);
+    dfch.resize(N * Fl);
+    if (last)
+      classifier_scratch.resize(
+          std::max(k::ClassifierForwardScratch(int(N), c.vocab_size),
+                   k::ClassifierBackwardScratch(int(N), c.n_embd, c.vocab_size)));
   }
 
-  size_t rows, att_per_layer;
-  std::vector<int32_t> inputs, targets;
-  std::vector<T> encoded;                  // [N, C]
-  std::vector<T> ln1, ln1_mean, ln1_rstd;  // [L, N, C], [L, N], [L, N]
-  std::vector<T> qkv;                      // [L, N, 3C]
-  std::vector<T> atty;                     // [L, N, C]
-  std::vector<T> att_probs;                // [L, B, NH, T, T]
-  std::vector<T> residual2;                // [L, N, C]  residual + attn.c_proj
-  std::vector<T> ln2, ln2_mean, ln2_rstd;  // [L, N, C], [L, N], [L, N]
-  std::vector<T> fch, fch_gelu;            // [L, N, 4C]
-  std::vector<T> residual3;                // [L, N, C]  residual2 + mlp.c_proj
-  std::vector<T> lnf, lnf_mean, lnf_rstd;  // [N, C], [N], [N]
-  std::vector<T> logits;                   // [N, V]
-  std::vector<T> lse, losses;              // [N]
-
+  size_t rows;
+  std::vector<Slot> slots;
   std::vector<T> dresidual;  // [N, C] gradient of the residual stream, carried down the layers
   std::vector<T> dln, dln1;  // [N, C] gradients of LayerNorm outputs (ln_f / ln_2, ln_1)
-  std::vector<T> datty;      // [N, C]
-  std::vector<T> dqkv;       // [N, 3C]
+  std::vector<T> datty;      // [N, Cl]
+  std::vector<T> dqkv;       // [N, 3Cl]
   std::vector<T> datt_scratch;
-  std::vector<T> dfch_gelu, dfch;  // [N, 4C]
+  std::vector<T> dfch_gelu, dfch;  // [N, Fl]
   std::vector<T> classifier_scratch;
 
   bool profiling = false;
   std::vector<OpTime> times;
 };
 
-template <class T>
-GPT<T>::GPT(const GPTConfig& cfg, int max_batch)
-    : cfg_(cfg), max_batch_(max_batch), num_params_(NumParameters(cfg)) {
-  const std::string err = ValidateConfig(cfg);
-  if (!err.empty()) throw std::invalid_argument("GPT: " + err);
-  if (max_batch <= 0)
-    throw std::invalid_argument(fmt::format("GPT: max_batch must be positive, got {}", max_batch));
-  k::InitBackend();
-  params_.assign(num_params_, T(0));
-  grads_.assign(num_params_, T(0));
-  acts_ = std::make_unique<Activations>(cfg, max_batch);
-}
+namespace {
+constexpr size_t kKinds = size_t(ParamKind::kLnfB) + 1;
+constexpr size_t kAbsent = ~size_t{0};
 
+// GPT-2's initialization of the whole model's flat buffer (see GPT::InitParameters).
 template <class T>
-GPT<T>::~GPT() = default;
-
-template <class T>
-void GPT<T>::InitParameters(uint64_t seed) {
-  const double proj_std = 0.02 / std::sqrt(2.0 * cfg_.n_layer);
-  for (const ParamTensor& t : ParameterLayout(cfg_)) {
+void InitWholeModel(const GPTConfig& cfg, uint64_t seed, T* params) {
+  const double proj_std = 0.02 / std::sqrt(2.0 * cfg.n_layer);
+  for (const ParamTensor& t : ParameterLayout(cfg)) {
     double std_dev = 0;  // 0: constant
     T constant = T(0);
     switch (t.kind) {
@@ -173,7 +180,7 @@ void GPT<T>::InitParameters(uint64_t seed) {
       default:
         break;  // biases
     }
-    T* p = params_.data() + t.offset;
+    T* p = params + t.offset;
     const int64_t n = int64_t(t.numel);
     if (std_dev == 0) {
       std::fill(p, p + n, constant);
@@ -186,162 +193,273 @@ void GPT<T>::InitParameters(uint64_t seed) {
     }
   }
 }
+}  // namespace
+
+template <class T>
+GPT<T>::GPT(const GPTConfig& cfg, int max_batch, const ModelShard& shard, int slots)
+    : cfg_(cfg), shard_(shard), max_batch_(max_batch) {
+  const std::string err = ValidateConfig(cfg);
+  if (!err.empty()) throw std::invalid_argument("GPT: " + err);
+  const std::string shard_err = ValidateShard(cfg, shard);
+  if (!shard_err.empty()) throw std::invalid_argument("GPT: " + shard_err);
+  if (max_batch <= 0)
+    throw std::invalid_argument(fmt::format("GPT: max_batch must be positive, got {}", max_batch));
+  if (slots <= 0)
+    throw std::invalid_argument(fmt::format("GPT: slots must be positive, got {}", slots));
+  layer_begin_ = shard.layer_begin;
+  layer_end_ = shard.end(cfg);
+  layout_ = ShardLayout(cfg, shard);
+  num_params_ = layout_.empty() ? 0 : layout_.back().offset + layout_.back().numel;
+  offsets_.assign(size_t(layer_end_ - layer_begin_ + 1) * kKinds, kAbsent);
+  for (const ParamTensor& t : layout_)
+    offsets_[size_t(t.layer < 0 ? 0 : t.layer - layer_begin_ + 1) * kKinds + size_t(t.kind)] =
+        t.offset;
+  k::InitBackend();
+  params_.assign(num_params_, T(0));
+  grads_.assign(num_params_, T(0));
+  acts_ = std::make_unique<Activations>(cfg, max_batch, layer_end_ - layer_begin_, shard.tp_size,
+                                        shard.last_stage(cfg), slots);
+}
+
+template <class T>
+GPT<T>::~GPT() = default;
+
+template <class T>
+size_t GPT<T>::Off(ParamKind kind, int layer) const {
+  const bool global = kind == ParamKind::kWte || kind == ParamKind::kWpe ||
+                      kind == ParamKind::kLnfW || kind == ParamKind::kLnfB;
+  const size_t off =
+      offsets_[size_t(global ? 0 : layer - layer_begin_ + 1) * kKinds + size_t(kind)];
+  if (off == kAbsent) throw std::logic_error("GPT: a tensor this shard does not hold was used");
+  return off;
+}
+
+template <class T>
+void GPT<T>::InitParameters(uint64_t seed) {
+  if (shard_.whole(cfg_)) {
+    InitWholeModel(cfg_, seed, params_.data());
+    return;
+  }
+  std::vector<T> whole(NumParameters(cfg_));
+  InitWholeModel(cfg_, seed, whole.data());
+  CopyShard(cfg_, shard_, whole.data(), params_.data(), /*to_shard=*/true);
+}
+
+template <class T>
+void GPT<T>::TensorAllReduce(T* data, size_t n) {
+  if (shard_.tp_size == 1) return;
+  if (!tp_all_reduce_)
+    throw std::logic_error("GPT: tensor parallel shard without set_tensor_parallel");
+  tp_all_reduce_(data, n);
+}
 
 template <class T>
 T GPT<T>::Forward(const int32_t* inputs, const int32_t* targets, int B, int T_len) {
+  if (!shard_.first_stage() || !shard_.last_stage(cfg_))
+    throw std::logic_error("GPT::Forward: a pipeline stage needs ForwardStage");
+  return ForwardStage(0, inputs, nullptr, targets, B, T_len);
+}
+
+template <class T>
+void GPT<T>::Backward(T loss_scale) {
+  BackwardStage(0, nullptr, loss_scale);
+}
+
+template <class T>
+T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, const int32_t* targets,
+                       int B, int T_len) {
   if (B <= 0 || B > max_batch_ || T_len <= 0 || T_len > cfg_.seq_len) {
     throw std::invalid_argument(
         fmt::format("GPT::Forward: batch {}x{} outside the allocated (max_batch {}, seq_len {})", B,
                     T_len, max_batch_, cfg_.seq_len));
   }
-  const int C = cfg_.n_embd, V = cfg_.vocab_size, L = cfg_.n_layer, NH = cfg_.n_head;
-  const int N = B * T_len;
   Activations& a = *acts_;
-  for (int i = 0; i < N; ++i) {
-    if (inputs[i] < 0 || inputs[i] >= V ||
-        (targets != nullptr && (targets[i] < 0 || targets[i] >= V))) {
-      throw std::invalid_argument(fmt::format(
-          "GPT::Forward: token at position {} out of range [0, {}): input {}, target {}", i, V,
-          inputs[i], targets != nullptr ? targets[i] : 0));
-    }
+  if (slot < 0 || slot >= int(a.slots.size()))
+    throw std::invalid_argument(fmt::format("GPT::Forward: slot {} of {}", slot, a.slots.size()));
+  const bool first = shard_.first_stage(), last = shard_.last_stage(cfg_);
+  const int C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int tp = shard_.tp_size, Cl = C / tp, Fl = 4 * C / tp, NHl = cfg_.n_head / tp;
+  const int N = B * T_len;
+  Slot& S = a.slots[size_t(slot)];
+  if (first) {
+    for (int i = 0; i < N; ++i)
+      if (inputs[i] < 0 || inputs[i] >= V)
+        throw std::invalid_argument(fmt::format(
+            "GPT::Forward: input token at position {} out of range [0, {}): {}", i, V, inputs[i]));
+    std::copy(inputs, inputs + N, S.inputs.begin());
   }
-  std::copy(inputs, inputs + N, a.inputs.begin());
-  if (targets != nullptr) std::copy(targets, targets + N, a.targets.begin());
+  if (last && targets != nullptr) {
+    for (int i = 0; i < N; ++i)
+      if (targets[i] < 0 || targets[i] >= V)
+        throw std::invalid_argument(
+            fmt::format("GPT::Forward: target token at position {} out of range [0, {}): {}", i, V,
+                        targets[i]));
+    std::copy(targets, targets + N, S.targets.begin());
+  }
 
   const size_t NC = size_t(N) * C, NR = a.rows;  // layer strides use the allocated rows
-  const T* P = params_.data();
-  auto W = [&](ParamKind kind, int l = -1) { return P + ParamOffset(cfg_, kind, l); };
-
-  ATL_OP("encoder fwd", k::EncoderForward(a.encoded.data(), inputs, W(ParamKind::kWte),
-                                          W(ParamKind::kWpe), B, T_len, C));
-  const T* residual = a.encoded.data();
-  for (int l = 0; l < L; ++l) {
-    T* ln1 = a.ln1.data() + l * NR * C;
-    T* ln1_mean = a.ln1_mean.data() + l * NR;
-    T* ln1_rstd = a.ln1_rstd.data() + l * NR;
-    T* qkv = a.qkv.data() + l * NR * 3 * C;
-    T* atty = a.atty.data() + l * NR * C;
-    T* att = a.att_probs.data() + l * a.att_per_layer;
-    T* res2 = a.residual2.data() + l * NR * C;
-    T* ln2 = a.ln2.data() + l * NR * C;
-    T* ln2_mean = a.ln2_mean.data() + l * NR;
-    T* ln2_rstd = a.ln2_rstd.data() + l * NR;
-    T* fch = a.fch.data() + l * NR * 4 * C;
-    T* fch_gelu = a.fch_gelu.data() + l * NR * 4 * C;
-    T* res3 = a.residual3.data() + l * NR * C;
+  // Row-parallel outputs are partial sums: only tensor-parallel rank 0 adds the bias.
+  const bool add_row_bias = shard_.tp_rank == 0;
+  if (first) {
+    ATL_OP("encoder fwd", k::EncoderForward(S.encoded.data(), inputs, W(ParamKind::kWte),
+                                            W(ParamKind::kWpe), B, T_len, C));
+  } else {
+    std::copy(input_acts, input_acts + NC, S.encoded.begin());
+  }
+  const T* residual = S.encoded.data();
+  for (int l = layer_begin_; l < layer_end_; ++l) {
+    const size_t i = size_t(l - layer_begin_);
+    T* ln1 = S.ln1.data() + i * NR * C;
+    T* ln1_mean = S.ln1_mean.data() + i * NR;
+    T* ln1_rstd = S.ln1_rstd.data() + i * NR;
+    T* qkv = S.qkv.data() + i * NR * 3 * Cl;
+    T* atty = S.atty.data() + i * NR * Cl;
+    T* att = S.att_probs.data() + i * S.att_per_layer;
+    T* res2 = S.residual2.data() + i * NR * C;
+    T* ln2 = S.ln2.data() + i * NR * C;
+    T* ln2_mean = S.ln2_mean.data() + i * NR;
+    T* ln2_rstd = S.ln2_rstd.data() + i * NR;
+    T* fch = S.fch.data() + i * NR * Fl;
+    T* fch_gelu = S.fch_gelu.data() + i * NR * Fl;
+    T* res3 = S.residual3.data() + i * NR * C;
 
     ATL_OP("layernorm fwd",
            k::LayerNormForward(ln1, ln1_mean, ln1_rstd, residual, W(ParamKind::kLn1W, l),
                                W(ParamKind::kLn1B, l), N, C));
     ATL_OP("matmul fwd", k::MatmulForward(qkv, ln1, W(ParamKind::kAttnW, l),
-                                          W(ParamKind::kAttnB, l), N, C, 3 * C));
-    ATL_OP("attention fwd", k::AttentionForward(atty, att, qkv, B, T_len, C, NH));
+                                          W(ParamKind::kAttnB, l), N, C, 3 * Cl));
+    ATL_OP("attention fwd", k::AttentionForward(atty, att, qkv, B, T_len, Cl, NHl));
     // residual2 = residual + atty · W_proj + b_proj (the projection lands in residual2 first).
-    ATL_OP("matmul fwd", k::MatmulForward(res2, atty, W(ParamKind::kAttnProjW, l),
-                                          W(ParamKind::kAttnProjB, l), N, C, C));
+    ATL_OP("matmul fwd",
+           k::MatmulForward(res2, atty, W(ParamKind::kAttnProjW, l),
+                            add_row_bias ? W(ParamKind::kAttnProjB, l) : nullptr, N, Cl, C));
+    ATL_OP("tp all-reduce", TensorAllReduce(res2, NC));
     ATL_OP("residual fwd", k::ResidualForward(res2, residual, res2, NC));
     ATL_OP("layernorm fwd",
            k::LayerNormForward(ln2, ln2_mean, ln2_rstd, res2, W(ParamKind::kLn2W, l),
                                W(ParamKind::kLn2B, l), N, C));
     ATL_OP("matmul fwd",
-           k::MatmulForward(fch, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l), N, C, 4 * C));
-    ATL_OP("gelu fwd", k::GeluForward(fch_gelu, fch, size_t(N) * 4 * C));
-    ATL_OP("matmul fwd", k::MatmulForward(res3, fch_gelu, W(ParamKind::kFcProjW, l),
-                                          W(ParamKind::kFcProjB, l), N, 4 * C, C));
+           k::MatmulForward(fch, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l), N, C, Fl));
+    ATL_OP("gelu fwd", k::GeluForward(fch_gelu, fch, size_t(N) * Fl));
+    ATL_OP("matmul fwd",
+           k::MatmulForward(res3, fch_gelu, W(ParamKind::kFcProjW, l),
+                            add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, N, Fl, C));
+    ATL_OP("tp all-reduce", TensorAllReduce(res3, NC));
     ATL_OP("residual fwd", k::ResidualForward(res3, res2, res3, NC));
     residual = res3;
   }
+  S.B = B;
+  S.T_len = T_len;
+  S.had_targets = last && targets != nullptr;
+  if (!last) return T(0);
   ATL_OP("layernorm fwd",
-         k::LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), residual,
+         k::LayerNormForward(S.lnf.data(), S.lnf_mean.data(), S.lnf_rstd.data(), residual,
                              W(ParamKind::kLnfW), W(ParamKind::kLnfB), N, C));
   T loss = 0;
   ATL_OP("classifier fwd",
-         loss = k::ClassifierForward(a.logits.data(), a.lse.data(), a.losses.data(),
-                                     a.classifier_scratch.data(), a.lnf.data(), W(ParamKind::kWte),
+         loss = k::ClassifierForward(S.logits.data(), S.lse.data(), S.losses.data(),
+                                     a.classifier_scratch.data(), S.lnf.data(), W(ParamKind::kWte),
                                      targets, N, C, V));
-  last_B_ = B;
-  last_T_ = T_len;
-  last_had_targets_ = targets != nullptr;
   return loss;
 }
 
 template <class T>
-void GPT<T>::Backward(T loss_scale) {
-  if (!last_had_targets_) {
+const T* GPT<T>::stage_output(int slot) const {
+  const Slot& S = acts_->slots.at(size_t(slot));
+  return S.residual3.data() + size_t(layer_end_ - layer_begin_ - 1) * acts_->rows * cfg_.n_embd;
+}
+
+template <class T>
+const T* GPT<T>::input_grad() const {
+  return acts_->dresidual.data();
+}
+
+template <class T>
+void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
+  Activations& a = *acts_;
+  if (slot < 0 || slot >= int(a.slots.size()))
+    throw std::invalid_argument(fmt::format("GPT::Backward: slot {} of {}", slot, a.slots.size()));
+  Slot& S = a.slots[size_t(slot)];
+  const bool first = shard_.first_stage(), last = shard_.last_stage(cfg_);
+  if (last && !S.had_targets) {
     throw std::logic_error("GPT::Backward: the last Forward had no targets (or there was none)");
   }
-  const int B = last_B_, T_len = last_T_;
-  const int C = cfg_.n_embd, V = cfg_.vocab_size, L = cfg_.n_layer, NH = cfg_.n_head;
+  const int B = S.B, T_len = S.T_len;
+  const int C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int tp = shard_.tp_size, Cl = C / tp, Fl = 4 * C / tp, NHl = cfg_.n_head / tp;
   const int N = B * T_len;
-  const size_t NC = size_t(N) * C, NR = acts_->rows;
-  Activations& a = *acts_;
-  const T* P = params_.data();
-  T* G = grads_.data();
-  auto W = [&](ParamKind kind, int l = -1) { return P + ParamOffset(cfg_, kind, l); };
-  auto D = [&](ParamKind kind, int l = -1) { return G + ParamOffset(cfg_, kind, l); };
+  const size_t NC = size_t(N) * C, NR = a.rows;
+  const int Ll = layer_end_ - layer_begin_;
 
-  // Loss = loss_scale * mean over N positions.
-  const T dloss = loss_scale / T(N);
-  ATL_OP("zero", ZeroBuffers<T>({{a.dln.data(), NC}, {a.dresidual.data(), NC}}));
-  ATL_OP("classifier bwd",
-         k::ClassifierBackward(a.dln.data(), D(ParamKind::kWte), a.classifier_scratch.data(),
-                               a.logits.data(), a.lse.data(), a.lnf.data(), W(ParamKind::kWte),
-                               a.targets.data(), dloss, N, C, V));
-  const T* last_residual = L > 0 ? a.residual3.data() + (L - 1) * NR * C : a.encoded.data();
-  ATL_OP("layernorm bwd",
-         k::LayerNormBackward(a.dresidual.data(), D(ParamKind::kLnfW), D(ParamKind::kLnfB),
-                              a.dln.data(), last_residual, W(ParamKind::kLnfW), a.lnf_mean.data(),
-                              a.lnf_rstd.data(), N, C));
   T* dres = a.dresidual.data();
-  for (int l = L - 1; l >= 0; --l) {
-    const T* residual = l == 0 ? a.encoded.data() : a.residual3.data() + (l - 1) * NR * C;
-    const T* ln1 = a.ln1.data() + l * NR * C;
-    const T* ln1_mean = a.ln1_mean.data() + l * NR;
-    const T* ln1_rstd = a.ln1_rstd.data() + l * NR;
-    const T* qkv = a.qkv.data() + l * NR * 3 * C;
-    const T* atty = a.atty.data() + l * NR * C;
-    const T* att = a.att_probs.data() + l * a.att_per_layer;
-    const T* res2 = a.residual2.data() + l * NR * C;
-    const T* ln2 = a.ln2.data() + l * NR * C;
-    const T* ln2_mean = a.ln2_mean.data() + l * NR;
-    const T* ln2_rstd = a.ln2_rstd.data() + l * NR;
-    const T* fch = a.fch.data() + l * NR * 4 * C;
-    const T* fch_gelu = a.fch_gelu.data() + l * NR * 4 * C;
+  if (last) {
+    // Loss = loss_scale * mean over N positions.
+    const T dloss = loss_scale / T(N);
+    ATL_OP("zero", ZeroBuffers<T>({{a.dln.data(), NC}, {dres, NC}}));
+    ATL_OP("classifier bwd",
+           k::ClassifierBackward(a.dln.data(), D(ParamKind::kWte), a.classifier_scratch.data(),
+                                 S.logits.data(), S.lse.data(), S.lnf.data(), W(ParamKind::kWte),
+                                 S.targets.data(), dloss, N, C, V));
+    const T* last_residual = S.residual3.data() + size_t(Ll - 1) * NR * C;
+    ATL_OP("layernorm bwd", k::LayerNormBackward(dres, D(ParamKind::kLnfW), D(ParamKind::kLnfB),
+                                                 a.dln.data(), last_residual, W(ParamKind::kLnfW),
+                                                 S.lnf_mean.data(), S.lnf_rstd.data(), N, C));
+  } else {
+    std::copy(output_grad, output_grad + NC, dres);
+  }
+  for (int l = layer_end_ - 1; l >= layer_begin_; --l) {
+    const size_t i = size_t(l - layer_begin_);
+    const T* residual = i == 0 ? S.encoded.data() : S.residual3.data() + (i - 1) * NR * C;
+    const T* ln1 = S.ln1.data() + i * NR * C;
+    const T* ln1_mean = S.ln1_mean.data() + i * NR;
+    const T* ln1_rstd = S.ln1_rstd.data() + i * NR;
+    const T* qkv = S.qkv.data() + i * NR * 3 * Cl;
+    const T* atty = S.atty.data() + i * NR * Cl;
+    const T* att = S.att_probs.data() + i * S.att_per_layer;
+    const T* res2 = S.residual2.data() + i * NR * C;
+    const T* ln2 = S.ln2.data() + i * NR * C;
+    const T* ln2_mean = S.ln2_mean.data() + i * NR;
+    const T* ln2_rstd = S.ln2_rstd.data() + i * NR;
+    const T* fch = S.fch.data() + i * NR * Fl;
+    const T* fch_gelu = S.fch_gelu.data() + i * NR * Fl;
 
     // residual3 = residual2 + mlp(ln2(residual2)): dres flows to residual2 unchanged, and into
     // the MLP as the gradient of its output.
-    ATL_OP("zero", ZeroBuffers<T>({{a.dfch_gelu.data(), size_t(N) * 4 * C},
-                                   {a.dfch.data(), size_t(N) * 4 * C},
+    ATL_OP("zero", ZeroBuffers<T>({{a.dfch_gelu.data(), size_t(N) * Fl},
+                                   {a.dfch.data(), size_t(N) * Fl},
                                    {a.dln.data(), NC},
                                    {a.dln1.data(), NC},
-                                   {a.datty.data(), NC},
-                                   {a.dqkv.data(), size_t(N) * 3 * C}}));
+                                   {a.datty.data(), size_t(N) * Cl},
+                                   {a.dqkv.data(), size_t(N) * 3 * Cl}}));
     ATL_OP("matmul bwd", k::MatmulBackward(a.dfch_gelu.data(), D(ParamKind::kFcProjW, l),
                                            D(ParamKind::kFcProjB, l), dres, fch_gelu,
-                                           W(ParamKind::kFcProjW, l), N, 4 * C, C));
-    ATL_OP("gelu bwd", k::GeluBackward(a.dfch.data(), fch, a.dfch_gelu.data(), size_t(N) * 4 * C));
+                                           W(ParamKind::kFcProjW, l), N, Fl, C));
+    ATL_OP("gelu bwd", k::GeluBackward(a.dfch.data(), fch, a.dfch_gelu.data(), size_t(N) * Fl));
     ATL_OP("matmul bwd",
            k::MatmulBackward(a.dln.data(), D(ParamKind::kFcW, l), D(ParamKind::kFcB, l),
-                             a.dfch.data(), ln2, W(ParamKind::kFcW, l), N, C, 4 * C));
+                             a.dfch.data(), ln2, W(ParamKind::kFcW, l), N, C, Fl));
+    ATL_OP("tp all-reduce", TensorAllReduce(a.dln.data(), NC));
     ATL_OP("layernorm bwd",
            k::LayerNormBackward(dres, D(ParamKind::kLn2W, l), D(ParamKind::kLn2B, l), a.dln.data(),
                                 res2, W(ParamKind::kLn2W, l), ln2_mean, ln2_rstd, N, C));
     // residual2 = residual + attn(ln1(residual)), likewise.
     ATL_OP("matmul bwd", k::MatmulBackward(a.datty.data(), D(ParamKind::kAttnProjW, l),
                                            D(ParamKind::kAttnProjB, l), dres, atty,
-                                           W(ParamKind::kAttnProjW, l), N, C, C));
+                                           W(ParamKind::kAttnProjW, l), N, Cl, C));
     ATL_OP("attention bwd", k::AttentionBackward(a.dqkv.data(), a.datt_scratch.data(),
-                                                 a.datty.data(), qkv, att, B, T_len, C, NH));
+                                                 a.datty.data(), qkv, att, B, T_len, Cl, NHl));
     ATL_OP("matmul bwd",
            k::MatmulBackward(a.dln1.data(), D(ParamKind::kAttnW, l), D(ParamKind::kAttnB, l),
-                             a.dqkv.data(), ln1, W(ParamKind::kAttnW, l), N, C, 3 * C));
+                             a.dqkv.data(), ln1, W(ParamKind::kAttnW, l), N, C, 3 * Cl));
+    ATL_OP("tp all-reduce", TensorAllReduce(a.dln1.data(), NC));
     ATL_OP("layernorm bwd",
            k::LayerNormBackward(dres, D(ParamKind::kLn1W, l), D(ParamKind::kLn1B, l), a.dln1.data(),
                                 residual, W(ParamKind::kLn1W, l), ln1_mean, ln1_rstd, N, C));
     if (backward_hook_) backward_hook_(l);
   }
-  ATL_OP("encoder bwd", k::EncoderBackward(D(ParamKind::kWte), D(ParamKind::kWpe), dres,
-                                           a.inputs.data(), B, T_len, C));
+  if (first)
+    ATL_OP("encoder bwd", k::EncoderBackward(D(ParamKind::kWte), D(ParamKind::kWpe), dres,
+                                             S.inputs.data(), B, T_len, C));
 }
 
 template <class T>
@@ -355,7 +473,7 @@ void GPT<T>::ZeroGrad() {
 
 template <class T>
 const T* GPT<T>::logits() const {
-  return acts_->logits.data();
+  return acts_->slots[0].logits.data();
 }
 
 template <class T>

@@ -8,6 +8,17 @@
 // (kernels partition work in fixed chunks independent of the number of threads, and every
 // reduction has a fixed order).
 //
+// Sharding (tensor and pipeline parallel): a GPT may hold one ModelShard (model/config.h) of the
+// model: a pipeline stage's blocks, and of each block the tensor-parallel rank's heads and MLP
+// columns. Its buffers then follow ShardLayout. A stage that is not the first takes its input
+// activations instead of token ids and a stage that is not the last gives its output activations
+// and takes their gradient in backward (ForwardStage / BackwardStage). With tp_size > 1 the
+// model calls the tensor-parallel all-reduce (set_tensor_parallel) twice per block in forward
+// (after the row-parallel attn.c_proj and mlp.c_proj, whose bias only tp rank 0 adds) and twice
+// in backward (the gradients of the LayerNorm outputs feeding the column-parallel c_attn and
+// c_fc); replicated tensors then get identical gradients on every tensor-parallel rank.
+// A pipeline schedule keeps several micro-batches in flight: each has an activation slot.
+//
 // Thread-safety: not thread-safe; one GPT per training process. Kernels use OpenMP inside.
 #pragma once
 
@@ -25,13 +36,17 @@ template <class T>
 class GPT {
  public:
   // Allocates parameters, gradients and activations for batches of up to max_batch sequences of
-  // up to cfg.seq_len tokens. Parameters are zero until InitParameters or a load.
-  GPT(const GPTConfig& cfg, int max_batch);
+  // up to cfg.seq_len tokens, in `slots` activation slots. Parameters are zero until
+  // InitParameters or a load. Throws std::invalid_argument for an invalid config or shard.
+  GPT(const GPTConfig& cfg, int max_batch, const ModelShard& shard = {}, int slots = 1);
   ~GPT();
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
 
   const GPTConfig& config() const { return cfg_; }
+  const ModelShard& shard() const { return shard_; }
+  // This shard's tensors in its buffers (ShardLayout).
+  const std::vector<ParamTensor>& layout() const { return layout_; }
   size_t num_params() const { return num_params_; }
   T* params() { return params_.data(); }
   const T* params() const { return params_.data(); }
@@ -40,7 +55,8 @@ class GPT {
 
   // GPT-2 initialization from the counter-based RNG (seed, step 0, RngPurpose::kInit, element
   // index): weights N(0, 0.02); attn.c_proj and mlp.c_proj weights N(0, 0.02/sqrt(2 n_layer));
-  // wpe N(0, 0.01); biases 0; LayerNorm weights 1.
+  // wpe N(0, 0.01); biases 0; LayerNorm weights 1. The element index is the whole model's, so a
+  // shard gets exactly its part of the whole model's initialization.
   void InitParameters(uint64_t seed);
 
   // Forward over B sequences of T tokens (B <= max_batch, T <= seq_len). inputs, targets: B*T
@@ -55,6 +71,28 @@ class GPT {
 
   void ZeroGrad();
 
+  // ---- Pipeline stages (Forward / Backward above are slot 0 of a whole-model stage). ----
+  // Forward of one micro-batch into activation slot `slot`: the first stage reads token ids
+  // `inputs` (input_acts ignored), the others input_acts [B*T, n_embd] (inputs ignored). The last
+  // stage returns the mean loss (targets may be null: logits only); the others return 0 and
+  // leave their output in stage_output(slot) until the slot's next Forward.
+  T ForwardStage(int slot, const int32_t* inputs, const T* input_acts, const int32_t* targets,
+                 int B, int T_len);
+  const T* stage_output(int slot) const;
+  // Backward of slot's last ForwardStage: the last stage from its loss times loss_scale
+  // (output_grad ignored), the others from output_grad [B*T, n_embd]. ADDS into grads(). On a
+  // stage that is not the first, input_grad() then holds the gradient of input_acts (until the
+  // next BackwardStage).
+  void BackwardStage(int slot, const T* output_grad, T loss_scale);
+  const T* input_grad() const;
+
+  // Tensor parallel: the all-reduce (sum, in place, identical result on every rank) over the
+  // tp_size ranks of this shard's tensor-parallel group. Required when tp_size > 1; it may throw
+  // (the exception leaves Forward / Backward).
+  void set_tensor_parallel(std::function<void(T* data, size_t n)> all_reduce) {
+    tp_all_reduce_ = std::move(all_reduce);
+  }
+
   // Optional hook for overlapping communication with the backward (data parallel buckets):
   // Backward calls hook(l) right after block l's backward, when the gradients of block l's
   // tensors (and, from l = n_layer - 1 on, of ln_f) are final for this Backward; wte and wpe are
@@ -62,7 +100,7 @@ class GPT {
   // the gradients of blocks below l.
   void set_backward_hook(std::function<void(int layer)> hook) { backward_hook_ = std::move(hook); }
 
-  // Logits of the last Forward: [B, T, vocab_size], row-major.
+  // Logits of the last Forward (slot 0, last stage): [B, T, vocab_size], row-major.
   const T* logits() const;
 
   // Optional per-op wall-clock profile, for benchmarks: while enabled, Forward and Backward add
@@ -78,16 +116,25 @@ class GPT {
   void reset_op_times();
 
  private:
+  struct Slot;
   struct Activations;
+  const T* W(ParamKind kind, int layer = -1) const { return params_.data() + Off(kind, layer); }
+  T* D(ParamKind kind, int layer = -1) { return grads_.data() + Off(kind, layer); }
+  size_t Off(ParamKind kind, int layer) const;
+  void TensorAllReduce(T* data, size_t n);
+
   GPTConfig cfg_;
+  ModelShard shard_;
   int max_batch_;
+  int layer_begin_, layer_end_;
+  std::vector<ParamTensor> layout_;
+  std::vector<size_t> offsets_;  // [(local layer + 1) * kKinds + kind]; row 0: wte, wpe, ln_f
   size_t num_params_;
   std::vector<T> params_;
   std::vector<T> grads_;
   std::unique_ptr<Activations> acts_;
-  int last_B_ = 0, last_T_ = 0;
-  bool last_had_targets_ = false;
   std::function<void(int)> backward_hook_;
+  std::function<void(T*, size_t)> tp_all_reduce_;
 };
 
 extern template class GPT<float>;
