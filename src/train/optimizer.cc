@@ -13,7 +13,7 @@ constexpr size_t kChunk = size_t{1} << 14;
 
 bool DecaysWeight(const ParamTensor& t) { return t.shape.size() == 2; }
 
-double GradNorm(const float* g, size_t n) {
+double GradSquaredSum(const float* g, size_t n) {
   const size_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<double> partial(chunks, 0.0);
 #pragma omp parallel for schedule(static)
@@ -25,27 +25,66 @@ double GradNorm(const float* g, size_t n) {
   }
   double total = 0.0;
   for (double s : partial) total += s;
-  return std::sqrt(total);
+  return total;
 }
+
+double GradNorm(const float* g, size_t n) { return std::sqrt(GradSquaredSum(g, n)); }
 
 float ClipScale(double norm, double max_norm) {
   if (max_norm <= 0 || !(norm > max_norm)) return 1.0f;
   return float(max_norm / (norm + 1e-6));
 }
 
-AdamW::AdamW(const std::vector<ParamTensor>& layout, Hyper hyper) : hyper_(hyper) {
-  size_t n = 0;
-  for (const auto& t : layout) {
-    const bool decay = DecaysWeight(t) && hyper.weight_decay != 0.0;
-    if (!ranges_.empty() && ranges_.back().decay == decay && ranges_.back().end == t.offset) {
-      ranges_.back().end = t.offset + t.numel;
-    } else {
-      ranges_.push_back({t.offset, t.offset + t.numel, decay});
+void AdamW::AddSegment(size_t begin, size_t end, size_t shift, bool decay) {
+  if (begin >= end) return;
+  if (!segments_.empty()) {
+    Segment& last = segments_.back();
+    if (last.end == begin && last.shift == shift && last.decay == decay) {
+      last.end = end;
+      return;
     }
-    n = std::max(n, t.offset + t.numel);
   }
-  m_.assign(n, 0.0f);
-  v_.assign(n, 0.0f);
+  segments_.push_back({begin, end, shift, decay});
+}
+
+namespace {
+size_t LayoutEnd(const std::vector<ParamTensor>& layout) {
+  size_t n = 0;
+  for (const auto& t : layout) n = std::max(n, t.offset + t.numel);
+  return n;
+}
+}  // namespace
+
+AdamW::AdamW(const std::vector<ParamTensor>& layout, Hyper hyper)
+    : AdamW(layout, hyper, {{0, LayoutEnd(layout)}}) {}
+
+AdamW::AdamW(const std::vector<ParamTensor>& layout, Hyper hyper,
+             const std::vector<OwnedRange>& owned)
+    : hyper_(hyper) {
+  // The tensors by offset, for the lookup of each owned range's first tensor.
+  std::vector<const ParamTensor*> tensors;
+  for (const auto& t : layout) tensors.push_back(&t);
+  std::sort(tensors.begin(), tensors.end(),
+            [](const ParamTensor* a, const ParamTensor* b) { return a->offset < b->offset; });
+  size_t state = 0;
+  for (const auto& [local_begin, length] : owned) {
+    const size_t local_end = local_begin + length;
+    // The first tensor that ends after local_begin; then every tensor the range overlaps. Local
+    // elements outside every tensor keep their state slot but are never updated.
+    auto it =
+        std::upper_bound(tensors.begin(), tensors.end(), local_begin,
+                         [](size_t x, const ParamTensor* t) { return x < t->offset + t->numel; });
+    for (; it != tensors.end() && (*it)->offset < local_end; ++it) {
+      const ParamTensor& t = **it;
+      const size_t b = std::max(local_begin, t.offset);
+      const size_t e = std::min(local_end, t.offset + t.numel);
+      const size_t shift = local_begin - state;  // local = state + shift, modulo 2^64
+      AddSegment(b - shift, e - shift, shift, DecaysWeight(t) && hyper.weight_decay != 0.0);
+    }
+    state += length;
+  }
+  m_.assign(state, 0.0f);
+  v_.assign(state, 0.0f);
 }
 
 void AdamW::Step(float* params, const float* grads, double lr, float grad_scale) {
@@ -61,21 +100,29 @@ void AdamW::Step(float* params, const float* grads, double lr, float grad_scale)
   float* v = v_.data();
   const size_t n = m_.size();
   const size_t chunks = (n + kChunk - 1) / kChunk;
-  const Range* ranges = ranges_.data();
-  const size_t num_ranges = ranges_.size();
+  const Segment* segments = segments_.data();
+  const Segment* segments_end = segments + segments_.size();
 #pragma omp parallel for schedule(static)
   for (size_t c = 0; c < chunks; ++c) {
     const size_t cb = c * kChunk, ce = std::min(n, cb + kChunk);
-    for (size_t r = 0; r < num_ranges; ++r) {
-      const size_t b = std::max(cb, ranges[r].begin), e = std::min(ce, ranges[r].end);
-      if (b >= e) continue;
-      const float keep = ranges[r].decay ? decay_factor : 1.0f;
-      for (size_t i = b; i < e; ++i) {
-        const float g = grads[i] * grad_scale;
-        m[i] = beta1 * m[i] + one_minus_beta1 * g;
-        v[i] = beta2 * v[i] + one_minus_beta2 * (g * g);
-        const float denom = std::sqrt(v[i]) * inv_bc2_sqrt + eps;
-        params[i] = params[i] * keep - step_size * (m[i] / denom);
+    // The first segment that ends after cb, then each one that starts before ce.
+    const Segment* seg = std::upper_bound(segments, segments_end, cb,
+                                          [](size_t x, const Segment& s) { return x < s.end; });
+    for (; seg != segments_end && seg->begin < ce; ++seg) {
+      const size_t b = std::max(cb, seg->begin), e = std::min(ce, seg->end);
+      const float keep = seg->decay ? decay_factor : 1.0f;
+      // State element b + k is parameter b + k + shift (unsigned arithmetic: shift may wrap).
+      const size_t len = e - b;
+      const float* gs = grads + b;
+      float* ms = m + b;
+      float* vs = v + b;
+      float* ps = params + (b + seg->shift);
+      for (size_t k = 0; k < len; ++k) {
+        const float g = gs[k] * grad_scale;
+        ms[k] = beta1 * ms[k] + one_minus_beta1 * g;
+        vs[k] = beta2 * vs[k] + one_minus_beta2 * (g * g);
+        const float denom = std::sqrt(vs[k]) * inv_bc2_sqrt + eps;
+        ps[k] = ps[k] * keep - step_size * (ms[k] / denom);
       }
     }
   }

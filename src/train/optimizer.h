@@ -13,16 +13,27 @@
 // nanoGPT (which decay every parameter with dim >= 2), the token and position embeddings
 // (wte is also the tied LM head). Biases and LayerNorm gains/biases never decay.
 //
+// Sharding (ZeRO-1): an AdamW may own only part of the parameters. Its moments then live in
+// "state coordinates": the owned ranges of the local parameter buffer, concatenated in the order
+// given (parallel/data_parallel.h's GradientReducer::owned() lists them in that order, and its
+// shard_grads() holds the gradients in the same coordinates). Step reads grads in state
+// coordinates and updates the owned parameters in place, in local coordinates; the others are not
+// touched. Whether an element decays is decided by the layout tensor its LOCAL offset falls in, so
+// an owned range may cut tensors anywhere. The unsharded AdamW is the identity mapping (state
+// coordinates == local coordinates).
+//
 // Determinism: every element is updated independently by the same code, and the loop is split
-// into fixed chunks whose boundaries do not depend on the thread count, so any number of OpenMP
-// threads gives the same bits. GradNorm sums squares in double over fixed chunks and then adds
-// the chunk sums in order: also independent of the thread count.
+// into fixed chunks of state coordinates whose boundaries do not depend on the thread count, so
+// any number of OpenMP threads gives the same bits, and a sharded AdamW gives each element bitwise
+// the update the unsharded one gives it. GradSquaredSum sums squares in double over fixed chunks
+// and then adds the chunk sums in order: also independent of the thread count.
 //
 // Thread-safety: an AdamW is used by one thread at a time (it uses OpenMP inside).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "model/config.h"
@@ -32,7 +43,11 @@ namespace atl {
 // Whether weight decay applies to a tensor: it is 2-D (Linear weights, wte, wpe).
 bool DecaysWeight(const ParamTensor& t);
 
-// sqrt(sum g_i^2), summed in double in fixed chunks, chunk sums added in order.
+// sum g_i^2, summed in double in fixed chunks (from grads[0]), chunk sums added in order. A
+// sharded run sums its shard with this and all-reduces the partial sums.
+double GradSquaredSum(const float* grads, size_t n);
+
+// sqrt(GradSquaredSum(grads, n)), bitwise.
 double GradNorm(const float* grads, size_t n);
 
 // The factor that brings a gradient of norm `norm` to norm at most `max_norm` (torch's
@@ -48,16 +63,30 @@ class AdamW {
     double weight_decay = 0.1;
   };
 
-  // Moments start at zero, the update count at 0. `layout` decides which ranges decay.
+  // (local_begin, length): a range of the local parameter buffer that this optimizer owns.
+  using OwnedRange = std::pair<size_t, size_t>;
+
+  // Moments start at zero, the update count at 0. `layout` (offsets into the local buffer)
+  // decides which elements decay. Owns the whole local buffer, [0, the end of the last tensor):
+  // state coordinates are local coordinates.
   AdamW(const std::vector<ParamTensor>& layout, Hyper hyper);
 
-  // One update of params from grads (read, not modified) at learning rate lr; grads are
-  // multiplied by grad_scale first (the clipping factor).
+  // Owns only the ranges `owned`, in state order: state element k of owned range j is local
+  // element owned[j].first + (k - sum of the earlier lengths). REQUIRES: the ranges do not
+  // overlap. Empty ranges are allowed; elements outside every tensor have a state slot but are
+  // never updated.
+  AdamW(const std::vector<ParamTensor>& layout, Hyper hyper, const std::vector<OwnedRange>& owned);
+
+  // One update of the owned params (local coordinates) from grads (state coordinates, size()
+  // elements; read, not modified) at learning rate lr; grads are multiplied by grad_scale first
+  // (the clipping factor).
   void Step(float* params, const float* grads, double lr, float grad_scale);
 
+  // The number of owned elements: the length of m, v and of Step's grads.
   size_t size() const { return m_.size(); }
   int64_t step_count() const { return t_; }
-  // For checkpoint load: the moments and the count of updates they have seen.
+  // For checkpoint save and load: the moments (state coordinates) and the count of updates they
+  // have seen.
   void set_step_count(int64_t t) { t_ = t; }
   float* m() { return m_.data(); }
   float* v() { return v_.data(); }
@@ -65,12 +94,17 @@ class AdamW {
   const float* v() const { return v_.data(); }
 
  private:
-  struct Range {
+  // State elements [begin, end) are the local elements [begin + shift, end + shift).
+  struct Segment {
     size_t begin, end;
+    size_t shift;  // modulo 2^64: local coordinates may be below state coordinates
     bool decay;
   };
+  // Appends a segment, merged with the last one where both coordinates continue it.
+  void AddSegment(size_t begin, size_t end, size_t shift, bool decay);
+
   Hyper hyper_;
-  std::vector<Range> ranges_;  // the tensors, merged where neighbours agree on decay
+  std::vector<Segment> segments_;  // in state order: the owned elements that lie in a tensor
   std::vector<float> m_, v_;
   int64_t t_ = 0;
 };

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -128,6 +129,121 @@ TEST(GradNorm, MatchesNaiveSumAndIsThreadCountIndependent) {
   const float three_four[] = {3.0f, 4.0f};
   EXPECT_EQ(GradNorm(three_four, 2), 5.0);
   EXPECT_EQ(GradNorm(nullptr, 0), 0.0);
+}
+
+TEST(GradNorm, IsTheRootOfGradSquaredSumBitwise) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{16384}, size_t{100003}}) {
+    std::vector<float> g = RandomVector(n, 5);
+    EXPECT_EQ(GradNorm(g.data(), n), std::sqrt(GradSquaredSum(g.data(), n))) << n;
+  }
+  const float three_four[] = {3.0f, 4.0f};
+  EXPECT_EQ(GradSquaredSum(three_four, 2), 25.0);
+}
+
+// Shards of [0, n): cut at `cuts` (sorted, inside (0, n)), piece j goes to shard j % shards, and
+// each shard lists its pieces in increasing order (as ZeRO's buckets do) or, with `reversed`, in
+// decreasing order (state order unlike local order).
+std::vector<std::vector<AdamW::OwnedRange>> Shards(size_t n, std::vector<size_t> cuts, int shards,
+                                                   bool reversed) {
+  cuts.insert(cuts.begin(), 0);
+  cuts.push_back(n);
+  std::vector<std::vector<AdamW::OwnedRange>> out(static_cast<size_t>(shards));
+  for (size_t j = 0; j + 1 < cuts.size(); ++j)
+    out[j % size_t(shards)].push_back({cuts[j], cuts[j + 1] - cuts[j]});
+  if (reversed)
+    for (auto& o : out) std::reverse(o.begin(), o.end());
+  return out;
+}
+
+// A sharded AdamW gives every parameter and moment bitwise the unsharded value, whatever the
+// split: cuts anywhere inside tensors, at decay / no-decay boundaries and one element off them,
+// empty pieces, several pieces per shard in either order, and any thread count.
+TEST(AdamW, ShardedMatchesUnshardedBitwise) {
+  GPTConfig cfg{.vocab_size = 1000, .seq_len = 32, .n_layer = 2, .n_head = 2, .n_embd = 64};
+  const auto layout = ParameterLayout(cfg);
+  const size_t n = NumParameters(cfg);
+  const AdamW::Hyper hyper{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  // Decay boundaries: where a 2-D tensor meets a 1-D one.
+  std::vector<size_t> boundaries;
+  for (size_t i = 1; i < layout.size(); ++i)
+    if (DecaysWeight(layout[i]) != DecaysWeight(layout[i - 1]))
+      boundaries.push_back(layout[i].offset);
+  ASSERT_GT(boundaries.size(), 4u);
+  const int steps = 3;
+  std::vector<std::vector<float>> grads;
+  for (int s = 0; s < steps; ++s) grads.push_back(RandomVector(n, 20 + s));
+  const std::vector<float> init = RandomVector(n, 2);
+
+  AdamW whole(layout, hyper);
+  std::vector<float> want = init;
+  for (int s = 0; s < steps; ++s)
+    whole.Step(want.data(), grads[size_t(s)].data(), 1e-2 * (s + 1), s == 1 ? 0.5f : 1.0f);
+
+  uint32_t x = 7;
+  for (int shards : {1, 2, 3, 5}) {
+    for (bool reversed : {false, true}) {
+      // Random cuts, decay boundaries and their neighbours, and a repeated cut (an empty piece).
+      std::vector<size_t> cuts;
+      for (int j = 0; j < 4 * shards; ++j) {
+        x = x * 1664525u + 1013904223u;
+        cuts.push_back(1 + x % (n - 1));
+      }
+      for (size_t j = 0; j < boundaries.size(); j += 2) {
+        cuts.push_back(boundaries[j]);
+        cuts.push_back(boundaries[j + 1 < boundaries.size() ? j + 1 : j] + 1);
+        cuts.push_back(boundaries[j] - 1);
+      }
+      cuts.push_back(cuts.front());
+      std::sort(cuts.begin(), cuts.end());
+      const auto owned = Shards(n, cuts, shards, reversed);
+      const int threads = shards % 2 + 1;
+      omp_set_num_threads(threads);
+      std::vector<float> got = init, m(n, 0.0f), v(n, 0.0f);
+      size_t owned_total = 0;
+      for (const auto& o : owned) {
+        AdamW opt(layout, hyper, o);
+        size_t total = 0;
+        for (const auto& [b, len] : o) total += len;
+        ASSERT_EQ(opt.size(), total);
+        owned_total += total;
+        std::vector<float> g(total);
+        for (int s = 0; s < steps; ++s) {
+          size_t k = 0;
+          for (const auto& [b, len] : o)
+            for (size_t i = 0; i < len; ++i) g[k++] = grads[size_t(s)][b + i];
+          opt.Step(got.data(), g.data(), 1e-2 * (s + 1), s == 1 ? 0.5f : 1.0f);
+        }
+        size_t k = 0;
+        for (const auto& [b, len] : o)
+          for (size_t i = 0; i < len; ++i, ++k) {
+            m[b + i] = opt.m()[k];
+            v[b + i] = opt.v()[k];
+          }
+      }
+      omp_set_num_threads(omp_get_num_procs());
+      ASSERT_EQ(owned_total, n);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0)
+          << shards << " shards, reversed " << reversed;
+      EXPECT_EQ(std::memcmp(m.data(), whole.m(), n * sizeof(float)), 0) << shards;
+      EXPECT_EQ(std::memcmp(v.data(), whole.v(), n * sizeof(float)), 0) << shards;
+    }
+  }
+}
+
+// A shard touches only the parameters it owns, and decides decay by the tensor of each element.
+TEST(AdamW, ShardUpdatesOnlyItsRangesWithTheirTensorsDecay) {
+  // w: 2x2 at 0..4 (decays), b: 2 at 4..6 (does not). Own [3, 5) and [0, 1), in that order.
+  AdamW opt(WeightAndBias(), {.weight_decay = 0.5}, {{3, 2}, {0, 1}});
+  ASSERT_EQ(opt.size(), 3u);
+  std::vector<float> p(6, 1.0f);
+  const std::vector<float> g(3, 0.0f);  // state coordinates; zero: only decay moves parameters
+  opt.Step(p.data(), g.data(), 0.1, 1.0f);
+  EXPECT_EQ(p, (std::vector<float>{0.95f, 1, 1, 0.95f, 1, 1}));
+  // Nothing owned: nothing changes.
+  AdamW none(WeightAndBias(), {.weight_decay = 0.5}, {{2, 0}});
+  EXPECT_EQ(none.size(), 0u);
+  none.Step(p.data(), nullptr, 0.1, 1.0f);
+  EXPECT_EQ(p, (std::vector<float>{0.95f, 1, 1, 0.95f, 1, 1}));
 }
 
 TEST(ClipScale, ScalesOnlyAboveTheThreshold) {
