@@ -43,3 +43,22 @@ loss_columns() {
 same_files() {
   cmp -s "$1" "$2" || fail "$1 and $2 differ"
 }
+
+# column KEY FILE: the values of KEY in a metrics.jsonl, one a line ("-" where absent).
+column() {
+  sed -E "s/.*\"$1\":([^,}]*).*/\1/; t; s/.*/-/" "$2"
+}
+
+# close A B [STEPS]: every step's loss and val_loss within 1e-5 relative (STEPS lines, 20).
+close() {
+  local key
+  for key in loss val_loss; do
+    paste <(column "$key" "$1") <(column "$key" "$2") | awk -v key="$key" -v f="$2" -v steps="${3:-20}" '
+      { n++; if ($1 == "-" && $2 == "-") next;
+        if ($1 == "-" || $2 == "-") { print "missing " key " at line " NR " of " f; bad = 1; exit }
+        d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1);
+        if (r > 1e-5) { print key " at line " NR ": " $1 " vs " $2 " (" r " relative) in " f; bad = 1 } }
+      END { if (n != steps) { print n " lines in " f ", expected " steps; bad = 1 } exit bad }' ||
+      fail "$2 differs from $1"
+  done
+}

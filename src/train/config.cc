@@ -131,11 +131,16 @@ std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
       {"train", "threads", &c.train.threads, "OpenMP threads (0: OMP_NUM_THREADS or all cores)"},
       {"data", "dir", &c.data.dir, "directory with train.bin and val.bin"},
       {"parallel", "dp", &c.parallel.dp, "data-parallel replicas (dp * tp * pp = MPI ranks)"},
-      {"parallel", "tp", &c.parallel.tp, "tensor-parallel ranks (not implemented yet: 1)"},
-      {"parallel", "pp", &c.parallel.pp, "pipeline stages (not implemented yet: 1)"},
+      {"parallel", "tp", &c.parallel.tp, "tensor-parallel ranks (divides model.n_head)"},
+      {"parallel", "pp", &c.parallel.pp, "pipeline stages (at most model.n_layer)"},
+      {"parallel", "schedule", &c.parallel.schedule, "pipeline schedule: 1f1b or gpipe"},
+      {"parallel", "zero", &c.parallel.zero,
+       "ZeRO-1: shard the optimizer state over the dp replicas"},
       {"parallel", "reproducible", &c.parallel.reproducible,
        "bitwise-identical parameters for any dp (fixed-point gradient sums)"},
       {"parallel", "bucket_mb", &c.parallel.bucket_mb, "gradient all-reduce bucket size, MiB"},
+      {"parallel", "overlap", &c.parallel.overlap,
+       "start bucket reductions during backward (false: all after it)"},
   };
 }
 
@@ -266,11 +271,19 @@ Status ValidateRunConfig(const RunConfig& c) {
   for (auto [key, v] :
        {std::pair{"parallel.dp", p.dp}, {"parallel.tp", p.tp}, {"parallel.pp", p.pp}})
     if (v < 1 || v > 65536) return bad(key, fmt::format("must be in [1, 65536], got {}", v));
-  if (p.tp > 1 || p.pp > 1)
-    return bad(p.tp > 1 ? "parallel.tp" : "parallel.pp",
-               fmt::format("tensor and pipeline parallelism are not implemented yet (parallel.tp = "
-                           "{}, parallel.pp = {}); use parallel.dp only",
-                           p.tp, p.pp));
+  if (c.model.n_head % p.tp != 0)
+    return bad("parallel.tp", fmt::format("must divide model.n_head = {} (heads are split across "
+                                          "tensor-parallel ranks), got {}",
+                                          c.model.n_head, p.tp));
+  if (p.pp > c.model.n_layer)
+    return bad("parallel.pp", fmt::format("must be at most model.n_layer = {} (a stage holds at "
+                                          "least one block), got {}",
+                                          c.model.n_layer, p.pp));
+  if (p.schedule != "1f1b" && p.schedule != "gpipe")
+    return bad("parallel.schedule",
+               fmt::format("must be \"1f1b\" or \"gpipe\", got \"{}\"", p.schedule));
+  if (p.zero && p.reproducible && p.pp > 1)
+    return bad("parallel.zero", "parallel.zero with parallel.reproducible needs parallel.pp = 1");
   if (!finite(p.bucket_mb) || p.bucket_mb <= 0 || p.bucket_mb > 4096)
     return bad("parallel.bucket_mb", fmt::format("must be in (0, 4096], got {}", p.bucket_mb));
   if (t.batch_size % p.dp != 0 || (t.batch_size / p.dp) % t.micro_batch_size != 0)

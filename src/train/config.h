@@ -57,11 +57,14 @@ struct DataConfig {
 
 // The mesh of one site and how data-parallel gradients are reduced (train/trainer.h).
 struct ParallelConfig {
-  int64_t dp = 1;             // data-parallel replicas; dp * tp * pp = MPI world size
-  int64_t tp = 1;             // tensor parallel (not implemented yet: must be 1)
-  int64_t pp = 1;             // pipeline parallel (not implemented yet: must be 1)
-  bool reproducible = false;  // bitwise-identical parameters for any dp (fixed-point reduction)
-  double bucket_mb = 4.0;     // data-parallel all-reduce bucket size, MiB
+  int64_t dp = 1;                 // data-parallel replicas; dp * tp * pp = MPI world size
+  int64_t tp = 1;                 // tensor-parallel ranks (Megatron: heads and MLP columns split)
+  int64_t pp = 1;                 // pipeline stages (blocks split into consecutive stages)
+  std::string schedule = "1f1b";  // pipeline schedule: "1f1b" or "gpipe"
+  bool zero = false;              // ZeRO-1: optimizer state sharded over the dp replicas
+  bool reproducible = false;      // bitwise-identical parameters for any dp (fixed-point reduction)
+  double bucket_mb = 4.0;         // data-parallel all-reduce bucket size, MiB
+  bool overlap = true;            // start each bucket's reduction during backward (false: after it)
   bool operator==(const ParallelConfig&) const = default;
 };
 

@@ -145,12 +145,15 @@ TEST(RunConfig, ParallelKeysDefaultsAndErrors) {
   EXPECT_TRUE(cfg->parallel.reproducible);
   EXPECT_EQ(cfg->parallel.bucket_mb, 1.5);
   EXPECT_FALSE(Load("")->parallel.reproducible);
-  // tp and pp are not implemented yet: a clear error naming the key.
-  for (const char* set : {"parallel.tp=2", "parallel.pp=2"}) {
-    const std::string e = ErrorOf("", {set});
-    EXPECT_NE(e.find(std::string(set).substr(0, 11)), std::string::npos) << e;
-    EXPECT_NE(e.find("not implemented yet"), std::string::npos) << e;
-  }
+  EXPECT_EQ(Load("")->parallel.schedule, "1f1b");
+  EXPECT_FALSE(Load("")->parallel.zero);
+  EXPECT_TRUE(Load("", {"parallel.tp=2", "parallel.pp=4", "parallel.schedule=gpipe"}).ok());
+  // tp must split the heads, pp must leave each stage a block: clear errors naming the key.
+  EXPECT_NE(ErrorOf("", {"parallel.tp=3"}).find("parallel.tp: must divide model.n_head = 4"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("", {"parallel.pp=5"}).find("parallel.pp: must be at most model.n_layer = 4"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("", {"parallel.schedule=zb"}).find("parallel.schedule"), std::string::npos);
   EXPECT_NE(ErrorOf("", {"parallel.bucket_mb=0"}).find("parallel.bucket_mb"), std::string::npos);
   EXPECT_NE(ErrorOf("", {"parallel.reproducible=maybe"}).find("true or false"), std::string::npos);
   EXPECT_NE(ErrorOf("[parallel]\nreproducible = 1\n").find("parallel.reproducible"),

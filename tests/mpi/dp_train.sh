@@ -20,25 +20,6 @@ trainN() {
     --set parallel.dp="$n" -q "$@" >"$T/stdout"
 }
 
-# column KEY FILE: the values of KEY in a metrics.jsonl, one a line ("-" where absent).
-column() {
-  sed -E "s/.*\"$1\":([^,}]*).*/\1/; t; s/.*/-/" "$2"
-}
-
-# close A B: every step's loss and val_loss within 1e-5 relative.
-close() {
-  local key
-  for key in loss val_loss; do
-    paste <(column "$key" "$1") <(column "$key" "$2") | awk -v key="$key" -v f="$2" '
-      { n++; if ($1 == "-" && $2 == "-") next;
-        if ($1 == "-" || $2 == "-") { print "missing " key " at line " NR " of " f; bad = 1; exit }
-        d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1);
-        if (r > 1e-5) { print key " at line " NR ": " $1 " vs " $2 " (" r " relative) in " f; bad = 1 } }
-      END { if (n != 20) { print n " lines in " f ", expected 20"; bad = 1 } exit bad }' ||
-      fail "$2 differs from $1"
-  done
-}
-
 case $MODE in
 equivalence)
   train1 --out "$T/one"
@@ -54,8 +35,8 @@ equivalence)
     --set data.dir="$DATA" -q --out "$T/bad"
   expect_err "parallel.dp * parallel.tp * parallel.pp = 1 * 1 * 1 = 1, but 2 ranks"
   expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set data.dir="$DATA" -q \
-    --set parallel.tp=2 --out "$T/bad"
-  expect_err "parallel.tp: tensor and pipeline parallelism are not implemented yet"
+    --set parallel.tp=3 --out "$T/bad"
+  expect_err "parallel.tp: must divide model.n_head"
   expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set data.dir="$DATA" -q \
     --set parallel.dp=2 --out "$T/bad"
   expect_err "but 1 ranks are running"
