@@ -18,17 +18,30 @@
 // the same bits, and a run resumed from checkpoint-k (which holds the parameters and moments
 // exactly, and k) continues exactly as the uninterrupted run did.
 //
-// Data parallel (parallel.dp = D > 1, under mpirun with D ranks, TrainOptions::comm the world):
-// rank r takes micro-batches j = r*k/D .. (r+1)*k/D - 1 of each step (positions j * micro + i,
-// so the union over ranks is exactly the single-process batch), backward with loss_scale 1/k,
-// and the gradients are summed over ranks (parallel/data_parallel.h: buckets started from a
-// backward hook during the last micro-batch, waited before the optimizer), which gives the
-// single-process gradient of the mean loss up to float rounding. Every rank then runs the same
-// AdamW step, so the parameters stay replicated. The reported loss is the mean of every
-// micro-batch's loss in global order. Only rank 0 writes config.toml, metrics.jsonl and
-// checkpoints (the same format; the manifest records the mesh) and runs validation.
-// parallel.reproducible = true reduces each micro-batch's gradient in int64 fixed point, which
-// makes the parameters bitwise identical for any D (and for D = 1 with reproducible = true).
+// Parallel layouts (parallel.dp x tp x pp = N ranks under mpirun, TrainOptions::comm the world;
+// parallel/mesh.h orders them pp, dp, tp):
+//   - Data parallel: replica r takes micro-batches j = r*k/D .. (r+1)*k/D - 1 of each step
+//     (positions j * micro + i, so the union over replicas is exactly the single-process batch),
+//     backward with loss_scale 1/k, and the gradients are summed over the replicas
+//     (parallel/data_parallel.h: buckets started from a backward hook during the last
+//     micro-batch's backward, waited before the optimizer), which gives the single-process
+//     gradient of the mean loss up to float rounding. Every replica then runs the same AdamW
+//     step. With parallel.zero, the buckets are reduce-scattered instead, each replica updates
+//     its pieces (AdamW over its shard of the moments) and the parameters are all-gathered.
+//   - Tensor parallel: each rank holds a ModelShard (model/config.h) of its heads and MLP
+//     columns; the model all-reduces activations over the tp group inside forward and backward.
+//   - Pipeline parallel: stage s holds blocks StageLayers(n_layer, pp, s) (the first also the
+//     embeddings, the last ln_f and the tied head); each replica's micro-batches run in the
+//     parallel.schedule order (1f1b or gpipe, parallel/pipeline.h) with activations sent to the
+//     next stage and their gradients back. The first and the last stage sum their wte gradients.
+//   The reported loss is the mean of every micro-batch's loss in global order, and the gradient
+//   norm counts every element of the whole model once (parallel/grad_norm.h). Only rank 0 writes
+//   config.toml, metrics.jsonl and checkpoints: the shards of replica 0 are gathered into the
+//   whole model, so every layout writes the same files and any layout resumes from them. Rank 0
+//   runs validation on the gathered whole model.
+// parallel.reproducible = true reduces each micro-batch's gradient in int64 fixed point and sums
+// the squared norm in integers, which makes the parameters bitwise identical for any dp (and for
+// dp = 1 with reproducible = true), with or without ZeRO.
 // Single process with parallel.reproducible = false is the loop above, unchanged.
 //
 // Thread-safety: one Train call per process (it sets the OpenMP thread count).
