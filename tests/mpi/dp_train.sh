@@ -5,7 +5,8 @@
 #                curves within 1e-5 relative; only rank 0 writes; the manifest records the mesh;
 #                a world size that is not dp*tp*pp, and tp/pp > 1, are exit-2 errors.
 #  reproducible: parallel.reproducible = true gives bitwise-identical final model and optimizer
-#                files for dp 1, 2 and 4, and a dp2 checkpoint resumed on dp4 ends on the same bits.
+#                files for dp 1, 2 and 4 (with and without ZeRO-1), and a dp2 checkpoint resumed
+#                on dp4 ends on the same bits.
 set -euo pipefail
 MPIEXEC=${2:?usage: $0 ATOLL MPIEXEC equivalence|reproducible}
 MODE=${3:?usage: $0 ATOLL MPIEXEC equivalence|reproducible}
@@ -49,7 +50,10 @@ reproducible)
   # Layout-free resume: the dp2 checkpoint at step 10, continued on 4 ranks.
   "$MPIEXEC" -n 4 "$ATOLL" train --resume "$T/r2/checkpoint-10" --set parallel.dp=4 -q \
     --out "$T/r24" >"$T/stdout"
-  for run in r2 r4 r24; do
+  # ZeRO-1 (int64 reduce-scatter, sharded optimizer): the same bits.
+  trainN 2 --out "$T/r2z" "${R[@]}" --set parallel.zero=true
+  trainN 4 --out "$T/r4z" "${R[@]}" --set parallel.zero=true
+  for run in r2 r4 r24 r2z r4z; do
     for f in model.safetensors optimizer.safetensors; do
       same_files "$T/r1/checkpoint/$f" "$T/$run/checkpoint/$f"
     done
