@@ -82,11 +82,13 @@ void AddTrainCommand(CLI::App& app) {
       "  [train] steps seed batch_size micro_batch_size lr min_lr warmup_steps weight_decay\n"
       "          beta1 beta2 eps grad_clip eval_every eval_batches checkpoint_every threads\n"
       "  [data]  dir\n"
-      "  [parallel] dp tp pp reproducible bucket_mb   (dp * tp * pp = ranks; tp, pp: 1 for now)\n"
+      "  [parallel] dp tp pp schedule zero reproducible bucket_mb overlap   (dp * tp * pp = ranks)\n"
       "Examples:\n"
       "  atoll train --config configs/small.toml --out runs/s1 --set train.steps=200\n"
       "  atoll train --resume runs/s1/checkpoint-100 --out runs/s1\n"
-      "  mpirun -n 2 atoll train --config configs/small.toml --set parallel.dp=2 --out runs/dp2");
+      "  mpirun -n 2 atoll train --config configs/small.toml --set parallel.dp=2 --out runs/dp2\n"
+      "  mpirun -n 8 atoll train --config configs/small.toml --set parallel.dp=2 \\\n"
+      "      --set parallel.tp=2 --set parallel.pp=2 --out runs/mesh");
   cmd->add_option("--config", args->config, "TOML config file (e.g. configs/small.toml)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--set", args->sets, "Override a config key: section.key=value (repeatable)");
