@@ -76,12 +76,17 @@ std::string SetBlasCore(const std::string& name);
 // ---- Encoder: token + position embeddings --------------------------------------------------
 
 // out[b,t,:] = wte[inp[b,t],:] + wpe[t,:].  out [B,T,C]; wte [V,C]; wpe [>=T,C].
+// Vocab-parallel shard (vocab_end >= 0): wte holds only rows [vocab_begin, vocab_end) (row 0 is
+// token vocab_begin) and tokens outside contribute zeros; wpe may then be null (not added).
 template <class T>
-void EncoderForward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int T_, int C);
+void EncoderForward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int T_, int C,
+                    int vocab_begin = 0, int vocab_end = -1);
 // dwte[inp[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:]. Repeated tokens accumulate in
-// (b,t) order. dwte or dwpe may be null.
+// (b,t) order. dwte or dwpe may be null. With vocab_end >= 0 only tokens in [vocab_begin,
+// vocab_end) add into dwte, at row token - vocab_begin.
 template <class T>
-void EncoderBackward(T* dwte, T* dwpe, const T* dout, const int32_t* inp, int B, int T_, int C);
+void EncoderBackward(T* dwte, T* dwpe, const T* dout, const int32_t* inp, int B, int T_, int C,
+                     int vocab_begin = 0, int vocab_end = -1);
 
 // ---- LayerNorm (eps 1e-5, biased variance, as GPT-2) -----------------------------------------
 

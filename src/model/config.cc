@@ -125,8 +125,15 @@ std::string ValidateConfig(const GPTConfig& cfg) {
 }
 
 bool ModelShard::SplitByTensorParallel(ParamKind k) {
-  return k == ParamKind::kAttnW || k == ParamKind::kAttnB || k == ParamKind::kAttnProjW ||
-         k == ParamKind::kFcW || k == ParamKind::kFcB || k == ParamKind::kFcProjW;
+  return k == ParamKind::kWte || k == ParamKind::kAttnW || k == ParamKind::kAttnB ||
+         k == ParamKind::kAttnProjW || k == ParamKind::kFcW || k == ParamKind::kFcB ||
+         k == ParamKind::kFcProjW;
+}
+
+VocabRange ShardVocab(const GPTConfig& cfg, const ModelShard& s) {
+  const int chunk = (cfg.vocab_size + s.tp_size - 1) / s.tp_size;
+  return {std::min(cfg.vocab_size, s.tp_rank * chunk),
+          std::min(cfg.vocab_size, (s.tp_rank + 1) * chunk)};
 }
 
 std::string ValidateShard(const GPTConfig& cfg, const ModelShard& s) {
@@ -135,6 +142,12 @@ std::string ValidateShard(const GPTConfig& cfg, const ModelShard& s) {
   if (cfg.n_head % s.tp_size != 0)
     return fmt::format("model.n_head ({}) must be divisible by parallel.tp ({})", cfg.n_head,
                        s.tp_size);
+  const VocabRange vocab = ShardVocab(cfg, s);
+  if (vocab.begin >= vocab.end)
+    return fmt::format(
+        "model.vocab_size ({}) is too small to split across {} tensor-parallel "
+        "ranks",
+        cfg.vocab_size, s.tp_size);
   const int end = s.end(cfg);
   if (s.layer_begin < 0 || end > cfg.n_layer || s.layer_begin >= end)
     return fmt::format("layer range [{}, {}) is not a non-empty part of the {} layers",
@@ -164,7 +177,11 @@ std::vector<ParamTensor> ShardLayout(const GPTConfig& cfg, const ModelShard& sha
         break;
     }
     if (!held) continue;
-    if (ModelShard::SplitByTensorParallel(t.kind) && tp > 1) {
+    if (t.kind == ParamKind::kWte && tp > 1) {
+      const VocabRange vocab = ShardVocab(cfg, shard);
+      t.shape[0] = vocab.end - vocab.begin;
+      t.numel = size_t(t.shape[0] * t.shape[1]);
+    } else if (ModelShard::SplitByTensorParallel(t.kind) && tp > 1) {
       // Column-parallel tensors split their last dimension, row-parallel ones their first.
       const bool rows = t.kind == ParamKind::kAttnProjW || t.kind == ParamKind::kFcProjW;
       t.shape[rows ? 0 : t.shape.size() - 1] /= tp;
@@ -203,6 +220,9 @@ void CopyShard(const GPTConfig& cfg, const ModelShard& shard, T* whole, T* shard
     const size_t out_cols = size_t(f.shape.back());
     const size_t rows = f.shape.size() == 2 ? size_t(f.shape[0]) : 1;
     switch (t.kind) {
+      case ParamKind::kWte:
+        copy(f.offset + size_t(ShardVocab(cfg, shard).begin) * out_cols, t.offset, t.numel);
+        break;
       case ParamKind::kAttnProjW:
       case ParamKind::kFcProjW:
         copy(f.offset + r * t.numel, t.offset, t.numel);

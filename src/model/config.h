@@ -80,7 +80,8 @@ std::string ValidateConfig(const GPTConfig& cfg);
 //   attn.c_proj  (row parallel)    the rows of its heads: [C/tp, C]; bias [C] replicated;
 //   mlp.c_fc     (column parallel) columns [tp_rank * 4C/tp, ...): [C, 4C/tp], bias [4C/tp];
 //   mlp.c_proj   (row parallel)    the matching rows: [4C/tp, C]; bias [C] replicated;
-//   everything else (embeddings, LayerNorms, the head) replicated.
+//   wte          (vocab parallel)  rows ShardVocab(): the embedding and the tied LM head;
+//   everything else (wpe, LayerNorms) replicated.
 // The default is the whole model.
 struct ModelShard {
   int tp_rank = 0, tp_size = 1;
@@ -96,8 +97,15 @@ struct ModelShard {
   static bool SplitByTensorParallel(ParamKind k);
 };
 
+// The rows of wte (token ids) a shard holds: [begin, end), ceil(vocab / tp) per tensor-parallel
+// rank (the last may hold fewer); all of them when tp_size == 1.
+struct VocabRange {
+  int begin, end;
+};
+VocabRange ShardVocab(const GPTConfig& cfg, const ModelShard& shard);
+
 // Empty if the shard is valid for cfg, else what is wrong (n_head divisible by tp_size, a
-// non-empty layer range inside [0, n_layer), tp_rank in range).
+// non-empty layer range inside [0, n_layer), tp_rank in range, a non-empty vocabulary share).
 std::string ValidateShard(const GPTConfig& cfg, const ModelShard& shard);
 
 // The tensors a shard holds, with their local shapes and offsets into its own flat buffer

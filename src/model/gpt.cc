@@ -63,7 +63,7 @@ void ZeroBuffers(std::initializer_list<std::pair<T*, size_t>> buffers) {
 // the MLP, NHl heads. The last stage also keeps ln_f and the logits.
 template <class T>
 struct GPT<T>::Slot {
-  Slot(const GPTConfig& c, int max_batch, int layers, int tp, bool last) {
+  Slot(const GPTConfig& c, int max_batch, int layers, int tp, bool last, int vocab) {
     const size_t N = size_t(max_batch) * c.seq_len, C = c.n_embd, L = size_t(layers);
     const size_t Cl = C / size_t(tp), Fl = 4 * C / size_t(tp), NHl = size_t(c.n_head / tp);
     att_per_layer = size_t(max_batch) * NHl * c.seq_len * c.seq_len;
@@ -87,7 +87,7 @@ struct GPT<T>::Slot {
       lnf.resize(N * C);
       lnf_mean.resize(N);
       lnf_rstd.resize(N);
-      logits.resize(N * size_t(c.vocab_size));
+      logits.resize(N * size_t(vocab));
       lse.resize(N);
       losses.resize(N);
     }
@@ -105,8 +105,8 @@ struct GPT<T>::Slot {
   std::vector<T> fch, fch_gelu;            // [L, N, Fl]
   std::vector<T> residual3;                // [L, N, C]  residual2 + mlp.c_proj
   std::vector<T> lnf, lnf_mean, lnf_rstd;  // [N, C], [N], [N]   (last stage)
-  std::vector<T> logits;                   // [N, V]             (last stage)
-  std::vector<T> lse, losses;              // [N]                (last stage)
+  std::vector<T> logits;                   // [N, Vl]  this rank's vocabulary share (last stage)
+  std::vector<T> lse, losses;              // [N]      lse over the whole vocabulary (last stage)
   int B = 0, T_len = 0;
   bool had_targets = false;
 };
@@ -115,11 +115,12 @@ struct GPT<T>::Slot {
 // down (one backward runs at a time). All sized for (max_batch, seq_len) once.
 template <class T>
 struct GPT<T>::Activations {
-  Activations(const GPTConfig& c, int max_batch, int layers, int tp, bool last, int num_slots) {
+  Activations(const GPTConfig& c, int max_batch, int layers, int tp, bool last, int num_slots,
+              int vocab) {
     const size_t N = size_t(max_batch) * c.seq_len, C = c.n_embd;
     const size_t Cl = C / size_t(tp), Fl = 4 * C / size_t(tp);
     rows = N;
-    for (int i = 0; i < num_slots; ++i) slots.emplace_back(c, max_batch, layers, tp, last);
+    for (int i = 0; i < num_slots; ++i) slots.emplace_back(c, max_batch, layers, tp, last, vocab);
     dresidual.resize(N * C);
     dln.resize(N * C);
     dln1.resize(N * C);
@@ -128,10 +129,14 @@ struct GPT<T>::Activations {
     datt_scratch.resize(slots[0].att_per_layer);
     dfch_gelu.resize(N * Fl);
     dfch.resize(N * Fl);
-    if (last)
-      classifier_scratch.resize(
-          std::max(k::ClassifierForwardScratch(int(N), c.vocab_size),
-                   k::ClassifierBackwardScratch(int(N), c.n_embd, c.vocab_size)));
+    if (last) {
+      classifier_scratch.resize(std::max(k::ClassifierForwardScratch(int(N), vocab),
+                                         k::ClassifierBackwardScratch(int(N), c.n_embd, vocab)));
+      if (tp > 1) {
+        vocab_targets.resize(N);
+        vocab_stats.resize(N * size_t(tp + 1));
+      }
+    }
   }
 
   size_t rows;
@@ -143,6 +148,8 @@ struct GPT<T>::Activations {
   std::vector<T> datt_scratch;
   std::vector<T> dfch_gelu, dfch;  // [N, Fl]
   std::vector<T> classifier_scratch;
+  std::vector<int32_t> vocab_targets;  // [N] targets in this rank's vocabulary share (tp > 1)
+  std::vector<T> vocab_stats;          // [tp + 1, N] every rank's lse, then the target logits
 
   bool profiling = false;
   std::vector<OpTime> times;
@@ -217,8 +224,11 @@ GPT<T>::GPT(const GPTConfig& cfg, int max_batch, const ModelShard& shard, int sl
   k::InitBackend();
   params_.assign(num_params_, T(0));
   grads_.assign(num_params_, T(0));
+  const VocabRange vocab = ShardVocab(cfg, shard);
+  vocab_begin_ = vocab.begin;
+  vocab_end_ = vocab.end;
   acts_ = std::make_unique<Activations>(cfg, max_batch, layer_end_ - layer_begin_, shard.tp_size,
-                                        shard.last_stage(cfg), slots);
+                                        shard.last_stage(cfg), slots, vocab.end - vocab.begin);
 }
 
 template <class T>
@@ -300,9 +310,15 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
   const size_t NC = size_t(N) * C, NR = a.rows;  // layer strides use the allocated rows
   // Row-parallel outputs are partial sums: only tensor-parallel rank 0 adds the bias.
   const bool add_row_bias = shard_.tp_rank == 0;
-  if (first) {
+  if (first && tp == 1) {
     ATL_OP("encoder fwd", k::EncoderForward(S.encoded.data(), inputs, W(ParamKind::kWte),
                                             W(ParamKind::kWpe), B, T_len, C));
+  } else if (first) {
+    // Vocabulary-parallel embedding: each rank its rows (tp rank 0 adds wpe), summed over tp.
+    ATL_OP("encoder fwd", k::EncoderForward(S.encoded.data(), inputs, W(ParamKind::kWte),
+                                            add_row_bias ? W(ParamKind::kWpe) : nullptr, B, T_len,
+                                            C, vocab_begin_, vocab_end_));
+    ATL_OP("tp all-reduce", TensorAllReduce(S.encoded.data(), NC));
   } else {
     std::copy(input_acts, input_acts + NC, S.encoded.begin());
   }
@@ -355,12 +371,51 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
   ATL_OP("layernorm fwd",
          k::LayerNormForward(S.lnf.data(), S.lnf_mean.data(), S.lnf_rstd.data(), residual,
                              W(ParamKind::kLnfW), W(ParamKind::kLnfB), N, C));
+  if (tp > 1) return targets != nullptr ? VocabParallelLoss(S, N) : T(0);
   T loss = 0;
   ATL_OP("classifier fwd",
          loss = k::ClassifierForward(S.logits.data(), S.lse.data(), S.losses.data(),
                                      a.classifier_scratch.data(), S.lnf.data(), W(ParamKind::kWte),
                                      targets, N, C, V));
   return loss;
+}
+
+// Vocabulary-parallel cross-entropy (Megatron): this rank's logits [N, Vl] and their log-sum-exp,
+// every rank's lse and the target logit (from the rank holding the target) exchanged in one
+// all-reduce, then lse = log sum_r exp(lse_r), combined in rank order on every rank.
+template <class T>
+T GPT<T>::VocabParallelLoss(Slot& S, int N) {
+  Activations& a = *acts_;
+  const int C = cfg_.n_embd, Vl = vocab_end_ - vocab_begin_, tp = shard_.tp_size;
+  // Targets outside the share point at row 0 here: their losses are discarded, only lse is used.
+  for (int n = 0; n < N; ++n) {
+    const int t = S.targets[size_t(n)];
+    a.vocab_targets[size_t(n)] = t >= vocab_begin_ && t < vocab_end_ ? t - vocab_begin_ : 0;
+  }
+  ATL_OP("classifier fwd",
+         k::ClassifierForward(S.logits.data(), S.lse.data(), S.losses.data(),
+                              a.classifier_scratch.data(), S.lnf.data(), W(ParamKind::kWte),
+                              a.vocab_targets.data(), N, C, Vl));
+  T* stats = a.vocab_stats.data();
+  std::fill(stats, stats + size_t(tp + 1) * N, T(0));
+  for (int n = 0; n < N; ++n) {
+    stats[size_t(shard_.tp_rank) * N + n] = S.lse[size_t(n)];
+    const int t = S.targets[size_t(n)];
+    if (t >= vocab_begin_ && t < vocab_end_)
+      stats[size_t(tp) * N + n] = S.logits[size_t(n) * Vl + size_t(t - vocab_begin_)];
+  }
+  ATL_OP("tp all-reduce", TensorAllReduce(stats, size_t(tp + 1) * N));
+  double sum = 0;  // in row order
+  for (int n = 0; n < N; ++n) {
+    T mx = stats[n];
+    for (int r = 1; r < tp; ++r) mx = std::max(mx, stats[size_t(r) * N + n]);
+    T e = 0;
+    for (int r = 0; r < tp; ++r) e += std::exp(stats[size_t(r) * N + n] - mx);
+    S.lse[size_t(n)] = mx + std::log(e);
+    S.losses[size_t(n)] = S.lse[size_t(n)] - stats[size_t(tp) * N + n];
+    sum += double(S.losses[size_t(n)]);
+  }
+  return T(sum / N);
 }
 
 template <class T>
@@ -385,7 +440,7 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
     throw std::logic_error("GPT::Backward: the last Forward had no targets (or there was none)");
   }
   const int B = S.B, T_len = S.T_len;
-  const int C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int C = cfg_.n_embd;
   const int tp = shard_.tp_size, Cl = C / tp, Fl = 4 * C / tp, NHl = cfg_.n_head / tp;
   const int N = B * T_len;
   const size_t NC = size_t(N) * C, NR = a.rows;
@@ -396,10 +451,19 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
     // Loss = loss_scale * mean over N positions.
     const T dloss = loss_scale / T(N);
     ATL_OP("zero", ZeroBuffers<T>({{a.dln.data(), NC}, {dres, NC}}));
+    const int32_t* targets = S.targets.data();
+    if (tp > 1) {  // this rank's share of the softmax; targets elsewhere are out of its range
+      for (int n = 0; n < N; ++n) {
+        const int t = S.targets[size_t(n)];
+        a.vocab_targets[size_t(n)] = t >= vocab_begin_ && t < vocab_end_ ? t - vocab_begin_ : -1;
+      }
+      targets = a.vocab_targets.data();
+    }
     ATL_OP("classifier bwd",
            k::ClassifierBackward(a.dln.data(), D(ParamKind::kWte), a.classifier_scratch.data(),
                                  S.logits.data(), S.lse.data(), S.lnf.data(), W(ParamKind::kWte),
-                                 S.targets.data(), dloss, N, C, V));
+                                 targets, dloss, N, C, vocab_end_ - vocab_begin_));
+    ATL_OP("tp all-reduce", TensorAllReduce(a.dln.data(), NC));
     const T* last_residual = S.residual3.data() + size_t(Ll - 1) * NR * C;
     ATL_OP("layernorm bwd", k::LayerNormBackward(dres, D(ParamKind::kLnfW), D(ParamKind::kLnfB),
                                                  a.dln.data(), last_residual, W(ParamKind::kLnfW),
@@ -458,8 +522,9 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
     if (backward_hook_) backward_hook_(l);
   }
   if (first)
-    ATL_OP("encoder bwd", k::EncoderBackward(D(ParamKind::kWte), D(ParamKind::kWpe), dres,
-                                             S.inputs.data(), B, T_len, C));
+    ATL_OP("encoder bwd",
+           k::EncoderBackward(D(ParamKind::kWte), D(ParamKind::kWpe), dres, S.inputs.data(), B,
+                              T_len, C, vocab_begin_, tp > 1 ? vocab_end_ : -1));
 }
 
 template <class T>

@@ -16,7 +16,10 @@
 // model calls the tensor-parallel all-reduce (set_tensor_parallel) twice per block in forward
 // (after the row-parallel attn.c_proj and mlp.c_proj, whose bias only tp rank 0 adds) and twice
 // in backward (the gradients of the LayerNorm outputs feeding the column-parallel c_attn and
-// c_fc); replicated tensors then get identical gradients on every tensor-parallel rank.
+// c_fc); replicated tensors then get identical gradients on every tensor-parallel rank. wte is
+// split by vocabulary: the first stage all-reduces the embeddings, the last computes the
+// cross-entropy from each rank's share of the logits (one small all-reduce of per-row
+// log-sum-exps and target logits) and all-reduces the gradient of ln_f's output.
 // A pipeline schedule keeps several micro-batches in flight: each has an activation slot.
 //
 // Thread-safety: not thread-safe; one GPT per training process. Kernels use OpenMP inside.
@@ -100,7 +103,8 @@ class GPT {
   // the gradients of blocks below l.
   void set_backward_hook(std::function<void(int layer)> hook) { backward_hook_ = std::move(hook); }
 
-  // Logits of the last Forward (slot 0, last stage): [B, T, vocab_size], row-major.
+  // Logits of the last Forward (slot 0, last stage): [B, T, vocab_size], row-major; with
+  // tp_size > 1 only this rank's vocabulary share: [B, T, Vl], token ShardVocab().begin first.
   const T* logits() const;
 
   // Optional per-op wall-clock profile, for benchmarks: while enabled, Forward and Backward add
@@ -122,11 +126,13 @@ class GPT {
   T* D(ParamKind kind, int layer = -1) { return grads_.data() + Off(kind, layer); }
   size_t Off(ParamKind kind, int layer) const;
   void TensorAllReduce(T* data, size_t n);
+  T VocabParallelLoss(Slot& slot, int N);
 
   GPTConfig cfg_;
   ModelShard shard_;
   int max_batch_;
   int layer_begin_, layer_end_;
+  int vocab_begin_, vocab_end_;  // wte rows held (ShardVocab)
   std::vector<ParamTensor> layout_;
   std::vector<size_t> offsets_;  // [(local layer + 1) * kKinds + kind]; row 0: wte, wpe, ln_f
   size_t num_params_;

@@ -11,7 +11,7 @@ std::vector<std::pair<size_t, size_t>> NormRanges(const GPTConfig& cfg, const Mo
   for (const ParamTensor& t : ShardLayout(cfg, shard)) {
     bool counted;
     if (t.kind == ParamKind::kWte)
-      counted = shard.first_stage() && shard.tp_rank == 0;
+      counted = shard.first_stage();  // split by vocabulary; the last stage's copy not counted
     else
       counted = ModelShard::SplitByTensorParallel(t.kind) || shard.tp_rank == 0;
     if (!counted) continue;

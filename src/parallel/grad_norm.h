@@ -19,7 +19,8 @@ namespace atl {
 
 // [begin, end) ranges of the shard's buffer (layout = ShardLayout(cfg, shard)) that this rank
 // counts toward the norm: tensor-parallel split tensors always, replicated tensors on tp rank 0,
-// wte on the first stage only. Adjacent ranges are merged; the whole model gives one range.
+// wte (split by vocabulary) on the first stage only. Adjacent ranges are merged; the whole model
+// gives one range.
 std::vector<std::pair<size_t, size_t>> NormRanges(const GPTConfig& cfg, const ModelShard& shard);
 
 // The intersection of two sorted lists of disjoint ranges.

@@ -335,7 +335,7 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
   // The tied wte: the first stage's embedding gradient plus the last stage's head gradient, on
   // both (before the data-parallel reduction, whose last bucket holds wte; in the reproducible
   // mode the fixed-point reduction comes first).
-  const size_t wte = size_t(cfg.model.vocab_size) * C;
+  const size_t wte = model.layout().front().numel;  // this rank's vocabulary share of wte
   Communicator* embed = mesh.embed_group();
   if (embed != nullptr && !reproducible)
     ATOLL_RETURN_IF_ERROR(embed->AllReduce(std::span<float>(model.grads(), wte)));
