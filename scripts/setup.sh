@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 PACKAGES=(build-essential cmake ninja-build pkg-config git
   libopenblas-dev libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-torch python3-numpy
-  openmpi-bin libopenmpi-dev)
+  openmpi-bin libopenmpi-dev
+  libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev libssl-dev)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

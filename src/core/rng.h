@@ -20,6 +20,7 @@ enum class RngPurpose : uint32_t {
   kDropout = 3,
   kSampling = 4,    // text generation
   kShuffle = 5,
+  kJitter = 6,      // emulated WAN jitter (step = link stream, index = chunk)
   kTest = 100,
 };
 

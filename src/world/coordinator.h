@@ -1,0 +1,89 @@
+// The coordinator of a world: membership, heartbeats, a quorum per round, and a durable log.
+//
+// Sites (their leaders) Register with their site index, the WAN address of their WanEndpoint,
+// the protocol version and a hash of the model config; the coordinator refuses a wrong version,
+// a config hash that differs from the first registered site's, an unknown or duplicate site, and
+// any call without the TLS client certificate or the shared token (world/security.h) — each with
+// a clear error to the caller and a line in the coordinator's log. Registration completes when
+// all `sites` expected sites have registered (the initial quorum); the reply is the membership.
+//
+// Heartbeats: each site's client sends one every heartbeat_s on a background thread; a site silent
+// for more than 2 * heartbeat_s is declared dead (within two heartbeat intervals), which bumps the
+// membership epoch. Rounds: Round(r) returns once every live site has reached round r (or a site
+// died meanwhile: the reply's membership shows it), so sites agree on who takes part in round r.
+//
+// Durable log: every membership change and completed round is appended as a JSON line to
+// DIR/coordinator.log and fsynced before the reply; a restarted coordinator replays it (epoch,
+// members, last round) so a restart does not lose the run's history, and sites re-register
+// transparently (their clients retry with backoff).
+//
+// Thread-safety: Coordinator's methods and CoordinatorClient's methods are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "world/security.h"
+
+namespace atl {
+
+inline constexpr uint32_t kCoordinatorProtocolVersion = 1;
+
+struct CoordinatorOptions {
+  std::string listen = "127.0.0.1:0";  // host:port (port 0: any)
+  int sites = 1;                        // expected sites
+  double heartbeat_s = 1.0;
+  std::string state_dir;  // coordinator.log lives here (created); required
+  WorldSecurity security;
+};
+
+struct SiteInfo {
+  int site = 0;
+  std::string wan_address;
+  bool alive = true;
+  int64_t last_round = -1;
+};
+
+struct Membership {
+  int64_t epoch = 0;
+  std::vector<SiteInfo> sites;  // by site index
+  int live() const;
+};
+
+class Coordinator {
+ public:
+  static StatusOr<std::unique_ptr<Coordinator>> Start(const CoordinatorOptions& options);
+  virtual ~Coordinator() = default;
+  virtual std::string address() const = 0;  // host:port, the bound port
+  virtual Membership membership() const = 0;
+  // Stops serving (pending calls fail); the log stays.
+  virtual void Shutdown() = 0;
+};
+
+struct CoordinatorClientOptions {
+  std::string address;  // the coordinator's host:port
+  int site = 0;
+  uint64_t config_hash = 0;
+  double heartbeat_s = 1.0;
+  double timeout_s = 120;  // for Register and Round
+  WorldSecurity security;
+};
+
+class CoordinatorClient {
+ public:
+  static StatusOr<std::unique_ptr<CoordinatorClient>> Connect(
+      const CoordinatorClientOptions& options);
+  virtual ~CoordinatorClient() = default;
+  // Registers and waits for the initial quorum; starts heartbeats. Errors: refused registration
+  // (kInvalidArgument with the coordinator's reason: version, config, auth), timeout.
+  virtual StatusOr<Membership> Register(const std::string& wan_address) = 0;
+  // Waits until every live site has reached round r; the membership for the round.
+  virtual StatusOr<Membership> Round(int64_t round) = 0;
+  // Leaves the world cleanly (the coordinator logs it; not counted as a death).
+  virtual Status Leave() = 0;
+};
+
+}  // namespace atl
