@@ -13,13 +13,50 @@ namespace atl {
 
 namespace {
 
-// Sections that exist but accept no keys yet (the multi-rank and multi-site engine).
-constexpr std::string_view kReservedSections[] = {"world"};
+// The fields of a link profile, as keys of [world.link] and of its per-pair tables.
+struct LinkField {
+  const char* name;
+  double LinkProfile::*field;
+};
+constexpr LinkField kLinkFields[] = {{"latency_ms", &LinkProfile::latency_ms},
+                                     {"bandwidth_mbps", &LinkProfile::bandwidth_mbps},
+                                     {"jitter_ms", &LinkProfile::jitter_ms}};
 
-bool IsReserved(std::string_view section) {
-  for (auto r : kReservedSections)
-    if (r == section) return true;
-  return false;
+// Parses a site pair "A-B" (A < B); false if it is not one.
+bool ParsePair(std::string_view text, int* a, int* b) {
+  const size_t dash = text.find('-');
+  if (dash == std::string_view::npos || dash == 0 || dash + 1 == text.size()) return false;
+  auto num = [](std::string_view t, int* out) {
+    if (t.empty() || t.size() > 6) return false;
+    int v = 0;
+    for (char c : t) {
+      if (c < '0' || c > '9') return false;
+      v = v * 10 + (c - '0');
+    }
+    *out = v;
+    return true;
+  };
+  return num(text.substr(0, dash), a) && num(text.substr(dash + 1), b) && *a < *b;
+}
+
+std::string PairName(int a, int b) { return fmt::format("{}-{}", a, b); }
+
+// Sets field `name` of a pair's profile ("world.link.<pair>.<name>" in errors).
+Status SetPairField(WorldConfig* w, std::string_view pair, std::string_view name, double v) {
+  int a = 0, b = 0;
+  if (!ParsePair(pair, &a, &b))
+    return Status::InvalidArgument(fmt::format(
+        "world.link.{}: a per-pair link table must be named \"A-B\" with site indices A < B",
+        pair));
+  for (const LinkField& f : kLinkFields) {
+    if (name == f.name) {
+      LinkProfile& p = w->pairs.try_emplace(PairName(a, b), w->link).first->second;
+      p.*f.field = v;
+      return Status::Ok();
+    }
+  }
+  return Status::InvalidArgument(fmt::format(
+      "world.link.{}.{}: unknown key (known: latency_ms, bandwidth_mbps, jitter_ms)", pair, name));
 }
 
 std::string TypeName(toml::node_type t) {
@@ -85,15 +122,11 @@ const ConfigKey* FindKey(const std::vector<ConfigKey>& keys, std::string_view se
 }
 
 Status UnknownKey(std::string_view section, std::string_view name) {
-  if (IsReserved(section))
-    return Status::InvalidArgument(
-        fmt::format("{}.{}: unknown key (the [{}] section is reserved; it accepts no keys yet)",
-                    section, name, section));
   return Status::InvalidArgument(fmt::format("{}.{}: unknown key", section, name));
 }
 
 bool IsKnownSection(std::string_view s) {
-  return s == "model" || s == "train" || s == "data" || s == "parallel" || IsReserved(s);
+  return s == "model" || s == "train" || s == "data" || s == "parallel" || s == "world";
 }
 
 // A float as TOML: the shortest text that reads back to the same double, always with a '.' or
@@ -141,6 +174,14 @@ std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
       {"parallel", "bucket_mb", &c.parallel.bucket_mb, "gradient all-reduce bucket size, MiB"},
       {"parallel", "overlap", &c.parallel.overlap,
        "start bucket reductions during backward (false: all after it)"},
+      {"world", "sites", &c.world.sites, "sites (datacenters) joined by WAN links"},
+      {"world", "ranks_per_site", &c.world.ranks_per_site, "MPI ranks per site (dp * tp * pp)"},
+      {"world", "strategy", &c.world.strategy, "how sites agree: sync (every step)"},
+      {"world", "heartbeat_s", &c.world.heartbeat_s, "coordinator heartbeat interval, s"},
+      {"world", "link.latency_ms", &c.world.link.latency_ms, "one-way WAN latency, ms"},
+      {"world", "link.bandwidth_mbps", &c.world.link.bandwidth_mbps,
+       "WAN bandwidth, Mbit/s (0: unlimited)"},
+      {"world", "link.jitter_ms", &c.world.link.jitter_ms, "WAN latency jitter, +- ms"},
   };
 }
 
@@ -164,13 +205,38 @@ StatusOr<RunConfig> ParseRunConfig(std::string_view text, const std::string& sou
                       "[data] or [parallel]",
                       source, section));
     if (!IsKnownSection(section))
-      return Status::InvalidArgument(fmt::format(
-          "{}: unknown section [{}] (known: model, train, data, parallel; reserved: world)", source,
-          section));
+      return Status::InvalidArgument(
+          fmt::format("{}: unknown section [{}] (known: model, train, data, parallel, world)",
+                      source, section));
     if (table == nullptr)
       return Status::InvalidArgument(fmt::format("{}: {} must be a table [{}], got {}", source,
                                                  section, section, TypeName(section_node.type())));
     for (const auto& [name_key, value] : *table) {
+      if (section == "world" && name_key.str() == "link" && value.is_table()) {
+        // [world.link]: the default profile, and per-pair tables [world.link."A-B"] (applied
+        // after the defaults, which they start from).
+        std::vector<std::pair<std::string, const toml::table*>> pairs;
+        for (const auto& [k, v] : *value.as_table()) {
+          if (v.is_table()) {
+            pairs.emplace_back(std::string(k.str()), v.as_table());
+            continue;
+          }
+          const ConfigKey* key = FindKey(keys, "world", fmt::format("link.{}", k.str()));
+          if (key == nullptr) return UnknownKey("world.link", k.str()).WithContext(source);
+          ATOLL_RETURN_IF_ERROR(AssignFromToml(*key, v).WithContext(source));
+        }
+        for (const auto& [pair, t] : pairs) {
+          for (const auto& [k, v] : *t) {
+            if (!v.is_number())
+              return Status::InvalidArgument(
+                  fmt::format("{}: world.link.{}.{}: expected a number, got {}", source, pair,
+                              k.str(), Describe(v)));
+            ATOLL_RETURN_IF_ERROR(
+                SetPairField(&cfg.world, pair, k.str(), v.value_or(0.0)).WithContext(source));
+          }
+        }
+        continue;
+      }
       const ConfigKey* key = FindKey(keys, section, name_key.str());
       if (key == nullptr) return UnknownKey(section, name_key.str()).WithContext(source);
       ATOLL_RETURN_IF_ERROR(AssignFromToml(*key, value).WithContext(source));
@@ -192,6 +258,22 @@ Status ApplyConfigOverride(RunConfig* cfg, std::string_view assignment) {
   auto keys = ConfigKeys(*cfg);
   if (!IsKnownSection(section))
     return Status::InvalidArgument(fmt::format("--set {}: unknown section {}", path, section));
+  if (section == "world" && name.starts_with("link.") &&
+      name.find('.', 5) != std::string_view::npos) {  // world.link.A-B.field=value
+    const std::string_view rest = name.substr(5);
+    const size_t dot = rest.find('.');
+    double v = 0;
+    try {
+      const std::string doc = fmt::format("v = {}", text);
+      const toml::table t = toml::parse(std::string_view(doc), std::string_view("--set"));
+      if (!t.get("v")->is_number()) throw std::invalid_argument("not a number");
+      v = t.get("v")->value_or(0.0);
+    } catch (const std::exception&) {
+      return Status::InvalidArgument(fmt::format("{}: cannot read '{}' as a number", path, text));
+    }
+    return SetPairField(&cfg->world, rest.substr(0, dot), rest.substr(dot + 1), v)
+        .WithContext("--set");
+  }
   const ConfigKey* key = FindKey(keys, section, name);
   if (key == nullptr) return UnknownKey(section, name).WithContext("--set");
   if (std::holds_alternative<std::string*>(key->value)) {
@@ -291,7 +373,51 @@ Status ValidateRunConfig(const RunConfig& c) {
                fmt::format("train.batch_size {} must split into parallel.dp = {} equal shares of "
                            "whole micro-batches of train.micro_batch_size {}",
                            t.batch_size, p.dp, t.micro_batch_size));
+
+  const WorldConfig& w = c.world;
+  if (w.sites < 1 || w.sites > 1024)
+    return bad("world.sites", fmt::format("must be in [1, 1024], got {}", w.sites));
+  if (w.ranks_per_site < 1 || w.ranks_per_site > 65536)
+    return bad("world.ranks_per_site",
+               fmt::format("must be in [1, 65536], got {}", w.ranks_per_site));
+  if (w.strategy != "sync")
+    return bad("world.strategy",
+               fmt::format("must be \"sync\" (diloco, streaming and async are not implemented "
+                           "yet), got \"{}\"",
+                           w.strategy));
+  if (!finite(w.heartbeat_s) || w.heartbeat_s < 0.01 || w.heartbeat_s > 3600)
+    return bad("world.heartbeat_s", fmt::format("must be in [0.01, 3600], got {}", w.heartbeat_s));
+  if (std::string why = ValidateLink(w.link); !why.empty()) return bad("world.link", why);
+  for (const auto& [pair, profile] : w.pairs) {
+    int a = 0, b = 0;
+    if (!ParsePair(pair, &a, &b) || b >= w.sites)
+      return bad(fmt::format("world.link.{}", pair),
+                 fmt::format("names a site outside world.sites = {}", w.sites));
+    if (std::string why = ValidateLink(profile); !why.empty())
+      return bad(fmt::format("world.link.{}", pair), why);
+  }
+  if (w.sites > 1) {
+    if (p.dp * p.tp * p.pp != w.ranks_per_site)
+      return bad("world.ranks_per_site",
+                 fmt::format("{} must equal parallel.dp * parallel.tp * parallel.pp = {}",
+                             w.ranks_per_site, p.dp * p.tp * p.pp));
+    if (p.tp > 1 || p.pp > 1)
+      return bad("world.sites", "several sites need parallel.tp = parallel.pp = 1 for now");
+    if (p.zero) return bad("world.sites", "several sites need parallel.zero = false for now");
+    const int64_t replicas = w.sites * p.dp;
+    if (t.batch_size % replicas != 0 || (t.batch_size / replicas) % t.micro_batch_size != 0)
+      return bad("world.sites",
+                 fmt::format("train.batch_size {} must split into world.sites * parallel.dp = {} "
+                             "equal shares of whole micro-batches of train.micro_batch_size {}",
+                             t.batch_size, replicas, t.micro_batch_size));
+  }
   return Status::Ok();
+}
+
+LinkProfile WorldConfig::Link(int a, int b) const {
+  if (a > b) std::swap(a, b);
+  auto it = pairs.find(PairName(a, b));
+  return it != pairs.end() ? it->second : link;
 }
 
 Status ValidateParallel(const RunConfig& c, int world_size) {
@@ -343,6 +469,10 @@ std::string RunConfigToToml(const RunConfig& in) {
         k.value);
     out += fmt::format("{} = {}\n", k.name, v);
   }
+  for (const auto& [pair, p] : cfg.world.pairs)  // still inside [world]
+    out += fmt::format("link.\"{}\" = {{ latency_ms = {}, bandwidth_mbps = {}, jitter_ms = {} }}\n",
+                       pair, TomlFloat(p.latency_ms), TomlFloat(p.bandwidth_mbps),
+                       TomlFloat(p.jitter_ms));
   return out;
 }
 
@@ -352,6 +482,12 @@ nlohmann::json RunConfigToJson(const RunConfig& in) {
   for (const auto& k : ConfigKeys(cfg)) {
     std::visit([&](auto* p) { j[std::string(k.section)][std::string(k.name)] = *p; }, k.value);
   }
+  nlohmann::json pairs = nlohmann::json::object();
+  for (const auto& [pair, p] : cfg.world.pairs)
+    pairs[pair] = {{"latency_ms", p.latency_ms},
+                   {"bandwidth_mbps", p.bandwidth_mbps},
+                   {"jitter_ms", p.jitter_ms}};
+  j["world"]["link.pairs"] = pairs;
   return j;
 }
 
@@ -363,13 +499,31 @@ StatusOr<RunConfig> RunConfigFromJson(const nlohmann::json& j) {
     if (!table.is_object())
       return Status::InvalidArgument(fmt::format("config.{}: expected an object", section));
     for (const auto& [name, v] : table.items()) {
+      if (section == "world" && name == "link.pairs") {
+        if (!v.is_object())
+          return Status::InvalidArgument("config.world.link.pairs: expected an object");
+        for (const auto& [pair, fields] : v.items()) {
+          if (!fields.is_object())
+            return Status::InvalidArgument(
+                fmt::format("config.world.link.pairs.{}: expected an object", pair));
+          for (const auto& [field, x] : fields.items()) {
+            if (!x.is_number())
+              return Status::InvalidArgument(
+                  fmt::format("config.world.link.pairs.{}.{}: expected a number", pair, field));
+            ATOLL_RETURN_IF_ERROR(
+                SetPairField(&cfg.world, pair, field, x.get<double>()).WithContext("config"));
+          }
+        }
+        continue;
+      }
       const ConfigKey* key = FindKey(keys, section, name);
       if (key == nullptr) return UnknownKey(section, name).WithContext("config");
     }
   }
   for (const auto& k : keys) {
     const std::string s(k.section), n(k.name);
-    if (s == "parallel" && !j.contains(s)) continue;  // written before [parallel] existed
+    // Keys added to [parallel] and [world] after manifests were first written take defaults.
+    if ((s == "parallel" || s == "world") && (!j.contains(s) || !j[s].contains(n))) continue;
     if (!j.contains(s) || !j[s].contains(n))
       return Status::InvalidArgument(fmt::format("config: missing key {}", k.path()));
     const nlohmann::json& v = j[s][n];

@@ -1,9 +1,11 @@
 // The run configuration: what `atoll train` reads from a TOML file and `--set` overrides.
 //
-// Sections [model], [train], [data], [parallel] (the mesh of one site: dp x tp x pp ranks); [world]
-// is reserved for the multi-site engine and accepts no keys yet. Every key has a default (the
-// `small` preset), so a config file may name only what it changes. An unknown section or key, a
-// value of the wrong type, or a value out of range is an error that names the key ("train.lr:
+// Sections [model], [train], [data], [parallel] (the mesh of one site: dp x tp x pp ranks) and
+// [world] (sites joined by WAN links: world.sites, ranks_per_site, strategy, and a [world.link]
+// table of latency_ms / bandwidth_mbps / jitter_ms with per-pair overrides [world.link."0-2"]).
+// Every key has a default (the `small` preset), so a config file may name only what it changes. An
+// unknown section or key, a value of the wrong type, or a value out of range is an error that names
+// the key ("train.lr:
 // ...").
 //
 // `--set section.key=value` overrides one key after the file is read; the value is typed by the
@@ -17,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -25,6 +28,7 @@
 
 #include "core/status.h"
 #include "model/config.h"
+#include "world/link.h"
 
 namespace atl {
 
@@ -68,11 +72,27 @@ struct ParallelConfig {
   bool operator==(const ParallelConfig&) const = default;
 };
 
+// Sites joined by WAN links (world/): how many, their ranks, how their replicas agree, and the
+// emulated links between their leaders.
+struct WorldConfig {
+  int64_t sites = 1;              // 1: a single site, no coordinator or WAN
+  int64_t ranks_per_site = 1;     // MPI ranks per site: parallel.dp * tp * pp
+  std::string strategy = "sync";  // "sync": hierarchical all-reduce every step
+  double heartbeat_s = 1.0;       // coordinator heartbeat interval (dead after 2 missed)
+  LinkProfile link;               // [world.link]: every pair of sites, both directions
+  // [world.link."A-B"] (A < B, site indices): overrides for the pair, both directions.
+  std::map<std::string, LinkProfile> pairs;
+  // The profile of the link between sites a and b.
+  LinkProfile Link(int a, int b) const;
+  bool operator==(const WorldConfig&) const = default;
+};
+
 struct RunConfig {
   GPTConfig model{.vocab_size = 50257, .seq_len = 128, .n_layer = 4, .n_head = 4, .n_embd = 192};
   TrainConfig train;
   DataConfig data;
   ParallelConfig parallel;
+  WorldConfig world;
   bool operator==(const RunConfig&) const = default;
 };
 

@@ -57,12 +57,42 @@ TEST(RunConfig, UnknownKeysAndSectionsAreErrorsNamingThem) {
   EXPECT_NE(ErrorOf("[train]\nstepz = 3\n").find("train.stepz"), std::string::npos);
   EXPECT_NE(ErrorOf("[optim]\nlr = 3\n").find("[optim]"), std::string::npos);
   EXPECT_NE(ErrorOf("steps = 3\n").find("steps"), std::string::npos);  // top-level key
-  // Reserved sections exist but take no keys yet.
   EXPECT_TRUE(Load("[parallel]\n[world]\n").ok());
-  const std::string reserved = ErrorOf("[world]\nsites = 2\n");
-  EXPECT_NE(reserved.find("reserved"), std::string::npos);
   EXPECT_NE(ErrorOf("[parallel]\nzero = 1\n").find("parallel.zero"), std::string::npos);
-  EXPECT_NE(ErrorOf("[world]\nsites = 2\n").find("world.sites"), std::string::npos);
+  EXPECT_NE(ErrorOf("[world]\nsitez = 2\n").find("world.sitez"), std::string::npos);
+  EXPECT_NE(ErrorOf("[world.link]\nlatency = 2\n").find("world.link.latency"), std::string::npos);
+  EXPECT_NE(ErrorOf("[world.link.\"0-1\"]\nlatency = 2\n").find("world.link.0-1.latency"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("[world.link.\"1-0\"]\nlatency_ms = 2\n").find("A < B"), std::string::npos);
+}
+
+// [world]: sites, ranks, strategy, the default link and per-pair overrides, from a file and --set.
+TEST(RunConfig, WorldSectionWithLinksAndPairOverrides) {
+  auto cfg = Load(
+      "[world]\nsites = 3\nranks_per_site = 2\n[world.link]\nlatency_ms = 40\n"
+      "bandwidth_mbps = 100\n[world.link.\"0-2\"]\nlatency_ms = 80\n",
+      {"parallel.dp=2", "train.batch_size=12", "train.micro_batch_size=2",
+       "world.link.1-2.bandwidth_mbps=50", "world.link.jitter_ms=5"});
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  const WorldConfig& w = cfg->world;
+  EXPECT_EQ(w.sites, 3);
+  EXPECT_EQ(w.Link(0, 1), (LinkProfile{40, 100, 5}));
+  EXPECT_EQ(w.Link(2, 0), (LinkProfile{80, 100, 0}));  // the pair starts from [world.link] as read
+  EXPECT_EQ(w.Link(1, 2), (LinkProfile{40, 50, 0}));
+  // Round trips (the manifest and config.toml keep the pairs).
+  auto back = Load(RunConfigToToml(*cfg));
+  ASSERT_TRUE(back.ok()) << back.status().ToString() << RunConfigToToml(*cfg);
+  EXPECT_EQ(*back, *cfg);
+  auto from_json = RunConfigFromJson(nlohmann::json::parse(RunConfigToJson(*cfg).dump()));
+  ASSERT_TRUE(from_json.ok()) << from_json.status().ToString();
+  EXPECT_EQ(*from_json, *cfg);
+  // Errors name the key.
+  EXPECT_NE(ErrorOf("", {"world.sites=2", "world.ranks_per_site=3"}).find("world.ranks_per_site"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("", {"world.strategy=gossip"}).find("world.strategy"), std::string::npos);
+  EXPECT_NE(ErrorOf("", {"world.link.latency_ms=-1"}).find("world.link"), std::string::npos);
+  EXPECT_NE(ErrorOf("", {"world.link.0-5.latency_ms=1"}).find("world.link.0-5"), std::string::npos);
+  EXPECT_NE(ErrorOf("", {"world.sites=3"}).find("world.sites"), std::string::npos);  // batch 16
 }
 
 TEST(RunConfig, WrongTypesAreErrorsNamingTheKey) {
