@@ -23,6 +23,9 @@ std::string MetricsJson(const StepMetrics& m) {
   j["tokens_per_s"] = std::round(m.tokens_per_s * 10) / 10;
   j["step_ms"] = std::round(m.step_ms * 1000) / 1000;
   if (m.val_loss) j["val_loss"] = *m.val_loss;
+  if (m.site) j["site"] = *m.site;
+  if (m.wan_ms) j["wan_ms"] = std::round(*m.wan_ms * 1000) / 1000;
+  if (m.wan_bytes) j["wan_bytes"] = *m.wan_bytes;
   return j.dump();
 }
 

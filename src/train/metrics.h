@@ -31,6 +31,10 @@ struct StepMetrics {
   double tokens_per_s = 0;
   double step_ms = 0;
   std::optional<double> val_loss;
+  // Several sites (world.sites > 1): this site, and the WAN all-reduce's share of the step.
+  std::optional<int> site;
+  std::optional<double> wan_ms;       // the leader's time in the WAN all-reduce this step
+  std::optional<uint64_t> wan_bytes;  // bytes the leader sent over the WAN so far
 };
 
 // One JSON line (no newline).

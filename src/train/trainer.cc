@@ -90,6 +90,11 @@ struct Run {
   std::unique_ptr<GPT<float>> eval_model;              // rank 0, when the shard is not whole
   size_t num_val_windows = 0;
   double comm_wait_s = 0;  // in GradientReducer::Finish: communication not hidden by backward
+  // Several sites: this site, and on its leader the WAN among the sites' leaders.
+  int sites = 1, site = 0;
+  Communicator* wan = nullptr;
+  double wan_s = 0;        // the leader's time in WAN all-reduces, this step
+  double wan_total_s = 0;  // ... and over the run
 };
 
 bool Zero(const Run& run) { return run.cfg.parallel.zero && run.reducer != nullptr; }
@@ -348,6 +353,22 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
   return Status::Ok();
 }
 
+// Several sites: the leader sums the site's (already site-reduced) vector with the other sites'
+// over the WAN, then every rank of the site takes the leader's result.
+template <class T>
+Status WorldSum(Run& run, std::span<T> data) {
+  if (run.sites == 1) return Status::Ok();
+  if (run.wan != nullptr) {
+    const double t0 = NowSeconds();
+    ATOLL_RETURN_IF_ERROR(run.wan->AllReduce(data).WithContext("the WAN all-reduce across sites"));
+    run.wan_s += NowSeconds() - t0;
+    run.wan_total_s += NowSeconds() - t0;
+  }
+  if (run.mesh.world() != nullptr && run.mesh.size() > 1)
+    ATOLL_RETURN_IF_ERROR(run.mesh.world()->Broadcast(data, 0));
+  return Status::Ok();
+}
+
 CheckpointSource Source(const RunConfig& cfg, const Run& run, int64_t completed,
                         const float* params, const float* m, const float* v) {
   CheckpointSource src;
@@ -418,8 +439,14 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   const int seq = cfg.model.seq_len;
   const int micro = int(tc.micro_batch_size);
   run.accum = tc.accumulation_steps();
-  run.local_accum = run.accum / pc.dp;
-  run.first_micro = int64_t(me.dp_rank()) * run.local_accum;
+  run.sites = int(cfg.world.sites);
+  run.site = options.site;
+  run.wan = options.wan;
+  if (run.sites > 1 && run.site == 0 && leader && run.wan == nullptr)
+    return Status::InvalidArgument("world.sites > 1 needs the WAN among the site leaders");
+  // Replicas: the dp replicas of every site, site-major.
+  run.local_accum = run.accum / (pc.dp * run.sites);
+  run.first_micro = (int64_t(run.site) * pc.dp + me.dp_rank()) * run.local_accum;
   run.schedule = MakePipeSchedule(schedule_kind, me.pp(), me.pp_rank(), int(run.local_accum));
   const ModelShard shard = ShardOf(cfg, me.tp_rank(), me.pp_rank());
   run.model = std::make_unique<GPT<float>>(cfg.model, micro, shard, SlotsUsed(run.schedule));
@@ -456,6 +483,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   }
 
   const std::string& out = options.out_dir;
+  const std::string ck_dir = options.checkpoint_dir.empty() ? out : options.checkpoint_dir;
   MetricsLog metrics;
   if (leader) {
     ATOLL_RETURN_IF_ERROR(MakeDirs(out));
@@ -497,6 +525,15 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     if (me.last_stage() && me.tp_rank() == 0)
       std::copy(local_losses.begin(), local_losses.end(), all_losses.begin() + run.first_micro);
     if (me.size() > 1) ATOLL_RETURN_IF_ERROR(me.world()->AllReduce(std::span<double>(all_losses)));
+    if (run.sites > 1) {
+      // The coordinator's round: every live site has reached this step.
+      if (run.wan != nullptr && options.round)
+        ATOLL_RETURN_IF_ERROR(options.round(s).WithContext(fmt::format("step {}", s + 1)));
+      run.wan_s = 0;
+      ATOLL_RETURN_IF_ERROR(
+          WorldSum(run, std::span<float>(run.model->grads(), run.model->num_params())));
+      ATOLL_RETURN_IF_ERROR(WorldSum(run, std::span<double>(all_losses)));
+    }
     double loss_sum = 0.0;
     for (double l : all_losses) loss_sum += l;
     StepMetrics m;
@@ -523,8 +560,14 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     m.tokens = tokens;
     m.step_ms = dt * 1e3;
     m.tokens_per_s = double(tc.batch_size) * seq / dt;
+    if (run.sites > 1) {
+      m.site = run.site;
+      m.wan_ms = run.wan_s * 1e3;
+      if (options.wan_bytes) m.wan_bytes = options.wan_bytes();
+    }
     const bool last = s + 1 == tc.steps;
-    if (run.num_val_windows > 0 && (last || (tc.eval_every > 0 && (s + 1) % tc.eval_every == 0))) {
+    if (run.num_val_windows > 0 && run.site == 0 &&
+        (last || (tc.eval_every > 0 && (s + 1) % tc.eval_every == 0))) {
       ATOLL_ASSIGN_OR_RETURN(const double val_loss, Validate(run));
       if (leader) m.val_loss = val_loss;
     }
@@ -532,16 +575,19 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       ATOLL_RETURN_IF_ERROR(metrics.Append(m));
       if (options.progress) progress.Update(m);
     }
-    if (tc.checkpoint_every > 0 && (s + 1) % tc.checkpoint_every == 0)
+    if (tc.checkpoint_every > 0 && (s + 1) % tc.checkpoint_every == 0 && run.site == 0)
       ATOLL_RETURN_IF_ERROR(
-          SaveCheckpoint(run, fmt::format("{}/checkpoint-{}", out, s + 1), s + 1));
+          SaveCheckpoint(run, fmt::format("{}/checkpoint-{}", ck_dir, s + 1), s + 1));
   }
-  const std::string final_dir = out + "/checkpoint";
+  const std::string final_dir = ck_dir + "/checkpoint";
   if (leader && me.dp() > 1 && tc.steps > start)
     LogInfo("data parallel: {:.2f} ms per step waiting for gradient reductions after backward",
             run.comm_wait_s * 1e3 / double(tc.steps - start));
+  if (run.wan != nullptr && tc.steps > start)
+    LogInfo("site {}: {:.1f} ms per step in the WAN all-reduce across {} sites", run.site,
+            run.wan_total_s * 1e3 / double(tc.steps - start), run.sites);
   if (leader && options.progress) progress.Finish();
-  ATOLL_RETURN_IF_ERROR(SaveCheckpoint(run, final_dir, tc.steps));
+  if (run.site == 0) ATOLL_RETURN_IF_ERROR(SaveCheckpoint(run, final_dir, tc.steps));
   return final_dir;
 }
 

@@ -44,9 +44,18 @@
 // dp = 1 with reproducible = true), with or without ZeRO.
 // Single process with parallel.reproducible = false is the loop above, unchanged.
 //
+// Several sites (world.sites = S > 1, world.strategy = "sync"; TrainOptions::site, wan): the
+// sites' replicas are data-parallel replicas too — replica index site * dp + dp_rank of S * dp —
+// and the reduction is hierarchical: the site's ranks sum their gradients (above), the site
+// leader all-reduces the site's sum with the other leaders over the WAN, then broadcasts it to
+// the site's ranks. The loss curve is the single-process one up to float rounding. Each site's
+// leader writes its own metrics.jsonl (with the site and the step's WAN time); site 0 alone
+// validates and writes checkpoints.
+//
 // Thread-safety: one Train call per process (it sets the OpenMP thread count).
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "comm/communicator.h"
@@ -65,6 +74,17 @@ struct TrainOptions {
   // The ranks of this site (MPI world); nullptr: one process. Its size must equal
   // parallel.dp * parallel.tp * parallel.pp.
   Communicator* comm = nullptr;
+
+  // Several sites (world.sites > 1, strategy "sync"): this site's index; on the site's leader
+  // (rank 0 of comm) the WAN Communicator among the sites' leaders (rank = site), the
+  // coordinator's round barrier (called with the step before its WAN all-reduce; may be empty)
+  // and the bytes the leader has sent over the WAN (for metrics; may be empty).
+  int site = 0;
+  Communicator* wan = nullptr;
+  std::function<Status(int64_t round)> round;
+  std::function<uint64_t()> wan_bytes;
+  // Where checkpoints go (default: out_dir). With several sites only site 0 writes them.
+  std::string checkpoint_dir;
 };
 
 // Trains and returns the final checkpoint's directory. Bad config or data: kInvalidArgument /

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "comm/inprocess.h"
 #include "core/file.h"
 #include "core/rng.h"
 #include "data/dataset.h"
@@ -214,6 +215,50 @@ TEST_F(TrainerTest, MissingOrUnusableDataIsBadInputWithAHint) {
   r = Train(cfg_, o);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("val.bin"), std::string::npos);
+}
+
+// Two sites of two ranks each (in-process ranks: the sites' MPI worlds and the leaders' WAN are
+// Split from one group) train the single-process model: hierarchical sum every step.
+TEST_F(TrainerTest, TwoSitesSyncMatchTheSingleProcess) {
+  RunConfig one = cfg_;
+  one.train.micro_batch_size = 1;
+  one.train.threads = 1;
+  const std::string ref = Run(one, "one");
+  RunConfig world = one;
+  world.world.sites = 2;
+  world.world.ranks_per_site = 2;
+  world.parallel.dp = 2;
+  ASSERT_TRUE(ValidateRunConfig(world).ok());
+  const std::string wroot = root_ + "/world";
+  const auto statuses = RunInProcessRanks(4, [&](Communicator& all) -> Status {
+    const int site = all.rank() / 2;
+    ATOLL_ASSIGN_OR_RETURN(auto site_comm, all.Split(site, all.rank()));
+    ATOLL_ASSIGN_OR_RETURN(auto wan,
+                           all.Split(site_comm->rank() == 0 ? 0 : Communicator::kNoGroup, site));
+    TrainOptions o;
+    o.out_dir = fmt::format("{}/site-{}", wroot, site);
+    o.checkpoint_dir = wroot;
+    o.progress = false;
+    o.comm = site_comm.get();
+    o.site = site;
+    o.wan = wan.get();
+    return Train(world, o).status();
+  });
+  for (const Status& st : statuses) ASSERT_TRUE(st.ok()) << st.ToString();
+  for (int site = 0; site < 2; ++site) {
+    const auto a = Metrics(ref), b = Metrics(fmt::format("{}/site-{}", wroot, site));
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_NEAR(b[i]["loss"].get<double>(), a[i]["loss"].get<double>(),
+                  1e-5 * a[i]["loss"].get<double>())
+          << "site " << site << " step " << i + 1;
+      EXPECT_EQ(b[i]["site"].get<int>(), site);
+      EXPECT_TRUE(b[i].contains("wan_ms"));
+      // Only site 0 validates.
+      EXPECT_EQ(b[i].contains("val_loss"), site == 0 && a[i].contains("val_loss"));
+    }
+  }
+  EXPECT_TRUE(FileExists(wroot + "/checkpoint/model.safetensors"));
 }
 
 TEST(EvalLoss, DoesNotDependOnTheBatchSplitAndGradientsAreOfTheMean) {
