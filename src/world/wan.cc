@@ -1,0 +1,1582 @@
+// The WAN transport (world/wan.h).
+//
+// Shape of one endpoint (a WanCore, shared by the WanEndpoint and the Communicator it returns):
+//   - a gRPC server: one Stream call per peer, whose handler thread reads chunks, checks the
+//     stream's rules (protocol version, the sender's site), hashes the payload and files the chunk
+//     in that peer's inbox (collective FIFO, per-tag send/recv slots, or control state);
+//   - one Link per peer: a queue of outgoing chunks with the emulated arrival time of each
+//     (LinkEmulator, computed when the chunk is queued) and a sender thread that writes each chunk
+//     to the peer's stream at that time;
+//   - a worker thread per Communicator (CollectiveThread) that runs the collectives in call order:
+//     it queues chunks on the links and takes chunks from the inboxes, validating each.
+// Sends are queued from the caller's thread (their payload is copied from the caller's buffer by
+// the sender thread just before the write) and receives run in the handle's Wait(), so
+// point-to-point messages never wait behind a collective.
+#include "world/wan.h"
+
+#include <fmt/format.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "comm/collective_thread.h"
+#include "core/hash.h"
+#include "core/log.h"
+#include "world/proto/transport.grpc.pb.h"
+#include "world/wan_internal.h"
+
+namespace atl {
+
+namespace {
+
+namespace pb = ::atl::wan;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kSiteHeader = "x-atoll-site";
+constexpr uint32_t kUnconfigured = 0xffffffffu;
+constexpr uint32_t kExchangeHello = 1;  // every incoming stream works
+constexpr uint32_t kExchangeReady = 2;  // every outgoing stream works (+ the link measurements)
+constexpr int kMaxMessageBytes = static_cast<int>(kWanMaxChunkBytes + (16 << 20));
+constexpr int kPingRounds = 3;
+
+Clock::time_point AtSeconds(double s) {
+  return Clock::time_point(
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)));
+}
+// The same instant (NowSeconds' clock) on the system clock, for gRPC deadlines.
+std::chrono::system_clock::time_point AtSecondsSystem(double s) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(
+             std::chrono::duration<double>(s - NowSeconds()));
+}
+
+std::mutex g_hook_mu;
+std::shared_ptr<const WanChunkHook> g_hook;
+std::atomic<bool> g_hook_set{false};
+
+std::shared_ptr<const WanChunkHook> ChunkHook() {
+  if (!g_hook_set.load(std::memory_order_relaxed)) return nullptr;
+  std::lock_guard<std::mutex> lk(g_hook_mu);
+  return g_hook;
+}
+
+bool IsCollectiveOp(uint32_t op) {
+  return op == uint32_t(CommOp::kAllReduce) || op == uint32_t(CommOp::kReduceScatter) ||
+         op == uint32_t(CommOp::kAllGather) || op == uint32_t(CommOp::kBroadcast) ||
+         op == uint32_t(CommOp::kBarrier);
+}
+
+std::string OpName(uint32_t op) {
+  if (op <= uint32_t(CommOp::kSplit)) return CommOpName(static_cast<CommOp>(op));
+  return fmt::format("op {}", op);
+}
+
+std::string DTypeNameOf(uint32_t t) {
+  if (t <= uint32_t(DType::kByte)) return DTypeName(static_cast<DType>(t));
+  return fmt::format("dtype {}", t);
+}
+
+template <class T>
+void AddInto(uint8_t* dst, const char* src, size_t n) {
+  T* d = reinterpret_cast<T*>(dst);
+  const T* s = reinterpret_cast<const T*>(src);
+  for (size_t i = 0; i < n; ++i) d[i] += s[i];
+}
+
+void Accumulate(DType t, uint8_t* dst, const char* src, size_t n) {
+  switch (t) {
+    case DType::kFloat32:
+      AddInto<float>(dst, src, n);
+      break;
+    case DType::kFloat64:
+      AddInto<double>(dst, src, n);
+      break;
+    case DType::kInt32:
+      AddInto<int32_t>(dst, src, n);
+      break;
+    case DType::kInt64:
+      AddInto<int64_t>(dst, src, n);
+      break;
+    case DType::kByte:
+      break;  // rejected by CheckArgs
+  }
+}
+
+// The outgoing chunks of one operation: how many are still queued, and why one failed.
+struct OpTracker {
+  std::mutex mu;
+  std::condition_variable cv;
+  int pending = 0;
+  bool cancelled = false;  // a send gave up: its lazy payloads must no longer be read
+  std::string error;
+
+  void Add() {
+    std::lock_guard<std::mutex> lk(mu);
+    ++pending;
+  }
+  void Done(const std::string& err) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      --pending;
+      if (!err.empty() && error.empty()) error = err;
+    }
+    cv.notify_all();
+  }
+  void Cancel() {
+    std::lock_guard<std::mutex> lk(mu);
+    cancelled = true;
+  }
+};
+
+struct OutItem {
+  std::unique_ptr<pb::Chunk> chunk;
+  bool lazy = false;  // the payload is copied from lazy_src when written (a send's buffer)
+  const char* lazy_src = nullptr;
+  size_t lazy_bytes = 0;
+  double arrive_s = 0;  // write it at this time (emulated arrival); 0: at once
+  std::shared_ptr<OpTracker> tracker;
+  bool data = false;  // a collective's or a send's chunk (stats, test hook)
+};
+
+// The outgoing half of a peer: the delay queue and the stream it feeds.
+struct Link {
+  int peer = 0;
+  std::string address;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<OutItem> queue;
+  std::optional<LinkEmulator> emu;
+  bool closing = false;
+  bool exited = false;
+  std::string error;  // why the link is unusable; empty while it works
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::Transport::Stub> stub;
+  std::unique_ptr<grpc::ClientContext> ctx;  // of the stream
+  std::unique_ptr<grpc::ClientWriter<pb::Chunk>> writer;
+  pb::StreamReply reply;
+  std::promise<Status> connected;
+  std::thread thread;
+};
+
+struct Received {
+  std::unique_ptr<pb::Chunk> chunk;
+  uint64_t hash = 0;  // of the payload as received
+};
+
+struct P2pTag {
+  uint64_t next_seq = 1;  // the message the next arriving chunk belongs to
+  std::map<uint64_t, std::deque<Received>> slots;
+};
+
+// The incoming half of a peer. Guarded by WanCore::mu_.
+struct Inbox {
+  bool connected = false;  // its stream to us has opened
+  bool ended = false;      // ... and has ended
+  std::string end_reason;
+  std::string poison;   // a chunk broke the stream's rules: every later operation with it fails
+  std::string refused;  // why the last stream claiming to be this site was refused
+  std::deque<Received> collective;
+  std::map<uint32_t, P2pTag> p2p;
+  std::vector<double> probe_arrivals;
+  std::map<uint32_t, double> pongs;       // ping tag -> arrival time
+  std::map<uint32_t, std::string> infos;  // exchange kind -> payload
+};
+
+class WanCore;
+
+class TransportService final : public pb::Transport::Service {
+ public:
+  explicit TransportService(WanCore* core) : core_(core) {}
+  grpc::Status Stream(grpc::ServerContext* context, grpc::ServerReader<pb::Chunk>* reader,
+                      pb::StreamReply* reply) override;
+  grpc::Status Ping(grpc::ServerContext* context, const pb::Probe* request,
+                    pb::Probe* reply) override;
+
+ private:
+  WanCore* core_;
+};
+
+// What a collective checks its chunks against.
+struct OpInfo {
+  CommOp op;
+  uint64_t seq;
+  DType dtype;
+  size_t total;  // elements in the operation's buffer
+  int root;      // broadcast
+  std::string prefix;
+};
+
+class WanCore : public std::enable_shared_from_this<WanCore> {
+ public:
+  explicit WanCore(WorldSecurity security) : security_(std::move(security)), service_(this) {}
+  ~WanCore();
+
+  Status Listen(const std::string& address);
+  StatusOr<std::unique_ptr<Communicator>> Connect(const WanOptions& options);
+
+  std::string address() const { return address_; }
+  std::vector<int> ring() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return ring_;
+  }
+  WanStats stats() const {
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    WanStats s = stats_;
+    s.bytes_sent = bytes_sent_.load();
+    s.bytes_received = bytes_received_.load();
+    return s;
+  }
+
+  int site() const { return site_; }
+  int sites() const { return n_; }
+  const WanOptions& options() const { return options_; }
+  std::string PeerName(int p) const {
+    return fmt::format("site {} ({})", p, options_.peers[p].address);
+  }
+
+  // ---- Used by the server. ----
+  grpc::Status HandleStream(grpc::ServerContext* context, grpc::ServerReader<pb::Chunk>* reader);
+  grpc::Status HandlePing(grpc::ServerContext* context, const pb::Probe* request, pb::Probe* reply);
+
+  // ---- Used by the communicator. ----
+  // Files a chunk that arrived from `from` (also a send to ourselves).
+  void Dispatch(int from, std::unique_ptr<pb::Chunk> chunk, double now);
+  // Queues a chunk for `peer`; empty, or why the link cannot take it.
+  std::string Enqueue(int peer, OutItem item);
+  // The next chunk of collective `seq` from `peer`.
+  StatusOr<Received> PopCollective(int peer, uint64_t seq,
+                                   const std::function<std::string()>& waiting_for);
+  // The next chunk of message `seq` on (peer, tag).
+  StatusOr<Received> PopMessage(int peer, uint32_t tag, uint64_t seq);
+  void EraseMessage(int peer, uint32_t tag, uint64_t seq);
+  // Waits until every chunk of `t` has been written (no progress for timeout_s: an error).
+  Status WaitSent(OpTracker& t, int peer);
+  // Marks collective `seq` failed here (its late chunks are dropped) and tells every peer why,
+  // unless a peer's abort is what failed it.
+  void FailOp(uint64_t seq, const std::string& why);
+  void CountReceived(size_t bytes) { bytes_received_ += bytes; }
+  void CountOp() {
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    ++stats_.operations;
+  }
+  void AddSeconds(double s) {
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    stats_.seconds += s;
+  }
+
+ private:
+  void SenderMain(Link* l, double deadline);
+  Status ConnectLink(Link* l, double deadline);
+  // Writes one chunk; empty or why the stream broke.
+  std::string WriteItem(Link* l, OutItem& item);
+  void Poison(int from, const std::string& why);
+  void NoteRefusal(int claimed, const std::string& why);
+  std::string IncomingState(int p) const;  // REQUIRES: mu_ held
+  // Sends `payload` to every peer as exchange `kind` and returns what each peer sent.
+  StatusOr<std::vector<std::string>> Exchange(uint32_t kind, const std::string& payload,
+                                              double deadline);
+  // Measures the links (bandwidth into this site, round trips from it) for the ring choice.
+  Status MeasureLinks(double deadline, std::vector<double>* bw_in, std::vector<double>* rtt);
+  void EnqueueControl(int peer, uint32_t op, uint32_t tag, std::string payload,
+                      const std::shared_ptr<OpTracker>& tracker = nullptr, uint64_t op_seq = 0);
+
+  const WorldSecurity security_;
+  TransportService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool configured_ = false;
+  bool connect_called_ = false;
+  bool shutting_down_ = false;
+  std::vector<Inbox> inboxes_;
+  std::map<int, std::string> early_refusals_;  // refused before Connect: claimed site -> why
+  std::set<uint64_t> failed_ops_;
+  std::map<uint64_t, std::string> aborts_;  // collective -> why a peer gave it up
+  std::vector<int> ring_;
+
+  // Set by Connect before configured_ (then read-only).
+  int site_ = -1, n_ = 0;
+  WanOptions options_;
+  std::vector<std::unique_ptr<Link>> links_;  // by site; null for this one
+
+  mutable std::mutex stats_mu_;
+  WanStats stats_;
+  std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0};
+};
+
+// ------------------------------------------------------------------------------------------
+// Server side.
+
+grpc::Status TransportService::Stream(grpc::ServerContext* context,
+                                      grpc::ServerReader<pb::Chunk>* reader,
+                                      pb::StreamReply* /*reply*/) {
+  return core_->HandleStream(context, reader);
+}
+
+grpc::Status TransportService::Ping(grpc::ServerContext* context, const pb::Probe* request,
+                                    pb::Probe* reply) {
+  return core_->HandlePing(context, request, reply);
+}
+
+int ClaimedSite(const grpc::ServerContext& ctx) {
+  const auto& md = ctx.client_metadata();
+  auto it = md.find(kSiteHeader);
+  if (it == md.end()) return -1;
+  int site = -1;
+  const char* b = it->second.data();
+  const char* e = b + it->second.size();
+  auto [p, ec] = std::from_chars(b, e, site);
+  if (ec != std::errc() || p != e || site < 0) return -1;
+  return site;
+}
+
+// With TLS: if the client certificate's common name names a site ("site-N"), it must be the site
+// the stream claims. Certificates issued for the shared name "atoll" identify no site; then the
+// claim made at stream open is what every chunk is held to.
+std::string CertificateMismatch(const grpc::ServerContext& ctx, int claimed) {
+  auto auth = ctx.auth_context();
+  if (!auth || !auth->IsPeerAuthenticated()) return "";
+  for (const auto& v : auth->FindPropertyValues("x509_common_name")) {
+    std::string cn(v.data(), v.size());
+    if (cn.rfind("site-", 0) != 0) continue;
+    int site = -1;
+    auto [p, ec] = std::from_chars(cn.data() + 5, cn.data() + cn.size(), site);
+    if (ec == std::errc() && p == cn.data() + cn.size() && site != claimed)
+      return fmt::format("its certificate is for {} but it claims site {}", cn, claimed);
+  }
+  return "";
+}
+
+grpc::Status WanCore::HandlePing(grpc::ServerContext* context, const pb::Probe* request,
+                                 pb::Probe* reply) {
+  grpc::Status auth = CheckToken(*context, security_);
+  if (!auth.ok()) {
+    LogWarning("wan {}: refused a ping from {}: {}", address_, context->peer(),
+               auth.error_message());
+    return auth;
+  }
+  if (request->version() != kWanProtocolVersion) {
+    LogWarning("wan {}: refused a ping from {}: protocol version {}, this endpoint speaks {}",
+               address_, context->peer(), request->version(), kWanProtocolVersion);
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        fmt::format("protocol version {}, this endpoint speaks {}",
+                                    request->version(), kWanProtocolVersion));
+  }
+  reply->set_version(kWanProtocolVersion);
+  std::lock_guard<std::mutex> lk(mu_);
+  reply->set_from_site(configured_ ? static_cast<uint32_t>(site_) : kUnconfigured);
+  return grpc::Status::OK;
+}
+
+void WanCore::NoteRefusal(int claimed, const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (claimed < 0) return;
+  if (configured_ && claimed < n_)
+    inboxes_[claimed].refused = why;
+  else
+    early_refusals_[claimed] = why;
+}
+
+grpc::Status WanCore::HandleStream(grpc::ServerContext* context,
+                                   grpc::ServerReader<pb::Chunk>* reader) {
+  const int claimed = ClaimedSite(*context);
+  grpc::Status auth = CheckToken(*context, security_);
+  if (!auth.ok()) {
+    LogWarning("wan {}: refused a stream from {} claiming site {}: {}", address_, context->peer(),
+               claimed, auth.error_message());
+    NoteRefusal(claimed, auth.error_message());
+    return auth;
+  }
+  if (claimed < 0) {
+    LogWarning("wan {}: refused a stream from {}: no valid {} header", address_, context->peer(),
+               kSiteHeader);
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        fmt::format("the stream must name its site in {}", kSiteHeader));
+  }
+  if (std::string bad = CertificateMismatch(*context, claimed); !bad.empty()) {
+    LogWarning("wan {}: refused a stream from {}: {}", address_, context->peer(), bad);
+    NoteRefusal(claimed, bad);
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, bad);
+  }
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return configured_ || shutting_down_; });
+    if (shutting_down_) return grpc::Status(grpc::StatusCode::CANCELLED, "shutting down");
+    std::string bad;
+    if (claimed >= n_ || claimed == site_) {
+      bad = fmt::format("it claims site {}, which is {}", claimed,
+                        claimed == site_ ? "this site" : "not a site of this world");
+    } else if (inboxes_[claimed].connected) {
+      bad = fmt::format("site {} already has a stream here", claimed);
+    }
+    if (!bad.empty()) {
+      lk.unlock();
+      LogWarning("wan site {}: refused a stream from {}: {}", site_, context->peer(), bad);
+      NoteRefusal(claimed < n_ && claimed != site_ ? claimed : -1, bad);
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, bad);
+    }
+    inboxes_[claimed].connected = true;
+  }
+  cv_.notify_all();
+  auto chunk = std::make_unique<pb::Chunk>();
+  while (reader->Read(chunk.get())) {
+    Dispatch(claimed, std::move(chunk), NowSeconds());
+    chunk = std::make_unique<pb::Chunk>();
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    Inbox& in = inboxes_[claimed];
+    in.ended = true;
+    in.end_reason = context->IsCancelled() ? "its stream was cancelled" : "it closed its stream";
+  }
+  cv_.notify_all();
+  return grpc::Status::OK;
+}
+
+void WanCore::Poison(int from, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!inboxes_[from].poison.empty()) return;
+    inboxes_[from].poison = why;
+  }
+  LogWarning("wan site {}: {}: {}; every later operation with it fails", site_, PeerName(from),
+             why);
+  cv_.notify_all();
+}
+
+void WanCore::Dispatch(int from, std::unique_ptr<pb::Chunk> chunk, double now) {
+  if (chunk->version() != kWanProtocolVersion) {
+    Poison(from, fmt::format("a chunk has protocol version {} (this site speaks {})",
+                             chunk->version(), kWanProtocolVersion));
+    return;
+  }
+  if (chunk->from_site() != static_cast<uint32_t>(from)) {
+    Poison(from, fmt::format("a chunk claims from_site {} on the stream of site {}",
+                             chunk->from_site(), from));
+    return;
+  }
+  const uint32_t op = chunk->op();
+  if (op == kWanOpPing) {
+    EnqueueControl(from, kWanOpPong, chunk->tag(), "");
+    return;
+  }
+  uint64_t hash = 0;
+  const bool data = IsCollectiveOp(op) || op == uint32_t(CommOp::kSend);
+  if (data) hash = Hash64(chunk->payload().data(), chunk->payload().size());
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    Inbox& in = inboxes_[from];
+    if (IsCollectiveOp(op)) {
+      in.collective.push_back({std::move(chunk), hash});
+    } else if (op == uint32_t(CommOp::kSend)) {
+      P2pTag& t = in.p2p[chunk->tag()];
+      // A message's chunks are consecutive on the stream; the last one ends it. Whether the
+      // chunk really belongs to that message (op_seq, offsets) is checked by the receive.
+      const bool last =
+          chunk->count() >= chunk->total() || chunk->offset() >= chunk->total() - chunk->count();
+      t.slots[t.next_seq].push_back({std::move(chunk), hash});
+      if (last) ++t.next_seq;
+    } else if (op == kWanOpPong) {
+      in.pongs[chunk->tag()] = now;
+    } else if (op == kWanOpProbe) {
+      in.probe_arrivals.push_back(now);
+    } else if (op == kWanOpInfo) {
+      in.infos[chunk->tag()] = std::move(*chunk->mutable_payload());
+    } else if (op == kWanOpAbort) {
+      aborts_.emplace(chunk->op_seq(),
+                      fmt::format("site {} gave it up: {}", from, std::string(chunk->payload())));
+    } else {
+      in.poison = fmt::format("a chunk has unknown op {}", op);
+    }
+  }
+  cv_.notify_all();
+}
+
+// ------------------------------------------------------------------------------------------
+// Links.
+
+std::string WanCore::Enqueue(int peer, OutItem item) {
+  Link& l = *links_[peer];
+  {
+    std::lock_guard<std::mutex> lk(l.mu);
+    if (!l.error.empty()) return l.error;
+    if (l.closing) return "the endpoint is shutting down";
+    if (l.emu) {
+      const size_t bytes = (item.lazy ? item.lazy_bytes : item.chunk->payload().size()) + 64;
+      item.arrive_s = l.emu->Send(NowSeconds(), bytes).arrive_s;
+    }
+    if (item.tracker) item.tracker->Add();
+    l.queue.push_back(std::move(item));
+  }
+  l.cv.notify_one();
+  return "";
+}
+
+void WanCore::EnqueueControl(int peer, uint32_t op, uint32_t tag, std::string payload,
+                             const std::shared_ptr<OpTracker>& tracker, uint64_t op_seq) {
+  auto c = std::make_unique<pb::Chunk>();
+  c->set_version(kWanProtocolVersion);
+  c->set_from_site(static_cast<uint32_t>(site_));
+  c->set_op(op);
+  c->set_tag(tag);
+  c->set_op_seq(op_seq);
+  *c->mutable_payload() = std::move(payload);
+  OutItem item;
+  item.chunk = std::move(c);
+  item.tracker = tracker;
+  std::string err = Enqueue(peer, std::move(item));
+  if (!err.empty())
+    LogDebug("wan site {}: control message to site {} dropped: {}", site_, peer, err);
+}
+
+Status WanCore::ConnectLink(Link* l, double deadline) {
+  std::string last = "no answer";
+  double backoff = 0.02;
+  bool fresh = true;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lk(l->mu);
+      if (l->closing) return Status::Unavailable("the endpoint is shutting down");
+    }
+    const double now = NowSeconds();
+    if (now >= deadline) {
+      return Status::Unavailable(fmt::format("{} did not answer within {} s (last: {})",
+                                             PeerName(l->peer), options_.timeout_s, last));
+    }
+    if (fresh) {
+      // A fresh channel for each failed attempt: gRPC's reconnect backoff of a failed channel
+      // grows to minutes; a peer that starts late should be found within ~100 ms.
+      l->channel = MakeChannel(l->address, security_, kMaxMessageBytes);
+      l->stub = pb::Transport::NewStub(l->channel);
+      fresh = false;
+    }
+    grpc::ClientContext ctx;
+    AddToken(&ctx, security_);
+    ctx.set_deadline(AtSecondsSystem(std::min(deadline, now + 2.0)));
+    pb::Probe req, resp;
+    req.set_version(kWanProtocolVersion);
+    req.set_from_site(static_cast<uint32_t>(site_));
+    grpc::Status s = l->stub->Ping(&ctx, req, &resp);
+    if (s.ok()) {
+      if (resp.version() != kWanProtocolVersion)
+        return Status::Unavailable(fmt::format("{} speaks protocol version {}, this site {}",
+                                               PeerName(l->peer), resp.version(),
+                                               kWanProtocolVersion));
+      if (resp.from_site() == static_cast<uint32_t>(l->peer)) break;
+      if (resp.from_site() != kUnconfigured)
+        return Status::InvalidArgument(
+            fmt::format("{} answered as site {}", PeerName(l->peer), resp.from_site()));
+      last = "it listens but has not called Connect";
+    } else if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+               s.error_code() == grpc::StatusCode::PERMISSION_DENIED ||
+               s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      return Status::Unavailable(
+          fmt::format("{} refused this site: {}", PeerName(l->peer), s.error_message()));
+    } else {
+      last = s.error_message();
+      fresh = true;
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+    backoff = std::min(backoff * 2, 0.2);
+  }
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  AddToken(ctx.get(), security_);
+  ctx->AddMetadata(kSiteHeader, std::to_string(site_));
+  grpc::ClientContext* raw = ctx.get();
+  {
+    std::lock_guard<std::mutex> lk(l->mu);
+    if (l->closing) return Status::Unavailable("the endpoint is shutting down");
+    l->ctx = std::move(ctx);
+  }
+  l->writer = l->stub->Stream(raw, &l->reply);
+  if (!l->writer)
+    return Status::Unavailable(fmt::format("cannot open a stream to {}", PeerName(l->peer)));
+  return Status::Ok();
+}
+
+std::string WanCore::WriteItem(Link* l, OutItem& item) {
+  pb::Chunk& c = *item.chunk;
+  if (item.lazy) {
+    std::lock_guard<std::mutex> lk(item.tracker->mu);
+    if (item.tracker->cancelled) return "";  // its send gave up; the buffer is gone
+    c.set_payload(item.lazy_src, item.lazy_bytes);
+    c.set_checksum(Hash64(item.lazy_src, item.lazy_bytes));
+  }
+  if (item.data) {
+    if (auto hook = ChunkHook()) (*hook)(site_, l->peer, c);
+  }
+  const size_t bytes = c.payload().size();
+  if (!l->writer->Write(c)) {
+    grpc::Status s = l->writer->Finish();
+    l->writer.reset();
+    return fmt::format("the stream to {} broke: {}", PeerName(l->peer),
+                       s.ok() ? "closed by the peer" : s.error_message());
+  }
+  if (item.data) bytes_sent_ += bytes;
+  return "";
+}
+
+void WanCore::SenderMain(Link* l, double deadline) {
+  Status st = ConnectLink(l, deadline);
+  std::unique_lock<std::mutex> lk(l->mu);
+  if (!st.ok()) l->error = st.message();
+  l->connected.set_value(st);
+  while (st.ok()) {
+    l->cv.wait(lk, [&] { return l->closing || !l->queue.empty(); });
+    if (l->closing) break;
+    if (l->queue.front().arrive_s > NowSeconds()) {
+      l->cv.wait_until(lk, AtSeconds(l->queue.front().arrive_s), [&] { return l->closing; });
+      continue;
+    }
+    OutItem item = std::move(l->queue.front());
+    l->queue.pop_front();
+    lk.unlock();
+    std::string err = WriteItem(l, item);
+    if (item.tracker) item.tracker->Done(err);
+    lk.lock();
+    if (!err.empty()) {
+      l->error = err;
+      LogDebug("wan site {}: {}", site_, err);
+      break;
+    }
+  }
+  std::deque<OutItem> rest = std::move(l->queue);
+  l->queue.clear();
+  const std::string why = l->error.empty() ? "the endpoint is shutting down" : l->error;
+  lk.unlock();
+  for (auto& item : rest)
+    if (item.tracker) item.tracker->Done(why);
+  if (l->writer) {
+    l->writer->WritesDone();
+    grpc::Status s = l->writer->Finish();
+    if (!s.ok())
+      LogDebug("wan site {}: the stream to site {} ended: {}", site_, l->peer, s.error_message());
+  }
+  lk.lock();
+  l->exited = true;
+  l->cv.notify_all();
+}
+
+// ------------------------------------------------------------------------------------------
+// Receiving.
+
+StatusOr<Received> WanCore::PopCollective(int peer, uint64_t seq,
+                                          const std::function<std::string()>& waiting_for) {
+  const double timeout = options_.timeout_s;
+  std::unique_lock<std::mutex> lk(mu_);
+  double deadline = NowSeconds() + timeout;
+  for (;;) {
+    if (auto a = aborts_.find(seq); a != aborts_.end()) return Status::Unavailable(a->second);
+    Inbox& in = inboxes_[peer];
+    while (!in.collective.empty() && in.collective.front().chunk->op_seq() < seq &&
+           failed_ops_.count(in.collective.front().chunk->op_seq()))
+      in.collective.pop_front();  // late chunks of an operation that failed here
+    if (!in.collective.empty()) {
+      Received r = std::move(in.collective.front());
+      in.collective.pop_front();
+      return r;
+    }
+    if (!in.poison.empty())
+      return Status::Corruption(fmt::format("{} is unusable: {}", PeerName(peer), in.poison));
+    if (in.ended)
+      return Status::Unavailable(fmt::format("{} is gone: {} (waiting for {})", PeerName(peer),
+                                             in.end_reason, waiting_for()));
+    if (shutting_down_) return Status::Unavailable("the endpoint is shutting down");
+    if (cv_.wait_until(lk, AtSeconds(deadline)) == std::cv_status::timeout &&
+        NowSeconds() >= deadline) {
+      return Status::Unavailable(fmt::format("timed out after {} s waiting for {} ({})", timeout,
+                                             PeerName(peer), waiting_for()));
+    }
+  }
+}
+
+StatusOr<Received> WanCore::PopMessage(int peer, uint32_t tag, uint64_t seq) {
+  const double timeout = options_.timeout_s;
+  std::unique_lock<std::mutex> lk(mu_);
+  const double deadline = NowSeconds() + timeout;
+  for (;;) {
+    Inbox& in = inboxes_[peer];
+    auto t = in.p2p.find(tag);
+    if (t != in.p2p.end()) {
+      auto s = t->second.slots.find(seq);
+      if (s != t->second.slots.end() && !s->second.empty()) {
+        Received r = std::move(s->second.front());
+        s->second.pop_front();
+        return r;
+      }
+    }
+    if (!in.poison.empty())
+      return Status::Corruption(fmt::format("{} is unusable: {}", PeerName(peer), in.poison));
+    if (in.ended)
+      return Status::Unavailable(fmt::format("{} is gone: {}", PeerName(peer), in.end_reason));
+    if (shutting_down_) return Status::Unavailable("the endpoint is shutting down");
+    if (cv_.wait_until(lk, AtSeconds(deadline)) == std::cv_status::timeout &&
+        NowSeconds() >= deadline) {
+      return Status::Unavailable(
+          fmt::format("timed out after {} s: no data from {}", timeout, PeerName(peer)));
+    }
+  }
+}
+
+void WanCore::EraseMessage(int peer, uint32_t tag, uint64_t seq) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto t = inboxes_[peer].p2p.find(tag);
+  if (t != inboxes_[peer].p2p.end()) t->second.slots.erase(seq);
+}
+
+Status WanCore::WaitSent(OpTracker& t, int peer) {
+  const double timeout = options_.timeout_s;
+  std::unique_lock<std::mutex> lk(t.mu);
+  int last = t.pending;
+  double deadline = NowSeconds() + timeout;
+  while (t.pending > 0 && t.error.empty()) {
+    t.cv.wait_until(lk, AtSeconds(deadline));
+    if (t.pending < last) {
+      last = t.pending;
+      deadline = NowSeconds() + timeout;
+    } else if (NowSeconds() >= deadline && t.pending > 0 && t.error.empty()) {
+      return Status::Unavailable(fmt::format(
+          "timed out after {} s sending to {}: {} chunks not written (the link is stalled or the "
+          "peer does not read)",
+          timeout, PeerName(peer), t.pending));
+    }
+  }
+  if (!t.error.empty()) return Status::Unavailable(t.error);
+  return Status::Ok();
+}
+
+void WanCore::FailOp(uint64_t seq, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    failed_ops_.insert(seq);
+    if (aborts_.count(seq)) return;  // a peer gave it up first; it told everyone
+  }
+  for (int p = 0; p < n_; ++p)
+    if (p != site_) EnqueueControl(p, kWanOpAbort, 0, why, nullptr, seq);
+}
+
+std::string WanCore::IncomingState(int p) const {
+  const Inbox& in = inboxes_[p];
+  std::string s;
+  if (!in.connected)
+    s = "it never opened its stream to this site";
+  else if (in.ended)
+    s = fmt::format("its stream ended: {}", in.end_reason);
+  else if (!in.poison.empty())
+    s = fmt::format("it sent a bad chunk: {}", in.poison);
+  else
+    s = "its stream is open but it did not answer";
+  if (!in.refused.empty())
+    s += fmt::format("; a stream claiming to be it was refused: {}", in.refused);
+  return s;
+}
+
+// ------------------------------------------------------------------------------------------
+// Connect.
+
+StatusOr<std::vector<std::string>> WanCore::Exchange(uint32_t kind, const std::string& payload,
+                                                     double deadline) {
+  for (int p = 0; p < n_; ++p)
+    if (p != site_) EnqueueControl(p, kWanOpInfo, kind, payload);
+  std::unique_lock<std::mutex> lk(mu_);
+  std::vector<std::string> out(n_);
+  for (;;) {
+    std::vector<int> missing;
+    for (int p = 0; p < n_; ++p) {
+      if (p == site_) continue;
+      const Inbox& in = inboxes_[p];
+      if (in.infos.count(kind)) continue;
+      if (!in.poison.empty() || in.ended)
+        return Status::Unavailable(fmt::format("{}: {}", PeerName(p), IncomingState(p)));
+      missing.push_back(p);
+    }
+    if (missing.empty()) break;
+    if (shutting_down_) return Status::Unavailable("the endpoint is shutting down");
+    if (cv_.wait_until(lk, AtSeconds(deadline)) == std::cv_status::timeout &&
+        NowSeconds() >= deadline) {
+      std::string what;
+      for (int p : missing)
+        what += fmt::format("{}{}: {}", what.empty() ? "" : "; ", PeerName(p), IncomingState(p));
+      return Status::Unavailable(
+          fmt::format("not connected within {} s: {}", options_.timeout_s, what));
+    }
+  }
+  for (int p = 0; p < n_; ++p)
+    if (p != site_) out[p] = inboxes_[p].infos[kind];
+  return out;
+}
+
+Status WanCore::MeasureLinks(double deadline, std::vector<double>* bw_in,
+                             std::vector<double>* rtt) {
+  auto tracker = std::make_shared<OpTracker>();
+  for (int p = 0; p < n_; ++p) {
+    if (p == site_) continue;
+    for (int i = 0; i < kWanProbeChunks; ++i)
+      EnqueueControl(p, kWanOpProbe, static_cast<uint32_t>(i), std::string(kWanProbeBytes, '\0'),
+                     tracker);
+  }
+  // Our bursts have left and every peer's burst has arrived: the links are quiet for the pings.
+  ATOLL_RETURN_IF_ERROR(WaitSent(*tracker, site_ == 0 ? 1 : 0));
+  std::unique_lock<std::mutex> lk(mu_);
+  auto all = [&](auto pred) {
+    for (int p = 0; p < n_; ++p)
+      if (p != site_ && !pred(inboxes_[p])) return false;
+    return true;
+  };
+  auto wait = [&](auto pred, const char* what) -> Status {
+    if (!cv_.wait_until(lk, AtSeconds(deadline), [&] { return shutting_down_ || all(pred); }))
+      return Status::Unavailable(fmt::format(
+          "measuring the links: no {} from every site within {} s", what, options_.timeout_s));
+    if (shutting_down_) return Status::Unavailable("the endpoint is shutting down");
+    return Status::Ok();
+  };
+  ATOLL_RETURN_IF_ERROR(
+      wait([](const Inbox& in) { return in.probe_arrivals.size() >= size_t(kWanProbeChunks); },
+           "bandwidth probe"));
+  bw_in->assign(n_, 0);
+  rtt->assign(n_, 1e9);
+  for (int p = 0; p < n_; ++p) {
+    if (p == site_) continue;
+    const auto& t = inboxes_[p].probe_arrivals;
+    const double dt = t[kWanProbeChunks - 1] - t[0];
+    (*bw_in)[p] = dt > 0 ? double(kWanProbeBytes) * (kWanProbeChunks - 1) / dt : 1e12;
+  }
+  for (uint32_t r = 0; r < kPingRounds; ++r) {
+    lk.unlock();
+    const double t0 = NowSeconds();
+    for (int p = 0; p < n_; ++p)
+      if (p != site_) EnqueueControl(p, kWanOpPing, r, "");
+    lk.lock();
+    ATOLL_RETURN_IF_ERROR(wait([r](const Inbox& in) { return in.pongs.count(r) > 0; }, "pong"));
+    for (int p = 0; p < n_; ++p)
+      if (p != site_) (*rtt)[p] = std::min((*rtt)[p], inboxes_[p].pongs[r] - t0);
+  }
+  return Status::Ok();
+}
+
+// Measured values on a coarse grid, so that links alike measure alike and the tie-breaks
+// (latency, then order) decide between them: bandwidth in steps of 2^(1/4), latency 0.5 ms.
+double QuantizeBandwidth(double bw) {
+  if (!(bw > 0)) return 0;
+  return std::exp2(std::round(std::log2(bw) * 4) / 4);
+}
+double QuantizeLatency(double s) { return std::round(std::max(s, 0.0) * 2000) / 2000; }
+
+StatusOr<std::unique_ptr<Communicator>> MakeCommunicator(std::shared_ptr<WanCore> core,
+                                                         std::vector<int> ring);
+
+StatusOr<std::unique_ptr<Communicator>> WanCore::Connect(const WanOptions& o) {
+  const std::string prefix = fmt::format("site {}: connect", o.site);
+  auto bad = [&](std::string what) {
+    return Status::InvalidArgument(fmt::format("{}: {}", prefix, what));
+  };
+  const int n = static_cast<int>(o.peers.size());
+  if (n < 1) return bad("no peers (the list must hold every site, this one included)");
+  if (o.site < 0 || o.site >= n)
+    return bad(fmt::format("site {} is not one of the {} peers", o.site, n));
+  for (int p = 0; p < n; ++p) {
+    if (o.peers[p].site != p)
+      return bad(
+          fmt::format("peers must be ordered by site: entry {} is site {}", p, o.peers[p].site));
+    if (p != o.site && o.peers[p].address.empty())
+      return bad(fmt::format("site {} has no address", p));
+  }
+  if (o.chunk_bytes < 1 || o.chunk_bytes > kWanMaxChunkBytes)
+    return bad(fmt::format("chunk_bytes {} must be in 1..{}", o.chunk_bytes, kWanMaxChunkBytes));
+  if (!(o.timeout_s > 0) || !std::isfinite(o.timeout_s))
+    return bad(fmt::format("timeout_s {} must be a finite number > 0", o.timeout_s));
+  std::vector<std::optional<LinkProfile>> profiles(n);
+  if (o.link) {
+    for (int p = 0; p < n; ++p) {
+      if (p == o.site) continue;
+      LinkProfile lp = o.link(o.site, p);
+      if (std::string e = ValidateLink(lp); !e.empty())
+        return bad(fmt::format("link {} -> {}: {}", o.site, p, e));
+      if (lp.latency_ms > 0 || lp.bandwidth_mbps > 0 || lp.jitter_ms > 0) profiles[p] = lp;
+    }
+  }
+  const double deadline = NowSeconds() + o.timeout_s;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (connect_called_) return Status::InvalidArgument(prefix + ": Connect was already called");
+    connect_called_ = true;
+    site_ = o.site;
+    n_ = n;
+    options_ = o;
+    inboxes_ = std::vector<Inbox>(n);
+    for (auto& [s, why] : early_refusals_)
+      if (s < n && s != site_) inboxes_[s].refused = why;
+    links_.resize(n);
+    for (int p = 0; p < n; ++p) {
+      if (p == site_) continue;
+      auto l = std::make_unique<Link>();
+      l->peer = p;
+      l->address = o.peers[p].address;
+      if (profiles[p]) l->emu.emplace(*profiles[p], o.seed, (uint64_t(site_) << 32) | uint64_t(p));
+      links_[p] = std::move(l);
+    }
+    configured_ = true;
+  }
+  cv_.notify_all();
+  for (int p = 0; p < n; ++p) {
+    if (p == site_) continue;
+    Link* l = links_[p].get();
+    l->thread = std::thread([this, l, deadline] { SenderMain(l, deadline); });
+  }
+  for (int p = 0; p < n; ++p) {
+    if (p == site_) continue;
+    Status s = links_[p]->connected.get_future().get();
+    if (!s.ok()) return s.WithContext(prefix);
+  }
+  auto hello = Exchange(kExchangeHello, "", deadline);
+  if (!hello.ok()) return hello.status().WithContext(prefix);
+
+  std::vector<int> ring(n);
+  for (int i = 0; i < n; ++i) ring[i] = i;
+  std::string mine;
+  const bool measure = o.choose_ring && n >= 3;
+  if (measure) {
+    std::vector<double> bw_in, rtt;
+    Status s = MeasureLinks(deadline, &bw_in, &rtt);
+    if (!s.ok()) return s.WithContext(prefix);
+    // Row of this site: for each j, the bandwidth j -> this site and the latency this -> j.
+    mine.resize(sizeof(double) * 2 * n);
+    for (int j = 0; j < n; ++j) {
+      const double v[2] = {bw_in[j], j == site_ ? 0.0 : rtt[j] / 2};
+      std::memcpy(mine.data() + sizeof(double) * 2 * j, v, sizeof(v));
+    }
+  }
+  auto ready = Exchange(kExchangeReady, mine, deadline);
+  if (!ready.ok()) return ready.status().WithContext(prefix);
+  if (measure) {
+    (*ready)[site_] = mine;
+    std::vector<std::vector<double>> bw(n, std::vector<double>(n, 0)),
+        lat(n, std::vector<double>(n, 0));
+    for (int i = 0; i < n; ++i) {
+      const std::string& row = (*ready)[i];
+      if (row.size() != sizeof(double) * 2 * n)
+        return Status::Corruption(fmt::format("{}: {} sent link measurements of {} bytes", prefix,
+                                              PeerName(i), row.size()));
+      for (int j = 0; j < n; ++j) {
+        double v[2];
+        std::memcpy(v, row.data() + sizeof(double) * 2 * j, sizeof(v));
+        bw[j][i] = i == j ? 0 : QuantizeBandwidth(v[0]);
+        lat[i][j] = i == j ? 0 : QuantizeLatency(v[1]);
+      }
+    }
+    ring = ChooseRing(bw, lat);
+    std::string desc;
+    for (int i = 0; i < n; ++i) {
+      const int a = ring[i], b = ring[(i + 1) % n];
+      desc += fmt::format("{}{} -> {} {:.0f} Mbit/s {:.1f} ms", i ? ", " : "", a, b,
+                          bw[a][b] * 8e-6, lat[a][b] * 1e3);
+    }
+    LogDebug("wan site {}: ring {}", site_, desc);
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ring_ = ring;
+  }
+  return MakeCommunicator(shared_from_this(), ring);
+}
+
+Status WanCore::Listen(const std::string& address) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, ServerCredentials(security_), &port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.RegisterService(&service_);
+  server_ = builder.BuildAndStart();
+  if (!server_ || port == 0)
+    return Status::Unavailable(fmt::format("wan: cannot listen on {}", address));
+  const size_t colon = address.rfind(':');
+  address_ = fmt::format("{}:{}", address.substr(0, colon), port);
+  return Status::Ok();
+}
+
+WanCore::~WanCore() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    shutting_down_ = true;
+  }
+  cv_.notify_all();
+  for (auto& l : links_) {
+    if (!l) continue;
+    std::lock_guard<std::mutex> lk(l->mu);
+    l->closing = true;
+    l->cv.notify_all();
+  }
+  // Each stream gets a moment to finish cleanly; then it is cancelled.
+  const double grace = NowSeconds() + 2.0;
+  for (auto& l : links_) {
+    if (!l || !l->thread.joinable()) continue;
+    {
+      std::unique_lock<std::mutex> lk(l->mu);
+      if (!l->cv.wait_until(lk, AtSeconds(grace), [&] { return l->exited; }) && l->ctx)
+        l->ctx->TryCancel();
+    }
+    l->thread.join();
+  }
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// The communicator.
+
+// Wraps a handle so that the caller's blocking time counts in the stats.
+class TimedWait final : public CommHandle::Pending {
+ public:
+  TimedWait(std::shared_ptr<WanCore> core, CommHandle inner)
+      : core_(std::move(core)), inner_(std::move(inner)) {}
+  Status Wait() override {
+    const double t0 = NowSeconds();
+    Status s = inner_.Wait();
+    core_->AddSeconds(NowSeconds() - t0);
+    return s;
+  }
+
+ private:
+  std::shared_ptr<WanCore> core_;
+  CommHandle inner_;
+};
+
+class SendWait final : public CommHandle::Pending {
+ public:
+  SendWait(std::shared_ptr<WanCore> core, std::shared_ptr<OpTracker> tracker, int dest,
+           std::string prefix)
+      : core_(std::move(core)),
+        tracker_(std::move(tracker)),
+        dest_(dest),
+        prefix_(std::move(prefix)) {}
+  Status Wait() override {
+    Status s = core_->WaitSent(*tracker_, dest_);
+    if (!s.ok()) {
+      tracker_->Cancel();
+      return s.WithContext(prefix_);
+    }
+    return s;
+  }
+
+ private:
+  std::shared_ptr<WanCore> core_;
+  std::shared_ptr<OpTracker> tracker_;
+  int dest_;
+  std::string prefix_;
+};
+
+class RecvWait final : public CommHandle::Pending {
+ public:
+  RecvWait(std::shared_ptr<WanCore> core, void* data, size_t count, DType dtype, int source,
+           int tag, uint64_t seq, std::string prefix)
+      : core_(std::move(core)),
+        data_(static_cast<char*>(data)),
+        count_(count),
+        dtype_(dtype),
+        source_(source),
+        tag_(tag),
+        seq_(seq),
+        prefix_(std::move(prefix)) {}
+  Status Wait() override {
+    Status s = Receive();
+    core_->EraseMessage(source_, static_cast<uint32_t>(tag_), seq_);
+    return s.ok() ? s : s.WithContext(prefix_);
+  }
+
+ private:
+  Status Receive() {
+    const size_t es = DTypeSize(dtype_);
+    std::vector<Received> parts;
+    size_t got = 0;
+    do {
+      ATOLL_ASSIGN_OR_RETURN(Received r, core_->PopMessage(source_, uint32_t(tag_), seq_));
+      const pb::Chunk& c = *r.chunk;
+      std::string bad;
+      if (c.op_seq() != seq_)
+        bad = fmt::format("op_seq {}, expected message {} on tag {}", c.op_seq(), seq_, tag_);
+      else if (c.dtype() != uint32_t(dtype_))
+        bad = fmt::format("dtype {}, expected {}", DTypeNameOf(c.dtype()), DTypeName(dtype_));
+      else if (c.total() != count_)
+        bad = fmt::format("the message has {} elements", c.total());
+      else if (c.offset() != got || c.count() > count_ - got)
+        bad = fmt::format("elements {}..{}, expected the next from {} of {}", c.offset(),
+                          c.offset() + c.count(), got, count_);
+      else if (c.payload().size() != c.count() * es)
+        bad = fmt::format("a payload of {} bytes for {} elements", c.payload().size(), c.count());
+      else if (r.hash != c.checksum())
+        bad = fmt::format("checksum mismatch (payload XXH3 {}, the chunk says {})",
+                          HashToHex(r.hash), HashToHex(c.checksum()));
+      if (!bad.empty())
+        return Status::Corruption(
+            fmt::format("bad chunk from {}: {}", core_->PeerName(source_), bad));
+      got += c.count();
+      core_->CountReceived(c.payload().size());
+      parts.push_back(std::move(r));
+    } while (got < count_);
+    for (const Received& r : parts)
+      std::memcpy(data_ + r.chunk->offset() * es, r.chunk->payload().data(),
+                  r.chunk->payload().size());
+    return Status::Ok();
+  }
+
+  std::shared_ptr<WanCore> core_;
+  char* data_;
+  size_t count_;
+  DType dtype_;
+  int source_, tag_;
+  uint64_t seq_;
+  std::string prefix_;
+};
+
+class WanCommunicator final : public Communicator {
+ public:
+  WanCommunicator(std::shared_ptr<WanCore> core, std::vector<int> ring)
+      : core_(std::move(core)), rank_(core_->site()), n_(core_->sites()), ring_(std::move(ring)) {
+    for (int i = 0; i < n_; ++i)
+      if (ring_[i] == rank_) pos_ = i;
+    next_ = ring_[(pos_ + 1) % n_];
+    prev_ = ring_[(pos_ + n_ - 1) % n_];
+    chunk_bytes_ = core_->options().chunk_bytes;
+  }
+  ~WanCommunicator() override { worker_.reset(); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return n_; }
+  std::string label() const override { return fmt::format("site {}", rank_); }
+
+  CommHandle IAllReduce(void* data, size_t count, DType dtype) override {
+    return Start(CommOp::kAllReduce, count, dtype, -1, count,
+                 [=, this](const OpInfo& o) { return RunAllReduce(o, data); });
+  }
+  CommHandle IReduceScatter(const void* send, void* recv, size_t count, DType dtype) override {
+    return Start(CommOp::kReduceScatter, count, dtype, -1, count * n_,
+                 [=, this](const OpInfo& o) { return RunReduceScatter(o, send, recv, count); });
+  }
+  CommHandle IAllGather(const void* send, void* recv, size_t count, DType dtype) override {
+    return Start(CommOp::kAllGather, count, dtype, -1, count * n_,
+                 [=, this](const OpInfo& o) { return RunAllGather(o, send, recv, count); });
+  }
+  CommHandle IBroadcast(void* data, size_t count, DType dtype, int root) override {
+    return Start(CommOp::kBroadcast, count, dtype, root, count,
+                 [=, this](const OpInfo& o) { return RunBroadcast(o, data); });
+  }
+  CommHandle IBarrier() override {
+    return Start(CommOp::kBarrier, 0, DType::kByte, -1, 0,
+                 [this](const OpInfo& o) { return RunBarrier(o); });
+  }
+  CommHandle ISend(const void* data, size_t count, DType dtype, int dest, int tag) override;
+  CommHandle IRecv(void* data, size_t count, DType dtype, int source, int tag) override;
+  StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override {
+    return Status::InvalidArgument(
+        fmt::format("{}: split: the WAN transport has no sub-groups", label()));
+  }
+
+ private:
+  CommHandle Start(CommOp op, size_t count, DType dtype, int root, size_t total,
+                   std::function<Status(const OpInfo&)> run) {
+    Status s = CheckArgs(op, count, dtype, root);
+    if (!s.ok()) return CommHandle::Done(s);
+    core_->CountOp();
+    OpInfo o{op, next_seq_++, dtype, total, root, ErrorPrefix(op, count, dtype, root)};
+    if (!worker_) worker_ = std::make_unique<CollectiveThread>();
+    CommHandle h = worker_->Run(
+        [this, o, run = std::move(run)] {
+          Status st = run(o);
+          if (st.ok()) return st;
+          core_->FailOp(o.seq, st.message());
+          return st.WithContext(o.prefix);
+        },
+        0, o.prefix);
+    return CommHandle(std::make_unique<TimedWait>(core_, std::move(h)));
+  }
+
+  uint8_t* Staging(size_t bytes) {
+    if (bytes > staging_cap_) {
+      staging_.reset(new uint8_t[bytes]);
+      staging_cap_ = bytes;
+    }
+    return staging_.get();
+  }
+  size_t ChunkElems(DType t) const { return std::max<size_t>(1, chunk_bytes_ / DTypeSize(t)); }
+  // Block b of a buffer of `total` elements split into n_ nearly equal blocks.
+  size_t BlockBegin(size_t total, int b) const {
+    return size_t(b) * (total / n_) + std::min<size_t>(size_t(b), total % n_);
+  }
+
+  Status SendChunk(const OpInfo& o, int peer, uint32_t step, const uint8_t* src, size_t off,
+                   size_t cnt, const std::shared_ptr<OpTracker>& tracker,
+                   std::optional<uint64_t> hash = std::nullopt) {
+    const size_t bytes = cnt * DTypeSize(o.dtype);
+    auto c = std::make_unique<pb::Chunk>();
+    c->set_version(kWanProtocolVersion);
+    c->set_from_site(uint32_t(rank_));
+    c->set_op_seq(o.seq);
+    c->set_op(uint32_t(o.op));
+    c->set_dtype(uint32_t(o.dtype));
+    c->set_offset(off);
+    c->set_count(cnt);
+    c->set_total(o.total);
+    c->set_tag(step);
+    c->set_root(o.root < 0 ? 0 : uint32_t(o.root));
+    c->set_payload(reinterpret_cast<const char*>(src), bytes);
+    c->set_checksum(hash ? *hash : Hash64(src, bytes));
+    OutItem item;
+    item.chunk = std::move(c);
+    item.tracker = tracker;
+    item.data = true;
+    std::string err = core_->Enqueue(peer, std::move(item));
+    if (!err.empty()) return Status::Unavailable(err);
+    return Status::Ok();
+  }
+
+  // The next chunk of `o` from `peer`, checked against what this site expects.
+  StatusOr<Received> Expect(const OpInfo& o, int peer, uint32_t step, size_t off, size_t cnt) {
+    ATOLL_ASSIGN_OR_RETURN(Received r, core_->PopCollective(peer, o.seq, [&] {
+      return fmt::format("ring step {}, elements {}..{}", step, off, off + cnt);
+    }));
+    const pb::Chunk& c = *r.chunk;
+    const size_t es = DTypeSize(o.dtype);
+    const uint32_t root = o.root < 0 ? 0 : uint32_t(o.root);
+    std::string bad;
+    if (c.op_seq() != o.seq)
+      bad = fmt::format("op_seq {}, expected {} (a chunk of another operation)", c.op_seq(), o.seq);
+    else if (c.op() != uint32_t(o.op))
+      bad = fmt::format(
+          "it is part of {} where this site runs {} (collectives must be called in "
+          "the same order on every site)",
+          OpName(c.op()), CommOpName(o.op));
+    else if (c.dtype() != uint32_t(o.dtype))
+      bad = fmt::format("dtype {}, expected {}", DTypeNameOf(c.dtype()), DTypeName(o.dtype));
+    else if (c.total() != o.total)
+      bad = fmt::format("the operation has {} elements there, {} here", c.total(), o.total);
+    else if (c.root() != root)
+      bad = fmt::format("root {} there, {} here", c.root(), root);
+    else if (c.tag() != step)
+      bad = fmt::format("ring step {}, expected {}", c.tag(), step);
+    else if (c.offset() > o.total || c.count() > o.total - c.offset())
+      bad = fmt::format("elements {}..{} lie outside the buffer of {}", c.offset(),
+                        c.offset() + c.count(), o.total);
+    else if (c.offset() != off || c.count() != cnt)
+      bad = fmt::format("elements {}..{}, expected {}..{}", c.offset(), c.offset() + c.count(), off,
+                        off + cnt);
+    else if (c.payload().size() != cnt * es)
+      bad = fmt::format("a payload of {} bytes for {} elements", c.payload().size(), cnt);
+    else if (r.hash != c.checksum())
+      bad = fmt::format("checksum mismatch (payload XXH3 {}, the chunk says {})", HashToHex(r.hash),
+                        HashToHex(c.checksum()));
+    if (!bad.empty())
+      return Status::Corruption(fmt::format("bad chunk from {}: {}", core_->PeerName(peer), bad));
+    core_->CountReceived(c.payload().size());
+    return r;
+  }
+
+  // The ring: reduce-scatter steps (rs), then all-gather steps (ag), chunk by chunk, on `buf`
+  // in place. Ring position j holds block ring_[j - 1] of the buffer, so that after the
+  // reduce-scatter every site holds its own block (rank order), as all-gather starts from.
+  Status Ring(const OpInfo& o, uint8_t* buf, bool rs, bool ag,
+              const std::shared_ptr<OpTracker>& tracker) {
+    const size_t es = DTypeSize(o.dtype), ce = ChunkElems(o.dtype);
+    auto segment = [&](int j) {
+      const int b = ring_[(((j - 1) % n_) + n_) % n_];
+      return std::pair<size_t, size_t>(BlockBegin(o.total, b), BlockBegin(o.total, b + 1));
+    };
+    const int rs_steps = rs ? n_ - 1 : 0, steps = rs_steps + (ag ? n_ - 1 : 0);
+    {
+      auto [lo, hi] = segment(rs ? pos_ : pos_ + 1);
+      for (size_t off = lo; off < hi; off += ce)
+        ATOLL_RETURN_IF_ERROR(
+            SendChunk(o, next_, 0, buf + off * es, off, std::min(ce, hi - off), tracker));
+    }
+    for (int s = 0; s < steps; ++s) {
+      const bool reduce = s < rs_steps;
+      const int k = reduce ? s : s - rs_steps;
+      auto [lo, hi] = segment(reduce ? pos_ - k - 1 : pos_ - k);
+      for (size_t off = lo; off < hi; off += ce) {
+        const size_t cnt = std::min(ce, hi - off);
+        ATOLL_ASSIGN_OR_RETURN(Received r, Expect(o, prev_, uint32_t(s), off, cnt));
+        const std::string& p = r.chunk->payload();
+        if (reduce)
+          Accumulate(o.dtype, buf + off * es, p.data(), cnt);
+        else
+          std::memcpy(buf + off * es, p.data(), p.size());
+        if (s + 1 < steps)
+          ATOLL_RETURN_IF_ERROR(SendChunk(o, next_, uint32_t(s + 1), buf + off * es, off, cnt,
+                                          tracker,
+                                          reduce ? std::nullopt : std::optional<uint64_t>(r.hash)));
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status RunAllReduce(const OpInfo& o, void* data) {
+    if (n_ == 1 || o.total == 0) return Status::Ok();
+    const size_t bytes = o.total * DTypeSize(o.dtype);
+    uint8_t* buf = Staging(bytes);
+    std::memcpy(buf, data, bytes);
+    auto tracker = std::make_shared<OpTracker>();
+    ATOLL_RETURN_IF_ERROR(Ring(o, buf, true, true, tracker));
+    ATOLL_RETURN_IF_ERROR(core_->WaitSent(*tracker, next_));
+    std::memcpy(data, buf, bytes);
+    return Status::Ok();
+  }
+
+  Status RunReduceScatter(const OpInfo& o, const void* send, void* recv, size_t count) {
+    const size_t es = DTypeSize(o.dtype);
+    if (n_ == 1 || count == 0) {
+      if (count) std::memcpy(recv, send, count * es);
+      return Status::Ok();
+    }
+    uint8_t* buf = Staging(o.total * es);
+    std::memcpy(buf, send, o.total * es);
+    auto tracker = std::make_shared<OpTracker>();
+    ATOLL_RETURN_IF_ERROR(Ring(o, buf, true, false, tracker));
+    ATOLL_RETURN_IF_ERROR(core_->WaitSent(*tracker, next_));
+    std::memcpy(recv, buf + BlockBegin(o.total, rank_) * es, count * es);
+    return Status::Ok();
+  }
+
+  Status RunAllGather(const OpInfo& o, const void* send, void* recv, size_t count) {
+    const size_t es = DTypeSize(o.dtype);
+    if (n_ == 1 || count == 0) {
+      if (count) std::memcpy(recv, send, count * es);
+      return Status::Ok();
+    }
+    uint8_t* buf = Staging(o.total * es);
+    std::memcpy(buf + BlockBegin(o.total, rank_) * es, send, count * es);
+    auto tracker = std::make_shared<OpTracker>();
+    ATOLL_RETURN_IF_ERROR(Ring(o, buf, false, true, tracker));
+    ATOLL_RETURN_IF_ERROR(core_->WaitSent(*tracker, next_));
+    std::memcpy(recv, buf, o.total * es);
+    return Status::Ok();
+  }
+
+  // Pipelined along the ring from the root: each chunk is forwarded as soon as it arrives.
+  Status RunBroadcast(const OpInfo& o, void* data) {
+    if (n_ == 1 || o.total == 0) return Status::Ok();
+    const size_t es = DTypeSize(o.dtype), ce = ChunkElems(o.dtype);
+    int root_pos = 0;
+    for (int i = 0; i < n_; ++i)
+      if (ring_[i] == o.root) root_pos = i;
+    const int d = (pos_ - root_pos + n_) % n_;
+    auto tracker = std::make_shared<OpTracker>();
+    auto* bytes = static_cast<uint8_t*>(data);
+    if (d == 0) {
+      for (size_t off = 0; off < o.total; off += ce)
+        ATOLL_RETURN_IF_ERROR(
+            SendChunk(o, next_, 0, bytes + off * es, off, std::min(ce, o.total - off), tracker));
+    } else {
+      std::vector<Received> parts;
+      for (size_t off = 0; off < o.total; off += ce) {
+        const size_t cnt = std::min(ce, o.total - off);
+        ATOLL_ASSIGN_OR_RETURN(Received r, Expect(o, prev_, 0, off, cnt));
+        if (d < n_ - 1) {
+          auto fwd = std::make_unique<pb::Chunk>(*r.chunk);
+          fwd->set_from_site(uint32_t(rank_));
+          OutItem item;
+          item.chunk = std::move(fwd);
+          item.tracker = tracker;
+          item.data = true;
+          if (std::string err = core_->Enqueue(next_, std::move(item)); !err.empty())
+            return Status::Unavailable(err);
+        }
+        parts.push_back(std::move(r));
+      }
+      ATOLL_RETURN_IF_ERROR(core_->WaitSent(*tracker, next_));
+      for (const Received& r : parts)
+        std::memcpy(bytes + r.chunk->offset() * es, r.chunk->payload().data(),
+                    r.chunk->payload().size());
+      return Status::Ok();
+    }
+    return core_->WaitSent(*tracker, next_);
+  }
+
+  // A token around the ring n - 1 times: when a site has seen n - 1 tokens, every site entered.
+  Status RunBarrier(const OpInfo& o) {
+    if (n_ == 1) return Status::Ok();
+    auto tracker = std::make_shared<OpTracker>();
+    ATOLL_RETURN_IF_ERROR(SendChunk(o, next_, 0, nullptr, 0, 0, tracker));
+    for (int k = 0; k < n_ - 1; ++k) {
+      ATOLL_RETURN_IF_ERROR(Expect(o, prev_, uint32_t(k), 0, 0).status());
+      if (k + 1 < n_ - 1)
+        ATOLL_RETURN_IF_ERROR(SendChunk(o, next_, uint32_t(k + 1), nullptr, 0, 0, tracker));
+    }
+    return core_->WaitSent(*tracker, next_);
+  }
+
+  std::shared_ptr<WanCore> core_;
+  const int rank_, n_;
+  const std::vector<int> ring_;
+  int pos_ = 0, next_ = 0, prev_ = 0;
+  size_t chunk_bytes_ = 1 << 20;
+  uint64_t next_seq_ = 1;
+  std::map<std::pair<int, int>, uint64_t> send_seq_, recv_seq_;
+  std::unique_ptr<uint8_t[]> staging_;  // the worker's
+  size_t staging_cap_ = 0;
+  std::unique_ptr<CollectiveThread> worker_;  // last: joined first
+};
+
+CommHandle WanCommunicator::ISend(const void* data, size_t count, DType dtype, int dest, int tag) {
+  Status s = CheckArgs(CommOp::kSend, count, dtype, dest, tag);
+  if (!s.ok()) return CommHandle::Done(s);
+  core_->CountOp();
+  const std::string prefix = ErrorPrefix(CommOp::kSend, count, dtype, dest, tag);
+  const uint64_t seq = ++send_seq_[{dest, tag}];
+  const size_t es = DTypeSize(dtype), ce = ChunkElems(dtype);
+  const char* src = static_cast<const char*>(data);
+  auto tracker = std::make_shared<OpTracker>();
+  size_t off = 0;
+  do {
+    const size_t cnt = std::min(ce, count - off);
+    auto c = std::make_unique<pb::Chunk>();
+    c->set_version(kWanProtocolVersion);
+    c->set_from_site(uint32_t(rank_));
+    c->set_op_seq(seq);
+    c->set_op(uint32_t(CommOp::kSend));
+    c->set_dtype(uint32_t(dtype));
+    c->set_offset(off);
+    c->set_count(cnt);
+    c->set_total(count);
+    c->set_tag(uint32_t(tag));
+    if (dest == rank_) {  // to ourselves: straight into the inbox
+      c->set_payload(src + off * es, cnt * es);
+      c->set_checksum(Hash64(src + off * es, cnt * es));
+      core_->Dispatch(rank_, std::move(c), NowSeconds());
+    } else {
+      OutItem item;
+      item.chunk = std::move(c);
+      item.lazy = true;
+      item.lazy_src = src + off * es;
+      item.lazy_bytes = cnt * es;
+      item.tracker = tracker;
+      item.data = true;
+      if (std::string err = core_->Enqueue(dest, std::move(item)); !err.empty()) {
+        tracker->Cancel();
+        return CommHandle::Done(Status::Unavailable(fmt::format("{}: {}", prefix, err)));
+      }
+    }
+    off += cnt;
+  } while (off < count);
+  return CommHandle(std::make_unique<TimedWait>(
+      core_, CommHandle(std::make_unique<SendWait>(core_, tracker, dest, prefix))));
+}
+
+CommHandle WanCommunicator::IRecv(void* data, size_t count, DType dtype, int source, int tag) {
+  Status s = CheckArgs(CommOp::kRecv, count, dtype, source, tag);
+  if (!s.ok()) return CommHandle::Done(s);
+  core_->CountOp();
+  const uint64_t seq = ++recv_seq_[{source, tag}];
+  return CommHandle(std::make_unique<TimedWait>(
+      core_, CommHandle(std::make_unique<RecvWait>(
+                 core_, data, count, dtype, source, tag, seq,
+                 ErrorPrefix(CommOp::kRecv, count, dtype, source, tag)))));
+}
+
+StatusOr<std::unique_ptr<Communicator>> MakeCommunicator(std::shared_ptr<WanCore> core,
+                                                         std::vector<int> ring) {
+  return std::unique_ptr<Communicator>(new WanCommunicator(std::move(core), std::move(ring)));
+}
+
+class WanEndpointImpl final : public WanEndpoint {
+ public:
+  explicit WanEndpointImpl(std::shared_ptr<WanCore> core) : core_(std::move(core)) {}
+  std::string address() const override { return core_->address(); }
+  StatusOr<std::unique_ptr<Communicator>> Connect(const WanOptions& options) override {
+    return core_->Connect(options);
+  }
+  std::vector<int> ring() const override { return core_->ring(); }
+  WanStats stats() const override { return core_->stats(); }
+
+ private:
+  std::shared_ptr<WanCore> core_;
+};
+
+}  // namespace
+
+void SetWanChunkHookForTesting(WanChunkHook hook) {
+  std::lock_guard<std::mutex> lk(g_hook_mu);
+  g_hook = hook ? std::make_shared<const WanChunkHook>(std::move(hook)) : nullptr;
+  g_hook_set.store(g_hook != nullptr);
+}
+
+StatusOr<std::unique_ptr<WanEndpoint>> WanEndpoint::Listen(const std::string& address,
+                                                           const WorldSecurity& security) {
+  auto core = std::make_shared<WanCore>(security);
+  ATOLL_RETURN_IF_ERROR(core->Listen(address));
+  return std::unique_ptr<WanEndpoint>(new WanEndpointImpl(std::move(core)));
+}
+
+std::vector<int> ChooseRing(const std::vector<std::vector<double>>& bandwidth,
+                            const std::vector<std::vector<double>>& latency) {
+  const int n = static_cast<int>(bandwidth.size());
+  if (n == 0) return {};
+  auto bw = [&](int i, int j) {
+    if (size_t(j) >= bandwidth[i].size()) return 0.0;
+    const double v = bandwidth[i][j];
+    return std::isnan(v) || v < 0 ? 0.0 : v;
+  };
+  auto lat = [&](int i, int j) {
+    if (size_t(i) >= latency.size() || size_t(j) >= latency[i].size()) return 0.0;
+    const double v = latency[i][j];
+    return std::isnan(v) ? std::numeric_limits<double>::infinity() : v;
+  };
+  std::vector<int> ring(n);
+  for (int i = 0; i < n; ++i) ring[i] = i;
+  if (n <= 2) return ring;
+  if (n <= 8) {
+    std::vector<int> best = ring;
+    double best_bw = -1, best_lat = std::numeric_limits<double>::infinity();
+    do {  // permutations of 1..n-1 in lexicographic order: the first of equals wins
+      double mn = std::numeric_limits<double>::infinity(), total = 0;
+      for (int i = 0; i < n; ++i) {
+        const int a = ring[i], b = ring[(i + 1) % n];
+        mn = std::min(mn, bw(a, b));
+        total += lat(a, b);
+      }
+      const double tol = 1e-12 * std::max(1.0, std::abs(best_lat));
+      if (mn > best_bw || (mn == best_bw && total < best_lat - tol)) {
+        best_bw = mn;
+        best_lat = total;
+        best = ring;
+      }
+    } while (std::next_permutation(ring.begin() + 1, ring.end()));
+    return best;
+  }
+  // Greedy: from site 0, always to the unvisited site with the fastest link (then the lowest
+  // latency, then the lowest index).
+  std::vector<bool> used(n, false);
+  used[0] = true;
+  for (int i = 1; i < n; ++i) {
+    const int cur = ring[i - 1];
+    int pick = -1;
+    for (int j = 0; j < n; ++j) {
+      if (used[j]) continue;
+      if (pick < 0 || bw(cur, j) > bw(cur, pick) ||
+          (bw(cur, j) == bw(cur, pick) && lat(cur, j) < lat(cur, pick)))
+        pick = j;
+    }
+    ring[i] = pick;
+    used[pick] = true;
+  }
+  return ring;
+}
+
+}  // namespace atl
