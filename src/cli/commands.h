@@ -13,5 +13,7 @@ void AddTrainCommand(CLI::App& app);    // train.cc:  atoll train
 void AddEvalCommand(CLI::App& app);     // eval.cc:   atoll eval
 void AddSampleCommand(CLI::App& app);   // sample.cc: atoll sample
 void AddPlanCommands(CLI::App& app);    // plan.cc:   atoll plan ...
+void AddCoordinatorCommand(CLI::App& app);  // coordinator.cc: atoll coordinator
+void AddCertsCommand(CLI::App& app);        // certs.cc:       atoll certs
 
 }  // namespace atl::cli

@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   atl::cli::AddEvalCommand(app);
   atl::cli::AddSampleCommand(app);
   atl::cli::AddPlanCommands(app);
+  atl::cli::AddCoordinatorCommand(app);
+  atl::cli::AddCertsCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

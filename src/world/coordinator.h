@@ -17,6 +17,24 @@
 // members, last round) so a restart does not lose the run's history, and sites re-register
 // transparently (their clients retry with backoff).
 //
+// Details (coordinator.cc):
+// - Epoch: +1 for every registration (first or rejoin), death and leave; not for a restart.
+// - A client is one process: it draws a random incarnation at Connect, so a retried Register
+//   (lost reply, restarted coordinator) is the same site again, not a duplicate. A second process
+//   claiming a live site is refused; once the first is declared dead, the site may register
+//   again (a rejoin: it starts at last_round -1 and should read the others' last_round from the
+//   membership). A site waiting in Register for the quorum counts as alive.
+// - Round(r) sets the site's round to r and returns when every live site has reached r; the
+//   reply is the membership at the moment the round completed, the same for every site. A site
+//   that was declared dead (or left) gets Unavailable from Round; Register again to rejoin.
+// - Clients beat at min(their heartbeat_s, the coordinator's), so a mismatch cannot kill a site.
+//   Destroying a client without Leave stops its heartbeats: the coordinator sees a crash.
+// - Restart: replayed live sites get max(heartbeat_s, 1 s) of grace before the 2 * heartbeat_s
+//   limit applies; clients notice the new coordinator (its id in every reply), register again
+//   (no epoch change), and retry an interrupted Round. A state dir is tied to its --sites.
+// - Log records (one JSON object per line, "t" the type): start, restart, register, quorum,
+//   round, death, leave; a torn last line is dropped, any other bad line is kCorruption.
+//
 // Thread-safety: Coordinator's methods and CoordinatorClient's methods are thread-safe.
 #pragma once
 
@@ -34,7 +52,7 @@ inline constexpr uint32_t kCoordinatorProtocolVersion = 1;
 
 struct CoordinatorOptions {
   std::string listen = "127.0.0.1:0";  // host:port (port 0: any)
-  int sites = 1;                        // expected sites
+  int sites = 1;                       // expected sites
   double heartbeat_s = 1.0;
   std::string state_dir;  // coordinator.log lives here (created); required
   WorldSecurity security;
@@ -78,11 +96,15 @@ class CoordinatorClient {
       const CoordinatorClientOptions& options);
   virtual ~CoordinatorClient() = default;
   // Registers and waits for the initial quorum; starts heartbeats. Errors: refused registration
-  // (kInvalidArgument with the coordinator's reason: version, config, auth), timeout.
+  // (kInvalidArgument with the coordinator's reason: version, config, site, duplicate, token,
+  // TLS handshake), timeout (kUnavailable naming the sites still missing).
   virtual StatusOr<Membership> Register(const std::string& wan_address) = 0;
-  // Waits until every live site has reached round r; the membership for the round.
+  // Waits until every live site has reached round r; the membership for the round. Retries
+  // while the coordinator is unreachable, up to timeout_s; kUnavailable on timeout (naming the
+  // late sites) or when this site was declared dead.
   virtual StatusOr<Membership> Round(int64_t round) = 0;
-  // Leaves the world cleanly (the coordinator logs it; not counted as a death).
+  // Leaves the world cleanly (the coordinator logs it; not counted as a death). Stops the
+  // heartbeats first; retries up to min(timeout_s, 10 s).
   virtual Status Leave() = 0;
 };
 

@@ -48,7 +48,11 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const WorldSecurity& 
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const WorldSecurity& s,
                                            int max_message_bytes) {
-  grpc::ChannelArguments args;
+  return MakeChannel(address, s, grpc::ChannelArguments(), max_message_bytes);
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const WorldSecurity& s,
+                                           grpc::ChannelArguments args, int max_message_bytes) {
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
   if (s.insecure)

@@ -39,6 +39,11 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const WorldSecurity& 
 // `max_message_bytes` raises gRPC's receive limit for large chunks.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const WorldSecurity& s,
                                            int max_message_bytes = 64 << 20);
+// The same with extra channel arguments (e.g. GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, so a client
+// reconnects quickly to a restarted server); the message limits and TLS name are set on top.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const WorldSecurity& s,
+                                           grpc::ChannelArguments args,
+                                           int max_message_bytes = 64 << 20);
 // Adds the token to an outgoing call.
 void AddToken(grpc::ClientContext* context, const WorldSecurity& s);
 // On the server: OK if the call carries the token (always OK in insecure mode), else
