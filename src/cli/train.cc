@@ -7,10 +7,15 @@
 
 #include "cli/commands.h"
 #include "comm/mpi.h"
+#include "core/hash.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/trainer.h"
+#include "world/coordinator.h"
+#include "world/security.h"
+#include "world/wan.h"
 
 namespace atl::cli {
 
@@ -23,7 +28,62 @@ struct TrainArgs {
   std::string resume;
   bool quiet = false;
   bool mpi = false;
+  // Several sites (world.sites > 1).
+  int site = -1;
+  std::string coordinator;
+  std::string certs;
+  bool insecure = false;
+  std::string wan_listen = "127.0.0.1:0";
+  std::string checkpoint_dir;
 };
+
+// What a site's leader holds to take part in a world: the WAN endpoint and its communicator
+// among the sites' leaders, and the coordinator client (heartbeats run while it lives).
+struct WorldLink {
+  std::unique_ptr<WanEndpoint> endpoint;
+  std::unique_ptr<CoordinatorClient> coordinator;
+  std::unique_ptr<Communicator> wan;
+};
+
+// The hash sites compare at registration: the model and training sections of the config (every
+// site must train the same model on the same schedule).
+uint64_t WorldConfigHash(const RunConfig& cfg) {
+  const nlohmann::json j = RunConfigToJson(cfg);
+  const std::string text = j["model"].dump() + j["train"].dump();
+  return Hash64(text.data(), text.size());
+}
+
+// The leader's side of joining the world: listen for WAN peers, register with the coordinator,
+// connect the ring.
+StatusOr<WorldLink> JoinWorld(const RunConfig& cfg, const TrainArgs& a) {
+  WorldSecurity security;
+  if (a.insecure) {
+    security.insecure = true;
+  } else {
+    ATOLL_ASSIGN_OR_RETURN(security, LoadSecurity(a.certs, fmt::format("site-{}", a.site)));
+  }
+  WorldLink link;
+  ATOLL_ASSIGN_OR_RETURN(link.endpoint, WanEndpoint::Listen(a.wan_listen, security));
+  CoordinatorClientOptions co;
+  co.address = a.coordinator;
+  co.site = a.site;
+  co.config_hash = WorldConfigHash(cfg);
+  co.heartbeat_s = cfg.world.heartbeat_s;
+  co.security = security;
+  ATOLL_ASSIGN_OR_RETURN(link.coordinator, CoordinatorClient::Connect(co));
+  ATOLL_ASSIGN_OR_RETURN(Membership members, link.coordinator->Register(link.endpoint->address()));
+  WanOptions wo;
+  wo.site = a.site;
+  for (const SiteInfo& s : members.sites) wo.peers.push_back({s.site, s.wan_address});
+  wo.link = [world = cfg.world](int from, int to) { return world.Link(from, to); };
+  wo.seed = uint64_t(cfg.train.seed);
+  ATOLL_ASSIGN_OR_RETURN(link.wan, link.endpoint->Connect(wo));
+  std::string ring;
+  for (int s : link.endpoint->ring()) ring += fmt::format("{}{}", ring.empty() ? "" : " -> ", s);
+  LogInfo("site {}: joined a world of {} sites (epoch {}), WAN ring {}", a.site,
+          members.sites.size(), members.epoch, ring);
+  return link;
+}
 
 // Started by mpirun / srun (OpenMPI or PMIx set these), or asked for with --mpi.
 bool UnderMpi(bool flag) {
@@ -55,13 +115,55 @@ Status RunTrain(const TrainArgs& a) {
     ATOLL_ASSIGN_OR_RETURN(world, MpiCommunicator::CreateWorld(nullptr, nullptr));
   }
   TrainOptions options;
+  const bool leader = world == nullptr || world->rank() == 0;
+  WorldLink link;
+  if (cfg.world.sites > 1) {
+    if (a.site < 0 || a.site >= cfg.world.sites)
+      return Status::InvalidArgument(
+          fmt::format("train: world.sites = {} needs --site in [0, {}) (got {})", cfg.world.sites,
+                      cfg.world.sites, a.site));
+    if (a.coordinator.empty())
+      return Status::InvalidArgument(
+          "train: world.sites > 1 needs --coordinator HOST:PORT (start one with `atoll "
+          "coordinator`, or run the whole world with `atoll launch`)");
+    if (a.certs.empty() == !a.insecure)
+      return Status::InvalidArgument(
+          "train: world.sites > 1 needs exactly one of --certs DIR (mutual TLS + token) or "
+          "--insecure");
+    options.site = a.site;
+    if (leader) {
+      ATOLL_ASSIGN_OR_RETURN(link, JoinWorld(cfg, a));
+      options.wan = link.wan.get();
+      CoordinatorClient* client = link.coordinator.get();
+      const int64_t sites = cfg.world.sites;
+      options.round = [client, sites](int64_t round) -> Status {
+        ATOLL_ASSIGN_OR_RETURN(Membership m, client->Round(round));
+        for (const SiteInfo& s : m.sites)
+          if (!s.alive)
+            return Status::Unavailable(fmt::format(
+                "site {} of {} is dead (no heartbeat); the sync strategy needs every site", s.site,
+                sites));
+        return Status::Ok();
+      };
+      WanEndpoint* ep = link.endpoint.get();
+      options.wan_bytes = [ep] { return ep->stats().bytes_sent; };
+    }
+  } else if (a.site >= 0 || !a.coordinator.empty()) {
+    return Status::InvalidArgument("train: --site and --coordinator need world.sites > 1");
+  }
+  options.checkpoint_dir = a.checkpoint_dir;
   options.out_dir = a.out;
   options.resume = ck.get();
   options.resume_path = a.resume;
   options.progress = !a.quiet && (world == nullptr || world->rank() == 0);
   options.comm = world.get();
   ATOLL_ASSIGN_OR_RETURN(std::string path, Train(cfg, options));
-  if (world == nullptr || world->rank() == 0) {
+  if (link.coordinator != nullptr) {
+    // Training is done and saved: a coordinator gone at the very end is worth a warning only.
+    if (Status left = link.coordinator->Leave(); !left.ok())
+      LogWarning("site {}: leaving the world: {}", options.site, left.ToString());
+  }
+  if (leader && options.site == 0) {
     std::printf("%s\n", path.c_str());
     std::fflush(stdout);
   }
@@ -82,7 +184,8 @@ void AddTrainCommand(CLI::App& app) {
       "  [train] steps seed batch_size micro_batch_size lr min_lr warmup_steps weight_decay\n"
       "          beta1 beta2 eps grad_clip eval_every eval_batches checkpoint_every threads\n"
       "  [data]  dir\n"
-      "  [parallel] dp tp pp schedule zero reproducible bucket_mb overlap   (dp * tp * pp = ranks)\n"
+      "  [parallel] dp tp pp schedule zero reproducible bucket_mb overlap   (dp * tp * pp = "
+      "ranks)\n"
       "Examples:\n"
       "  atoll train --config configs/small.toml --out runs/s1 --set train.steps=200\n"
       "  atoll train --resume runs/s1/checkpoint-100 --out runs/s1\n"
@@ -100,6 +203,17 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_flag("--quiet,-q", args->quiet, "No progress output");
   cmd->add_flag("--mpi", args->mpi,
                 "Initialize MPI (automatic under mpirun/srun: OMPI_COMM_WORLD_SIZE, PMIX_RANK)");
+  cmd->add_option("--site", args->site, "This site's index (world.sites > 1)");
+  cmd->add_option("--coordinator", args->coordinator,
+                  "The coordinator's HOST:PORT (world.sites > 1; see `atoll coordinator`)");
+  cmd->add_option("--certs", args->certs,
+                  "Certificates directory (`atoll certs`): mutual TLS + token between sites");
+  cmd->add_flag("--insecure", args->insecure,
+                "No TLS and no token between sites (tests, trusted networks only)");
+  cmd->add_option("--wan-listen", args->wan_listen,
+                  "HOST:PORT the site leader listens on for WAN peers (default 127.0.0.1:0)");
+  cmd->add_option("--checkpoint-dir", args->checkpoint_dir,
+                  "Where checkpoints go (default: --out); several sites: site 0 writes them");
   cmd->callback([args] { ExitIfError(RunTrain(*args)); });
 }
 
