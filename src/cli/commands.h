@@ -15,5 +15,6 @@ void AddSampleCommand(CLI::App& app);   // sample.cc: atoll sample
 void AddPlanCommands(CLI::App& app);    // plan.cc:   atoll plan ...
 void AddCoordinatorCommand(CLI::App& app);  // coordinator.cc: atoll coordinator
 void AddCertsCommand(CLI::App& app);        // certs.cc:       atoll certs
+void AddLaunchCommand(CLI::App& app);       // launch.cc:      atoll launch
 
 }  // namespace atl::cli

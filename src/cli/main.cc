@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   atl::cli::AddPlanCommands(app);
   atl::cli::AddCoordinatorCommand(app);
   atl::cli::AddCertsCommand(app);
+  atl::cli::AddLaunchCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
