@@ -91,6 +91,9 @@ bool UnderMpi(bool flag) {
          std::getenv("PMIX_RANK") != nullptr || std::getenv("PMI_RANK") != nullptr;
 }
 
+Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
+                MpiCommunicator* world);
+
 Status RunTrain(const TrainArgs& a) {
   std::unique_ptr<Checkpoint> ck;
   RunConfig cfg;
@@ -114,6 +117,18 @@ Status RunTrain(const TrainArgs& a) {
   if (UnderMpi(a.mpi)) {
     ATOLL_ASSIGN_OR_RETURN(world, MpiCommunicator::CreateWorld(nullptr, nullptr));
   }
+  Status s = RunRanks(cfg, a, ck.get(), world.get());
+  if (!s.ok() && world != nullptr && world->size() > 1) {
+    // The other ranks may be waiting in a collective this rank will never join: end the job.
+    std::fprintf(stderr, "atoll: error (rank %d): %s\n", world->rank(), s.ToString().c_str());
+    MpiCommunicator::AbortJob(s.ExitCode());
+  }
+  return s;
+}
+
+// The rest of `atoll train` on one rank (of `world`, or alone when it is null).
+Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
+                MpiCommunicator* world) {
   TrainOptions options;
   const bool leader = world == nullptr || world->rank() == 0;
   WorldLink link;
@@ -153,10 +168,10 @@ Status RunTrain(const TrainArgs& a) {
   }
   options.checkpoint_dir = a.checkpoint_dir;
   options.out_dir = a.out;
-  options.resume = ck.get();
+  options.resume = ck;
   options.resume_path = a.resume;
   options.progress = !a.quiet && (world == nullptr || world->rank() == 0);
-  options.comm = world.get();
+  options.comm = world;
   ATOLL_ASSIGN_OR_RETURN(std::string path, Train(cfg, options));
   if (link.coordinator != nullptr) {
     // Training is done and saved: a coordinator gone at the very end is worth a warning only.

@@ -1,6 +1,8 @@
 #include "comm/mpi.h"
 
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "core/log.h"
@@ -140,6 +142,13 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, int thread_level, bool owns_mpi,
     MPI_Comm_set_errhandler(nb_comm_, MPI_ERRORS_RETURN);
     worker_ = std::make_unique<CollectiveThread>();
   }
+}
+
+void MpiCommunicator::AbortJob(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);  // MPI_Abort does not return; in case an implementation does
 }
 
 MpiCommunicator::~MpiCommunicator() {

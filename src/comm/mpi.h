@@ -54,6 +54,10 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm() const { return comm_; }
   // Whether non-blocking collectives run on the collective thread (see MpiOptions).
   bool uses_collective_thread() const { return worker_ != nullptr; }
+  // Ends every process of the job (MPI_Abort on MPI_COMM_WORLD) with exit code `code`: after a
+  // fatal error on one rank, the others may be blocked in a collective that rank will never join,
+  // and a plain exit (MPI_Finalize) would wait for them forever.
+  [[noreturn]] static void AbortJob(int code);
 
   using Communicator::AllGather;
   using Communicator::AllReduce;
