@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The main job: prepare the bundled corpus (State of the Union addresses, public domain), train the
-# `small` GPT (~11M parameters) for a few minutes on this machine's cores with a progress bar,
-# evaluate validation loss, print a text sample and the checkpoint's path.
-# Usage: scripts/demo.sh [--set section.key=value ...]   (e.g. --set train.steps=100)
+# The main job: prepare the bundled corpus (State of the Union addresses, public domain), then train
+# one GPT across three emulated datacenters joined by slow WAN links (configs/world-demo.toml: 100
+# Mbit/s, 40-80 ms) with `atoll launch` — a coordinator, one site per mpirun, mutual TLS between
+# them, hierarchical synchronous all-reduce every step — showing one live view for a few minutes;
+# then evaluate the final checkpoint, print a text sample and the checkpoint's path.
+# Usage: scripts/demo.sh [--set section.key=value ...]   (e.g. --set train.steps=50)
+# The single-site engine: atoll train --config configs/small.toml --out runs/s1 (docs/USER_GUIDE.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -13,14 +16,15 @@ grep -qw avx512f /proc/cpuinfo && export OPENBLAS_CORETYPE=SkylakeX
 # slower under load with libgomp's default waits).
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 ATOLL=build/release/atoll
-OUT=runs/demo
+OUT=runs/world-demo
 [[ -f .cache/data/sotu/train.bin ]] || $ATOLL data prepare --out .cache/data/sotu
-$ATOLL train --config configs/small.toml --out "$OUT" "$@"
+$ATOLL launch --config configs/world-demo.toml --out "$OUT" "$@"
 echo
+echo "== per site: $OUT/site-N/metrics.jsonl; the coordinator's log: $OUT/coordinator.log =="
 echo "== validation loss of the final checkpoint =="
 $ATOLL eval --checkpoint "$OUT/checkpoint" --tokens .cache/data/sotu/val.bin --max-windows 64
 echo
 echo "== sample =="
-$ATOLL sample --checkpoint "$OUT/checkpoint" --prompt "Fellow-Citizens of the Senate and House of Representatives:" --tokens 60 --seed 1
+$ATOLL sample --checkpoint "$OUT/checkpoint" --prompt "Fellow-Citizens of the Senate and House of Representatives:" --tokens 40 --seed 1
 echo
 echo "checkpoint: $OUT/checkpoint"
