@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 #include <grpcpp/grpcpp.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <atomic>
@@ -136,20 +137,115 @@ struct OpTracker {
     }
     cv.notify_all();
   }
+  void Fail(const std::string& err) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      if (error.empty()) error = err;
+    }
+    cv.notify_all();
+  }
   void Cancel() {
     std::lock_guard<std::mutex> lk(mu);
     cancelled = true;
   }
 };
 
+// Payload blocks handed to gRPC: each chunk's payload is copied once into a block that gRPC owns
+// until it has written it; released blocks come back here, so steady traffic reuses warm memory
+// instead of page-faulting fresh allocations. (gRPC may keep a written message referenced for a
+// while, so memory it holds must not be the caller's.)
+class BlockPool : public std::enable_shared_from_this<BlockPool> {
+ public:
+  ~BlockPool() {
+    for (auto& [cap, block] : free_) delete[] block;
+  }
+  // A slice of `bytes` copied from `src`; its block returns to the pool when gRPC drops it.
+  grpc::Slice Copy(const char* src, size_t bytes) {
+    char* block = nullptr;
+    size_t cap = bytes;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = free_.lower_bound(bytes);
+      if (it != free_.end() && it->first <= 2 * bytes) {
+        cap = it->first;
+        block = it->second;
+        free_bytes_ -= cap;
+        free_.erase(it);
+      }
+    }
+    if (!block) block = new char[cap];
+    std::memcpy(block, src, bytes);
+    return grpc::Slice(block, bytes, &Lent::Release, new Lent{shared_from_this(), block, cap});
+  }
+
+ private:
+  struct Lent {
+    std::shared_ptr<BlockPool> pool;
+    char* block;
+    size_t cap;
+    static void Release(void* p) {
+      auto* lent = static_cast<Lent*>(p);
+      lent->pool->Put(lent->block, lent->cap);
+      delete lent;
+    }
+  };
+  void Put(char* block, size_t cap) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (free_bytes_ + cap > kMaxFreeBytes) {
+      delete[] block;
+      return;
+    }
+    free_.emplace(cap, block);
+    free_bytes_ += cap;
+  }
+  static constexpr size_t kMaxFreeBytes = size_t{64} << 20;
+  std::mutex mu_;
+  std::multimap<size_t, char*> free_;  // capacity -> block
+  size_t free_bytes_ = 0;
+};
+
+// A chunk to write. Its payload is either in the chunk (control messages) or `src_bytes` at
+// `src`: memory of the operation (the caller's buffer, the staging buffer or a received chunk)
+// that stays valid and unchanged until the chunk has been written (its tracker's Done), and is
+// copied into a pooled block just before the write.
 struct OutItem {
   std::unique_ptr<pb::Chunk> chunk;
-  bool lazy = false;  // the payload is copied from lazy_src when written (a send's buffer)
-  const char* lazy_src = nullptr;
-  size_t lazy_bytes = 0;
-  double arrive_s = 0;  // write it at this time (emulated arrival); 0: at once
+  const char* src = nullptr;
+  size_t src_bytes = 0;
+  bool hash_at_write = false;  // the checksum of src is computed by the sender thread
+  double arrive_s = 0;         // write it at this time (emulated arrival); 0: at once
   std::shared_ptr<OpTracker> tracker;
   bool data = false;  // a collective's or a send's chunk (stats, test hook)
+  size_t payload_bytes() const { return src ? src_bytes : chunk->payload().size(); }
+};
+
+// Received chunks are recycled: a chunk read into a recycled message reuses its payload's
+// capacity, so a steady stream of chunks allocates (and page-faults) nothing.
+class ChunkPool {
+ public:
+  std::unique_ptr<pb::Chunk> Get() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (free_.empty()) return std::make_unique<pb::Chunk>();
+    auto c = std::move(free_.back());
+    free_.pop_back();
+    bytes_ -= c->payload().capacity();
+    return c;
+  }
+  void Put(std::unique_ptr<pb::Chunk> c) {
+    if (!c) return;
+    const size_t cap = c->payload().capacity();
+    std::lock_guard<std::mutex> lk(mu_);
+    if (free_.size() >= kMaxChunks || bytes_ + cap > kMaxBytes) return;
+    c->Clear();  // keeps the payload's capacity
+    bytes_ += cap;
+    free_.push_back(std::move(c));
+  }
+
+ private:
+  static constexpr size_t kMaxChunks = 64, kMaxBytes = size_t{128} << 20;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<pb::Chunk>> free_;
+  size_t bytes_ = 0;
 };
 
 // The outgoing half of a peer: the delay queue and the stream it feeds.
@@ -166,14 +262,25 @@ struct Link {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::Transport::Stub> stub;
   std::unique_ptr<grpc::ClientContext> ctx;  // of the stream
-  std::unique_ptr<grpc::ClientWriter<pb::Chunk>> writer;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer;
   pb::StreamReply reply;
   std::promise<Status> connected;
   std::thread thread;
 };
 
+struct ChunkReturn {
+  std::shared_ptr<ChunkPool> pool;
+  void operator()(pb::Chunk* c) const {
+    if (pool)
+      pool->Put(std::unique_ptr<pb::Chunk>(c));
+    else
+      delete c;
+  }
+};
+using PooledChunk = std::unique_ptr<pb::Chunk, ChunkReturn>;
+
 struct Received {
-  std::unique_ptr<pb::Chunk> chunk;
+  PooledChunk chunk;
   uint64_t hash = 0;  // of the payload as received
 };
 
@@ -254,7 +361,7 @@ class WanCore : public std::enable_shared_from_this<WanCore> {
 
   // ---- Used by the communicator. ----
   // Files a chunk that arrived from `from` (also a send to ourselves).
-  void Dispatch(int from, std::unique_ptr<pb::Chunk> chunk, double now);
+  void Dispatch(int from, PooledChunk chunk, double now);
   // Queues a chunk for `peer`; empty, or why the link cannot take it.
   std::string Enqueue(int peer, OutItem item);
   // The next chunk of collective `seq` from `peer`.
@@ -268,6 +375,8 @@ class WanCore : public std::enable_shared_from_this<WanCore> {
   // Marks collective `seq` failed here (its late chunks are dropped) and tells every peer why,
   // unless a peer's abort is what failed it.
   void FailOp(uint64_t seq, const std::string& why);
+  // Marks the link to `peer` broken and cancels its stream.
+  void AbortLink(int peer, const std::string& why);
   void CountReceived(size_t bytes) { bytes_received_ += bytes; }
   void CountOp() {
     std::lock_guard<std::mutex> lk(stats_mu_);
@@ -314,6 +423,9 @@ class WanCore : public std::enable_shared_from_this<WanCore> {
   int site_ = -1, n_ = 0;
   WanOptions options_;
   std::vector<std::unique_ptr<Link>> links_;  // by site; null for this one
+
+  std::shared_ptr<ChunkPool> chunk_pool_ = std::make_shared<ChunkPool>();
+  std::shared_ptr<BlockPool> blocks_ = std::make_shared<BlockPool>();
 
   mutable std::mutex stats_mu_;
   WanStats stats_;
@@ -434,10 +546,10 @@ grpc::Status WanCore::HandleStream(grpc::ServerContext* context,
     inboxes_[claimed].connected = true;
   }
   cv_.notify_all();
-  auto chunk = std::make_unique<pb::Chunk>();
+  PooledChunk chunk(chunk_pool_->Get().release(), ChunkReturn{chunk_pool_});
   while (reader->Read(chunk.get())) {
     Dispatch(claimed, std::move(chunk), NowSeconds());
-    chunk = std::make_unique<pb::Chunk>();
+    chunk = PooledChunk(chunk_pool_->Get().release(), ChunkReturn{chunk_pool_});
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -460,7 +572,7 @@ void WanCore::Poison(int from, const std::string& why) {
   cv_.notify_all();
 }
 
-void WanCore::Dispatch(int from, std::unique_ptr<pb::Chunk> chunk, double now) {
+void WanCore::Dispatch(int from, PooledChunk chunk, double now) {
   if (chunk->version() != kWanProtocolVersion) {
     Poison(from, fmt::format("a chunk has protocol version {} (this site speaks {})",
                              chunk->version(), kWanProtocolVersion));
@@ -518,7 +630,7 @@ std::string WanCore::Enqueue(int peer, OutItem item) {
     if (!l.error.empty()) return l.error;
     if (l.closing) return "the endpoint is shutting down";
     if (l.emu) {
-      const size_t bytes = (item.lazy ? item.lazy_bytes : item.chunk->payload().size()) + 64;
+      const size_t bytes = item.payload_bytes() + 64;
       item.arrive_s = l.emu->Send(NowSeconds(), bytes).arrive_s;
     }
     if (item.tracker) item.tracker->Add();
@@ -604,32 +716,80 @@ Status WanCore::ConnectLink(Link* l, double deadline) {
     if (l->closing) return Status::Unavailable("the endpoint is shutting down");
     l->ctx = std::move(ctx);
   }
-  l->writer = l->stub->Stream(raw, &l->reply);
+  // Chunks go out as ByteBuffers (the encoding of a Chunk, header and payload as separate
+  // slices), through the same method as the generated stub's Stream.
+  l->writer.reset(grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+      l->channel.get(),
+      grpc::internal::RpcMethod("/atl.wan.Transport/Stream",
+                                grpc::internal::RpcMethod::CLIENT_STREAMING, l->channel),
+      raw, &l->reply));
   if (!l->writer)
     return Status::Unavailable(fmt::format("cannot open a stream to {}", PeerName(l->peer)));
   return Status::Ok();
 }
 
+// Writes one chunk; empty or why the stream broke. Calls the tracker's Done for it.
 std::string WanCore::WriteItem(Link* l, OutItem& item) {
   pb::Chunk& c = *item.chunk;
-  if (item.lazy) {
-    std::lock_guard<std::mutex> lk(item.tracker->mu);
-    if (item.tracker->cancelled) return "";  // its send gave up; the buffer is gone
-    c.set_payload(item.lazy_src, item.lazy_bytes);
-    c.set_checksum(Hash64(item.lazy_src, item.lazy_bytes));
+  std::unique_lock<std::mutex> guard;
+  if (item.src && item.hash_at_write) {
+    // A send's buffer: readable only while its send has not given up.
+    guard = std::unique_lock<std::mutex>(item.tracker->mu);
+    if (item.tracker->cancelled) {
+      guard.unlock();
+      item.tracker->Done("");
+      return "";
+    }
+    c.set_checksum(Hash64(item.src, item.src_bytes));
   }
   if (item.data) {
-    if (auto hook = ChunkHook()) (*hook)(site_, l->peer, c);
+    if (auto hook = ChunkHook()) {  // tests: the hook sees (and may change) the whole chunk
+      if (item.src) c.set_payload(item.src, item.src_bytes);
+      item.src = nullptr;
+      (*hook)(site_, l->peer, c);
+    }
   }
-  const size_t bytes = c.payload().size();
-  if (!l->writer->Write(c)) {
+  const size_t bytes = item.payload_bytes();
+  std::string head;
+  c.SerializeToString(&head);
+  grpc::Slice slices[2];
+  size_t n = 1;
+  if (item.src && item.src_bytes > 0) {
+    // The payload field (10, length-delimited) last: the bytes are a valid encoding of a Chunk.
+    uint64_t v = item.src_bytes;
+    head.push_back(char(10 << 3 | 2));
+    while (v >= 0x80) {
+      head.push_back(char(v | 0x80));
+      v >>= 7;
+    }
+    head.push_back(char(v));
+    if (item.src_bytes < 4096) {
+      head.append(item.src, item.src_bytes);
+    } else {
+      slices[1] = blocks_->Copy(item.src, item.src_bytes);
+      n = 2;
+    }
+  }
+  if (guard.owns_lock()) guard.unlock();
+  slices[0] = grpc::Slice(head);
+  bool ok;
+  {
+    grpc::ByteBuffer bb(slices, n);
+    slices[0] = grpc::Slice();
+    slices[1] = grpc::Slice();
+    ok = l->writer->Write(bb);
+  }
+  std::string err;
+  if (!ok) {
     grpc::Status s = l->writer->Finish();
     l->writer.reset();
-    return fmt::format("the stream to {} broke: {}", PeerName(l->peer),
-                       s.ok() ? "closed by the peer" : s.error_message());
+    err = fmt::format("the stream to {} broke: {}", PeerName(l->peer),
+                      s.ok() ? "closed by the peer" : s.error_message());
+  } else if (item.data) {
+    bytes_sent_ += bytes;
   }
-  if (item.data) bytes_sent_ += bytes;
-  return "";
+  if (item.tracker) item.tracker->Done(err);
+  return err;
 }
 
 void WanCore::SenderMain(Link* l, double deadline) {
@@ -638,17 +798,17 @@ void WanCore::SenderMain(Link* l, double deadline) {
   if (!st.ok()) l->error = st.message();
   l->connected.set_value(st);
   while (st.ok()) {
-    l->cv.wait(lk, [&] { return l->closing || !l->queue.empty(); });
-    if (l->closing) break;
+    l->cv.wait(lk, [&] { return l->closing || !l->error.empty() || !l->queue.empty(); });
+    if (l->closing || !l->error.empty()) break;
     if (l->queue.front().arrive_s > NowSeconds()) {
-      l->cv.wait_until(lk, AtSeconds(l->queue.front().arrive_s), [&] { return l->closing; });
+      l->cv.wait_until(lk, AtSeconds(l->queue.front().arrive_s),
+                       [&] { return l->closing || !l->error.empty(); });
       continue;
     }
     OutItem item = std::move(l->queue.front());
     l->queue.pop_front();
     lk.unlock();
     std::string err = WriteItem(l, item);
-    if (item.tracker) item.tracker->Done(err);
     lk.lock();
     if (!err.empty()) {
       l->error = err;
@@ -745,20 +905,41 @@ Status WanCore::WaitSent(OpTracker& t, int peer) {
   std::unique_lock<std::mutex> lk(t.mu);
   int last = t.pending;
   double deadline = NowSeconds() + timeout;
-  while (t.pending > 0 && t.error.empty()) {
+  while (t.pending > 0) {
+    if (!t.error.empty()) {
+      // Failed: the remaining chunks are dropped at once; wait for that, since the caller may
+      // free the memory they would be copied from when this returns.
+      t.cv.wait_for(lk, std::chrono::seconds(10), [&] { return t.pending == 0; });
+      break;
+    }
     t.cv.wait_until(lk, AtSeconds(deadline));
     if (t.pending < last) {
       last = t.pending;
       deadline = NowSeconds() + timeout;
     } else if (NowSeconds() >= deadline && t.pending > 0 && t.error.empty()) {
-      return Status::Unavailable(fmt::format(
+      const std::string why = fmt::format(
           "timed out after {} s sending to {}: {} chunks not written (the link is stalled or the "
           "peer does not read)",
-          timeout, PeerName(peer), t.pending));
+          timeout, PeerName(peer), t.pending);
+      lk.unlock();
+      // The link is broken from now on; cancelling its stream unblocks its sender thread, which
+      // then drops the chunks still queued.
+      AbortLink(peer, why);
+      lk.lock();
+      t.cv.wait_for(lk, std::chrono::seconds(10), [&] { return t.pending == 0; });
+      return Status::Unavailable(why);
     }
   }
   if (!t.error.empty()) return Status::Unavailable(t.error);
   return Status::Ok();
+}
+
+void WanCore::AbortLink(int peer, const std::string& why) {
+  Link& l = *links_[peer];
+  std::lock_guard<std::mutex> lk(l.mu);
+  if (l.error.empty()) l.error = why;
+  if (l.ctx) l.ctx->TryCancel();
+  l.cv.notify_all();
 }
 
 void WanCore::FailOp(uint64_t seq, const std::string& why) {
@@ -996,7 +1177,23 @@ StatusOr<std::unique_ptr<Communicator>> WanCore::Connect(const WanOptions& o) {
   return MakeCommunicator(shared_from_this(), ring);
 }
 
+// gRPC allocates a fresh buffer for every socket read and frees it once the message is parsed;
+// with glibc's default (dynamic) thresholds that memory goes back to the kernel and is
+// page-faulted in again for the next read, which costs more than the data's own copies. Fixed
+// thresholds keep it in the heap for reuse (buffers up to 32 MiB; up to 128 MiB of free memory
+// at the top of a heap). Process-wide, once; ATOLL_WAN_MALLOPT=0 keeps glibc's defaults.
+void TuneMallocOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* e = std::getenv("ATOLL_WAN_MALLOPT");
+    if (e && std::string(e) == "0") return;
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 128 << 20);
+  });
+}
+
 Status WanCore::Listen(const std::string& address) {
+  TuneMallocOnce();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(address, ServerCredentials(security_), &port);
@@ -1105,6 +1302,7 @@ class RecvWait final : public CommHandle::Pending {
  private:
   Status Receive() {
     const size_t es = DTypeSize(dtype_);
+    // Verified chunks are kept; the caller's buffer is written only when all have arrived.
     std::vector<Received> parts;
     size_t got = 0;
     do {
@@ -1133,8 +1331,9 @@ class RecvWait final : public CommHandle::Pending {
       parts.push_back(std::move(r));
     } while (got < count_);
     for (const Received& r : parts)
-      std::memcpy(data_ + r.chunk->offset() * es, r.chunk->payload().data(),
-                  r.chunk->payload().size());
+      if (!r.chunk->payload().empty())
+        std::memcpy(data_ + r.chunk->offset() * es, r.chunk->payload().data(),
+                    r.chunk->payload().size());
     return Status::Ok();
   }
 
@@ -1222,6 +1421,8 @@ class WanCommunicator final : public Communicator {
     return size_t(b) * (total / n_) + std::min<size_t>(size_t(b), total % n_);
   }
 
+  // Queues elements off..off+cnt of the operation, read from `src` when written: src must stay
+  // unchanged until the tracker's chunks are all written.
   Status SendChunk(const OpInfo& o, int peer, uint32_t step, const uint8_t* src, size_t off,
                    size_t cnt, const std::shared_ptr<OpTracker>& tracker,
                    std::optional<uint64_t> hash = std::nullopt) {
@@ -1237,10 +1438,11 @@ class WanCommunicator final : public Communicator {
     c->set_total(o.total);
     c->set_tag(step);
     c->set_root(o.root < 0 ? 0 : uint32_t(o.root));
-    c->set_payload(reinterpret_cast<const char*>(src), bytes);
     c->set_checksum(hash ? *hash : Hash64(src, bytes));
     OutItem item;
     item.chunk = std::move(c);
+    item.src = reinterpret_cast<const char*>(src);
+    item.src_bytes = bytes;
     item.tracker = tracker;
     item.data = true;
     std::string err = core_->Enqueue(peer, std::move(item));
@@ -1388,19 +1590,14 @@ class WanCommunicator final : public Communicator {
       for (size_t off = 0; off < o.total; off += ce) {
         const size_t cnt = std::min(ce, o.total - off);
         ATOLL_ASSIGN_OR_RETURN(Received r, Expect(o, prev_, 0, off, cnt));
-        if (d < n_ - 1) {
-          auto fwd = std::make_unique<pb::Chunk>(*r.chunk);
-          fwd->set_from_site(uint32_t(rank_));
-          OutItem item;
-          item.chunk = std::move(fwd);
-          item.tracker = tracker;
-          item.data = true;
-          if (std::string err = core_->Enqueue(next_, std::move(item)); !err.empty())
-            return Status::Unavailable(err);
+        if (d < n_ - 1) {  // forwards the received payload itself (kept in parts)
+          const std::string& p = r.chunk->payload();
+          ATOLL_RETURN_IF_ERROR(SendChunk(o, next_, 0, reinterpret_cast<const uint8_t*>(p.data()),
+                                          off, cnt, tracker, r.hash));
         }
         parts.push_back(std::move(r));
       }
-      ATOLL_RETURN_IF_ERROR(core_->WaitSent(*tracker, next_));
+      ATOLL_RETURN_IF_ERROR(core_->WaitSent(*tracker, next_));  // parts are read until now
       for (const Received& r : parts)
         std::memcpy(bytes + r.chunk->offset() * es, r.chunk->payload().data(),
                     r.chunk->payload().size());
@@ -1459,18 +1656,23 @@ CommHandle WanCommunicator::ISend(const void* data, size_t count, DType dtype, i
     if (dest == rank_) {  // to ourselves: straight into the inbox
       c->set_payload(src + off * es, cnt * es);
       c->set_checksum(Hash64(src + off * es, cnt * es));
-      core_->Dispatch(rank_, std::move(c), NowSeconds());
+      core_->Dispatch(rank_, PooledChunk(c.release(), ChunkReturn{}), NowSeconds());
     } else {
       OutItem item;
       item.chunk = std::move(c);
-      item.lazy = true;
-      item.lazy_src = src + off * es;
-      item.lazy_bytes = cnt * es;
+      if (cnt > 0) {
+        item.src = src + off * es;  // read when written, until the send completes
+        item.src_bytes = cnt * es;
+        item.hash_at_write = true;
+      } else {
+        item.chunk->set_checksum(Hash64("", 0));
+      }
       item.tracker = tracker;
       item.data = true;
       if (std::string err = core_->Enqueue(dest, std::move(item)); !err.empty()) {
         tracker->Cancel();
-        return CommHandle::Done(Status::Unavailable(fmt::format("{}: {}", prefix, err)));
+        tracker->Fail(err);
+        break;  // the handle waits for the chunks already queued to be dropped or released
       }
     }
     off += cnt;
