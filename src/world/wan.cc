@@ -674,7 +674,14 @@ Status WanCore::ConnectLink(Link* l, double deadline) {
     if (fresh) {
       // A fresh channel for each failed attempt: gRPC's reconnect backoff of a failed channel
       // grows to minutes; a peer that starts late should be found within ~100 ms.
-      l->channel = MakeChannel(l->address, security_, kMaxMessageBytes);
+      grpc::ChannelArguments args;
+      // Keepalive pings find a silently dead peer (or connection) while the stream is idle, and
+      // keep middleboxes from dropping idle WAN connections.
+      args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+      args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+      args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+      args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+      l->channel = MakeChannel(l->address, security_, args, kMaxMessageBytes);
       l->stub = pb::Transport::NewStub(l->channel);
       fresh = false;
     }
@@ -1199,6 +1206,10 @@ Status WanCore::Listen(const std::string& address) {
   builder.AddListeningPort(address, ServerCredentials(security_), &port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Accept the clients' keepalive pings on idle streams (gRPC's default calls them abuse).
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder.RegisterService(&service_);
   server_ = builder.BuildAndStart();
   if (!server_ || port == 0)
@@ -1285,7 +1296,8 @@ class RecvWait final : public CommHandle::Pending {
  public:
   RecvWait(std::shared_ptr<WanCore> core, void* data, size_t count, DType dtype, int source,
            int tag, uint64_t seq, std::string prefix)
-      : core_(std::move(core)),
+      : stage_(core->options().stage_receives),
+        core_(std::move(core)),
         data_(static_cast<char*>(data)),
         count_(count),
         dtype_(dtype),
@@ -1302,7 +1314,8 @@ class RecvWait final : public CommHandle::Pending {
  private:
   Status Receive() {
     const size_t es = DTypeSize(dtype_);
-    // Verified chunks are kept; the caller's buffer is written only when all have arrived.
+    // Verified chunks are kept (stage_) and the caller's buffer written when all have arrived,
+    // or each is written as soon as it is verified.
     std::vector<Received> parts;
     size_t got = 0;
     do {
@@ -1328,6 +1341,10 @@ class RecvWait final : public CommHandle::Pending {
             fmt::format("bad chunk from {}: {}", core_->PeerName(source_), bad));
       got += c.count();
       core_->CountReceived(c.payload().size());
+      if (!stage_ && !c.payload().empty()) {
+        std::memcpy(data_ + c.offset() * es, c.payload().data(), c.payload().size());
+        continue;
+      }
       parts.push_back(std::move(r));
     } while (got < count_);
     for (const Received& r : parts)
@@ -1337,6 +1354,7 @@ class RecvWait final : public CommHandle::Pending {
     return Status::Ok();
   }
 
+  const bool stage_;
   std::shared_ptr<WanCore> core_;
   char* data_;
   size_t count_;

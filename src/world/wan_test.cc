@@ -365,6 +365,24 @@ TEST(Wan, NonBlockingInFlightAndExchange) {
   EXPECT_GT(st.seconds, 0.0);
 }
 
+TEST(Wan, OneSiteWorld) {
+  auto w = Start(1);
+  ASSERT_TRUE(w->comms[0]);
+  Communicator& c = *w->comms[0];
+  EXPECT_EQ(c.size(), 1);
+  EXPECT_EQ(w->eps[0]->ring(), std::vector<int>{0});
+  std::vector<float> v{1, 2, 3}, out(3);
+  ASSERT_TRUE(c.AllReduce(std::span<float>(v)).ok());
+  EXPECT_EQ(v, (std::vector<float>{1, 2, 3}));
+  ASSERT_TRUE(c.AllGather(std::span<const float>(v), std::span<float>(out)).ok());
+  EXPECT_EQ(out, v);
+  ASSERT_TRUE(c.Broadcast(std::span<float>(v), 0).ok());
+  ASSERT_TRUE(c.Barrier().ok());
+  ASSERT_TRUE(c.Send(std::span<const float>(v), 0, 1).ok());
+  ASSERT_TRUE(c.Recv(std::span<float>(out), 0, 1).ok());
+  EXPECT_EQ(out, v);
+}
+
 TEST(Wan, UnsupportedAndBadArguments) {
   auto w = Start(2);
   w->Run([&](Communicator& c, int s) {
@@ -415,6 +433,31 @@ TEST(Wan, BandwidthBoundsALargeSend) {
   });
   EXPECT_GE(took[0], 0.4);  // 4 MiB * 8 / 80e6 = 0.42 s
   EXPECT_GE(took[1], 0.4);
+}
+
+TEST(Wan, JitteredLinksKeepOrderAndPace) {
+  // 100 Mbit/s with jitter: chunks still arrive in order, sums are exact, and the all-reduce
+  // cannot beat the bandwidth: each link carries 2 (n - 1) / n of the buffer.
+  auto w = Start(3, [](WanOptions& o) {
+    o.chunk_bytes = 64 << 10;
+    o.seed = 5;
+    o.link = [](int, int) { return LinkProfile{5, 100, 4}; };
+  });
+  const size_t count = (1 << 20) / 4;
+  std::vector<double> start(3), end(3);
+  w->Run([&](Communicator& c, int s) {
+    std::vector<float> v(count);
+    for (size_t i = 0; i < count; ++i) v[i] = Value<float>(s, i);
+    start[s] = NowSeconds();
+    Status st = c.AllReduce(std::span<float>(v));
+    end[s] = NowSeconds();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    for (size_t i = 0; i < count; ++i)
+      ASSERT_EQ(v[i], Value<float>(0, i) + Value<float>(1, i) + Value<float>(2, i));
+  });
+  const double first = *std::min_element(start.begin(), start.end());
+  const double bound = 2.0 * 2 / 3 * (1 << 20) * 8 / 100e6;
+  for (int s = 0; s < 3; ++s) EXPECT_GE(end[s] - first, bound) << s;
 }
 
 TEST(Wan, RingAvoidsASlowLinkMeasuredAtConnect) {
@@ -503,6 +546,35 @@ TEST(Wan, CorruptSendFailsTheReceive) {
   ASSERT_FALSE(st[1].ok());
   EXPECT_NE(st[1].message().find("recv of 100 float64 from rank 0 (tag 2)"), std::string::npos)
       << st[1].message();
+  EXPECT_NE(st[1].message().find("checksum mismatch"), std::string::npos) << st[1].message();
+}
+
+TEST(Wan, UnstagedReceivesWriteVerifiedChunks) {
+  auto w = Start(2, [](WanOptions& o) {
+    o.stage_receives = false;
+    o.chunk_bytes = 1000;
+  });
+  w->Run([&](Communicator& c, int s) {
+    std::vector<double> v(10007);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = s == 0 ? Value<double>(0, i) : -1.0;
+    Status st = s == 0 ? c.Send(std::span<const double>(v), 1) : c.Recv(std::span<double>(v), 0);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], Value<double>(0, i));
+  });
+  HookGuard g([](int, int, wan::Chunk& c) {
+    if (c.offset() > 0) c.set_checksum(c.checksum() ^ 1);  // the second chunk on
+  });
+  std::vector<Status> st(2);
+  w->Run([&](Communicator& c, int s) {
+    std::vector<double> v(10007, s == 0 ? 1.0 : 0.0);
+    st[s] = s == 0 ? c.Send(std::span<const double>(v), 1) : c.Recv(std::span<double>(v), 0);
+    if (s == 1) {
+      EXPECT_EQ(v[0], 1.0);  // the first chunk was verified and written
+      EXPECT_EQ(v.back(), 0.0);
+    }
+  });
+  EXPECT_TRUE(st[0].ok());
+  ASSERT_FALSE(st[1].ok());
   EXPECT_NE(st[1].message().find("checksum mismatch"), std::string::npos) << st[1].message();
 }
 
@@ -624,6 +696,10 @@ class TlsFiles {
         "&& openssl x509 -req -in site.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out "
         "site-0.pem -days 2 -extfile ext.cnf "
         "&& cp site-0.pem site-1.pem && cp site-0.key site-1.key "
+        "&& openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "
+        "impostor.key -out impostor.csr -subj /CN=site-1 "
+        "&& openssl x509 -req -in impostor.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out "
+        "impostor.pem -days 2 -extfile ext.cnf "
         "&& echo 0123456789abcdef-token > token",
         d);
     ok_ = std::system(("(" + cmd + ") >/dev/null 2>&1").c_str()) == 0;
@@ -664,6 +740,23 @@ TEST(WanTls, MutualTlsWithTokenWorksAndAWrongTokenIsRefused) {
     EXPECT_NE(st[s].message().find("refused this site"), std::string::npos) << st[s].message();
     EXPECT_NE(st[s].message().find("token"), std::string::npos) << st[s].message();
   }
+}
+
+TEST(WanTls, CertificateNamingAnotherSiteIsRefused) {
+  if (std::system("openssl version >/dev/null 2>&1") != 0) GTEST_SKIP() << "no openssl";
+  TlsFiles files;
+  ASSERT_TRUE(files.ok());
+  auto good = LoadSecurity(files.dir(), "site-1");
+  auto impostor = LoadSecurity(files.dir(), "impostor");  // CN site-1, used by site 0
+  ASSERT_TRUE(good.ok() && impostor.ok());
+  World w;
+  auto st = TryStart(w, 2, [](WanOptions& o) { o.timeout_s = 3; }, {*impostor, *good});
+  ASSERT_FALSE(st[1].ok());
+  EXPECT_NE(st[1].message().find("site 0"), std::string::npos) << st[1].message();
+  EXPECT_NE(st[1].message().find("its certificate is for site-1 but it claims site 0"),
+            std::string::npos)
+      << st[1].message();
+  EXPECT_FALSE(st[0].ok());
 }
 
 TEST(WanTls, PlaintextPeerCannotReachATlsEndpoint) {
