@@ -655,6 +655,26 @@ TEST(Wan, PeerThatVanishesFailsTheOperation) {
   EXPECT_EQ(v[0], 1.0f);
 }
 
+TEST(Wan, PeerThatStallsTimesOutNamingIt) {
+  auto w = Start(2, [](WanOptions& o) { o.timeout_s = 1; });
+  std::vector<float> v(100, 1.0f);
+  const double t0 = NowSeconds();
+  Status st = w->comms[0]->AllReduce(std::span<float>(v));  // site 1 never joins
+  ASSERT_FALSE(st.ok());
+  EXPECT_GE(NowSeconds() - t0, 0.99);
+  EXPECT_NE(st.message().find("site 0: all_reduce of 100 float32: timed out after 1 s waiting for "
+                              "site 1"),
+            std::string::npos)
+      << st.message();
+  EXPECT_EQ(v[0], 1.0f);
+  // Site 0 told site 1, which fails the operation when it gets to it.
+  st = w->comms[1]->AllReduce(std::span<float>(v));
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("site 0 gave it up: timed out"), std::string::npos) << st.message();
+  // Both dropped the failed operation's chunks: the next one works.
+  CheckAllReduce<double>(*w, 1000);
+}
+
 TEST(Wan, InvalidOptions) {
   auto ep = WanEndpoint::Listen("127.0.0.1:0", Insecure());
   ASSERT_TRUE(ep.ok());
