@@ -5,7 +5,7 @@
 #   (b) unthrottled loopback: a 256 MiB send through the transport vs a raw TCP socket
 #       (goal >= 0.70).
 # Sites are threads of one process, each with its own endpoint on 127.0.0.1.
-#   bench/wan_bench.sh [BUILD_DIR] [extra wan_bench args, e.g. --part b --repeat 7]
+#   bench/wan_bench.sh [BUILD_DIR] [extra wan_bench args, e.g. --part b --repeat-b 11]
 # BUILD_DIR defaults to build/release. The default run takes about 1-2 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,4 +14,4 @@ BUILD=${1:-build/release}
 cmake --build "$BUILD" -j2 --target wan_bench >/dev/null
 echo "machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-"$BUILD/bench/wan/wan_bench" --repeat 3 "${@:2}"
+"$BUILD/bench/wan/wan_bench" --repeat 3 --repeat-b 7 "${@:2}"

@@ -9,7 +9,8 @@
 // on 127.0.0.1; they start each timed operation together (a thread barrier), and the time is
 // from that start to the last site's completion.
 //
-//   wan_bench [--part a|b|all] [--repeat R] [--loopback-mib M] [--quick]
+//   wan_bench [--part a|b|all] [--repeat R] [--repeat-b R] [--loopback-mib M]
+//             [--chunk-kib K,K..] [--quick] [--no-raw-tcp]
 #include <arpa/inet.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
@@ -258,7 +259,7 @@ void PartB(int repeat, size_t mib, bool raw_tcp, const std::vector<size_t>& chun
 
 int main(int argc, char** argv) {
   std::string part = "all";
-  int repeat = 3;
+  int repeat = 3, repeat_b = 7;
   size_t mib = 256;
   bool quick = false, raw_tcp = true;
   std::vector<size_t> chunks = {size_t(1) << 20, size_t(4) << 20};
@@ -273,8 +274,10 @@ int main(int argc, char** argv) {
     };
     if (a == "--part") {
       part = next();
-    } else if (a == "--repeat") {
+    } else if (a == "--repeat") {  // part a (part b: --repeat-b)
       repeat = std::max(1, std::stoi(next()));
+    } else if (a == "--repeat-b") {
+      repeat_b = std::max(1, std::stoi(next()));
     } else if (a == "--loopback-mib") {
       mib = std::stoul(next());
     } else if (a == "--chunk-kib") {  // comma-separated chunk sizes for part b
@@ -292,12 +295,12 @@ int main(int argc, char** argv) {
       quick = true;
     } else {
       fmt::print(stderr,
-                 "usage: wan_bench [--part a|b|all] [--repeat R] [--loopback-mib M] [--chunk-kib "
-                 "K,K..] [--quick]\n");
+                 "usage: wan_bench [--part a|b|all] [--repeat R] [--repeat-b R] [--loopback-mib M] "
+                 "[--chunk-kib K,K..] [--quick] [--no-raw-tcp]\n");
       return 2;
     }
   }
   if (part == "a" || part == "all") atl::PartA(repeat, quick);
-  if (part == "b" || part == "all") atl::PartB(repeat, mib, raw_tcp, chunks);
+  if (part == "b" || part == "all") atl::PartB(repeat_b, mib, raw_tcp, chunks);
   return 0;
 }
