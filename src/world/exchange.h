@@ -1,0 +1,79 @@
+// The average of a vector over the live sites, tolerant of sites dropping out: what DiLoCo and
+// streaming DiLoCo use to agree on their (quantized) pseudo-gradients across sites.
+//
+// Average(round, data, residual) replaces `data` (this site's contribution, n floats) with the
+// mean over the sites that took part, the same bits on every one of them. One call is a few
+// coordinator rounds and a two-phase exchange over the WAN Communicator (rank = site) using
+// direct sends only, so a receive depends on its sender alone and a dead sender fails it at once:
+//   1. begin: round function(R) gives the membership M; the live sites L (sorted) take part.
+//      Fewer than `quorum` live sites: kUnavailable.
+//   2. reduce-scatter: data is cut into |L| contiguous pieces (piece k owned by L[k], sizes as
+//      even as possible, split at element boundaries); each site encodes its whole contribution
+//      once with the codec and error feedback (residual; world/codec.h) and sends every other
+//      owner the encoded bytes of that owner's piece (each piece is encoded separately, so a
+//      piece's bytes are Encode(codec, piece of (data + residual))). The owner decodes the pieces
+//      it receives and its own (the decoded value of its own encoding, never the raw floats) and
+//      sums them in the order of L, in float32, then multiplies by 1/|L|.
+//   3. all-gather: the owner encodes its averaged piece (no error feedback) and sends it to every
+//      other site in L; every site, the owner included, takes Decode of those bytes. So all sites
+//      hold identical bits.
+//   4. commit: round function(R') gives M'. If the live set of M' equals L and every receive
+//      succeeded, the result is written into data and Average returns. If M' lost sites (one died
+//      during the exchange), every survivor sees the same M' and the whole exchange is redone
+//      over the new live set (the residual is restored to its value at the call first); data is
+//      untouched until success. A receive that failed from a site still live at commit is an
+//      error (kUnavailable naming the site): this site cannot agree with the others.
+// Coordinator rounds used by call `round` (>= 0, increasing across calls, the same on every
+// site): kRoundsPerExchange * round + 2 * attempt + {0: begin, 1: commit}, attempt < 8.
+// Message tags on the WAN: derived from (round, attempt, phase) so late messages of a failed
+// attempt are never mistaken for a later one's.
+//
+// Thread-safety: one Average at a time per SiteExchange; it may run on any thread (streaming
+// DiLoCo runs it on a background thread while training goes on), as long as nothing else uses
+// the WAN Communicator meanwhile.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+#include "world/codec.h"
+#include "world/coordinator.h"
+
+namespace atl {
+
+inline constexpr int64_t kRoundsPerExchange = 16;
+
+struct ExchangeOptions {
+  int site = 0;
+  int sites = 1;
+  Codec codec = Codec::kNone;
+  int quorum = 1;  // fewest live sites a round may complete with
+  // The coordinator's round barrier (CoordinatorClient::Round, or a fake in tests).
+  std::function<StatusOr<Membership>(int64_t round)> round;
+};
+
+struct ExchangeResult {
+  std::vector<int> sites;   // the sites whose contributions were averaged
+  int attempts = 1;
+  uint64_t bytes_sent = 0;  // encoded bytes this site sent over the WAN, every attempt
+  double seconds = 0;
+};
+
+class SiteExchange {
+ public:
+  // wan: the WAN Communicator among the sites' leaders (rank = site); not owned.
+  SiteExchange(Communicator* wan, ExchangeOptions options);
+  // residual: empty or data.size() floats (this site's error feedback for the codec).
+  StatusOr<ExchangeResult> Average(int64_t round, std::span<float> data,
+                                   std::span<float> residual);
+
+ private:
+  Communicator* wan_;
+  ExchangeOptions options_;
+};
+
+}  // namespace atl
