@@ -5,11 +5,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -19,7 +23,9 @@
 #include <utility>
 
 #include "core/file.h"
+#include "core/hash.h"
 #include "core/log.h"
+#include "world/codec.h"
 #include "world/proto/coordinator.grpc.pb.h"
 
 namespace atl {
@@ -31,6 +37,9 @@ int Membership::live() const {
 }
 
 namespace {
+
+// Floats travel as their in-memory bytes; the wire format is little-endian float32.
+static_assert(std::endian::native == std::endian::little, "the PS wire format is little-endian");
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::duration;
@@ -183,6 +192,12 @@ class Service final : public coord::Coordinator::Service {
                      coord::Reply* reply) override;
   grpc::Status Leave(grpc::ServerContext* ctx, const coord::LeaveRequest* req,
                      coord::Reply* reply) override;
+  grpc::Status PsInit(grpc::ServerContext* ctx, const coord::PsInitRequest* req,
+                      coord::PsInitReply* reply) override;
+  grpc::Status PsPull(grpc::ServerContext* ctx, const coord::PsPullRequest* req,
+                      coord::PsPullReply* reply) override;
+  grpc::Status PsPush(grpc::ServerContext* ctx, const coord::PsPushRequest* req,
+                      coord::PsPushReply* reply) override;
 
  private:
   CoordinatorImpl* c_;
@@ -208,8 +223,23 @@ class CoordinatorImpl final : public Coordinator {
                          coord::Reply* reply);
   grpc::Status Round(grpc::ServerContext* ctx, const coord::RoundRequest& req, coord::Reply* reply);
   grpc::Status Leave(grpc::ServerContext* ctx, const coord::LeaveRequest& req, coord::Reply* reply);
+  grpc::Status PsInit(grpc::ServerContext* ctx, const coord::PsInitRequest& req,
+                      coord::PsInitReply* reply);
+  grpc::Status PsPull(grpc::ServerContext* ctx, const coord::PsPullRequest& req,
+                      coord::PsPullReply* reply);
+  grpc::Status PsPush(grpc::ServerContext* ctx, const coord::PsPushRequest& req,
+                      coord::PsPushReply* reply);
 
  private:
+  // The parameter server's part of Init: reads DIR/ops.jsonl if there is one.
+  Status InitPs();
+  // Authenticates a PS call and checks that (site, incarnation) is a live member.
+  grpc::Status CheckPsCaller(const grpc::ServerContext& ctx, const char* rpc, int site,
+                             uint64_t incarnation) const;
+  // OK when the parameter server can serve (initialized unless `init`); else the reason.
+  grpc::Status PsUsableLocked(const grpc::ServerContext& ctx, const char* rpc, int site,
+                              bool init) const;
+  void BreakPsLocked(const std::string& why);
   Status ApplyRecord(const Json& j, const std::string& path);
   grpc::Status Authorize(const grpc::ServerContext& ctx, const char* rpc) const;
   grpc::Status Refuse(const grpc::ServerContext& ctx, const char* rpc, grpc::StatusCode code,
@@ -245,6 +275,25 @@ class CoordinatorImpl final : public Coordinator {
   bool stopping_ = false;
   DurableLog log_;
 
+  // The parameter server (ps_mu_; never held together with mu_).
+  struct PushMemo {
+    uint64_t incarnation = 0, seq = 0;
+    coord::PsPushReply reply;
+  };
+  mutable std::mutex ps_mu_;
+  std::string ops_path_;
+  DurableLog ops_;
+  bool ops_open_ = false;
+  bool ps_logged_init_ = false;  // ops.jsonl has the init record (this or an earlier process)
+  bool ps_init_ = false;         // ps_params_ hold the parameters
+  uint64_t ps_count_ = 0, ps_checksum_ = 0;
+  int ps_init_site_ = -1;
+  int64_t ps_max_staleness_ = 0;
+  std::vector<float> ps_params_, ps_scratch_;
+  int64_t ps_version_ = 0, ps_next_id_ = 0;
+  std::string ps_broken_;  // non-empty: every PS call is refused with this reason
+  std::vector<std::deque<PushMemo>> ps_memo_;  // per site: recent pushes, for retries
+
   std::mutex shutdown_mu_;
   bool shut_down_ = false;
   Service service_;
@@ -254,6 +303,11 @@ class CoordinatorImpl final : public Coordinator {
 
 constexpr size_t kKeptRounds = 64;
 constexpr const char* kLogName = "coordinator.log";
+constexpr const char* kOpsName = "ops.jsonl";
+constexpr size_t kKeptPushes = 16;  // per site, for answering retried pushes
+constexpr const char* kPsLost =
+    "the parameter server's state was lost with the coordinator's restart (replay the op log "
+    "with `atoll replay`)";
 
 Status CoordinatorImpl::ApplyRecord(const Json& j, const std::string& path) {
   const std::string t = j["t"].get<std::string>();
@@ -326,6 +380,7 @@ Status CoordinatorImpl::Init() {
   ATOLL_ASSIGN_OR_RETURN(std::vector<Json> records, DurableLog::Replay(log_path_));
   std::unique_lock<std::mutex> lk(mu_);  // calls that arrive before the log is open wait
   for (const auto& j : records) ATOLL_RETURN_IF_ERROR(ApplyRecord(j, log_path_));
+  ATOLL_RETURN_IF_ERROR(InitPs());
   // Replayed live sites get a grace period to find the restarted coordinator.
   const auto grace = Clock::now() + Seconds(std::max(options_.heartbeat_s, 1.0));
   for (auto& s : sites_) s.last_heartbeat = grace;
@@ -335,6 +390,8 @@ Status CoordinatorImpl::Init() {
   int port = 0;
   builder.AddListeningPort(options_.listen, ServerCredentials(options_.security), &port);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second coordinator must fail
+  builder.SetMaxReceiveMessageSize(kCoordinatorMaxMessageBytes);  // parameter server transfers
+  builder.SetMaxSendMessageSize(kCoordinatorMaxMessageBytes);
   builder.RegisterService(&service_);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0)
@@ -702,6 +759,265 @@ grpc::Status Service::Leave(grpc::ServerContext* ctx, const coord::LeaveRequest*
                             coord::Reply* reply) {
   return c_->Leave(ctx, *req, reply);
 }
+grpc::Status Service::PsInit(grpc::ServerContext* ctx, const coord::PsInitRequest* req,
+                             coord::PsInitReply* reply) {
+  return c_->PsInit(ctx, *req, reply);
+}
+grpc::Status Service::PsPull(grpc::ServerContext* ctx, const coord::PsPullRequest* req,
+                             coord::PsPullReply* reply) {
+  return c_->PsPull(ctx, *req, reply);
+}
+grpc::Status Service::PsPush(grpc::ServerContext* ctx, const coord::PsPushRequest* req,
+                             coord::PsPushReply* reply) {
+  return c_->PsPush(ctx, *req, reply);
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// The parameter server (world/ps.h).
+
+Status CoordinatorImpl::InitPs() {
+  std::lock_guard<std::mutex> lk(ps_mu_);
+  ops_path_ = options_.state_dir + "/" + kOpsName;
+  ps_memo_.assign(size_t(options_.sites), {});
+  if (!FileExists(ops_path_)) return Status::Ok();
+  ATOLL_ASSIGN_OR_RETURN(std::string text, ReadFile(ops_path_));
+  const size_t end = text.rfind('\n');
+  const size_t good = end == std::string::npos ? 0 : end + 1;
+  if (good == 0) {
+    // Nothing complete: the init record itself was torn (never acknowledged). Start afresh.
+    if (::truncate(ops_path_.c_str(), 0) != 0)
+      return Status::IoError(fmt::format("truncating {}: {}", ops_path_, std::strerror(errno)));
+    return Status::Ok();
+  }
+  ATOLL_ASSIGN_OR_RETURN(OpLog log, ReadOpLog(ops_path_));
+  if (!log.entries.empty()) {
+    ps_broken_ = fmt::format("{}: {} holds {} updates (the last one gave version {})", kPsLost,
+                             ops_path_, log.entries.size(), [&] {
+                               int64_t v = 0;
+                               for (const auto& e : log.entries)
+                                 v = std::max(v, e.applied_version);
+                               return v;
+                             }());
+    LogWarning("coordinator: {}; parameter server calls will be refused", ps_broken_);
+    return Status::Ok();
+  }
+  // Only the init record: the next PsInit must match it and sets the parameters again.
+  if (good < text.size()) {
+    LogWarning("coordinator: {}: dropping a torn last record ({} bytes, never acknowledged)",
+               ops_path_, text.size() - good);
+    if (::truncate(ops_path_.c_str(), off_t(good)) != 0)
+      return Status::IoError(
+          fmt::format("truncating the torn tail of {}: {}", ops_path_, std::strerror(errno)));
+  }
+  ps_logged_init_ = true;
+  ps_count_ = log.count;
+  ps_checksum_ = log.init_checksum;
+  ps_max_staleness_ = log.max_staleness;
+  LogInfo("coordinator: {} holds the parameter server's init record ({} parameters, checksum {}) "
+          "and no updates: the next PsInit must match it",
+          ops_path_, ps_count_, Hex(ps_checksum_));
+  return Status::Ok();
+}
+
+grpc::Status CoordinatorImpl::CheckPsCaller(const grpc::ServerContext& ctx, const char* rpc,
+                                            int site, uint64_t incarnation) const {
+  if (auto st = Authorize(ctx, rpc); !st.ok()) return st;
+  if (auto st = CheckSite(ctx, rpc, site); !st.ok()) return st;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (stopping_)
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is shutting down");
+  return CheckMemberLocked(site, incarnation);
+}
+
+grpc::Status CoordinatorImpl::PsUsableLocked(const grpc::ServerContext& ctx, const char* rpc,
+                                             int site, bool init) const {
+  if (!ps_broken_.empty())
+    return Refuse(ctx, rpc, grpc::StatusCode::FAILED_PRECONDITION, ps_broken_);
+  if (!init && !ps_init_)
+    return Refuse(ctx, rpc, grpc::StatusCode::FAILED_PRECONDITION,
+                  fmt::format("site {}: the parameter server has no parameters yet (PsInit "
+                              "first)",
+                              site));
+  return grpc::Status::OK;
+}
+
+void CoordinatorImpl::BreakPsLocked(const std::string& why) {
+  ps_broken_ = fmt::format(
+      "the parameter server stopped: {} (its op log and parameters may disagree; replay {} "
+      "with `atoll replay`)",
+      why, ops_path_);
+  LogWarning("coordinator: {}", ps_broken_);
+}
+
+grpc::Status CoordinatorImpl::PsInit(grpc::ServerContext* ctx, const coord::PsInitRequest& req,
+                                     coord::PsInitReply* reply) {
+  constexpr const char* rpc = "PsInit";
+  const int site = req.site();
+  if (auto st = CheckPsCaller(*ctx, rpc, site, req.incarnation()); !st.ok()) return st;
+  const std::string& bytes = req.params();
+  if (bytes.empty() || bytes.size() % sizeof(float) != 0)
+    return Refuse(*ctx, rpc, grpc::StatusCode::INVALID_ARGUMENT,
+                  fmt::format("site {}: PsInit with {} bytes of parameters (a positive multiple "
+                              "of 4 is needed)",
+                              site, bytes.size()));
+  if (req.max_staleness() < 0)
+    return Refuse(*ctx, rpc, grpc::StatusCode::INVALID_ARGUMENT,
+                  fmt::format("site {}: max_staleness {} is negative", site, req.max_staleness()));
+  const uint64_t count = bytes.size() / sizeof(float);
+  const uint64_t checksum = Hash64(bytes.data(), bytes.size());
+  std::lock_guard<std::mutex> lk(ps_mu_);
+  if (auto st = PsUsableLocked(*ctx, rpc, site, /*init=*/true); !st.ok()) return st;
+  if (ps_init_ || ps_logged_init_) {
+    if (count != ps_count_ || checksum != ps_checksum_)
+      return Refuse(
+          *ctx, rpc, grpc::StatusCode::INVALID_ARGUMENT,
+          fmt::format("site {}: initial parameters ({} floats, checksum {}) differ from the "
+                      "parameter server's ({} floats, checksum {}{}): every site must start "
+                      "from the same model config and seed",
+                      site, count, Hex(checksum), ps_count_, Hex(ps_checksum_),
+                      ps_init_site_ >= 0 ? fmt::format(", set by site {}", ps_init_site_)
+                                         : std::string(", from the op log")));
+  }
+  if (!ps_init_) {
+    if (!ops_open_) {
+      if (Status st = ops_.Open(ops_path_); !st.ok()) {
+        LogWarning("coordinator: {}", st.ToString());
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            "coordinator cannot open its op log: " + st.message());
+      }
+      ops_open_ = true;
+    }
+    if (!ps_logged_init_) {
+      Status st = ops_.Append({{"t", "init"},
+                               {"count", count},
+                               {"checksum", Hex(checksum)},
+                               {"max_staleness", req.max_staleness()},
+                               {"site", site}});
+      if (!st.ok()) {
+        BreakPsLocked(st.ToString());
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, ps_broken_);
+      }
+      ps_logged_init_ = true;
+      ps_max_staleness_ = req.max_staleness();
+    }
+    ps_count_ = count;
+    ps_checksum_ = checksum;
+    ps_init_site_ = site;
+    ps_params_.resize(count);
+    std::memcpy(ps_params_.data(), bytes.data(), bytes.size());
+    ps_version_ = 0;
+    ps_next_id_ = 0;
+    ps_init_ = true;
+    LogInfo("coordinator: parameter server initialized by site {}: {} parameters (checksum {}), "
+            "max staleness {}",
+            site, count, Hex(checksum), ps_max_staleness_);
+  }
+  reply->set_coordinator_id(id_);
+  reply->set_version(ps_version_);
+  reply->set_max_staleness(ps_max_staleness_);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorImpl::PsPull(grpc::ServerContext* ctx, const coord::PsPullRequest& req,
+                                     coord::PsPullReply* reply) {
+  constexpr const char* rpc = "PsPull";
+  const int site = req.site();
+  if (auto st = CheckPsCaller(*ctx, rpc, site, req.incarnation()); !st.ok()) return st;
+  std::lock_guard<std::mutex> lk(ps_mu_);
+  if (auto st = PsUsableLocked(*ctx, rpc, site, /*init=*/false); !st.ok()) return st;
+  if (req.count() != ps_count_)
+    return Refuse(*ctx, rpc, grpc::StatusCode::INVALID_ARGUMENT,
+                  fmt::format("site {}: PsPull of {} floats, but the parameter server holds {}",
+                              site, req.count(), ps_count_));
+  std::string* out = reply->mutable_params();
+  out->resize(ps_params_.size() * sizeof(float));
+  std::memcpy(out->data(), ps_params_.data(), out->size());
+  reply->set_coordinator_id(id_);
+  reply->set_version(ps_version_);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorImpl::PsPush(grpc::ServerContext* ctx, const coord::PsPushRequest& req,
+                                     coord::PsPushReply* reply) {
+  constexpr const char* rpc = "PsPush";
+  const int site = req.site();
+  if (auto st = CheckPsCaller(*ctx, rpc, site, req.incarnation()); !st.ok()) return st;
+  const float weight = req.weight();
+  if (!std::isfinite(weight))
+    return Refuse(*ctx, rpc, grpc::StatusCode::INVALID_ARGUMENT,
+                  fmt::format("site {}: update weight {} is not finite", site, weight));
+  if (req.base_version() < 0 || req.first_step() < 0 || req.first_step() > req.last_step())
+    return Refuse(*ctx, rpc, grpc::StatusCode::INVALID_ARGUMENT,
+                  fmt::format("site {}: bad update: base version {}, steps {}..{}", site,
+                              req.base_version(), req.first_step(), req.last_step()));
+  std::lock_guard<std::mutex> lk(ps_mu_);
+  if (auto st = PsUsableLocked(*ctx, rpc, site, /*init=*/false); !st.ok()) return st;
+  auto& memo = ps_memo_[size_t(site)];
+  if (req.seq() != 0) {
+    for (const auto& m : memo)
+      if (m.incarnation == req.incarnation() && m.seq == req.seq()) {
+        LogInfo("coordinator: site {} retried push {} (update {}): answering the first decision",
+                site, req.seq(), m.reply.update_id());
+        *reply = m.reply;
+        return grpc::Status::OK;
+      }
+  }
+  if (req.base_version() > ps_version_)
+    return Refuse(*ctx, rpc, grpc::StatusCode::INVALID_ARGUMENT,
+                  fmt::format("site {}: update from version {}, but the parameter server is at "
+                              "version {}",
+                              site, req.base_version(), ps_version_));
+  // Validate the whole update before deciding anything: a bad one changes nothing.
+  ps_scratch_.resize(ps_params_.size());
+  const std::string& enc = req.encoded();
+  const std::span<const uint8_t> encoded(reinterpret_cast<const uint8_t*>(enc.data()), enc.size());
+  if (Status st = Decode(encoded, ps_scratch_); !st.ok())
+    return Refuse(*ctx, rpc,
+                  st.code() == StatusCode::kCorruption ? grpc::StatusCode::DATA_LOSS
+                                                       : grpc::StatusCode::INVALID_ARGUMENT,
+                  fmt::format("site {}: update (steps {}..{}, {} bytes) refused, parameters "
+                              "unchanged: {}",
+                              site, req.first_step(), req.last_step(), enc.size(), st.message()));
+  const int64_t staleness = ps_version_ - req.base_version();
+  const bool accepted = staleness <= ps_max_staleness_;
+  const int64_t id = ps_next_id_;
+  const int64_t applied = accepted ? ps_version_ + 1 : -1;
+  // Durable before it takes effect: a failed append changes nothing (and stops the server).
+  Status st = ops_.Append({{"t", "update"},
+                           {"update_id", id},
+                           {"site", site},
+                           {"base_version", req.base_version()},
+                           {"first_step", req.first_step()},
+                           {"last_step", req.last_step()},
+                           {"applied_version", applied},
+                           {"checksum", Hex(Hash64(enc.data(), enc.size()))},
+                           {"bytes", uint64_t(enc.size())},
+                           {"weight", double(weight)}});
+  if (!st.ok()) {
+    BreakPsLocked(st.ToString());
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, ps_broken_);
+  }
+  ++ps_next_id_;
+  if (accepted) {
+    ApplyUpdate(ps_params_, ps_scratch_, weight);
+    ps_version_ = applied;
+  }
+  LogDebug("coordinator: update {} from site {} (steps {}..{}, base {}, staleness {}): {}", id,
+           site, req.first_step(), req.last_step(), req.base_version(), staleness,
+           accepted ? fmt::format("applied, version {}", applied)
+                    : fmt::format("refused (max staleness {})", ps_max_staleness_));
+  reply->set_coordinator_id(id_);
+  reply->set_accepted(accepted);
+  reply->set_update_id(id);
+  reply->set_applied_version(applied);
+  reply->set_current_version(ps_version_);
+  if (req.seq() != 0) {
+    memo.push_back({req.incarnation(), req.seq(), *reply});
+    while (memo.size() > kKeptPushes) memo.pop_front();
+  }
+  return grpc::Status::OK;
+}
 
 // ---------------------------------------------------------------------------------------------
 // The client.
@@ -744,7 +1060,8 @@ class ClientImpl final : public CoordinatorClient {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    stub_ = coord::Coordinator::NewStub(MakeChannel(o.address, o.security, args, 4 << 20));
+    stub_ = coord::Coordinator::NewStub(
+        MakeChannel(o.address, o.security, args, kCoordinatorMaxMessageBytes));
   }
   ~ClientImpl() override { StopHeartbeats(); }
 
@@ -761,8 +1078,29 @@ class ClientImpl final : public CoordinatorClient {
 
   StatusOr<Membership> Round(int64_t round) override;
   Status Leave() override;
+  ParameterServer* ps() override { return &ps_; }
 
  private:
+  // ps(): the coordinator's parameter server, called as this site.
+  class PsClient final : public ParameterServer {
+   public:
+    explicit PsClient(ClientImpl* c) : c_(c) {}
+    Status Init(std::span<const float> params, int64_t max_staleness) override;
+    StatusOr<int64_t> Pull(std::span<float> params) override;
+    StatusOr<PsPushResult> Push(const PsUpdate& update) override;
+
+   private:
+    ClientImpl* c_;
+    std::atomic<uint64_t> seq_{0};
+  };
+
+  // A parameter server call with Round's retries; `what` names it in errors.
+  template <class Req, class Rep>
+  Status PsCall(const std::string& what,
+                grpc::Status (coord::Coordinator::Stub::*rpc)(grpc::ClientContext*, const Req&,
+                                                              Rep*),
+                const Req& req, Rep* reply);
+
   template <class Req>
   grpc::Status Call(grpc::Status (coord::Coordinator::Stub::*rpc)(grpc::ClientContext*, const Req&,
                                                                   coord::Reply*),
@@ -834,6 +1172,8 @@ class ClientImpl final : public CoordinatorClient {
   bool hb_stop_ = false;
   grpc::ClientContext* hb_call_ = nullptr;
   std::thread hb_thread_;
+
+  PsClient ps_{this};
 };
 
 StatusOr<Membership> ClientImpl::DoRegister(Clock::time_point deadline,
@@ -943,6 +1283,122 @@ StatusOr<Membership> ClientImpl::Round(int64_t round) {
                                              options_.site, round, options_.timeout_s, reason));
     Backoff(&delay, deadline, false);
   }
+}
+
+
+template <class Req, class Rep>
+Status ClientImpl::PsCall(const std::string& what,
+                          grpc::Status (coord::Coordinator::Stub::*rpc)(grpc::ClientContext*,
+                                                                        const Req&, Rep*),
+                          const Req& req, Rep* reply) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!registered_)
+      return Status::Internal(
+          fmt::format("site {}: parameter server {} before Register", options_.site, what));
+    if (dead_) return Status::Unavailable(fmt::format("{}: {}", what, dead_reason_));
+  }
+  const auto deadline = Clock::now() + Seconds(options_.timeout_s);
+  double delay = 0.05;
+  std::string reason;
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(ToSystem(deadline));
+    AddToken(&ctx, options_.security);
+    grpc::Status st = (stub_.get()->*rpc)(&ctx, req, reply);
+    if (st.ok()) return Status::Ok();
+    KeepReason(st, &reason);
+    const auto code = st.error_code();
+    const std::string msg = fmt::format("site {}: parameter server {} at {}: {}", options_.site,
+                                        what, options_.address, st.error_message());
+    switch (code) {
+      case grpc::StatusCode::ABORTED:
+      case grpc::StatusCode::ALREADY_EXISTS: {  // declared dead, left, or replaced
+        std::lock_guard<std::mutex> lk(mu_);
+        dead_ = true;
+        dead_reason_ = st.error_message();
+        return Status::Unavailable(msg);
+      }
+      case grpc::StatusCode::NOT_FOUND: {
+        LogInfo("site {}: the coordinator does not know this site ({}); registering again",
+                options_.site, st.error_message());
+        auto m = DoRegister(deadline, false);
+        if (!m.ok()) return m.status().WithContext(fmt::format("parameter server {}", what));
+        continue;
+      }
+      case grpc::StatusCode::INVALID_ARGUMENT:
+      case grpc::StatusCode::OUT_OF_RANGE:
+      case grpc::StatusCode::UNAUTHENTICATED:
+      case grpc::StatusCode::PERMISSION_DENIED:
+      case grpc::StatusCode::RESOURCE_EXHAUSTED:  // a message over the size limit
+        return Status::InvalidArgument(msg);
+      case grpc::StatusCode::DATA_LOSS:
+        return Status::Corruption(msg);
+      case grpc::StatusCode::FAILED_PRECONDITION:  // not initialized, state lost, log broken
+      case grpc::StatusCode::UNIMPLEMENTED:        // a coordinator without a parameter server
+        return Status::Internal(msg);
+      default:
+        break;
+    }
+    if (!IsRetryable(code)) return Status::Internal(msg);
+    if (code == grpc::StatusCode::DEADLINE_EXCEEDED || Clock::now() >= deadline)
+      return Status::Unavailable(fmt::format("site {}: parameter server {} at {} failed for {:.0f} "
+                                             "s: {}",
+                                             options_.site, what, options_.address,
+                                             options_.timeout_s, reason));
+    Backoff(&delay, deadline, false);
+  }
+}
+
+Status ClientImpl::PsClient::Init(std::span<const float> params, int64_t max_staleness) {
+  coord::PsInitRequest req;
+  req.set_site(c_->options_.site);
+  req.set_incarnation(c_->incarnation_);
+  req.set_params(reinterpret_cast<const char*>(params.data()), params.size_bytes());
+  req.set_max_staleness(max_staleness);
+  coord::PsInitReply reply;
+  return c_->PsCall("Init", &coord::Coordinator::Stub::PsInit, req, &reply);
+}
+
+StatusOr<int64_t> ClientImpl::PsClient::Pull(std::span<float> params) {
+  coord::PsPullRequest req;
+  req.set_site(c_->options_.site);
+  req.set_incarnation(c_->incarnation_);
+  req.set_count(params.size());
+  coord::PsPullReply reply;
+  ATOLL_RETURN_IF_ERROR(c_->PsCall("Pull", &coord::Coordinator::Stub::PsPull, req, &reply));
+  if (reply.params().size() != params.size_bytes())
+    return Status::Corruption(fmt::format(
+        "site {}: parameter server Pull: {} bytes received for {} floats", c_->options_.site,
+        reply.params().size(), params.size()));
+  std::memcpy(params.data(), reply.params().data(), params.size_bytes());
+  return reply.version();
+}
+
+StatusOr<PsPushResult> ClientImpl::PsClient::Push(const PsUpdate& update) {
+  if (update.site != c_->options_.site)
+    return Status::InvalidArgument(
+        fmt::format("parameter server Push: update of site {} through the client of site {}",
+                    update.site, c_->options_.site));
+  coord::PsPushRequest req;
+  req.set_site(c_->options_.site);
+  req.set_incarnation(c_->incarnation_);
+  req.set_seq(++seq_);
+  req.set_base_version(update.base_version);
+  req.set_first_step(update.first_step);
+  req.set_last_step(update.last_step);
+  req.set_weight(update.weight);
+  req.set_encoded(reinterpret_cast<const char*>(update.encoded.data()), update.encoded.size());
+  coord::PsPushReply reply;
+  ATOLL_RETURN_IF_ERROR(c_->PsCall(fmt::format("Push (steps {}..{})", update.first_step,
+                                               update.last_step),
+                                   &coord::Coordinator::Stub::PsPush, req, &reply));
+  PsPushResult r;
+  r.accepted = reply.accepted();
+  r.update_id = reply.update_id();
+  r.applied_version = reply.applied_version();
+  r.current_version = reply.current_version();
+  return r;
 }
 
 Status ClientImpl::Leave() {

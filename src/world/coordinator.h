@@ -35,6 +35,28 @@
 // - Log records (one JSON object per line, "t" the type): start, restart, register, quorum,
 //   round, death, leave; a torn last line is dropped, any other bad line is kCorruption.
 //
+// The asynchronous parameter server (world/ps.h) lives in the coordinator too: sites reach it
+// through CoordinatorClient::ps() (RPCs PsInit, PsPull, PsPush; callers must be registered live
+// sites, authenticated like every other call). The parameters (up to ~200 MB; messages up to
+// 1 GiB are allowed) and their version live in the coordinator's memory; every decided push is
+// appended to DIR/ops.jsonl (format: world/ps.h) and fsynced before the reply, after the update
+// was validated (a bad one changes nothing and is not logged) and before it is applied.
+// - Restart: the parameters are NOT recovered. If DIR/ops.jsonl holds updates, the restarted
+//   coordinator refuses every PS call with FAILED_PRECONDITION "the parameter server's state was
+//   lost with the coordinator's restart (replay the op log with `atoll replay`)" (the client's
+//   kInternal) instead of silently starting over; membership and rounds carry on as usual. If it
+//   holds only the init record, the next PsInit must match it (count and checksum) and sets the
+//   parameters again. A corrupt ops.jsonl (not just a torn last line) fails Start (kCorruption).
+// - A failed append to ops.jsonl leaves the parameter server refusing every later PS call
+//   (FAILED_PRECONDITION): the log and the parameters can no longer be shown to agree.
+// - Client retries: as Round (UNAVAILABLE and the like, up to timeout_s; NOT_FOUND registers
+//   again). A push carries a per-client sequence number, so a retry after a lost reply gets the
+//   first decision back instead of applying the update twice.
+// - Codes seen by ps()'s callers: kInvalidArgument (another model in Init, a size mismatch, a bad
+//   weight or base version, refused authentication), kCorruption (an encoded update that does not
+//   decode), kInternal (the server cannot serve: not initialized, state lost, op log unwritable),
+//   kUnavailable (unreachable until timeout_s, or this site was declared dead).
+//
 // Thread-safety: Coordinator's methods and CoordinatorClient's methods are thread-safe.
 #pragma once
 
@@ -44,11 +66,14 @@
 #include <vector>
 
 #include "core/status.h"
+#include "world/ps.h"
 #include "world/security.h"
 
 namespace atl {
 
 inline constexpr uint32_t kCoordinatorProtocolVersion = 1;
+// The largest gRPC message the coordinator and its clients accept (parameter server transfers).
+inline constexpr int kCoordinatorMaxMessageBytes = 1 << 30;
 
 struct CoordinatorOptions {
   std::string listen = "127.0.0.1:0";  // host:port (port 0: any)
@@ -106,6 +131,9 @@ class CoordinatorClient {
   // Leaves the world cleanly (the coordinator logs it; not counted as a death). Stops the
   // heartbeats first; retries up to min(timeout_s, 10 s).
   virtual Status Leave() = 0;
+  // The coordinator's parameter server, called as this site (Register first). Owned by the
+  // client, valid for its lifetime; thread-safe.
+  virtual ParameterServer* ps() = 0;
 };
 
 }  // namespace atl

@@ -70,6 +70,13 @@ class ParameterServer {
   virtual StatusOr<PsPushResult> Push(const PsUpdate& update) = 0;
 };
 
+// Applies a decoded update: params[i] += weight * decoded[i] for i = 0, 1, ... (float32: the
+// product rounded, then the sum rounded; compiled with FP contraction off, so never a fused
+// multiply-add, whatever -march). The coordinator and the replay driver both call this, so they
+// compute the same bits on any machine.
+// REQUIRES: params.size() == decoded.size().
+void ApplyUpdate(std::span<float> params, std::span<const float> decoded, float weight);
+
 }  // namespace atl
 
 namespace atl {
@@ -78,6 +85,19 @@ namespace atl {
 // line: first {"t":"init","count":N,"checksum":"<hex of XXH3-64 of the initial floats>",
 // "max_staleness":S}, then one {"t":"update", ...PsLogEntry fields...} per decided push, in
 // update-id order. A torn last line is dropped; any other bad line is kCorruption naming it.
+//
+// As written (world/coordinator.cc, read back by ReadOpLog in world/ps.cc):
+//   {"t":"init","count":N,"checksum":"<16 hex>","max_staleness":S,"site":s,"time":T}
+//   {"t":"update","update_id":I,"site":s,"base_version":B,"first_step":F,"last_step":L,
+//    "applied_version":V,"checksum":"<16 hex: Hash64 of the encoded bytes>","bytes":N,
+//    "weight":W,"time":T}
+// (keys as nlohmann::json writes them: in alphabetical order; readers must not rely on order).
+// "site" of init is the first caller; "time" (Unix seconds) is informational and ignored.
+// weight W is the float32 widened to double, written as the shortest decimal that reads back as
+// that double (nlohmann::json), so reading it as a double and narrowing gives the same float32
+// bits; ReadOpLog refuses (kCorruption) a weight that is not exactly a float32 or not finite.
+// update_id must run 0, 1, 2, ... and the applied versions (those not -1) 1, 2, 3, ... (else
+// kCorruption); a log without its init line is kCorruption.
 struct OpLog {
   uint64_t count = 0;          // parameters
   uint64_t init_checksum = 0;  // of the version-0 floats
