@@ -1,0 +1,258 @@
+// SiteExchange::Average: begin round, reduce-scatter and all-gather of encoded pieces over
+// direct sends, commit round, redone over the survivors when a site died meanwhile.
+#include "world/exchange.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "core/log.h"
+
+namespace atl {
+namespace {
+
+constexpr int kMaxAttempts = 8;
+constexpr int kBegin = 0, kCommit = 1;
+constexpr int kReduceScatter = 0, kAllGather = 1;
+
+// Unique per (round, attempt, phase) for 2^24 calls, non-negative and below 2^28 (the WAN
+// Communicator takes any int tag >= 0).
+int Tag(int64_t round, int attempt, int phase) {
+  return int(((round % (int64_t(1) << 24)) * kMaxAttempts + attempt) * 2 + phase);
+}
+
+// Piece k of n elements cut into m: the first n % m pieces have one element more.
+struct Piece {
+  size_t begin = 0, size = 0;
+};
+Piece PieceOf(size_t n, size_t m, size_t k) {
+  const size_t base = n / m, rem = n % m;
+  return {k * base + std::min(k, rem), base + (k < rem ? 1 : 0)};
+}
+
+std::string SiteList(const std::vector<int>& sites) {
+  std::string s;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(sites[i]);
+  }
+  return s;
+}
+
+// The live sites of m, sorted.
+std::vector<int> LiveSites(const Membership& m) {
+  std::vector<int> live;
+  for (const SiteInfo& s : m.sites)
+    if (s.alive) live.push_back(s.site);
+  std::sort(live.begin(), live.end());
+  live.erase(std::unique(live.begin(), live.end()), live.end());
+  return live;
+}
+
+// What one attempt found: the sites a receive (or its decoding) failed from, with the reason.
+struct Failures {
+  std::vector<std::pair<int, std::string>> from;
+  void Add(int site, const Status& s) { from.emplace_back(site, s.ToString()); }
+};
+
+// An all-gather message that tells the receivers the owner could not reduce its piece (it missed
+// a contribution): EncodedBytes long, all zero, so its magic is wrong and Decode refuses it.
+bool IsGiveUp(const std::vector<uint8_t>& bytes) {
+  return bytes.size() >= 4 && bytes[0] == 0 && bytes[1] == 0 && bytes[2] == 0 && bytes[3] == 0;
+}
+
+}  // namespace
+
+SiteExchange::SiteExchange(Communicator* wan, ExchangeOptions options)
+    : wan_(wan), options_(std::move(options)) {}
+
+StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> data,
+                                               std::span<float> residual) {
+  const double t0 = NowSeconds();
+  const int me = options_.site;
+  const Codec codec = options_.codec;
+  const std::string who = fmt::format("site {}: exchange round {}", me, round);
+  if (wan_ == nullptr || !options_.round)
+    return Status::InvalidArgument(who + ": no WAN communicator or no round function");
+  if (round < 0) return Status::InvalidArgument(who + ": the round must be >= 0");
+  if (!residual.empty() && residual.size() != data.size())
+    return Status::InvalidArgument(fmt::format("{}: the residual has {} floats, the data {}", who,
+                                               residual.size(), data.size()));
+  if (wan_->rank() != me)
+    return Status::InvalidArgument(
+        fmt::format("{}: the WAN communicator's rank is {}", who, wan_->rank()));
+
+  const size_t n = data.size();
+  // Restored before a retry and on failure, so a call that fails leaves data and residual as
+  // they were.
+  std::vector<float> saved_residual(residual.begin(), residual.end());
+  auto restore = [&] {
+    if (!residual.empty())
+      std::copy(saved_residual.begin(), saved_residual.end(), residual.begin());
+  };
+  auto fail = [&](Status s) {
+    restore();
+    return s;
+  };
+
+  ExchangeResult result;
+  std::vector<float> out(n);  // the agreed mean, written into data at commit
+  for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+    result.attempts = attempt + 1;
+    const int64_t base = kRoundsPerExchange * round + 2 * attempt;
+    const std::string at = fmt::format("{} attempt {}", who, attempt);
+
+    // ---- 1. begin ----
+    StatusOr<Membership> begin = options_.round(base + kBegin);
+    if (!begin.ok())
+      return fail(begin.status().WithContext(fmt::format("{}: round {}", at, base + kBegin)));
+    const std::vector<int> live = LiveSites(*begin);
+    for (int s : live)
+      if (s < 0 || s >= wan_->size())
+        return fail(Status::InvalidArgument(
+            fmt::format("{}: live site {} is not a rank of the WAN communicator (size {})", at, s,
+                        wan_->size())));
+    const auto self = std::find(live.begin(), live.end(), me);
+    if (self == live.end())
+      return fail(Status::Unavailable(fmt::format(
+          "{}: this site is not live in round {} (live: {})", at, base + kBegin, SiteList(live))));
+    if (int(live.size()) < options_.quorum)
+      return fail(Status::Unavailable(
+          fmt::format("{}: {} live sites ({}) in round {}, fewer than the quorum of {}", at,
+                      live.size(), SiteList(live), base + kBegin, options_.quorum)));
+    const size_t m = live.size();
+    const size_t my = size_t(self - live.begin());
+    const Piece mine = PieceOf(n, m, my);
+    Failures failed;
+
+    // ---- 2. reduce-scatter ----
+    {
+      const int tag = Tag(round, attempt, kReduceScatter);
+      const size_t in_bytes = EncodedBytes(codec, mine.size);
+      std::vector<std::vector<uint8_t>> enc(m), in(m);
+      std::vector<CommHandle> recvs(m), sends;
+      for (size_t j = 0; j < m; ++j) {
+        if (j == my) continue;
+        in[j].resize(in_bytes);
+        recvs[j] = wan_->IRecv(in[j].data(), in_bytes, DType::kByte, live[j], tag);
+      }
+      // Encode and send each peer's piece as soon as it is ready, starting with the next site
+      // after this one so that the sites do not all start on the same peer.
+      for (size_t step = 1; step <= m; ++step) {
+        const size_t k = (my + step) % m;
+        const Piece p = PieceOf(n, m, k);
+        Encode(codec, std::span<const float>(data.data() + p.begin, p.size), &enc[k],
+               residual.empty() ? std::span<float>() : residual.subspan(p.begin, p.size));
+        if (k == my) continue;
+        result.bytes_sent += enc[k].size();
+        sends.push_back(wan_->ISend(enc[k].data(), enc[k].size(), DType::kByte, live[k], tag));
+      }
+      // Sum in the order of the live sites, in float32 (0 + d_0 + d_1 + ...), then * (1/m).
+      std::vector<float> acc(mine.size, 0.0f);
+      for (size_t j = 0; j < m; ++j) {
+        const std::vector<uint8_t>& bytes = j == my ? enc[my] : in[j];
+        if (j != my) {
+          Status s = recvs[j].Wait();
+          if (!s.ok()) {
+            failed.Add(live[j], s);
+            continue;
+          }
+        }
+        if (failed.from.empty()) {
+          Status s = DecodeAdd(bytes, 1.0f, acc);
+          if (!s.ok())
+            failed.Add(live[j],
+                       s.WithContext(fmt::format("{}: the piece from site {}", at, live[j])));
+        }
+      }
+      for (CommHandle& h : sends) {
+        Status s = h.Wait();
+        if (!s.ok()) LogDebug("{}: {}", at, s.ToString());  // the receiver reports it
+      }
+      const float inv = 1.0f / float(m);
+      for (float& v : acc) v *= inv;
+
+      // ---- 3. all-gather ----
+      const int ag_tag = Tag(round, attempt, kAllGather);
+      std::vector<uint8_t> avg;
+      if (failed.from.empty()) {
+        Encode(codec, acc, &avg);
+      } else {
+        avg.assign(EncodedBytes(codec, mine.size), 0);  // a give-up message (IsGiveUp)
+      }
+      std::vector<CommHandle> ag_recvs(m), ag_sends;
+      std::vector<std::vector<uint8_t>> ag_in(m);
+      for (size_t j = 0; j < m; ++j) {
+        if (j == my) continue;
+        ag_in[j].resize(EncodedBytes(codec, PieceOf(n, m, j).size));
+        ag_recvs[j] = wan_->IRecv(ag_in[j].data(), ag_in[j].size(), DType::kByte, live[j], ag_tag);
+      }
+      for (size_t step = 1; step < m; ++step) {
+        const size_t k = (my + step) % m;
+        result.bytes_sent += avg.size();
+        ag_sends.push_back(wan_->ISend(avg.data(), avg.size(), DType::kByte, live[k], ag_tag));
+      }
+      if (failed.from.empty()) {
+        Status s = Decode(avg, std::span<float>(out.data() + mine.begin, mine.size));
+        if (!s.ok()) failed.Add(me, s.WithContext(at + ": decoding this site's own piece"));
+      }
+      for (size_t j = 0; j < m; ++j) {
+        if (j == my) continue;
+        Status s = ag_recvs[j].Wait();
+        if (s.ok() && IsGiveUp(ag_in[j]))
+          s = Status::Unavailable(fmt::format(
+              "site {} could not average its piece (it missed a contribution)", live[j]));
+        if (s.ok()) {
+          const Piece p = PieceOf(n, m, j);
+          s = Decode(ag_in[j], std::span<float>(out.data() + p.begin, p.size));
+        }
+        if (!s.ok()) failed.Add(live[j], s);
+      }
+      for (CommHandle& h : ag_sends) {
+        Status s = h.Wait();
+        if (!s.ok()) LogDebug("{}: {}", at, s.ToString());
+      }
+    }
+
+    // ---- 4. commit ----
+    StatusOr<Membership> commit = options_.round(base + kCommit);
+    if (!commit.ok())
+      return fail(commit.status().WithContext(fmt::format("{}: round {}", at, base + kCommit)));
+    const std::vector<int> now = LiveSites(*commit);
+    std::vector<int> lost;
+    for (int s : live)
+      if (!std::binary_search(now.begin(), now.end(), s)) lost.push_back(s);
+    if (!lost.empty()) {
+      if (std::find(lost.begin(), lost.end(), me) != lost.end())
+        return fail(
+            Status::Unavailable(fmt::format("{}: this site is not live in round {} (live: {})", at,
+                                            base + kCommit, SiteList(now))));
+      LogInfo("{}: site(s) {} died during the exchange; redoing it over the survivors", at,
+              SiteList(lost));
+      restore();
+      continue;
+    }
+    if (!failed.from.empty()) {
+      std::string why;
+      std::vector<int> sites;
+      for (const auto& f : failed.from) {
+        sites.push_back(f.first);
+        why += fmt::format("; {}", f.second);
+      }
+      return fail(Status::Unavailable(fmt::format(
+          "{}: receives from site(s) {} failed, yet every site of the round is still live in "
+          "round {}: this site cannot agree with the others{}",
+          at, SiteList(sites), base + kCommit, why)));
+    }
+    std::copy(out.begin(), out.end(), data.begin());
+    result.sites = live;
+    result.seconds = NowSeconds() - t0;
+    return result;
+  }
+  return fail(Status::Unavailable(
+      fmt::format("{}: sites kept dying; gave up after {} attempts", who, kMaxAttempts)));
+}
+
+}  // namespace atl
