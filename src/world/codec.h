@@ -10,13 +10,20 @@
 //           values q = round_half_even(x / scale) in [-127, 127] (scale 0: all q = 0)
 //     int4: per block: float32 scale = absmax / 7, then ceil(block / 2) bytes of two's-complement
 //           nibbles q in [-7, 7], the even element in the low nibble (a last odd nibble is 0)
-//   The last block may be short. Decoding gives q * scale (float32).
+//   The last block may be short. Decoding gives q * scale (float32), never fused with anything
+//   (no FMA contraction), so every site gets the same bits whatever its CPU.
+// Non-finite values: none and bf16 carry them as they are. For int8/int4 a block holding an
+// infinity or a NaN is encoded with a NaN scale (q = 0), which Decode refuses: a bad update is
+// caught at the receiver rather than spread. A block whose absmax / qmax underflows to 0 is sent
+// as scale 0 (decodes to zeros; with error feedback the values stay in the residual).
 // Encoding is a pure function of its input (no threads, no randomness), so every site decodes
 // the same bits from the same message.
 //
 // Error feedback: with a residual (same length as x, kept by the sender between calls), Encode
 // encodes y = x + residual and sets residual = y - Decode(encoded): what the codec lost this time
-// is sent next time, so nothing is lost for good (with `none` the residual stays 0).
+// is sent next time, so nothing is lost for good (with `none` the residual stays 0). A refused
+// (non-finite) int8/int4 block delivers nothing, so its residual becomes y, non-finite entries
+// included: every later message from that sender is refused too until the residual is reset.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -49,8 +56,10 @@ void Encode(Codec codec, std::span<const float> x, std::vector<uint8_t>* out,
             std::span<float> residual = {});
 
 // Decodes `in` into out (out.size() must equal the header's count). A bad magic, an unknown
-// codec, a count other than out.size(), a size other than EncodedBytes, or a non-finite scale
-// is kCorruption naming what was wrong; `out` is then left untouched.
+// codec, nonzero reserved header bytes, a count other than out.size(), a size other than
+// EncodedBytes, a non-finite or negative scale, a q outside the range (int8 -128, int4 -8) or a
+// nonzero int4 padding nibble is kCorruption naming what was wrong; the whole message is
+// validated before anything is written, so `out` is then left untouched.
 Status Decode(std::span<const uint8_t> in, std::span<float> out);
 
 // As Decode, but out[i] += weight * decoded[i] (no temporary; the same validation).
