@@ -40,8 +40,8 @@ run() {  # run BANDWIDTH LATENCY -> a table row
   step=$(median step_ms "$m")
   wan=$(median wan_ms "$m")
   lines=$(wc -l <"$m")
-  bytes0=$(sed -n 2p "$m" | sed -E 's/.*"wan_bytes":([0-9]+).*/\1/')
-  bytes1=$(sed -n "${lines}p" "$m" | sed -E 's/.*"wan_bytes":([0-9]+).*/\1/')
+  bytes0=$(sed -n 2p "$m" | sed -E 's/.*"wan_bytes_sent":([0-9]+).*/\1/')
+  bytes1=$(sed -n "${lines}p" "$m" | sed -E 's/.*"wan_bytes_sent":([0-9]+).*/\1/')
   awk -v bw="$bw" -v lat="$lat" -v step="$step" -v wan="$wan" -v b0="$bytes0" -v b1="$bytes1" \
     -v n="$lines" 'BEGIN { per = (b1 - b0) / (n - 2);
       printf "| %g | %g | %.0f | %.0f | %.0f%% | %.1f MB | %.0f |\n", bw, lat, step, wan,

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/file.h"
+#include "world/codec.h"
 
 namespace atl {
 
@@ -176,8 +177,24 @@ std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
        "start bucket reductions during backward (false: all after it)"},
       {"world", "sites", &c.world.sites, "sites (datacenters) joined by WAN links"},
       {"world", "ranks_per_site", &c.world.ranks_per_site, "MPI ranks per site (dp * tp * pp)"},
-      {"world", "strategy", &c.world.strategy, "how sites agree: sync (every step)"},
+      {"world", "strategy", &c.world.strategy,
+       "how sites agree: sync, diloco, streaming or async"},
       {"world", "heartbeat_s", &c.world.heartbeat_s, "coordinator heartbeat interval, s"},
+      {"world", "quorum", &c.world.quorum, "fewest live sites a round needs (0: a majority)"},
+      {"world", "codec", &c.world.codec, "sent across sites: none, bf16, int8 or int4"},
+      {"world", "diloco.inner_steps", &c.world.diloco.inner_steps,
+       "H: inner steps per outer step (diloco, streaming) or per push (async)"},
+      {"world", "diloco.outer_lr", &c.world.diloco.outer_lr, "outer Nesterov learning rate"},
+      {"world", "diloco.outer_momentum", &c.world.diloco.outer_momentum,
+       "outer Nesterov momentum"},
+      {"world", "streaming.fragments", &c.world.streaming.fragments,
+       "P: parameter fragments synced in turn"},
+      {"world", "streaming.overlap_steps", &c.world.streaming.overlap_steps,
+       "tau: inner steps a fragment's exchange overlaps"},
+      {"world", "streaming.alpha", &c.world.streaming.alpha,
+       "merge factor: local = alpha * local + (1 - alpha) * global"},
+      {"world", "async.max_staleness", &c.world.async.max_staleness,
+       "S: updates more than S versions behind are refused"},
       {"world", "link.latency_ms", &c.world.link.latency_ms, "one-way WAN latency, ms"},
       {"world", "link.bandwidth_mbps", &c.world.link.bandwidth_mbps,
        "WAN bandwidth, Mbit/s (0: unlimited)"},
@@ -234,6 +251,17 @@ StatusOr<RunConfig> ParseRunConfig(std::string_view text, const std::string& sou
             ATOLL_RETURN_IF_ERROR(
                 SetPairField(&cfg.world, pair, k.str(), v.value_or(0.0)).WithContext(source));
           }
+        }
+        continue;
+      }
+      if (section == "world" && value.is_table()) {
+        // [world.diloco], [world.streaming], [world.async]: keys "diloco.inner_steps", ...
+        for (const auto& [k, v] : *value.as_table()) {
+          const std::string name = fmt::format("{}.{}", name_key.str(), k.str());
+          const ConfigKey* key = FindKey(keys, "world", name);
+          if (key == nullptr || v.is_table())
+            return UnknownKey("world", name).WithContext(source);
+          ATOLL_RETURN_IF_ERROR(AssignFromToml(*key, v).WithContext(source));
         }
         continue;
       }
@@ -380,11 +408,47 @@ Status ValidateRunConfig(const RunConfig& c) {
   if (w.ranks_per_site < 1 || w.ranks_per_site > 65536)
     return bad("world.ranks_per_site",
                fmt::format("must be in [1, 65536], got {}", w.ranks_per_site));
-  if (w.strategy != "sync")
-    return bad("world.strategy",
-               fmt::format("must be \"sync\" (diloco, streaming and async are not implemented "
-                           "yet), got \"{}\"",
-                           w.strategy));
+  if (w.strategy != "sync" && w.strategy != "diloco" && w.strategy != "streaming" &&
+      w.strategy != "async")
+    return bad("world.strategy", fmt::format("must be one of sync, diloco, streaming, async; got "
+                                             "\"{}\"",
+                                             w.strategy));
+  if (auto codec = ParseCodec(w.codec); !codec.ok())
+    return bad("world.codec", fmt::format("must be one of none, bf16, int8, int4; got \"{}\"",
+                                          w.codec));
+  if (w.quorum < 0 || w.quorum > w.sites)
+    return bad("world.quorum",
+               fmt::format("must be in [0, world.sites = {}] (0: a majority), got {}", w.sites,
+                           w.quorum));
+  if (w.diloco.inner_steps < 1 || w.diloco.inner_steps > 1000000)
+    return bad("world.diloco.inner_steps",
+               fmt::format("must be in [1, 1000000], got {}", w.diloco.inner_steps));
+  if (!finite(w.diloco.outer_lr) || w.diloco.outer_lr <= 0 || w.diloco.outer_lr > 10)
+    return bad("world.diloco.outer_lr",
+               fmt::format("must be in (0, 10], got {}", w.diloco.outer_lr));
+  if (!finite(w.diloco.outer_momentum) || w.diloco.outer_momentum < 0 ||
+      w.diloco.outer_momentum >= 1)
+    return bad("world.diloco.outer_momentum",
+               fmt::format("must be in [0, 1), got {}", w.diloco.outer_momentum));
+  if (w.strategy == "streaming" &&
+      (w.streaming.fragments < 1 || w.streaming.fragments > w.diloco.inner_steps))
+    return bad("world.streaming.fragments",
+               fmt::format("must be in [1, world.diloco.inner_steps = {}], got {}",
+                           w.diloco.inner_steps, w.streaming.fragments));
+  if (w.strategy == "streaming" &&
+      (w.streaming.overlap_steps < 0 ||
+       w.streaming.overlap_steps >= w.diloco.inner_steps / w.streaming.fragments))
+    return bad("world.streaming.overlap_steps",
+               fmt::format("must be in [0, world.diloco.inner_steps / world.streaming.fragments "
+                           "= {}) so a fragment's exchange ends before the next begins, got {}",
+                           w.diloco.inner_steps / w.streaming.fragments,
+                           w.streaming.overlap_steps));
+  if (!finite(w.streaming.alpha) || w.streaming.alpha < 0 || w.streaming.alpha > 1)
+    return bad("world.streaming.alpha",
+               fmt::format("must be in [0, 1], got {}", w.streaming.alpha));
+  if (w.async.max_staleness < 0 || w.async.max_staleness > 1000000)
+    return bad("world.async.max_staleness",
+               fmt::format("must be in [0, 1000000], got {}", w.async.max_staleness));
   if (!finite(w.heartbeat_s) || w.heartbeat_s < 0.01 || w.heartbeat_s > 3600)
     return bad("world.heartbeat_s", fmt::format("must be in [0.01, 3600], got {}", w.heartbeat_s));
   if (std::string why = ValidateLink(w.link); !why.empty()) return bad("world.link", why);

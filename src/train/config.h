@@ -77,8 +77,29 @@ struct ParallelConfig {
 struct WorldConfig {
   int64_t sites = 1;              // 1: a single site, no coordinator or WAN
   int64_t ranks_per_site = 1;     // MPI ranks per site: parallel.dp * tp * pp
-  std::string strategy = "sync";  // "sync": hierarchical all-reduce every step
-  double heartbeat_s = 1.0;       // coordinator heartbeat interval (dead after 2 missed)
+  // "sync": hierarchical all-reduce every step; "diloco": H inner steps, then an outer Nesterov
+  // step on the averaged pseudo-gradient; "streaming": DiLoCo by fragments, each exchange
+  // overlapped with inner steps; "async": parameter-server updates with bounded staleness.
+  std::string strategy = "sync";
+  double heartbeat_s = 1.0;  // coordinator heartbeat interval (dead after 2 missed)
+  int64_t quorum = 0;        // fewest live sites an exchange may complete with; 0: a majority
+  std::string codec = "none";  // what crosses sites (not sync): none, bf16, int8, int4
+  struct DiLoCo {
+    int64_t inner_steps = 100;    // H: inner (AdamW) steps between outer steps / async pushes
+    double outer_lr = 0.7;        // outer Nesterov SGD learning rate
+    double outer_momentum = 0.9;  // ... and momentum
+    bool operator==(const DiLoCo&) const = default;
+  } diloco;
+  struct Streaming {
+    int64_t fragments = 4;      // P: parameter fragments, synced on a staggered schedule
+    int64_t overlap_steps = 5;  // tau: inner steps each fragment's exchange overlaps
+    double alpha = 0.5;         // merge: local = alpha * local + (1 - alpha) * global
+    bool operator==(const Streaming&) const = default;
+  } streaming;
+  struct Async {
+    int64_t max_staleness = 8;  // S: an update more than S versions behind is refused
+    bool operator==(const Async&) const = default;
+  } async;
   LinkProfile link;               // [world.link]: every pair of sites, both directions
   // [world.link."A-B"] (A < B, site indices): overrides for the pair, both directions.
   std::map<std::string, LinkProfile> pairs;

@@ -25,7 +25,9 @@ std::string MetricsJson(const StepMetrics& m) {
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (m.site) j["site"] = *m.site;
   if (m.wan_ms) j["wan_ms"] = std::round(*m.wan_ms * 1000) / 1000;
-  if (m.wan_bytes) j["wan_bytes"] = *m.wan_bytes;
+  if (m.wan_bytes_sent) j["wan_bytes_sent"] = *m.wan_bytes_sent;
+  if (m.sync_bytes_sent) j["sync_bytes_sent"] = *m.sync_bytes_sent;
+  if (m.outer_rounds) j["outer_rounds"] = *m.outer_rounds;
   return j.dump();
 }
 

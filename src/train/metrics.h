@@ -3,6 +3,8 @@
 // metrics.jsonl holds one JSON object per optimizer step, appended and flushed as the step ends:
 //   {"step": 12, "loss": 5.93, "lr": 0.0006, "grad_norm": 1.42, "tokens": 768,
 //    "tokens_per_s": 5123.4, "step_ms": 11.9, "val_loss": 6.01}
+// and, with several sites, "site", "wan_ms", "wan_bytes_sent" (and "sync_bytes_sent",
+// "outer_rounds" for the low-communication and asynchronous strategies).
 // step counts completed steps (1..train.steps, as checkpoint-<step> does); tokens is cumulative;
 // val_loss appears on the steps where validation ran. loss, lr, grad_norm and val_loss are
 // deterministic (the same bits for the same config and seed); tokens_per_s and step_ms are not.
@@ -31,10 +33,14 @@ struct StepMetrics {
   double tokens_per_s = 0;
   double step_ms = 0;
   std::optional<double> val_loss;
-  // Several sites (world.sites > 1): this site, and the WAN all-reduce's share of the step.
+  // Several sites (world.sites > 1): this site, and what crossing sites cost it.
   std::optional<int> site;
-  std::optional<double> wan_ms;       // the leader's time in the WAN all-reduce this step
-  std::optional<uint64_t> wan_bytes;  // bytes the leader sent over the WAN so far
+  std::optional<double> wan_ms;  // the step's time blocked on the WAN (all-reduce or exchange)
+  std::optional<uint64_t> wan_bytes_sent;  // bytes the leader sent to other sites so far
+  // What the sync strategy would have sent by now for the same progress (its ring all-reduce of
+  // the float32 gradient every step: 2 (sites - 1) / sites of it per leader); not for sync.
+  std::optional<uint64_t> sync_bytes_sent;
+  std::optional<int64_t> outer_rounds;  // exchanges completed (diloco, streaming) / pushes (async)
 };
 
 // One JSON line (no newline).
