@@ -16,5 +16,6 @@ void AddPlanCommands(CLI::App& app);    // plan.cc:   atoll plan ...
 void AddCoordinatorCommand(CLI::App& app);  // coordinator.cc: atoll coordinator
 void AddCertsCommand(CLI::App& app);        // certs.cc:       atoll certs
 void AddLaunchCommand(CLI::App& app);       // launch.cc:      atoll launch
+void AddReplayCommand(CLI::App& app);       // replay.cc:      atoll replay
 
 }  // namespace atl::cli

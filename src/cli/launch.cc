@@ -34,7 +34,9 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -59,6 +61,7 @@ struct LaunchArgs {
   std::string certs;
   bool insecure = false;
   bool quiet = false;
+  std::vector<std::string> fail_sites;  // "SITE@STEP": fault injection
 };
 
 // The signal that asked launch to stop (SIGINT, SIGTERM, SIGHUP), 0 while none did.
@@ -291,7 +294,7 @@ struct SiteRow {
   bool has = false;
   int64_t step = 0;
   double loss = 0, tokens_per_s = 0, step_ms = 0, wan_ms = 0;
-  uint64_t wan_bytes = 0;
+  uint64_t wan_bytes = 0, sync_bytes = 0;
 };
 
 SiteRow ReadSiteRow(const std::string& metrics_path) {
@@ -310,7 +313,8 @@ SiteRow ReadSiteRow(const std::string& metrics_path) {
   r.tokens_per_s = num("tokens_per_s");
   r.step_ms = num("step_ms");
   r.wan_ms = num("wan_ms");
-  r.wan_bytes = static_cast<uint64_t>(num("wan_bytes"));
+  r.wan_bytes = static_cast<uint64_t>(num("wan_bytes_sent"));
+  r.sync_bytes = static_cast<uint64_t>(num("sync_bytes_sent"));
   return r;
 }
 
@@ -362,14 +366,15 @@ class LiveView {
   struct Totals {
     int64_t min_step = 0;
     double loss = 0, tokens_per_s = 0, wan_ms = 0, step_ms = 0;
-    uint64_t wan_bytes = 0;
+    uint64_t wan_bytes = 0, sync_bytes = 0;
     bool any = false;
   };
   Totals Sum(const std::vector<SiteRow>& rows) const {
     Totals t;
     t.min_step = steps_;
-    for (const auto& r : rows) {
-      t.min_step = std::min(t.min_step, r.has ? r.step : 0);
+    for (int s = 0; s < sites_; ++s) {
+      const SiteRow& r = rows[size_t(s)];
+      if (!Lost(s)) t.min_step = std::min(t.min_step, r.has ? r.step : 0);
       if (!r.has) continue;
       if (!t.any) t.loss = r.loss;  // the loss is the world's: the same on every site
       t.any = true;
@@ -377,6 +382,7 @@ class LiveView {
       t.wan_ms = std::max(t.wan_ms, r.wan_ms);
       t.step_ms = std::max(t.step_ms, r.step_ms);
       t.wan_bytes += r.wan_bytes;
+      t.sync_bytes += r.sync_bytes;
     }
     return t;
   }
@@ -393,6 +399,19 @@ class LiveView {
 
   static std::string MB(uint64_t bytes) { return fmt::format("{:.1f}", double(bytes) / 1e6); }
 
+  // The low-communication strategies: what sync would have sent for the same progress.
+  static std::string VersusSync(const Totals& t) {
+    if (t.sync_bytes == 0) return "";
+    return fmt::format("sync would have sent {} MB by now ({:.0f}x more)", MB(t.sync_bytes),
+                       double(t.sync_bytes) / double(std::max<uint64_t>(t.wan_bytes, 1)));
+  }
+
+ public:
+  void MarkLost(int site) { lost_.push_back(site); }
+
+ private:
+  bool Lost(int site) const { return std::find(lost_.begin(), lost_.end(), site) != lost_.end(); }
+
   void Draw(double now) {
     const auto rows = Rows();
     const Totals t = Sum(rows);
@@ -407,6 +426,11 @@ class LiveView {
         lines.push_back(fmt::format("  {:<6} {:>{}} {:>9}", s, "starting", step_w, ""));
         continue;
       }
+      if (Lost(s)) {
+        lines.push_back(fmt::format("  {:<6} {:>{}} {:>9}  lost (the world goes on without it)",
+                                    s, fmt::format("{}/{}", r.step, steps_), step_w, ""));
+        continue;
+      }
       lines.push_back(fmt::format("  {:<6} {:>{}} {:>9.4f} {:>10.0f} {:>9.0f} {:>8.0f} {:>12}", s,
                                   fmt::format("{}/{}", r.step, steps_), step_w, r.loss,
                                   r.tokens_per_s / sites_, r.step_ms, r.wan_ms, MB(r.wan_bytes)));
@@ -415,6 +439,7 @@ class LiveView {
       lines.push_back(fmt::format("  {:<6} {:>{}} {:>9.4f} {:>10.0f} {:>9.0f} {:>8.0f} {:>12}",
                                   "total", fmt::format("{}/{}", t.min_step, steps_), step_w, t.loss,
                                   t.tokens_per_s, t.step_ms, t.wan_ms, MB(t.wan_bytes)));
+      if (!VersusSync(t).empty()) lines.push_back("  " + VersusSync(t));
     } else {
       lines.push_back(fmt::format("  {:<6} waiting for the first step", "total"));
     }
@@ -437,8 +462,10 @@ class LiveView {
                           t.min_step, steps_, t.loss, t.tokens_per_s, t.wan_ms, MB(t.wan_bytes));
       for (int s = 0; s < sites_; ++s) {
         const SiteRow& r = rows[size_t(s)];
-        line += fmt::format(" site {}: {}", s, r.has ? std::to_string(r.step) : "-");
+        line += fmt::format(" site {}: {}{}", s, r.has ? std::to_string(r.step) : "-",
+                            Lost(s) ? " (lost)" : "");
       }
+      if (!VersusSync(t).empty()) line += " | " + VersusSync(t);
     }
     std::fprintf(stderr, "%s\n", line.c_str());
     std::fflush(stderr);
@@ -451,6 +478,7 @@ class LiveView {
   double start_s_;
   double last_draw_s_ = -1e9;
   int drawn_lines_ = 0;
+  std::vector<int> lost_;
 };
 
 // Reads the coordinator's first stdout line (its address) within `timeout_s`.
@@ -509,6 +537,28 @@ StatusOr<int> Launch(const LaunchArgs& a) {
         cfg.world.sites));
   const int sites = int(cfg.world.sites);
   const int ranks = int(cfg.world.ranks_per_site);
+  std::vector<std::pair<int, int64_t>> faults;
+  for (const std::string& f : a.fail_sites) {
+    const size_t at = f.find('@');
+    int site = -1;
+    int64_t step = 0;
+    try {
+      if (at == std::string::npos) throw std::invalid_argument(f);
+      size_t used = 0;
+      site = std::stoi(f.substr(0, at), &used);
+      if (used != at) throw std::invalid_argument(f);
+      step = std::stoll(f.substr(at + 1), &used);
+      if (used != f.size() - at - 1) throw std::invalid_argument(f);
+    } catch (const std::exception&) {
+      return Status::InvalidArgument(
+          fmt::format("launch: --fail-site {}: expected SITE@STEP, e.g. 2@30", f));
+    }
+    if (site < 0 || site >= sites || step < 1 || step > cfg.train.steps)
+      return Status::InvalidArgument(fmt::format(
+          "launch: --fail-site {}: the site must be in [0, {}) and the step in [1, {}]", f, sites,
+          cfg.train.steps));
+    faults.emplace_back(site, step);
+  }
   std::string dir = a.out;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
 
@@ -669,6 +719,8 @@ StatusOr<int> Launch(const LaunchArgs& a) {
                                      *address};
     security_args(argv);
     argv.insert(argv.end(), {"--out", site_dir, "--checkpoint-dir", dir, "-q"});
+    for (const auto& [site, step] : faults)
+      if (site == s) argv.insert(argv.end(), {"--die-after-step", std::to_string(step)});
     auto fd = OpenLog(c.log);
     if (!fd.ok()) return fail_start(fd.status());
     auto pid = Spawn(argv, env, *fd, *fd);
@@ -679,15 +731,31 @@ StatusOr<int> Launch(const LaunchArgs& a) {
     all.push_back(&c);
   }
 
-  // Watch: every 0.5 s reap the children and redraw.
+  // Watch: every 0.5 s reap the children and redraw. With the strategies that survive a site's
+  // loss (diloco, streaming, async), a site other than 0 (which writes the checkpoint) may end
+  // badly and the others go on.
   const Child* failed = nullptr;
+  const bool survives_loss = cfg.world.strategy != "sync";
+  std::vector<int> lost;
   while (true) {
     drain_coordinator(100);
     if (g_stop_signal != 0) break;
     bool sites_done = true;
-    for (Child& c : site_children) {
+    for (int s = 0; s < sites; ++s) {
+      Child& c = site_children[size_t(s)];
+      const bool was_running = c.running;
       Poll(c);
-      if (!c.running && !c.exited_ok() && failed == nullptr) failed = &c;
+      if (was_running && !c.running && !c.exited_ok()) {
+        if (survives_loss && s != 0 && int(lost.size()) + 1 < sites) {
+          lost.push_back(s);
+          view.MarkLost(s);
+          view.Interrupt();
+          std::fprintf(stderr, "launch: site %d ended (%s); the world goes on without it\n", s,
+                       c.how_it_ended().c_str());
+        } else if (failed == nullptr) {
+          failed = &c;
+        }
+      }
       sites_done &= !c.running;
     }
     if (failed == nullptr && !Poll(coordinator) && !sites_done) failed = &coordinator;
@@ -724,6 +792,12 @@ StatusOr<int> Launch(const LaunchArgs& a) {
                  checkpoint.c_str(), TailLines(site_children.front().log, 20).c_str());
     return 1;
   }
+  if (!lost.empty()) {
+    std::string names;
+    for (int s : lost) names += fmt::format("{}{}", names.empty() ? "" : ", ", s);
+    std::fprintf(stderr, "launch: finished without site%s %s (lost during the run)\n",
+                 lost.size() == 1 ? "" : "s", names.c_str());
+  }
   std::printf("%s\n", checkpoint.c_str());
   std::fflush(stdout);
   return 0;
@@ -745,13 +819,17 @@ void AddLaunchCommand(CLI::App& app) {
       "stdout),\n"
       "1 when a site or the coordinator fails (the others are stopped and the failed one's log\n"
       "tail is shown), 2 for a bad config, 130 on Ctrl-C (the children are stopped first).\n"
+      "With world.strategy diloco, streaming or async the world goes on when a site other than\n"
+      "0 is lost (the view marks it; the exit status is 0 if the rest finish). Their view also\n"
+      "shows what sync would have sent for the same progress.\n"
       "Output layout (DIR = --out):\n"
       "  DIR/config.toml              the effective config every site trains with\n"
       "  DIR/certs/                   CA, party certificates and token (unless "
       "--certs/--insecure)\n"
       "  DIR/coordinator.log          the coordinator's durable log (membership, rounds)\n"
+      "  DIR/ops.jsonl                async: the parameter server's operation log (atoll replay)\n"
       "  DIR/coordinator.stderr       its console output\n"
-      "  DIR/site-N/metrics.jsonl     site N's steps (with \"site\", \"wan_ms\", \"wan_bytes\")\n"
+      "  DIR/site-N/metrics.jsonl     site N's steps (with \"site\", \"wan_ms\", \"wan_bytes_sent\")\n"
       "  DIR/site-N/train.log         site N's mpirun output\n"
       "  DIR/checkpoint               the final checkpoint (written by site 0)\n"
       "Environment: mpirun from PATH (or ATOLL_MPIRUN); OMP_NUM_THREADS defaults to\n"
@@ -773,6 +851,9 @@ void AddLaunchCommand(CLI::App& app) {
       cmd->add_flag("--insecure", args->insecure, "No TLS and no token (a trusted machine only)");
   certs->excludes(insecure);
   cmd->add_flag("--quiet,-q", args->quiet, "No live view (errors and the checkpoint path only)");
+  cmd->add_option("--fail-site", args->fail_sites,
+                  "Fault injection: SITE@STEP makes that site's leader die abruptly after the "
+                  "step (repeatable); diloco, streaming and async go on without it");
   cmd->callback([args] {
     auto rc = Launch(*args);
     ExitIfError(rc.status());

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   atl::cli::AddCoordinatorCommand(app);
   atl::cli::AddCertsCommand(app);
   atl::cli::AddLaunchCommand(app);
+  atl::cli::AddReplayCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

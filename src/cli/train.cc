@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -13,7 +14,9 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/trainer.h"
+#include "world/codec.h"
 #include "world/coordinator.h"
+#include "world/exchange.h"
 #include "world/security.h"
 #include "world/wan.h"
 
@@ -35,6 +38,7 @@ struct TrainArgs {
   bool insecure = false;
   std::string wan_listen = "127.0.0.1:0";
   std::string checkpoint_dir;
+  int64_t die_after_step = 0;
 };
 
 // What a site's leader holds to take part in a world: the WAN endpoint and its communicator
@@ -43,13 +47,19 @@ struct WorldLink {
   std::unique_ptr<WanEndpoint> endpoint;
   std::unique_ptr<CoordinatorClient> coordinator;
   std::unique_ptr<Communicator> wan;
+  std::unique_ptr<SiteExchange> exchange;  // diloco, streaming
 };
 
-// The hash sites compare at registration: the model and training sections of the config (every
-// site must train the same model on the same schedule).
+// The hash sites compare at registration: the model and training sections of the config and how
+// the sites agree (every site must train the same model on the same schedule, the same way).
 uint64_t WorldConfigHash(const RunConfig& cfg) {
-  const nlohmann::json j = RunConfigToJson(cfg);
-  const std::string text = j["model"].dump() + j["train"].dump();
+  nlohmann::json j = RunConfigToJson(cfg);
+  nlohmann::json agree;
+  for (const char* k : {"sites", "strategy", "codec", "diloco.inner_steps", "diloco.outer_lr",
+                        "diloco.outer_momentum", "streaming.fragments", "streaming.overlap_steps",
+                        "streaming.alpha", "async.max_staleness"})
+    agree[k] = j["world"][k];
+  const std::string text = j["model"].dump() + j["train"].dump() + agree.dump();
   return Hash64(text.data(), text.size());
 }
 
@@ -162,11 +172,34 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
       };
       WanEndpoint* ep = link.endpoint.get();
       options.wan_bytes = [ep] { return ep->stats().bytes_sent; };
+      const std::string& strategy = cfg.world.strategy;
+      if (strategy == "diloco" || strategy == "streaming") {
+        ExchangeOptions eo;
+        eo.site = a.site;
+        eo.sites = int(sites);
+        ATOLL_ASSIGN_OR_RETURN(eo.codec, ParseCodec(cfg.world.codec));
+        eo.quorum = cfg.world.quorum > 0 ? int(cfg.world.quorum) : int(sites / 2 + 1);
+        eo.round = [client](int64_t r) { return client->Round(r); };
+        link.exchange = std::make_unique<SiteExchange>(link.wan.get(), eo);
+        SiteExchange* ex = link.exchange.get();
+        options.average = [ex](int64_t round, std::span<float> data, std::span<float> residual) {
+          return ex->Average(round, data, residual);
+        };
+        options.round = nullptr;
+      } else if (strategy == "async") {
+        options.ps = client->ps();
+        const int64_t end_round = cfg.train.steps;
+        options.finish_barrier = [client, end_round]() -> Status {
+          return client->Round(end_round).status().WithContext("the barrier at the end");
+        };
+        options.round = nullptr;
+      }
     }
   } else if (a.site >= 0 || !a.coordinator.empty()) {
     return Status::InvalidArgument("train: --site and --coordinator need world.sites > 1");
   }
   options.checkpoint_dir = a.checkpoint_dir;
+  options.die_after_step = a.die_after_step;
   options.out_dir = a.out;
   options.resume = ck;
   options.resume_path = a.resume;
@@ -201,6 +234,11 @@ void AddTrainCommand(CLI::App& app) {
       "  [data]  dir\n"
       "  [parallel] dp tp pp schedule zero reproducible bucket_mb overlap   (dp * tp * pp = "
       "ranks)\n"
+      "  [world] sites ranks_per_site strategy (sync|diloco|streaming|async) heartbeat_s quorum\n"
+      "          codec (none|bf16|int8|int4) diloco.inner_steps diloco.outer_lr\n"
+      "          diloco.outer_momentum streaming.fragments streaming.overlap_steps\n"
+      "          streaming.alpha async.max_staleness link.latency_ms link.bandwidth_mbps\n"
+      "          link.jitter_ms   (several sites: see `atoll launch --help`)\n"
       "Examples:\n"
       "  atoll train --config configs/small.toml --out runs/s1 --set train.steps=200\n"
       "  atoll train --resume runs/s1/checkpoint-100 --out runs/s1\n"
@@ -229,6 +267,9 @@ void AddTrainCommand(CLI::App& app) {
                   "HOST:PORT the site leader listens on for WAN peers (default 127.0.0.1:0)");
   cmd->add_option("--checkpoint-dir", args->checkpoint_dir,
                   "Where checkpoints go (default: --out); several sites: site 0 writes them");
+  cmd->add_option("--die-after-step", args->die_after_step,
+                  "Fault injection for tests: the site's leader exits abruptly (exit code 3, no "
+                  "goodbye to the coordinator) after this step");
   cmd->callback([args] { ExitIfError(RunTrain(*args)); });
 }
 

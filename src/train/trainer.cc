@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -25,6 +26,7 @@
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
+#include "train/strategy.h"
 
 namespace atl {
 
@@ -95,6 +97,8 @@ struct Run {
   Communicator* wan = nullptr;
   double wan_s = 0;        // the leader's time in WAN all-reduces, this step
   double wan_total_s = 0;  // ... and over the run
+  bool sync = true;        // world.strategy == "sync" (or a single site)
+  float loss_scale = 1;    // backward's: 1 / the micro-batches whose mean loss is the objective
 };
 
 bool Zero(const Run& run) { return run.cfg.parallel.zero && run.reducer != nullptr; }
@@ -324,7 +328,7 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
     // accumulating it in fixed point; the hook does the same per bucket for the last one).
     const bool hooked = reducer != nullptr && i == last_backward && cfg.parallel.overlap;
     if (hooked) model.set_backward_hook(reducer->Hook(model.grads()));
-    model.BackwardStage(op.slot, recv.data(), 1.0f / float(run.accum));
+    model.BackwardStage(op.slot, recv.data(), run.loss_scale);
     if (hooked) model.set_backward_hook(nullptr);
     if (!first) {
       std::vector<float>& buf = bwd_bufs[size_t(op.slot)];
@@ -442,8 +446,20 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   run.sites = int(cfg.world.sites);
   run.site = options.site;
   run.wan = options.wan;
-  if (run.sites > 1 && run.site == 0 && leader && run.wan == nullptr)
-    return Status::InvalidArgument("world.sites > 1 needs the WAN among the site leaders");
+  const std::string& strategy = cfg.world.strategy;
+  run.sync = run.sites == 1 || strategy == "sync";
+  // The objective of a site's replica: the mean loss over the whole batch (sync), or over the
+  // site's share of it (the other strategies: sites train apart between exchanges).
+  run.loss_scale = 1.0f / float(run.sync ? run.accum : run.accum / run.sites);
+  if (run.sites > 1 && leader) {
+    if (run.sync && run.wan == nullptr)
+      return Status::InvalidArgument("world.sites > 1 needs the WAN among the site leaders");
+    if ((strategy == "diloco" || strategy == "streaming") && !options.average)
+      return Status::InvalidArgument(
+          fmt::format("world.strategy = \"{}\" needs the exchange among the sites", strategy));
+    if (strategy == "async" && options.ps == nullptr)
+      return Status::InvalidArgument("world.strategy = \"async\" needs the parameter server");
+  }
   // Replicas: the dp replicas of every site, site-major.
   run.local_accum = run.accum / (pc.dp * run.sites);
   run.first_micro = (int64_t(run.site) * pc.dp + me.dp_rank()) * run.local_accum;
@@ -481,6 +497,51 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   } else {
     run.model->InitParameters(uint64_t(tc.seed));
   }
+
+  // The strategy across sites (train/strategy.h): every rank keeps the schedule, the leader acts.
+  const size_t n_params = run.model->num_params();
+  std::unique_ptr<LowCommSync> lowcomm;
+  std::unique_ptr<AsyncClient> async;
+  if (!run.sync) {
+    if (options.resume != nullptr)
+      return Status::InvalidArgument(fmt::format(
+          "--resume: world.strategy = \"{}\" keeps state across sites (outer momentum, the "
+          "global parameters) that checkpoints do not hold yet; resume is for sync runs",
+          strategy));
+    const WorldConfig& w = cfg.world;
+    ATOLL_ASSIGN_OR_RETURN(const Codec codec, ParseCodec(w.codec));
+    if (strategy == "async") {
+      async = std::make_unique<AsyncClient>(
+          AsyncClient::Options{.site = run.site,
+                               .sites = run.sites,
+                               .inner_steps = w.diloco.inner_steps,
+                               .max_staleness = w.async.max_staleness,
+                               .codec = codec},
+          options.ps, n_params);
+      if (leader) ATOLL_RETURN_IF_ERROR(async->Start(run.model->params()));
+      if (me.size() > 1)
+        ATOLL_RETURN_IF_ERROR(
+            me.world()->Broadcast(std::span<float>(run.model->params(), n_params), 0));
+    } else {
+      const bool streaming = strategy == "streaming";
+      LowCommOptions lo;
+      lo.fragments = streaming ? int(w.streaming.fragments) : 1;
+      lo.inner_steps = w.diloco.inner_steps;
+      lo.overlap = streaming ? w.streaming.overlap_steps : 0;
+      lo.alpha = streaming ? float(w.streaming.alpha) : 0.0f;
+      lo.outer_lr = float(w.diloco.outer_lr);
+      lo.outer_momentum = float(w.diloco.outer_momentum);
+      lo.total_steps = tc.steps;
+      lo.final_sync = streaming || tc.steps % w.diloco.inner_steps != 0;
+      lowcomm = std::make_unique<LowCommSync>(lo, options.average, run.model->params(), n_params);
+    }
+  }
+  // The leader's parameters after a strategy changed them, to the site's other ranks.
+  auto share = [&](Range r) -> Status {
+    if (me.size() == 1 || r.end == r.begin) return Status::Ok();
+    return me.world()->Broadcast(std::span<float>(run.model->params() + r.begin, r.end - r.begin),
+                                 0);
+  };
 
   const std::string& out = options.out_dir;
   const std::string ck_dir = options.checkpoint_dir.empty() ? out : options.checkpoint_dir;
@@ -525,7 +586,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     if (me.last_stage() && me.tp_rank() == 0)
       std::copy(local_losses.begin(), local_losses.end(), all_losses.begin() + run.first_micro);
     if (me.size() > 1) ATOLL_RETURN_IF_ERROR(me.world()->AllReduce(std::span<double>(all_losses)));
-    if (run.sites > 1) {
+    if (run.sites > 1 && run.sync) {
       // The coordinator's round: every live site has reached this step.
       if (run.wan != nullptr && options.round)
         ATOLL_RETURN_IF_ERROR(options.round(s).WithContext(fmt::format("step {}", s + 1)));
@@ -538,7 +599,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     for (double l : all_losses) loss_sum += l;
     StepMetrics m;
     m.step = s + 1;
-    m.loss = loss_sum / double(run.accum);
+    m.loss = loss_sum / double(run.sync ? run.accum : run.accum / run.sites);
     ATOLL_ASSIGN_OR_RETURN(const double squared_norm, SquaredGradNorm(run));
     m.grad_norm = std::sqrt(squared_norm);
     m.lr = LearningRate(tc, s);
@@ -555,6 +616,30 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     } else {
       run.optimizer->Step(run.model->params(), run.model->grads(), m.lr, clip);
     }
+    const bool last = s + 1 == tc.steps;
+    double wait_s = run.wan_s;
+    if (lowcomm != nullptr) {
+      if (leader) ATOLL_RETURN_IF_ERROR(lowcomm->AfterStep(s + 1, run.model->params()));
+      for (int f : lowcomm->Merges(s + 1))
+        ATOLL_RETURN_IF_ERROR(share(lowcomm->fragments()[size_t(f)]));
+      wait_s = lowcomm->last_wait_s();
+      if (last) {
+        if (leader) ATOLL_RETURN_IF_ERROR(lowcomm->Finish(run.model->params()));
+        ATOLL_RETURN_IF_ERROR(share({0, n_params}));
+        wait_s += lowcomm->last_wait_s();
+      }
+    } else if (async != nullptr) {
+      if (last) {
+        if (leader)
+          ATOLL_RETURN_IF_ERROR(
+              async->Finish(s + 1, run.model->params(), options.finish_barrier));
+        ATOLL_RETURN_IF_ERROR(share({0, n_params}));
+      } else {
+        if (leader) ATOLL_RETURN_IF_ERROR(async->AfterStep(s + 1, run.model->params()).status());
+        if (async->PullsAt(s + 1)) ATOLL_RETURN_IF_ERROR(share({0, n_params}));
+      }
+      wait_s = async->last_wait_s();
+    }
     const double dt = NowSeconds() - t0;
     tokens += uint64_t(tc.batch_size) * uint64_t(seq);
     m.tokens = tokens;
@@ -562,10 +647,19 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     m.tokens_per_s = double(tc.batch_size) * seq / dt;
     if (run.sites > 1) {
       m.site = run.site;
-      m.wan_ms = run.wan_s * 1e3;
-      if (options.wan_bytes) m.wan_bytes = options.wan_bytes();
+      m.wan_ms = wait_s * 1e3;
+      if (async != nullptr)
+        m.wan_bytes_sent = async->bytes_sent();
+      else if (options.wan_bytes)
+        m.wan_bytes_sent = options.wan_bytes();
+      else if (lowcomm != nullptr)
+        m.wan_bytes_sent = lowcomm->bytes_sent();
+      if (!run.sync) {
+        m.sync_bytes_sent = uint64_t(double(s + 1) * 2.0 * double(run.sites - 1) /
+                                     double(run.sites) * 4.0 * double(NumParameters(cfg.model)));
+        m.outer_rounds = lowcomm != nullptr ? lowcomm->exchanges() : async->pushes();
+      }
     }
-    const bool last = s + 1 == tc.steps;
     if (run.num_val_windows > 0 && run.site == 0 &&
         (last || (tc.eval_every > 0 && (s + 1) % tc.eval_every == 0))) {
       ATOLL_ASSIGN_OR_RETURN(const double val_loss, Validate(run));
@@ -578,15 +672,27 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     if (tc.checkpoint_every > 0 && (s + 1) % tc.checkpoint_every == 0 && run.site == 0)
       ATOLL_RETURN_IF_ERROR(
           SaveCheckpoint(run, fmt::format("{}/checkpoint-{}", ck_dir, s + 1), s + 1));
+    if (options.die_after_step == s + 1 && leader) {
+      LogWarning("site {}: dying after step {} (fault injection)", run.site, s + 1);
+      std::fflush(nullptr);
+      std::_Exit(3);
+    }
   }
   const std::string final_dir = ck_dir + "/checkpoint";
   if (leader && me.dp() > 1 && tc.steps > start)
     LogInfo("data parallel: {:.2f} ms per step waiting for gradient reductions after backward",
             run.comm_wait_s * 1e3 / double(tc.steps - start));
-  if (run.wan != nullptr && tc.steps > start)
+  if (run.wan != nullptr && run.sync && tc.steps > start)
     LogInfo("site {}: {:.1f} ms per step in the WAN all-reduce across {} sites", run.site,
             run.wan_total_s * 1e3 / double(tc.steps - start), run.sites);
   if (leader && options.progress) progress.Finish();
+  if (leader && lowcomm != nullptr)
+    LogInfo("site {}: {} exchanges ({}), {:.1f} MB sent over the WAN", run.site,
+            lowcomm->exchanges(), strategy, double(lowcomm->bytes_sent()) / 1e6);
+  if (leader && async != nullptr)
+    LogInfo("site {}: {} pushes ({} refused as stale), {:.1f} MB pushed, {:.1f} MB pulled",
+            run.site, async->pushes(), async->refused(), double(async->bytes_sent()) / 1e6,
+            double(async->bytes_received()) / 1e6);
   if (run.site == 0) ATOLL_RETURN_IF_ERROR(SaveCheckpoint(run, final_dir, tc.steps));
   return final_dir;
 }

@@ -52,10 +52,21 @@
 // leader writes its own metrics.jsonl (with the site and the step's WAN time); site 0 alone
 // validates and writes checkpoints.
 //
-// Thread-safety: one Train call per process (it sets the OpenMP thread count).
+// The other strategies (world.strategy = "diloco", "streaming", "async"; train/strategy.h): each
+// site takes the same share of every step's batch as with sync, but its gradients stay in the
+// site (the loss is scaled by the site's micro-batches, the reported loss is the site's, the
+// clipping norm the site's gradient's) and its own AdamW steps its own replica; the sites agree
+// through the strategy's exchanges (diloco, streaming: TrainOptions::average) or the parameter
+// server (async: TrainOptions::ps), run by the leader after the optimizer step, and the site's
+// other ranks take the changed parameters by broadcast. Metrics add wan_bytes_sent,
+// sync_bytes_sent (what sync would have sent by then) and outer_rounds; wan_ms is the time the
+// step waited on the WAN.
+//
+// Thread-safety: one Train call per thread; OpenMP's thread count is set per calling thread.
 #pragma once
 
 #include <functional>
+#include <span>
 #include <string>
 
 #include "comm/communicator.h"
@@ -63,6 +74,8 @@
 #include "data/dataset.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "world/exchange.h"
+#include "world/ps.h"
 
 namespace atl {
 
@@ -85,6 +98,18 @@ struct TrainOptions {
   std::function<uint64_t()> wan_bytes;
   // Where checkpoints go (default: out_dir). With several sites only site 0 writes them.
   std::string checkpoint_dir;
+  // world.strategy "diloco" / "streaming", on the site's leader: the average over the live sites
+  // (SiteExchange::Average, world/exchange.h).
+  std::function<StatusOr<ExchangeResult>(int64_t round, std::span<float> data,
+                                         std::span<float> residual)>
+      average;
+  // world.strategy "async", on the site's leader: the parameter server, and the barrier at the
+  // end (returns when every live site has made its last push; may be empty).
+  ParameterServer* ps = nullptr;
+  std::function<Status()> finish_barrier;
+  // Fault injection (tests, benchmarks): the site's leader ends its process abruptly, as a
+  // crash would (no goodbye to the coordinator), right after this step; 0: never.
+  int64_t die_after_step = 0;
 };
 
 // Trains and returns the final checkpoint's directory. Bad config or data: kInvalidArgument /

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The low-communication and asynchronous strategies end to end, with `atoll launch` (3 sites x 1
+# rank, configs/tiny.toml, links of 5 ms and 200 Mbit/s, 1 s heartbeats):
+#   1. diloco (H = 5, int8) with site 2 dying after step 8: the world goes on (exit 0, the view
+#      says so), sites 0 and 1 finish every step, site 2's metrics stop at 8, the coordinator
+#      logged the death, and the exchanges after it averaged 2 sites;
+#   2. streaming (P = 2, tau = 1, int4): finishes; far fewer WAN bytes than sync would have sent;
+#   3. async (H = 4, int8): finishes with an operation log; `atoll replay` reproduces the final
+#      parameters bitwise; a tampered log is caught (exit 1, naming the update); a run dir that is
+#      not async is refused (exit 2).
+# Usage: strategies.sh ATOLL MPIEXEC
+set -euo pipefail
+MPIEXEC=${2:?usage: $0 ATOLL MPIEXEC}
+source "$(dirname "$0")/../e2e_lib.sh"
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+
+W=(--config configs/tiny.toml --set data.dir="$DATA" --set world.sites=3 --set train.batch_size=6
+  --set train.micro_batch_size=2 --set train.steps=20 --set world.link.latency_ms=5
+  --set world.link.bandwidth_mbps=200 --set world.link.jitter_ms=0 --set world.heartbeat_s=0.5
+  --insecure)
+
+last_step() { tail -1 "$1" | sed -E 's/.*"step":([0-9]+).*/\1/'; }
+field() { tail -1 "$2" | sed -E "s/.*\"$1\":([0-9.e+-]+).*/\1/"; }
+
+# 1. DiLoCo survives a site's death.
+rc=0
+"$ATOLL" launch "${W[@]}" --set world.strategy=diloco --set world.diloco.inner_steps=5 \
+  --set world.codec=int8 --fail-site 2@8 --out "$T/d" >"$T/d.out" 2>"$T/d.err" || rc=$?
+[[ $rc == 0 ]] || fail "diloco with a lost site exited $rc: $(tail -20 "$T/d.err")"
+grep -q "site 2 ended" "$T/d.err" || fail "launch did not report site 2's loss: $(tail "$T/d.err")"
+[[ -f $T/d/checkpoint/model.safetensors ]] || fail "diloco: no checkpoint"
+[[ $(last_step "$T/d/site-0/metrics.jsonl") == 20 ]] || fail "site 0 did not finish"
+[[ $(last_step "$T/d/site-1/metrics.jsonl") == 20 ]] || fail "site 1 did not finish"
+[[ $(last_step "$T/d/site-2/metrics.jsonl") == 8 ]] || fail "site 2 went past step 8"
+grep -q '"death"' "$T/d/coordinator.log" || fail "the coordinator logged no death"
+grep -q '"outer_rounds":4' "$T/d/site-0/metrics.jsonl" || fail "site 0 lacks 4 outer rounds"
+grep -q "\"val_loss\"" "$T/d/site-0/metrics.jsonl" || fail "site 0 did not validate"
+grep -q "exchanges (diloco)" "$T/d/site-0/train.log" || fail "no exchange summary in site 0's log"
+
+# 2. Streaming with int4: fewer bytes than sync by far.
+rc=0
+"$ATOLL" launch "${W[@]}" --set world.strategy=streaming --set world.diloco.inner_steps=10 \
+  --set world.streaming.fragments=2 --set world.streaming.overlap_steps=1 \
+  --set world.codec=int4 --out "$T/s" >"$T/s.out" 2>"$T/s.err" || rc=$?
+[[ $rc == 0 ]] || fail "streaming exited $rc: $(tail -20 "$T/s.err")"
+for s in 0 1 2; do
+  m="$T/s/site-$s/metrics.jsonl"
+  [[ $(last_step "$m") == 20 ]] || fail "streaming site $s did not finish"
+  sent=$(field wan_bytes_sent "$m")
+  sync=$(field sync_bytes_sent "$m")
+  awk -v a="$sent" -v b="$sync" 'BEGIN { exit !(a > 0 && a * 20 < b) }' ||
+    fail "streaming site $s sent $sent bytes, sync would have sent $sync"
+done
+
+# 3. Async, then replay.
+rc=0
+"$ATOLL" launch "${W[@]}" --set world.strategy=async --set world.diloco.inner_steps=4 \
+  --set world.codec=int8 --set world.async.max_staleness=1 --out "$T/a" >"$T/a.out" \
+  2>"$T/a.err" || rc=$?
+[[ $rc == 0 ]] || fail "async exited $rc: $(tail -20 "$T/a.err")"
+[[ -f $T/a/ops.jsonl ]] || fail "async: no operation log"
+updates=$(grep -c '"t":"update"' "$T/a/ops.jsonl")
+[[ $updates == 15 ]] || fail "async: $updates logged updates, 15 expected (3 sites x 5 pushes)"
+expect_exit 0 "$ATOLL" replay --run "$T/a" -q
+grep -q "bitwise identical" "$T/out" || fail "replay: $(cat "$T/out")"
+# A tampered log: another checksum for update 3.
+cp -r "$T/a" "$T/a2"
+python3 - "$T/a2/ops.jsonl" <<'PY'
+import json, sys
+p = sys.argv[1]
+lines = open(p).read().splitlines()
+out = []
+for l in lines:
+    j = json.loads(l)
+    if j.get("t") == "update" and j.get("id", j.get("update_id")) == 3:
+        j["checksum"] = "0123456789abcdef"
+        l = json.dumps(j, separators=(",", ":"))
+    out.append(l)
+open(p, "w").write("\n".join(out) + "\n")
+PY
+expect_exit 1 "$ATOLL" replay --run "$T/a2" -q
+expect_err "update 3"
+# Not an async run.
+expect_exit 2 "$ATOLL" replay --run "$T/d" -q
+expect_err "async"
+echo "OK"
