@@ -197,6 +197,11 @@ StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> d
       if (failed.from.empty()) {
         Status s = Decode(avg, std::span<float>(out.data() + mine.begin, mine.size));
         if (!s.ok()) failed.Add(me, s.WithContext(at + ": decoding this site's own piece"));
+        // Error feedback for the all-gather: the owner keeps what encoding the average lost
+        // (times m: the next average divides its contribution by m) and sends it next round.
+        if (s.ok() && !residual.empty())
+          for (size_t i = 0; i < mine.size; ++i)
+            residual[mine.begin + i] += float(m) * (acc[i] - out[mine.begin + i]);
       }
       for (size_t j = 0; j < m; ++j) {
         if (j == my) continue;

@@ -14,9 +14,10 @@
 //      piece's bytes are Encode(codec, piece of (data + residual))). The owner decodes the pieces
 //      it receives and its own (the decoded value of its own encoding, never the raw floats) and
 //      sums them in the order of L, in float32, then multiplies by 1/|L|.
-//   3. all-gather: the owner encodes its averaged piece (no error feedback) and sends it to every
-//      other site in L; every site, the owner included, takes Decode of those bytes. So all sites
-//      hold identical bits.
+//   3. all-gather: the owner encodes its averaged piece and sends it to every other site in L;
+//      every site, the owner included, takes Decode of those bytes. So all sites hold identical
+//      bits. The owner adds |L| * (average - decoded) to its residual over its piece (error
+//      feedback for this phase too: its next contribution carries what the average lost).
 //   4. commit: round function(R') gives M'. If the live set of M' equals L and every receive
 //      succeeded, the result is written into data and Average returns. If M' lost sites (one died
 //      during the exchange), every survivor sees the same M' and the whole exchange is redone
