@@ -30,6 +30,7 @@ run() {  # run BANDWIDTH LATENCY -> a table row
   local bw=$1 lat=$2 out="$T/w_$1_$2"
   "$ATOLL" launch --config configs/world-demo.toml --insecure -q --out "$out" \
     --set world.sites="$SITES" --set train.batch_size=$((8 * SITES)) --set train.steps="$STEPS" \
+    --set world.strategy=sync \
     --set train.eval_batches=0 --set world.link.bandwidth_mbps="$bw" \
     --set world.link.latency_ms="$lat" --set world.link.jitter_ms=0 \
     --set world.link.0-2.latency_ms="$lat" --set world.link.0-2.bandwidth_mbps="$bw" \
