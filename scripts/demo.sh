@@ -2,7 +2,8 @@
 # The main job: prepare the bundled corpus (State of the Union addresses, public domain), then train
 # one GPT across three emulated datacenters joined by slow WAN links (configs/world-demo.toml: 100
 # Mbit/s, 40-80 ms) with `atoll launch` — a coordinator, one site per mpirun, mutual TLS between
-# them, hierarchical synchronous all-reduce every step — showing one live view for a few minutes;
+# them, Streaming DiLoCo with 4-bit exchanges overlapped with training (--set world.strategy=sync
+# for an all-reduce every step) — showing one live view for a few minutes;
 # then evaluate the final checkpoint, print a text sample and the checkpoint's path.
 # Usage: scripts/demo.sh [--set section.key=value ...]   (e.g. --set train.steps=50)
 # The single-site engine: atoll train --config configs/small.toml --out runs/s1 (docs/USER_GUIDE.md).
