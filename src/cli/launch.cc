@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -616,6 +617,25 @@ StatusOr<int> Launch(const LaunchArgs& a) {
       {"OMP_NUM_THREADS", std::to_string(std::max(1u, cores / unsigned(sites * ranks)))},
   });
 
+  // Each site's mpirun gets its own OpenMPI session directory: several mpiruns starting at once
+  // share /tmp/ompi.HOST.UID and, rarely, one fails to make its part of it ("orte_session_dir
+  // failed", seen once in ~20 launches). Removed when launch returns.
+  struct TempDir {
+    std::string path;
+    ~TempDir() {
+      std::error_code ec;
+      if (!path.empty()) std::filesystem::remove_all(path, ec);
+    }
+  } mpi_tmp;
+  {
+    const char* t = std::getenv("TMPDIR");
+    std::string tmpl = std::string(t != nullptr && *t ? t : "/tmp") + "/atoll-mpi-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr)
+      return Status::IoError(fmt::format("launch: cannot make a temporary directory {}: {}", tmpl,
+                                         std::strerror(errno)));
+    mpi_tmp.path = tmpl;
+  }
+
   InstallStopHandlers();
   LiveView view(dir, cfg, a.quiet);
 
@@ -723,7 +743,11 @@ StatusOr<int> Launch(const LaunchArgs& a) {
       if (site == s) argv.insert(argv.end(), {"--die-after-step", std::to_string(step)});
     auto fd = OpenLog(c.log);
     if (!fd.ok()) return fail_start(fd.status());
-    auto pid = Spawn(argv, env, *fd, *fd);
+    const std::string site_tmp = fmt::format("{}/site-{}", mpi_tmp.path, s);
+    std::vector<std::string> site_env = env;
+    if (::mkdir(site_tmp.c_str(), 0700) == 0 && std::getenv("OMPI_MCA_orte_tmpdir_base") == nullptr)
+      site_env.push_back("OMPI_MCA_orte_tmpdir_base=" + site_tmp);
+    auto pid = Spawn(argv, site_env, *fd, *fd);
     ::close(*fd);
     if (!pid.ok()) return fail_start(pid.status());
     c.pid = *pid;
