@@ -9,6 +9,10 @@
 //     to the peer's stream at that time;
 //   - a worker thread per Communicator (CollectiveThread) that runs the collectives in call order:
 //     it queues chunks on the links and takes chunks from the inboxes, validating each.
+// Rejoining (Reconnect) replaces a peer's Link (the old one is retired: cancelled, its thread
+// joined later) and accepts the peer's new stream in place of its old one, giving its inbox a new
+// generation: chunks still arriving on the old stream carry the old generation and are dropped.
+// Fetch serves the published snapshot from the server's thread, paced like the link.
 // Sends are queued from the caller's thread (their payload is copied from the caller's buffer by
 // the sender thread just before the write) and receives run in the handle's Wait(), so
 // point-to-point messages never wait behind a collective.
@@ -31,8 +35,10 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "comm/collective_thread.h"
 #include "core/hash.h"
@@ -51,6 +57,10 @@ constexpr const char* kSiteHeader = "x-atoll-site";
 constexpr uint32_t kUnconfigured = 0xffffffffu;
 constexpr uint32_t kExchangeHello = 1;  // every incoming stream works
 constexpr uint32_t kExchangeReady = 2;  // every outgoing stream works (+ the link measurements)
+// Reconnect's hello (payload: the call's nonce), first on its new stream, and ready (payload:
+// the nonce of a hello that arrived on the peer's current stream).
+constexpr uint32_t kExchangeRejoin = 3;
+constexpr uint32_t kExchangeRejoinReady = 4;
 constexpr int kMaxMessageBytes = static_cast<int>(kWanMaxChunkBytes + (16 << 20));
 constexpr int kPingRounds = 3;
 
@@ -73,6 +83,18 @@ std::shared_ptr<const WanChunkHook> ChunkHook() {
   if (!g_hook_set.load(std::memory_order_relaxed)) return nullptr;
   std::lock_guard<std::mutex> lk(g_hook_mu);
   return g_hook;
+}
+
+std::shared_ptr<const WanFetchHook> g_fetch_hook;  // guarded by g_hook_mu
+
+std::shared_ptr<const WanFetchHook> FetchHook() {
+  std::lock_guard<std::mutex> lk(g_hook_mu);
+  return g_fetch_hook;
+}
+
+std::string NotConnected(int site) {
+  return fmt::format("site {} is not connected (absent when this site connected; see Reconnect)",
+                     site);
 }
 
 bool IsCollectiveOp(uint32_t op) {
@@ -289,10 +311,16 @@ struct P2pTag {
   std::map<uint64_t, std::deque<Received>> slots;
 };
 
-// The incoming half of a peer. Guarded by WanCore::mu_.
+// The incoming half of a peer. Guarded by WanCore::mu_. Replaced by a fresh one (the next
+// generation) whenever a stream of the peer is accepted, so that nothing an old stream delivered
+// (messages, poison, exchanges) is mixed with what a new incarnation sends.
 struct Inbox {
-  bool connected = false;  // its stream to us has opened
-  bool ended = false;      // ... and has ended
+  uint64_t generation = 0;  // streams of the peer accepted so far: the current one's number
+  uint64_t reconnects_at_accept = 0;      // this site's Reconnect(peer) calls when it was accepted
+  grpc::ServerContext* stream = nullptr;  // the current stream's, while its handler reads it
+  bool absent = false;                    // absent at Connect, and no stream from it since
+  bool connected = false;                 // its stream to us has opened
+  bool ended = false;                     // ... and has ended
   std::string end_reason;
   std::string poison;   // a chunk broke the stream's rules: every later operation with it fails
   std::string refused;  // why the last stream claiming to be this site was refused
@@ -301,6 +329,7 @@ struct Inbox {
   std::vector<double> probe_arrivals;
   std::map<uint32_t, double> pongs;       // ping tag -> arrival time
   std::map<uint32_t, std::string> infos;  // exchange kind -> payload
+  std::set<std::string> rejoin_readies;   // the nonces of the Reconnect readies received
 };
 
 class WanCore;
@@ -312,9 +341,23 @@ class TransportService final : public pb::Transport::Service {
                       pb::StreamReply* reply) override;
   grpc::Status Ping(grpc::ServerContext* context, const pb::Probe* request,
                     pb::Probe* reply) override;
+  grpc::Status Fetch(grpc::ServerContext* context, const pb::FetchRequest* request,
+                     grpc::ServerWriter<pb::FetchChunk>* writer) override;
 
  private:
   WanCore* core_;
+};
+
+// A published snapshot; its checksum is computed once, by the first fetch that needs it.
+struct Snapshot {
+  uint64_t index = 0;
+  std::shared_ptr<const std::string> blob;
+  std::once_flag hashed;
+  uint64_t hash = 0;
+  uint64_t Checksum() {
+    std::call_once(hashed, [this] { hash = Hash64(blob->data(), blob->size()); });
+    return hash;
+  }
 };
 
 // What a collective checks its chunks against.
@@ -334,6 +377,8 @@ class WanCore : public std::enable_shared_from_this<WanCore> {
 
   Status Listen(const std::string& address);
   StatusOr<std::unique_ptr<Communicator>> Connect(const WanOptions& options);
+  Status Reconnect(int peer, const std::string& address);
+  void Publish(uint64_t index, std::shared_ptr<const std::string> blob);
 
   std::string address() const { return address_; }
   std::vector<int> ring() const {
@@ -351,19 +396,36 @@ class WanCore : public std::enable_shared_from_this<WanCore> {
   int site() const { return site_; }
   int sites() const { return n_; }
   const WanOptions& options() const { return options_; }
+  // "site 2 (HOST:PORT)" with the peer's current address ("site 2 (absent)" while it has none).
   std::string PeerName(int p) const {
-    return fmt::format("site {} ({})", p, options_.peers[p].address);
+    std::lock_guard<std::mutex> lk(addr_mu_);
+    if (size_t(p) >= addresses_.size()) return fmt::format("site {}", p);
+    const std::string& a = addresses_[p];
+    if (a.empty())
+      return p == site_ ? fmt::format("site {}", p) : fmt::format("site {} (absent)", p);
+    return fmt::format("site {} ({})", p, a);
   }
 
   // ---- Used by the server. ----
   grpc::Status HandleStream(grpc::ServerContext* context, grpc::ServerReader<pb::Chunk>* reader);
   grpc::Status HandlePing(grpc::ServerContext* context, const pb::Probe* request, pb::Probe* reply);
+  grpc::Status HandleFetch(grpc::ServerContext* context, const pb::FetchRequest* request,
+                           grpc::ServerWriter<pb::FetchChunk>* writer);
 
   // ---- Used by the communicator. ----
-  // Files a chunk that arrived from `from` (also a send to ourselves).
-  void Dispatch(int from, PooledChunk chunk, double now);
+  // Files a chunk that arrived from `from` on its stream of this generation (0: a send to
+  // ourselves); chunks of a stream that a newer one replaced are dropped.
+  void Dispatch(int from, PooledChunk chunk, double now, uint64_t generation = 0);
   // Queues a chunk for `peer`; empty, or why the link cannot take it.
   std::string Enqueue(int peer, OutItem item);
+  // OK if collectives may run: kInvalidArgument after a Reconnect, kUnavailable with a site
+  // absent.
+  Status CollectivesAllowed() const;
+  // Reconnect(peer) calls so far: point-to-point numbering with the peer restarts when it changes.
+  uint64_t PeerEpoch(int peer) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return reconnects_[peer];
+  }
   // The next chunk of collective `seq` from `peer`.
   StatusOr<Received> PopCollective(int peer, uint64_t seq,
                                    const std::function<std::string()>& waiting_for);
@@ -392,9 +454,21 @@ class WanCore : public std::enable_shared_from_this<WanCore> {
   Status ConnectLink(Link* l, double deadline);
   // Writes one chunk; empty or why the stream broke.
   std::string WriteItem(Link* l, OutItem& item);
-  void Poison(int from, const std::string& why);
+  // The current link to `peer` (null: absent, or before Connect).
+  std::shared_ptr<Link> LinkTo(int peer) const {
+    std::lock_guard<std::mutex> lk(links_mu_);
+    return size_t(peer) < links_.size() ? links_[peer] : nullptr;
+  }
+  // A link to `peer` at `address`, not started.
+  std::shared_ptr<Link> MakeLink(int peer, const std::string& address) const;
+  std::string EnqueueOn(Link& l, OutItem item);
+  static OutItem Control(int site, uint32_t op, uint32_t tag, std::string payload,
+                         const std::shared_ptr<OpTracker>& tracker = nullptr, uint64_t op_seq = 0);
+  void Poison(int from, const std::string& why, uint64_t generation);
   void NoteRefusal(int claimed, const std::string& why);
   std::string IncomingState(int p) const;  // REQUIRES: mu_ held
+  // What a Reconnect waiting for `p` sees (hello_seen: a hello arrived on its current stream).
+  std::string RejoinState(int p, bool hello_seen) const;  // REQUIRES: mu_ held
   // Sends `payload` to every peer as exchange `kind` and returns what each peer sent.
   StatusOr<std::vector<std::string>> Exchange(uint32_t kind, const std::string& payload,
                                               double deadline);
@@ -412,17 +486,30 @@ class WanCore : public std::enable_shared_from_this<WanCore> {
   std::condition_variable cv_;
   bool configured_ = false;
   bool connect_called_ = false;
+  bool connected_ = false;  // Connect succeeded
   bool shutting_down_ = false;
   std::vector<Inbox> inboxes_;
   std::map<int, std::string> early_refusals_;  // refused before Connect: claimed site -> why
   std::set<uint64_t> failed_ops_;
   std::map<uint64_t, std::string> aborts_;  // collective -> why a peer gave it up
   std::vector<int> ring_;
+  std::vector<uint64_t> reconnects_;  // by site: Reconnect calls so far
 
   // Set by Connect before configured_ (then read-only).
   int site_ = -1, n_ = 0;
   WanOptions options_;
-  std::vector<std::unique_ptr<Link>> links_;  // by site; null for this one
+  std::vector<bool> absent_;                          // by site: absent at Connect
+  std::vector<std::optional<LinkProfile>> profiles_;  // by site: of the link to it
+  // The links by site (null for this one and absent ones), replaced by Reconnect; read by server
+  // threads too (pongs, aborts). Retired links stay until their threads are joined.
+  mutable std::mutex links_mu_;
+  std::vector<std::shared_ptr<Link>> links_;
+  std::vector<std::shared_ptr<Link>> retired_links_;
+  mutable std::mutex addr_mu_;
+  std::vector<std::string> addresses_;  // by site: the current address of its endpoint
+
+  std::mutex snapshot_mu_;
+  std::shared_ptr<Snapshot> snapshot_;
 
   std::shared_ptr<ChunkPool> chunk_pool_ = std::make_shared<ChunkPool>();
   std::shared_ptr<BlockPool> blocks_ = std::make_shared<BlockPool>();
@@ -444,6 +531,11 @@ grpc::Status TransportService::Stream(grpc::ServerContext* context,
 grpc::Status TransportService::Ping(grpc::ServerContext* context, const pb::Probe* request,
                                     pb::Probe* reply) {
   return core_->HandlePing(context, request, reply);
+}
+
+grpc::Status TransportService::Fetch(grpc::ServerContext* context, const pb::FetchRequest* request,
+                                     grpc::ServerWriter<pb::FetchChunk>* writer) {
+  return core_->HandleFetch(context, request, writer);
 }
 
 int ClaimedSite(const grpc::ServerContext& ctx) {
@@ -526,6 +618,7 @@ grpc::Status WanCore::HandleStream(grpc::ServerContext* context,
     NoteRefusal(claimed, bad);
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, bad);
   }
+  uint64_t generation = 0;
   {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return configured_ || shutting_down_; });
@@ -534,8 +627,30 @@ grpc::Status WanCore::HandleStream(grpc::ServerContext* context,
     if (claimed >= n_ || claimed == site_) {
       bad = fmt::format("it claims site {}, which is {}", claimed,
                         claimed == site_ ? "this site" : "not a site of this world");
-    } else if (inboxes_[claimed].connected) {
-      bad = fmt::format("site {} already has a stream here", claimed);
+    } else {
+      // A site's first stream (at Connect), one replacing a stream that ended (a new incarnation
+      // of a site that died), or one replacing any earlier stream once this site called
+      // Reconnect for that site after it was accepted (the old one may not have noticed its end
+      // yet). Otherwise the peer may have called Reconnect before this site: wait for that.
+      auto acceptable = [&] {
+        const Inbox& in = inboxes_[claimed];
+        return (!in.connected && !in.absent) || in.ended ||
+               reconnects_[claimed] > in.reconnects_at_accept;
+      };
+      cv_.wait_until(lk, AtSeconds(NowSeconds() + options_.timeout_s),
+                     [&] { return shutting_down_ || acceptable(); });
+      if (shutting_down_) return grpc::Status(grpc::StatusCode::CANCELLED, "shutting down");
+      if (!acceptable()) {
+        bad = inboxes_[claimed].connected
+                  ? fmt::format(
+                        "site {} already has a stream here (and this site did not call "
+                        "Reconnect({}) within {} s)",
+                        claimed, claimed, options_.timeout_s)
+                  : fmt::format(
+                        "site {} was absent when this site connected, and this site did "
+                        "not call Reconnect({}) within {} s",
+                        claimed, claimed, options_.timeout_s);
+      }
     }
     if (!bad.empty()) {
       lk.unlock();
@@ -543,44 +658,64 @@ grpc::Status WanCore::HandleStream(grpc::ServerContext* context,
       NoteRefusal(claimed < n_ && claimed != site_ ? claimed : -1, bad);
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, bad);
     }
-    inboxes_[claimed].connected = true;
+    Inbox& in = inboxes_[claimed];
+    if (in.stream) in.stream->TryCancel();  // the old stream, still open
+    if (in.connected)
+      LogDebug("wan site {}: a new stream from site {} replaces its old one", site_, claimed);
+    Inbox fresh;
+    fresh.generation = in.generation + 1;
+    fresh.reconnects_at_accept = reconnects_[claimed];
+    fresh.stream = context;
+    fresh.connected = true;
+    if (!in.connected) fresh.refused = std::move(in.refused);
+    in = std::move(fresh);
+    generation = in.generation;
   }
   cv_.notify_all();
   PooledChunk chunk(chunk_pool_->Get().release(), ChunkReturn{chunk_pool_});
   while (reader->Read(chunk.get())) {
-    Dispatch(claimed, std::move(chunk), NowSeconds());
+    Dispatch(claimed, std::move(chunk), NowSeconds(), generation);
     chunk = PooledChunk(chunk_pool_->Get().release(), ChunkReturn{chunk_pool_});
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
     Inbox& in = inboxes_[claimed];
-    in.ended = true;
-    in.end_reason = context->IsCancelled() ? "its stream was cancelled" : "it closed its stream";
+    if (in.generation == generation) {  // else a newer stream has replaced this one
+      in.ended = true;
+      in.end_reason = context->IsCancelled() ? "its stream was cancelled" : "it closed its stream";
+      in.stream = nullptr;
+    }
   }
   cv_.notify_all();
   return grpc::Status::OK;
 }
 
-void WanCore::Poison(int from, const std::string& why) {
+void WanCore::Poison(int from, const std::string& why, uint64_t generation) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!inboxes_[from].poison.empty()) return;
-    inboxes_[from].poison = why;
+    Inbox& in = inboxes_[from];
+    if (generation != 0 && in.generation != generation) return;  // a replaced stream
+    if (!in.poison.empty()) return;
+    in.poison = why;
   }
   LogWarning("wan site {}: {}: {}; every later operation with it fails", site_, PeerName(from),
              why);
   cv_.notify_all();
 }
 
-void WanCore::Dispatch(int from, PooledChunk chunk, double now) {
+void WanCore::Dispatch(int from, PooledChunk chunk, double now, uint64_t generation) {
   if (chunk->version() != kWanProtocolVersion) {
-    Poison(from, fmt::format("a chunk has protocol version {} (this site speaks {})",
-                             chunk->version(), kWanProtocolVersion));
+    Poison(from,
+           fmt::format("a chunk has protocol version {} (this site speaks {})", chunk->version(),
+                       kWanProtocolVersion),
+           generation);
     return;
   }
   if (chunk->from_site() != static_cast<uint32_t>(from)) {
-    Poison(from, fmt::format("a chunk claims from_site {} on the stream of site {}",
-                             chunk->from_site(), from));
+    Poison(from,
+           fmt::format("a chunk claims from_site {} on the stream of site {}", chunk->from_site(),
+                       from),
+           generation);
     return;
   }
   const uint32_t op = chunk->op();
@@ -594,6 +729,7 @@ void WanCore::Dispatch(int from, PooledChunk chunk, double now) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     Inbox& in = inboxes_[from];
+    if (generation != 0 && in.generation != generation) return;  // late, of a replaced stream
     if (IsCollectiveOp(op)) {
       in.collective.push_back({std::move(chunk), hash});
     } else if (op == uint32_t(CommOp::kSend)) {
@@ -608,6 +744,8 @@ void WanCore::Dispatch(int from, PooledChunk chunk, double now) {
       in.pongs[chunk->tag()] = now;
     } else if (op == kWanOpProbe) {
       in.probe_arrivals.push_back(now);
+    } else if (op == kWanOpInfo && chunk->tag() == kExchangeRejoinReady) {
+      in.rejoin_readies.insert(std::string(chunk->payload()));
     } else if (op == kWanOpInfo) {
       in.infos[chunk->tag()] = std::move(*chunk->mutable_payload());
     } else if (op == kWanOpAbort) {
@@ -624,7 +762,12 @@ void WanCore::Dispatch(int from, PooledChunk chunk, double now) {
 // Links.
 
 std::string WanCore::Enqueue(int peer, OutItem item) {
-  Link& l = *links_[peer];
+  std::shared_ptr<Link> l = LinkTo(peer);
+  if (!l) return NotConnected(peer);
+  return EnqueueOn(*l, std::move(item));
+}
+
+std::string WanCore::EnqueueOn(Link& l, OutItem item) {
   {
     std::lock_guard<std::mutex> lk(l.mu);
     if (!l.error.empty()) return l.error;
@@ -640,11 +783,11 @@ std::string WanCore::Enqueue(int peer, OutItem item) {
   return "";
 }
 
-void WanCore::EnqueueControl(int peer, uint32_t op, uint32_t tag, std::string payload,
-                             const std::shared_ptr<OpTracker>& tracker, uint64_t op_seq) {
+OutItem WanCore::Control(int site, uint32_t op, uint32_t tag, std::string payload,
+                         const std::shared_ptr<OpTracker>& tracker, uint64_t op_seq) {
   auto c = std::make_unique<pb::Chunk>();
   c->set_version(kWanProtocolVersion);
-  c->set_from_site(static_cast<uint32_t>(site_));
+  c->set_from_site(static_cast<uint32_t>(site));
   c->set_op(op);
   c->set_tag(tag);
   c->set_op_seq(op_seq);
@@ -652,9 +795,23 @@ void WanCore::EnqueueControl(int peer, uint32_t op, uint32_t tag, std::string pa
   OutItem item;
   item.chunk = std::move(c);
   item.tracker = tracker;
-  std::string err = Enqueue(peer, std::move(item));
+  return item;
+}
+
+void WanCore::EnqueueControl(int peer, uint32_t op, uint32_t tag, std::string payload,
+                             const std::shared_ptr<OpTracker>& tracker, uint64_t op_seq) {
+  std::string err = Enqueue(peer, Control(site_, op, tag, std::move(payload), tracker, op_seq));
   if (!err.empty())
     LogDebug("wan site {}: control message to site {} dropped: {}", site_, peer, err);
+}
+
+std::shared_ptr<Link> WanCore::MakeLink(int peer, const std::string& address) const {
+  auto l = std::make_shared<Link>();
+  l->peer = peer;
+  l->address = address;
+  if (profiles_[peer])
+    l->emu.emplace(*profiles_[peer], options_.seed, (uint64_t(site_) << 32) | uint64_t(peer));
+  return l;
 }
 
 Status WanCore::ConnectLink(Link* l, double deadline) {
@@ -859,6 +1016,7 @@ StatusOr<Received> WanCore::PopCollective(int peer, uint64_t seq,
       in.collective.pop_front();
       return r;
     }
+    if (in.absent) return Status::Unavailable(NotConnected(peer));
     if (!in.poison.empty())
       return Status::Corruption(fmt::format("{} is unusable: {}", PeerName(peer), in.poison));
     if (in.ended)
@@ -888,6 +1046,7 @@ StatusOr<Received> WanCore::PopMessage(int peer, uint32_t tag, uint64_t seq) {
         return r;
       }
     }
+    if (in.absent) return Status::Unavailable(NotConnected(peer));
     if (!in.poison.empty())
       return Status::Corruption(fmt::format("{} is unusable: {}", PeerName(peer), in.poison));
     if (in.ended)
@@ -942,11 +1101,26 @@ Status WanCore::WaitSent(OpTracker& t, int peer) {
 }
 
 void WanCore::AbortLink(int peer, const std::string& why) {
-  Link& l = *links_[peer];
-  std::lock_guard<std::mutex> lk(l.mu);
-  if (l.error.empty()) l.error = why;
-  if (l.ctx) l.ctx->TryCancel();
-  l.cv.notify_all();
+  std::shared_ptr<Link> l = LinkTo(peer);
+  if (!l) return;
+  std::lock_guard<std::mutex> lk(l->mu);
+  if (l->error.empty()) l->error = why;
+  if (l->ctx) l->ctx->TryCancel();
+  l->cv.notify_all();
+}
+
+Status WanCore::CollectivesAllowed() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (int p = 0; p < n_; ++p) {
+    if (reconnects_[p] > 0)
+      return Status::InvalidArgument(fmt::format(
+          "collectives are not supported after a Reconnect (site {} rejoined; the sites' "
+          "operation numbers no longer agree): use sends and receives",
+          p));
+  }
+  for (int p = 0; p < n_; ++p)
+    if (absent_[p]) return Status::Unavailable(NotConnected(p));
+  return Status::Ok();
 }
 
 void WanCore::FailOp(uint64_t seq, const std::string& why) {
@@ -962,7 +1136,9 @@ void WanCore::FailOp(uint64_t seq, const std::string& why) {
 std::string WanCore::IncomingState(int p) const {
   const Inbox& in = inboxes_[p];
   std::string s;
-  if (!in.connected)
+  if (in.absent)
+    s = "it was absent when this site connected and has not opened a stream since";
+  else if (!in.connected)
     s = "it never opened its stream to this site";
   else if (in.ended)
     s = fmt::format("its stream ended: {}", in.end_reason);
@@ -975,19 +1151,30 @@ std::string WanCore::IncomingState(int p) const {
   return s;
 }
 
+std::string WanCore::RejoinState(int p, bool hello_seen) const {
+  const Inbox& in = inboxes_[p];
+  if (hello_seen) return IncomingState(p);
+  std::string s = in.connected && !in.ended
+                      ? "it has not opened a new stream to this site (its old one is still open)"
+                      : "it has not opened a new stream to this site";
+  if (!in.refused.empty())
+    s += fmt::format("; a stream claiming to be it was refused: {}", in.refused);
+  return s;
+}
+
 // ------------------------------------------------------------------------------------------
 // Connect.
 
 StatusOr<std::vector<std::string>> WanCore::Exchange(uint32_t kind, const std::string& payload,
                                                      double deadline) {
   for (int p = 0; p < n_; ++p)
-    if (p != site_) EnqueueControl(p, kWanOpInfo, kind, payload);
+    if (p != site_ && !absent_[p]) EnqueueControl(p, kWanOpInfo, kind, payload);
   std::unique_lock<std::mutex> lk(mu_);
   std::vector<std::string> out(n_);
   for (;;) {
     std::vector<int> missing;
     for (int p = 0; p < n_; ++p) {
-      if (p == site_) continue;
+      if (p == site_ || absent_[p]) continue;
       const Inbox& in = inboxes_[p];
       if (in.infos.count(kind)) continue;
       if (!in.poison.empty() || in.ended)
@@ -1006,7 +1193,7 @@ StatusOr<std::vector<std::string>> WanCore::Exchange(uint32_t kind, const std::s
     }
   }
   for (int p = 0; p < n_; ++p)
-    if (p != site_) out[p] = inboxes_[p].infos[kind];
+    if (p != site_ && !absent_[p]) out[p] = inboxes_[p].infos[kind];
   return out;
 }
 
@@ -1078,13 +1265,14 @@ StatusOr<std::unique_ptr<Communicator>> WanCore::Connect(const WanOptions& o) {
   if (n < 1) return bad("no peers (the list must hold every site, this one included)");
   if (o.site < 0 || o.site >= n)
     return bad(fmt::format("site {} is not one of the {} peers", o.site, n));
+  std::vector<bool> absent(n, false);
   for (int p = 0; p < n; ++p) {
     if (o.peers[p].site != p)
       return bad(
           fmt::format("peers must be ordered by site: entry {} is site {}", p, o.peers[p].site));
-    if (p != o.site && o.peers[p].address.empty())
-      return bad(fmt::format("site {} has no address", p));
+    absent[p] = p != o.site && o.peers[p].address.empty();
   }
+  const bool any_absent = std::find(absent.begin(), absent.end(), true) != absent.end();
   if (o.chunk_bytes < 1 || o.chunk_bytes > kWanMaxChunkBytes)
     return bad(fmt::format("chunk_bytes {} must be in 1..{}", o.chunk_bytes, kWanMaxChunkBytes));
   if (!(o.timeout_s > 0) || !std::isfinite(o.timeout_s))
@@ -1107,29 +1295,31 @@ StatusOr<std::unique_ptr<Communicator>> WanCore::Connect(const WanOptions& o) {
     site_ = o.site;
     n_ = n;
     options_ = o;
+    absent_ = absent;
+    profiles_ = profiles;
     inboxes_ = std::vector<Inbox>(n);
+    reconnects_.assign(n, 0);
     for (auto& [s, why] : early_refusals_)
       if (s < n && s != site_) inboxes_[s].refused = why;
-    links_.resize(n);
-    for (int p = 0; p < n; ++p) {
-      if (p == site_) continue;
-      auto l = std::make_unique<Link>();
-      l->peer = p;
-      l->address = o.peers[p].address;
-      if (profiles[p]) l->emu.emplace(*profiles[p], o.seed, (uint64_t(site_) << 32) | uint64_t(p));
-      links_[p] = std::move(l);
+    for (int p = 0; p < n; ++p) inboxes_[p].absent = absent[p];
+    {
+      std::lock_guard<std::mutex> alk(addr_mu_);
+      for (int p = 0; p < n; ++p) addresses_.push_back(o.peers[p].address);
     }
+    std::lock_guard<std::mutex> llk(links_mu_);
+    links_.resize(n);
+    for (int p = 0; p < n; ++p)
+      if (p != site_ && !absent[p]) links_[p] = MakeLink(p, o.peers[p].address);
     configured_ = true;
   }
   cv_.notify_all();
-  for (int p = 0; p < n; ++p) {
-    if (p == site_) continue;
-    Link* l = links_[p].get();
-    l->thread = std::thread([this, l, deadline] { SenderMain(l, deadline); });
-  }
-  for (int p = 0; p < n; ++p) {
-    if (p == site_) continue;
-    Status s = links_[p]->connected.get_future().get();
+  // links_ holds only these links until Connect returns (Reconnect needs a connected endpoint).
+  std::vector<Link*> links;
+  for (int p = 0; p < n; ++p)
+    if (auto l = LinkTo(p)) links.push_back(l.get());
+  for (Link* l : links) l->thread = std::thread([this, l, deadline] { SenderMain(l, deadline); });
+  for (Link* l : links) {
+    Status s = l->connected.get_future().get();
     if (!s.ok()) return s.WithContext(prefix);
   }
   auto hello = Exchange(kExchangeHello, "", deadline);
@@ -1138,7 +1328,7 @@ StatusOr<std::unique_ptr<Communicator>> WanCore::Connect(const WanOptions& o) {
   std::vector<int> ring(n);
   for (int i = 0; i < n; ++i) ring[i] = i;
   std::string mine;
-  const bool measure = o.choose_ring && n >= 3;
+  const bool measure = o.choose_ring && n >= 3 && !any_absent;
   if (measure) {
     std::vector<double> bw_in, rtt;
     Status s = MeasureLinks(deadline, &bw_in, &rtt);
@@ -1180,8 +1370,211 @@ StatusOr<std::unique_ptr<Communicator>> WanCore::Connect(const WanOptions& o) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     ring_ = ring;
+    connected_ = true;
   }
   return MakeCommunicator(shared_from_this(), ring);
+}
+
+Status WanCore::Reconnect(int peer, const std::string& address) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!connected_)
+      return Status::InvalidArgument(
+          fmt::format("wan {}: reconnect to site {}: Connect has not succeeded on this endpoint",
+                      address_, peer));
+  }
+  const std::string prefix = fmt::format("site {}: reconnect", site_);
+  if (peer < 0 || peer >= n_ || peer == site_)
+    return Status::InvalidArgument(
+        fmt::format("{}: site {} is {}", prefix, peer,
+                    peer == site_ ? "this site" : "not a site of this world"));
+  if (address.empty())
+    return Status::InvalidArgument(fmt::format("{}: no address for site {}", prefix, peer));
+  const double timeout = options_.timeout_s;
+  const double deadline = NowSeconds() + timeout;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++reconnects_[peer];
+  }
+  cv_.notify_all();  // a new stream of the peer waiting in HandleStream may be accepted now
+  {
+    std::lock_guard<std::mutex> lk(addr_mu_);
+    addresses_[peer] = address;
+  }
+
+  // Retire the old link: cancelled at once (chunks still queued are dropped), joined later.
+  // Links retired earlier whose threads have ended are joined and freed now.
+  std::shared_ptr<Link> l = MakeLink(peer, address), old;
+  std::vector<std::shared_ptr<Link>> finished;
+  {
+    std::lock_guard<std::mutex> lk(links_mu_);
+    for (auto it = retired_links_.begin(); it != retired_links_.end();) {
+      bool exited;
+      {
+        std::lock_guard<std::mutex> llk((*it)->mu);
+        exited = (*it)->exited;
+      }
+      if (exited) {
+        finished.push_back(std::move(*it));
+        it = retired_links_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    old = std::exchange(links_[peer], l);
+    if (old) retired_links_.push_back(old);
+  }
+  for (auto& f : finished)
+    if (f->thread.joinable()) f->thread.join();
+  if (old) {
+    std::lock_guard<std::mutex> lk(old->mu);
+    if (old->error.empty()) old->error = fmt::format("the link to site {} was replaced", peer);
+    old->closing = true;
+    if (old->ctx) old->ctx->TryCancel();
+    old->cv.notify_all();
+  }
+
+  // The handshake. Each call has a nonce; its hello, carrying it, is the first chunk of its new
+  // stream (written once the link connects). A hello arriving on the peer's current stream here
+  // is answered by a ready echoing its nonce. Done when the peer's current stream carried a hello
+  // (answered) and a ready echoing this call's nonce: the peer accepted this call's stream and its
+  // stream into this site works. Nonces keep what an earlier call or a failed attempt left on
+  // either side (hellos, readies, a stale stream accepted late) from counting.
+  static std::atomic<uint64_t> calls{0};
+  const std::string nonce = fmt::format("{}-{:08x}{:08x}-{}", site_, std::random_device{}(),
+                                        std::random_device{}(), calls.fetch_add(1));
+  EnqueueOn(*l, Control(site_, kWanOpInfo, kExchangeRejoin, nonce));
+  Link* raw = l.get();
+  l->thread = std::thread([this, raw, deadline] { SenderMain(raw, deadline); });
+  Status s = l->connected.get_future().get();
+  if (!s.ok()) return s.WithContext(prefix);
+
+  uint64_t answered = 0;  // the generation of the peer's stream whose hello was answered (0: none)
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    const Inbox& in = inboxes_[peer];
+    if (in.generation != answered && in.infos.count(kExchangeRejoin)) {
+      answered = in.generation;
+      std::string hello = in.infos.at(kExchangeRejoin);
+      lk.unlock();
+      EnqueueOn(*l, Control(site_, kWanOpInfo, kExchangeRejoinReady, std::move(hello)));
+      lk.lock();
+      continue;
+    }
+    if (in.generation == answered && in.rejoin_readies.count(nonce)) break;
+    std::string link_error;
+    {
+      std::lock_guard<std::mutex> llk(l->mu);
+      link_error = l->error;
+    }
+    const bool late = NowSeconds() >= deadline;
+    if (late || !link_error.empty() || shutting_down_) {
+      if (shutting_down_) return Status::Unavailable(prefix + ": the endpoint is shutting down");
+      const bool hello_seen = answered != 0 && answered == in.generation;
+      std::string what = RejoinState(peer, hello_seen);
+      if (!link_error.empty())
+        what += fmt::format("; this site's new stream to it: {}", link_error);
+      const char* missing = hello_seen ? "no confirmation that this site's hello arrived there"
+                                       : "no hello on a new stream from it";
+      return Status::Unavailable(late ? fmt::format("{}: {}: {} within {} s: {}", prefix,
+                                                    PeerName(peer), missing, timeout, what)
+                                      : fmt::format("{}: {}: {}", prefix, PeerName(peer), what));
+    }
+    // Polls the link (its sender thread does not signal cv_).
+    cv_.wait_until(lk, AtSeconds(std::min(deadline, NowSeconds() + 0.05)));
+  }
+  lk.unlock();
+  LogDebug("wan site {}: reconnected to {}", site_, PeerName(peer));
+  return Status::Ok();
+}
+
+void WanCore::Publish(uint64_t index, std::shared_ptr<const std::string> blob) {
+  auto snap = std::make_shared<Snapshot>();
+  snap->index = index;
+  snap->blob = blob ? std::move(blob) : std::make_shared<const std::string>();
+  std::lock_guard<std::mutex> lk(snapshot_mu_);
+  snapshot_ = std::move(snap);
+}
+
+grpc::Status WanCore::HandleFetch(grpc::ServerContext* context, const pb::FetchRequest* request,
+                                  grpc::ServerWriter<pb::FetchChunk>* writer) {
+  const int64_t from = request->from_site();
+  auto refuse = [&](grpc::StatusCode code, const std::string& why) {
+    LogWarning("wan {}: refused a snapshot fetch from {} (site {}): {}", address_, context->peer(),
+               from, why);
+    return grpc::Status(code, why);
+  };
+  grpc::Status auth = CheckToken(*context, security_);
+  if (!auth.ok()) return refuse(auth.error_code(), auth.error_message());
+  if (request->version() != kWanProtocolVersion)
+    return refuse(grpc::StatusCode::FAILED_PRECONDITION,
+                  fmt::format("protocol version {}, this endpoint speaks {}", request->version(),
+                              kWanProtocolVersion));
+  if (ClaimedSite(*context) != from)
+    return refuse(grpc::StatusCode::INVALID_ARGUMENT,
+                  fmt::format("the request is from site {} but its {} header says otherwise", from,
+                              kSiteHeader));
+  if (std::string bad = CertificateMismatch(*context, static_cast<int>(from)); !bad.empty())
+    return refuse(grpc::StatusCode::PERMISSION_DENIED, bad);
+  std::shared_ptr<Snapshot> snap;
+  {
+    std::lock_guard<std::mutex> lk(snapshot_mu_);
+    snap = snapshot_;
+  }
+  std::string self = fmt::format("wan {}", address_);
+  std::optional<LinkEmulator> emu;
+  int me = -1;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (configured_) {
+      me = site_;
+      self = fmt::format("site {}", site_);
+      if (from >= n_ || from == site_)
+        return refuse(grpc::StatusCode::INVALID_ARGUMENT,
+                      fmt::format("it claims site {}, which is {}", from,
+                                  from == site_ ? "this site" : "not a site of this world"));
+      // Its own stream of jitter draws, apart from the link's.
+      if (profiles_[from])
+        emu.emplace(*profiles_[from], options_.seed,
+                    (uint64_t{1} << 63) | (uint64_t(site_) << 32) | uint64_t(from));
+    }
+  }
+  if (!snap || snap->index < request->min_index()) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        snap ? fmt::format("{} has no snapshot with index >= {} (its latest is {})",
+                                           self, request->min_index(), snap->index)
+                             : fmt::format("{} has published no snapshot", self));
+  }
+  const std::string& blob = *snap->blob;
+  const uint64_t checksum = snap->Checksum();
+  const auto hook = FetchHook();
+  // The whole snapshot is handed to the emulated link at once; each piece is written at its
+  // emulated arrival (pacing by bandwidth, plus latency once), as the link's delay queue would.
+  const double t0 = NowSeconds();
+  size_t off = 0;
+  pb::FetchChunk piece;
+  do {
+    const size_t n = std::min(kWanSnapshotPieceBytes, blob.size() - off);
+    piece.set_index(snap->index);
+    piece.set_total(blob.size());
+    piece.set_offset(off);
+    piece.set_data(blob.data() + off, n);
+    piece.set_checksum(checksum);
+    if (hook) (*hook)(me, static_cast<int>(from), piece);
+    if (emu) {
+      const double arrive = emu->Send(t0, n + 64).arrive_s;
+      std::unique_lock<std::mutex> lk(mu_);
+      if (cv_.wait_until(lk, AtSeconds(arrive), [&] { return shutting_down_; }))
+        return grpc::Status(grpc::StatusCode::CANCELLED, "shutting down");
+    }
+    if (context->IsCancelled() || !writer->Write(piece))
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the fetch was cancelled");
+    bytes_sent_ += n;
+    off += n;
+  } while (off < blob.size());
+  LogDebug("wan {}: served snapshot {} ({} bytes) to site {}", self, snap->index, blob.size(),
+           from);
+  return grpc::Status::OK;
 }
 
 // gRPC allocates a fresh buffer for every socket read and frees it once the message is parsed;
@@ -1225,16 +1618,22 @@ WanCore::~WanCore() {
     shutting_down_ = true;
   }
   cv_.notify_all();
-  for (auto& l : links_) {
-    if (!l) continue;
+  std::vector<std::shared_ptr<Link>> links;
+  {
+    std::lock_guard<std::mutex> lk(links_mu_);
+    for (auto& l : links_)
+      if (l) links.push_back(l);
+    links.insert(links.end(), retired_links_.begin(), retired_links_.end());
+  }
+  for (auto& l : links) {
     std::lock_guard<std::mutex> lk(l->mu);
     l->closing = true;
     l->cv.notify_all();
   }
   // Each stream gets a moment to finish cleanly; then it is cancelled.
   const double grace = NowSeconds() + 2.0;
-  for (auto& l : links_) {
-    if (!l || !l->thread.joinable()) continue;
+  for (auto& l : links) {
+    if (!l->thread.joinable()) continue;
     {
       std::unique_lock<std::mutex> lk(l->mu);
       if (!l->cv.wait_until(lk, AtSeconds(grace), [&] { return l->exited; }) && l->ctx)
@@ -1412,6 +1811,11 @@ class WanCommunicator final : public Communicator {
                    std::function<Status(const OpInfo&)> run) {
     Status s = CheckArgs(op, count, dtype, root);
     if (!s.ok()) return CommHandle::Done(s);
+    if (n_ > 1) {
+      // With a site absent, or after a Reconnect, the ring cannot run: fail now, not hang.
+      s = core_->CollectivesAllowed();
+      if (!s.ok()) return CommHandle::Done(s.WithContext(ErrorPrefix(op, count, dtype, root)));
+    }
     core_->CountOp();
     OpInfo o{op, next_seq_++, dtype, total, root, ErrorPrefix(op, count, dtype, root)};
     if (!worker_) worker_ = std::make_unique<CollectiveThread>();
@@ -1424,6 +1828,17 @@ class WanCommunicator final : public Communicator {
         },
         0, o.prefix);
     return CommHandle(std::make_unique<TimedWait>(core_, std::move(h)));
+  }
+
+  // After a Reconnect with `peer`, point-to-point numbering with it starts again at 1 (as on the
+  // other side, whose inbox for this site is fresh).
+  void SyncEpoch(int peer) {
+    if (peer == rank_) return;
+    const uint64_t e = core_->PeerEpoch(peer);
+    if (e == epochs_[peer]) return;
+    epochs_[peer] = e;
+    std::erase_if(send_seq_, [&](const auto& kv) { return kv.first.first == peer; });
+    std::erase_if(recv_seq_, [&](const auto& kv) { return kv.first.first == peer; });
   }
 
   uint8_t* Staging(size_t bytes) {
@@ -1643,8 +2058,9 @@ class WanCommunicator final : public Communicator {
   int pos_ = 0, next_ = 0, prev_ = 0;
   size_t chunk_bytes_ = 1 << 20;
   uint64_t next_seq_ = 1;
-  std::map<std::pair<int, int>, uint64_t> send_seq_, recv_seq_;
-  std::unique_ptr<uint8_t[]> staging_;  // the worker's
+  std::map<std::pair<int, int>, uint64_t> send_seq_, recv_seq_;  // (peer, tag) -> last message
+  std::vector<uint64_t> epochs_ = std::vector<uint64_t>(n_, 0);  // by peer: PeerEpoch seen
+  std::unique_ptr<uint8_t[]> staging_;                           // the worker's
   size_t staging_cap_ = 0;
   std::unique_ptr<CollectiveThread> worker_;  // last: joined first
 };
@@ -1654,6 +2070,7 @@ CommHandle WanCommunicator::ISend(const void* data, size_t count, DType dtype, i
   if (!s.ok()) return CommHandle::Done(s);
   core_->CountOp();
   const std::string prefix = ErrorPrefix(CommOp::kSend, count, dtype, dest, tag);
+  SyncEpoch(dest);
   const uint64_t seq = ++send_seq_[{dest, tag}];
   const size_t es = DTypeSize(dtype), ce = ChunkElems(dtype);
   const char* src = static_cast<const char*>(data);
@@ -1703,6 +2120,7 @@ CommHandle WanCommunicator::IRecv(void* data, size_t count, DType dtype, int sou
   Status s = CheckArgs(CommOp::kRecv, count, dtype, source, tag);
   if (!s.ok()) return CommHandle::Done(s);
   core_->CountOp();
+  SyncEpoch(source);
   const uint64_t seq = ++recv_seq_[{source, tag}];
   return CommHandle(std::make_unique<TimedWait>(
       core_, CommHandle(std::make_unique<RecvWait>(
@@ -1722,6 +2140,12 @@ class WanEndpointImpl final : public WanEndpoint {
   StatusOr<std::unique_ptr<Communicator>> Connect(const WanOptions& options) override {
     return core_->Connect(options);
   }
+  Status Reconnect(int site, const std::string& address) override {
+    return core_->Reconnect(site, address);
+  }
+  void Publish(uint64_t index, std::shared_ptr<const std::string> blob) override {
+    core_->Publish(index, std::move(blob));
+  }
   std::vector<int> ring() const override { return core_->ring(); }
   WanStats stats() const override { return core_->stats(); }
 
@@ -1735,6 +2159,94 @@ void SetWanChunkHookForTesting(WanChunkHook hook) {
   std::lock_guard<std::mutex> lk(g_hook_mu);
   g_hook = hook ? std::make_shared<const WanChunkHook>(std::move(hook)) : nullptr;
   g_hook_set.store(g_hook != nullptr);
+}
+
+void SetWanFetchHookForTesting(WanFetchHook hook) {
+  std::lock_guard<std::mutex> lk(g_hook_mu);
+  g_fetch_hook = hook ? std::make_shared<const WanFetchHook>(std::move(hook)) : nullptr;
+}
+
+StatusOr<std::pair<uint64_t, std::string>> FetchSnapshot(const std::string& address,
+                                                         const WorldSecurity& security, int site,
+                                                         uint64_t min_index, double timeout_s) {
+  const std::string prefix = fmt::format("site {}: fetch snapshot from {}", site, address);
+  if (address.empty())
+    return Status::InvalidArgument(fmt::format("site {}: fetch snapshot: no address", site));
+  if (site < 0) return Status::InvalidArgument(fmt::format("{}: bad site {}", prefix, site));
+  if (!(timeout_s > 0) || !std::isfinite(timeout_s))
+    return Status::InvalidArgument(
+        fmt::format("{}: timeout_s {} must be a finite number > 0", prefix, timeout_s));
+  auto channel = MakeChannel(address, security, grpc::ChannelArguments(), kMaxMessageBytes);
+  auto stub = pb::Transport::NewStub(channel);
+  grpc::ClientContext ctx;
+  AddToken(&ctx, security);
+  ctx.AddMetadata(kSiteHeader, std::to_string(site));
+  ctx.set_deadline(AtSecondsSystem(NowSeconds() + timeout_s));
+  pb::FetchRequest req;
+  req.set_version(kWanProtocolVersion);
+  req.set_from_site(static_cast<uint32_t>(site));
+  req.set_min_index(min_index);
+  auto reader = stub->Fetch(&ctx, req);
+  // Every piece must continue the previous one and agree on the snapshot (index, size, checksum).
+  pb::FetchChunk piece;
+  std::string out, bad;
+  bool first = true;
+  uint64_t index = 0, total = 0, checksum = 0;
+  while (reader->Read(&piece)) {
+    if (first) {
+      first = false;
+      index = piece.index();
+      total = piece.total();
+      checksum = piece.checksum();
+      if (index < min_index)
+        bad = fmt::format("it sent snapshot {}, older than the {} asked for", index, min_index);
+      else
+        out.reserve(std::min<uint64_t>(total, uint64_t{4} << 30));
+    } else if (piece.index() != index || piece.total() != total || piece.checksum() != checksum) {
+      bad = fmt::format(
+          "a piece says snapshot {} of {} bytes (checksum {}), the first said {} of {} ({})",
+          piece.index(), piece.total(), HashToHex(piece.checksum()), index, total,
+          HashToHex(checksum));
+    }
+    if (bad.empty() && piece.offset() != out.size())
+      bad = fmt::format("a piece at offset {}, expected {}", piece.offset(), out.size());
+    if (bad.empty() && piece.data().size() > total - out.size())
+      bad = fmt::format("a piece of {} bytes at offset {} runs past the snapshot's {} bytes",
+                        piece.data().size(), piece.offset(), total);
+    if (!bad.empty()) {
+      ctx.TryCancel();
+      break;
+    }
+    out.append(piece.data());
+  }
+  grpc::Status s = reader->Finish();
+  if (!bad.empty()) return Status::Corruption(fmt::format("{}: {}", prefix, bad));
+  if (!s.ok()) {
+    switch (s.error_code()) {
+      case grpc::StatusCode::NOT_FOUND:
+        return Status::NotFound(fmt::format("{}: {}", prefix, s.error_message()));
+      case grpc::StatusCode::UNAUTHENTICATED:
+      case grpc::StatusCode::PERMISSION_DENIED:
+      case grpc::StatusCode::FAILED_PRECONDITION:
+      case grpc::StatusCode::INVALID_ARGUMENT:
+        return Status::Unavailable(
+            fmt::format("{}: it refused this site: {}", prefix, s.error_message()));
+      case grpc::StatusCode::DEADLINE_EXCEEDED:
+        return Status::Unavailable(fmt::format("{}: not done within {} s ({} of {} bytes)", prefix,
+                                               timeout_s, out.size(), total));
+      default:
+        return Status::Unavailable(fmt::format("{}: {}", prefix, s.error_message()));
+    }
+  }
+  if (first) return Status::Corruption(fmt::format("{}: the reply held no piece", prefix));
+  if (out.size() != total)
+    return Status::Corruption(
+        fmt::format("{}: the reply ended after {} of {} bytes", prefix, out.size(), total));
+  if (const uint64_t h = Hash64(out.data(), out.size()); h != checksum)
+    return Status::Corruption(
+        fmt::format("{}: checksum mismatch (XXH3 of the {} bytes received {}, it says {})", prefix,
+                    out.size(), HashToHex(h), HashToHex(checksum)));
+  return std::pair<uint64_t, std::string>(index, std::move(out));
 }
 
 StatusOr<std::unique_ptr<WanEndpoint>> WanEndpoint::Listen(const std::string& address,

@@ -59,8 +59,33 @@
 // Streams send keepalive pings (20 s) so an idle WAN connection stays open and a dead one is
 // noticed.
 //
+// Absent sites and rejoining: a site that dropped out of the world may come back at a round
+// boundary as a new process (a new endpoint at a new address, the same site index):
+//   - Absent peers. In WanOptions::peers an empty address for another site means that site is
+//     absent. Connect opens no link to it and does not wait for it (the hello and ready exchanges
+//     skip it); with any site absent the ring is in site order and the links are not measured.
+//     A send to or receive from a peer that is not connected fails at once with kUnavailable
+//     ("site 2 is not connected (absent when this site connected; see Reconnect)"), as does every
+//     collective while a site is absent. A Connect where every other site is absent returns at
+//     once: that is how a rejoining site starts, before it calls Reconnect for each live peer.
+//   - Reconnect(k, address) replaces the link with site k: the old outgoing stream is cancelled,
+//     a new one opened to `address` (same emulated LinkProfile), and k's new stream into this
+//     site accepted in place of its old one, whose state is dropped. Both sides call it for each
+//     other (either first, within timeout_s); see Reconnect below. Point-to-point state with k
+//     starts fresh: the next message on every (k, tag) is message 1 again on both sides, so
+//     tags may be reused, and nothing of the old incarnation (queued chunks, received messages, a
+//     poisoned stream) reaches the new one. Collectives are not supported after any Reconnect
+//     (their operation numbers would no longer agree across sites): they fail at once with
+//     kInvalidArgument.
+//   - Snapshots. Publish stores the endpoint's current snapshot (opaque bytes, e.g. the model's
+//     parameters, with an increasing index); a rejoining site fetches it with FetchSnapshot from
+//     a live peer before it rejoins. The transfer is chunked (1 MiB), paced like the emulated link
+//     from the serving site to the asking one, counted in the server's bytes_sent, and verified
+//     by the client (offsets, size, an XXH3-64 checksum of the whole snapshot).
+//
 // Stats: payload bytes of operations sent and received, operations started, and the seconds
 // callers spent waiting for them (blocking calls and Wait()), for the live view and benchmarks.
+// Snapshot bytes served count as sent. Stats accumulate across Reconnects.
 //
 // Thread-safety: as Communicator (one thread issues operations); the endpoint's server threads are
 // internal. WanEndpoint's methods may be called from any thread.
@@ -70,6 +95,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -83,12 +109,14 @@ inline constexpr uint32_t kWanProtocolVersion = 1;
 
 struct WanPeer {
   int site = 0;
-  std::string address;  // host:port of its WanEndpoint
+  std::string address;  // host:port of its WanEndpoint; empty: the site is absent (not this one)
 };
 
 struct WanOptions {
-  int site = 0;                // this site (its rank in the returned Communicator)
-  std::vector<WanPeer> peers;  // every site, this one included, ordered by site
+  int site = 0;  // this site (its rank in the returned Communicator)
+  // Every site, this one included, ordered by site. Another site with an empty address is
+  // absent: no link to it until Reconnect.
+  std::vector<WanPeer> peers;
   // The emulated profile of the directed link from -> to (default: no emulation).
   std::function<LinkProfile(int from, int to)> link;
   size_t chunk_bytes = 1 << 20;  // 1 .. 256 MiB
@@ -120,15 +148,51 @@ class WanEndpoint {
   // host:port with the bound port.
   virtual std::string address() const = 0;
   // Connects to every peer (waiting up to options.timeout_s for them to listen), measures the
-  // links and agrees on the ring. Collective over the sites. Call once (a failed Connect leaves
-  // the endpoint unusable). Errors name the site and what is missing, e.g. "site 0: connect:
-  // site 2 (HOST:PORT) did not answer within 120 s (last: ...)", or "... refused this site:
-  // ... missing or wrong token".
+  // links and agrees on the ring. Collective over the sites that are not absent (an empty
+  // address): absent ones are skipped, and with any absent the ring is in site order, unmeasured.
+  // Call once (a failed Connect leaves the endpoint unusable). Errors name the site and what is
+  // missing, e.g. "site 0: connect: site 2 (HOST:PORT) did not answer within 120 s (last: ...)",
+  // or "... refused this site: ... missing or wrong token".
   virtual StatusOr<std::unique_ptr<Communicator>> Connect(const WanOptions& options) = 0;
+  // After a successful Connect: makes a fresh link with `site`, whose endpoint is at `address`
+  // (a new process after a crash, or the same one), and returns once both directions work:
+  // this site's new stream to it is open, its new stream into this site has been accepted, and a
+  // hello from each side has reached the other (with a second message each way confirming it).
+  // The peer must call Reconnect(this site, ...) too, within timeout_s of this call (either side
+  // may be first). The old outgoing stream is cancelled, chunks still queued on it are dropped;
+  // the old incoming stream is cancelled when the new one is accepted, and what it had delivered
+  // (messages not yet received, a poisoned state) is dropped. Works the same for a peer that was
+  // absent at Connect. Point-to-point messages with `site` restart at message 1 on every tag;
+  // collectives fail from the first Reconnect on (not supported). May be called from any thread,
+  // also for several peers at once (one call per peer at a time); the caller guarantees that no
+  // operation involving `site` runs meanwhile. Errors: kInvalidArgument (no Connect yet, a bad site
+  // or address); kUnavailable after timeout_s naming the peer and what is missing ("site 0:
+  // reconnect: site 2 (HOST:PORT) did not answer within 120 s (last: ...)", "... no hello on a new
+  // stream from it within 120 s: it has not opened a new stream to this site"). After a failed
+  // Reconnect, both sides call Reconnect again before using the link.
+  virtual Status Reconnect(int site, const std::string& address) = 0;
+  // Stores (replaces) the snapshot served to FetchSnapshot: opaque bytes (null: empty) with an
+  // increasing index. The blob is shared, not copied, and must not change afterwards; a fetch in
+  // progress keeps serving the snapshot it started with. Cheap: the checksum is computed by the
+  // first fetch. Allowed before Connect: the endpoint serves what is published from Listen on
+  // (to any site number until Connect; paced by the emulated link only once Connect has set it).
+  virtual void Publish(uint64_t index, std::shared_ptr<const std::string> blob) = 0;
   // The ring order chosen by Connect (site indices; empty before).
   virtual std::vector<int> ring() const = 0;
   virtual WanStats stats() const = 0;
 };
+
+// Asks the WanEndpoint at `address` for its published snapshot, as site `site` (token and TLS of
+// `security`, as every call of the transport), if its index is at least min_index: returns the
+// index and the bytes. The transfer is paced like the emulated link from that endpoint's site to
+// `site` and must finish within timeout_s. Errors name the address: kNotFound when nothing (or
+// only an older index) is published there (poll again later); kCorruption when the pieces do not
+// fit together or the bytes do not match the checksum of the whole snapshot; kUnavailable when
+// the endpoint cannot be reached, refuses this site (token, certificate) or runs out of time;
+// kInvalidArgument for bad arguments.
+StatusOr<std::pair<uint64_t, std::string>> FetchSnapshot(const std::string& address,
+                                                         const WorldSecurity& security, int site,
+                                                         uint64_t min_index, double timeout_s);
 
 // The ring (a permutation of 0..n-1 starting with 0) maximizing the minimum of
 // bandwidth[ring[i]][ring[i+1 mod n]] (bytes/s), ties broken by the smaller total latency
