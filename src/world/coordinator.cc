@@ -75,6 +75,7 @@ void ToProto(const Membership& m, coord::Membership* p) {
     q->set_wan_address(s.wan_address);
     q->set_alive(s.alive);
     q->set_last_round(s.last_round);
+    q->set_join_round(s.join_round);
   }
 }
 
@@ -87,6 +88,7 @@ Membership FromProto(const coord::Membership& p) {
     s.wan_address = q.wan_address();
     s.alive = q.alive();
     s.last_round = q.last_round();
+    s.join_round = q.join_round();
     m.sites.push_back(std::move(s));
   }
   return m;
@@ -176,6 +178,7 @@ struct SiteRecord {
   std::string wan_address;
   uint64_t incarnation = 0;
   int64_t last_round = -1;
+  int64_t join_round = 0;  // a rejoined process takes part from this round on
   Clock::time_point last_heartbeat;
 };
 
@@ -192,6 +195,8 @@ class Service final : public coord::Coordinator::Service {
                      coord::Reply* reply) override;
   grpc::Status Leave(grpc::ServerContext* ctx, const coord::LeaveRequest* req,
                      coord::Reply* reply) override;
+  grpc::Status Peek(grpc::ServerContext* ctx, const coord::PeekRequest* req,
+                    coord::Reply* reply) override;
   grpc::Status PsInit(grpc::ServerContext* ctx, const coord::PsInitRequest* req,
                       coord::PsInitReply* reply) override;
   grpc::Status PsPull(grpc::ServerContext* ctx, const coord::PsPullRequest* req,
@@ -223,6 +228,7 @@ class CoordinatorImpl final : public Coordinator {
                          coord::Reply* reply);
   grpc::Status Round(grpc::ServerContext* ctx, const coord::RoundRequest& req, coord::Reply* reply);
   grpc::Status Leave(grpc::ServerContext* ctx, const coord::LeaveRequest& req, coord::Reply* reply);
+  grpc::Status Peek(grpc::ServerContext* ctx, const coord::PeekRequest& req, coord::Reply* reply);
   grpc::Status PsInit(grpc::ServerContext* ctx, const coord::PsInitRequest& req,
                       coord::PsInitReply* reply);
   grpc::Status PsPull(grpc::ServerContext* ctx, const coord::PsPullRequest& req,
@@ -352,7 +358,8 @@ Status CoordinatorImpl::ApplyRecord(const Json& j, const std::string& path) {
       rec.state = SiteState::kAlive;
       rec.incarnation = std::stoull(j.at("incarnation").get<std::string>(), nullptr, 16);
       rec.wan_address = j.at("wan").get<std::string>();
-      rec.last_round = -1;
+      rec.join_round = j.contains("join_round") ? j.at("join_round").get<int64_t>() : 0;
+      rec.last_round = rec.join_round - 1;
       if (!have_hash_) {
         have_hash_ = true;
         config_hash_ = std::stoull(j.at("config_hash").get<std::string>(), nullptr, 16);
@@ -389,7 +396,7 @@ Status CoordinatorImpl::Init() {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options_.listen, ServerCredentials(options_.security), &port);
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second coordinator must fail
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);        // a second coordinator must fail
   builder.SetMaxReceiveMessageSize(kCoordinatorMaxMessageBytes);  // parameter server transfers
   builder.SetMaxSendMessageSize(kCoordinatorMaxMessageBytes);
   builder.RegisterService(&service_);
@@ -445,6 +452,7 @@ Membership CoordinatorImpl::CurrentLocked() const {
     s.wan_address = sites_[i].wan_address;
     s.alive = sites_[i].state == SiteState::kAlive;
     s.last_round = sites_[i].last_round;
+    s.join_round = sites_[i].join_round;
     m.sites.push_back(std::move(s));
   }
   return m;
@@ -620,14 +628,32 @@ grpc::Status CoordinatorImpl::Register(grpc::ServerContext* ctx, const coord::Re
                               "died is declared dead after {:.1f} s without heartbeats)",
                               site, rec.wan_address, 2 * options_.heartbeat_s));
   const bool same = rec.state == SiteState::kAlive && rec.wan_address == req.wan_address();
+  if (!same && req.rejoin()) {
+    if (!quorum_ || rec.state == SiteState::kUnregistered)
+      return Refuse(*ctx, "Register", grpc::StatusCode::INVALID_ARGUMENT,
+                    fmt::format("site {}: cannot rejoin a world it never joined (register it "
+                                "normally until the initial quorum)",
+                                site));
+    if (req.join_round() < 0)
+      return Refuse(*ctx, "Register", grpc::StatusCode::INVALID_ARGUMENT,
+                    fmt::format("site {}: join round {} is negative", site, req.join_round()));
+    for (size_t i = 0; i < sites_.size(); ++i)
+      if (sites_[i].state == SiteState::kAlive && sites_[i].last_round >= req.join_round())
+        return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                            fmt::format("site {}: too late to rejoin at round {}: site {} has "
+                                        "reached round {}",
+                                        site, req.join_round(), i, sites_[i].last_round));
+  }
   if (!same) {
-    Status st = log_.Append({{"t", "register"},
-                             {"site", site},
-                             {"incarnation", Hex(req.incarnation())},
-                             {"wan", req.wan_address()},
-                             {"config_hash", Hex(req.config_hash())},
-                             {"peer", ctx->peer()},
-                             {"epoch", epoch_ + 1}});
+    Json record = {{"t", "register"},
+                   {"site", site},
+                   {"incarnation", Hex(req.incarnation())},
+                   {"wan", req.wan_address()},
+                   {"config_hash", Hex(req.config_hash())},
+                   {"peer", ctx->peer()},
+                   {"epoch", epoch_ + 1}};
+    if (req.rejoin()) record["join_round"] = req.join_round();
+    Status st = log_.Append(record);
     if (!st.ok()) {
       LogWarning("coordinator: {}", st.ToString());
       return grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -637,7 +663,10 @@ grpc::Status CoordinatorImpl::Register(grpc::ServerContext* ctx, const coord::Re
     rec.state = SiteState::kAlive;
     rec.incarnation = req.incarnation();
     rec.wan_address = req.wan_address();
-    rec.last_round = -1;
+    // A rejoining site counts as having reached every round before its first: the others'
+    // rounds do not wait for it until then.
+    rec.join_round = req.rejoin() ? req.join_round() : 0;
+    rec.last_round = rec.join_round - 1;
     ++epoch_;
     if (!have_hash_) {
       have_hash_ = true;
@@ -716,6 +745,15 @@ grpc::Status CoordinatorImpl::Round(grpc::ServerContext* ctx, const coord::Round
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorImpl::Peek(grpc::ServerContext* ctx, const coord::PeekRequest& req,
+                                   coord::Reply* reply) {
+  if (auto st = Authorize(*ctx, "Peek"); !st.ok()) return st;
+  if (auto st = CheckSite(*ctx, "Peek", req.site()); !st.ok()) return st;
+  std::lock_guard<std::mutex> lk(mu_);
+  FillReply(CurrentLocked(), reply);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorImpl::Leave(grpc::ServerContext* ctx, const coord::LeaveRequest& req,
                                     coord::Reply* reply) {
   if (auto st = Authorize(*ctx, "Leave"); !st.ok()) return st;
@@ -755,6 +793,10 @@ grpc::Status Service::Round(grpc::ServerContext* ctx, const coord::RoundRequest*
                             coord::Reply* reply) {
   return c_->Round(ctx, *req, reply);
 }
+grpc::Status Service::Peek(grpc::ServerContext* ctx, const coord::PeekRequest* req,
+                           coord::Reply* reply) {
+  return c_->Peek(ctx, *req, reply);
+}
 grpc::Status Service::Leave(grpc::ServerContext* ctx, const coord::LeaveRequest* req,
                             coord::Reply* reply) {
   return c_->Leave(ctx, *req, reply);
@@ -771,7 +813,6 @@ grpc::Status Service::PsPush(grpc::ServerContext* ctx, const coord::PsPushReques
                              coord::PsPushReply* reply) {
   return c_->PsPush(ctx, *req, reply);
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // The parameter server (world/ps.h).
@@ -795,8 +836,7 @@ Status CoordinatorImpl::InitPs() {
     ps_broken_ = fmt::format("{}: {} holds {} updates (the last one gave version {})", kPsLost,
                              ops_path_, log.entries.size(), [&] {
                                int64_t v = 0;
-                               for (const auto& e : log.entries)
-                                 v = std::max(v, e.applied_version);
+                               for (const auto& e : log.entries) v = std::max(v, e.applied_version);
                                return v;
                              }());
     LogWarning("coordinator: {}; parameter server calls will be refused", ps_broken_);
@@ -814,9 +854,10 @@ Status CoordinatorImpl::InitPs() {
   ps_count_ = log.count;
   ps_checksum_ = log.init_checksum;
   ps_max_staleness_ = log.max_staleness;
-  LogInfo("coordinator: {} holds the parameter server's init record ({} parameters, checksum {}) "
-          "and no updates: the next PsInit must match it",
-          ops_path_, ps_count_, Hex(ps_checksum_));
+  LogInfo(
+      "coordinator: {} holds the parameter server's init record ({} parameters, checksum {}) "
+      "and no updates: the next PsInit must match it",
+      ops_path_, ps_count_, Hex(ps_checksum_));
   return Status::Ok();
 }
 
@@ -909,9 +950,10 @@ grpc::Status CoordinatorImpl::PsInit(grpc::ServerContext* ctx, const coord::PsIn
     ps_version_ = 0;
     ps_next_id_ = 0;
     ps_init_ = true;
-    LogInfo("coordinator: parameter server initialized by site {}: {} parameters (checksum {}), "
-            "max staleness {}",
-            site, count, Hex(checksum), ps_max_staleness_);
+    LogInfo(
+        "coordinator: parameter server initialized by site {}: {} parameters (checksum {}), "
+        "max staleness {}",
+        site, count, Hex(checksum), ps_max_staleness_);
   }
   reply->set_coordinator_id(id_);
   reply->set_version(ps_version_);
@@ -1076,8 +1118,44 @@ class ClientImpl final : public CoordinatorClient {
     return m;
   }
 
+  StatusOr<Membership> Rejoin(const std::string& wan_address, int64_t join_round) override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      wan_address_ = wan_address;
+      join_round_ = join_round;
+    }
+    StatusOr<Membership> m = DoRegister(Clock::now() + Seconds(options_.timeout_s), false);
+    {
+      // Registered (or not) now; a later re-registration (a restarted coordinator) is plain.
+      std::lock_guard<std::mutex> lk(mu_);
+      join_round_ = -1;
+    }
+    if (m.ok()) StartHeartbeats();
+    return m;
+  }
+
   StatusOr<Membership> Round(int64_t round) override;
   Status Leave() override;
+
+  StatusOr<Membership> Peek() override {
+    coord::PeekRequest req;
+    req.set_site(options_.site);
+    const auto deadline = Clock::now() + Seconds(options_.timeout_s);
+    double delay = 0.05;
+    std::string reason;
+    while (true) {
+      coord::Reply reply;
+      grpc::Status st = Call(&coord::Coordinator::Stub::Peek, req, &reply, deadline, false);
+      if (st.ok()) return FromProto(reply.membership());
+      if (IsRefusal(st.error_code())) return Refused("a look at the membership", st);
+      KeepReason(st, &reason);
+      if (!IsRetryable(st.error_code()) || Clock::now() >= deadline ||
+          st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
+        return Status::Unavailable(fmt::format("site {}: the coordinator at {}: {}", options_.site,
+                                               options_.address, reason));
+      if (!Backoff(&delay, deadline, false)) return Status::Unavailable("client stopping");
+    }
+  }
   ParameterServer* ps() override { return &ps_; }
 
  private:
@@ -1158,6 +1236,7 @@ class ClientImpl final : public CoordinatorClient {
 
   std::mutex mu_;  // guards the fields below
   std::string wan_address_;
+  int64_t join_round_ = -1;  // >= 0 while Rejoin registers
   bool registered_ = false;
   bool dead_ = false;  // declared dead or left: no heartbeats until registered again
   std::string dead_reason_;
@@ -1186,6 +1265,10 @@ StatusOr<Membership> ClientImpl::DoRegister(Clock::time_point deadline,
   {
     std::lock_guard<std::mutex> lk(mu_);
     req.set_wan_address(wan_address_);
+    if (join_round_ >= 0) {
+      req.set_rejoin(true);
+      req.set_join_round(join_round_);
+    }
   }
   double delay = 0.05;
   int tls_failures = 0;
@@ -1204,10 +1287,16 @@ StatusOr<Membership> ClientImpl::DoRegister(Clock::time_point deadline,
       unreachable_ = false;
       return membership_;
     }
-    if (IsRefusal(st.error_code())) return Refused("the registration", st);
+    if (req.rejoin() && st.error_code() == grpc::StatusCode::OUT_OF_RANGE)
+      return Status::NotFound(
+          fmt::format("coordinator {}: {}", options_.address, st.error_message()));
+    // The process this one replaces is live until the coordinator misses its heartbeats.
+    const bool wait_for_death = req.rejoin() && st.error_code() == grpc::StatusCode::ALREADY_EXISTS;
+    if (IsRefusal(st.error_code()) && !wait_for_death) return Refused("the registration", st);
     KeepReason(st, &reason);
+    if (wait_for_death) reason = st.error_message();
     if (!IsRetryable(st.error_code()) && st.error_code() != grpc::StatusCode::ABORTED &&
-        st.error_code() != grpc::StatusCode::NOT_FOUND)
+        st.error_code() != grpc::StatusCode::NOT_FOUND && !wait_for_death)
       return Status::Internal(fmt::format("registering site {} with the coordinator at {}: {}",
                                           options_.site, options_.address, st.error_message()));
     if (st.error_code() == grpc::StatusCode::UNAVAILABLE && LooksLikeTls(st.error_message())) {
@@ -1285,7 +1374,6 @@ StatusOr<Membership> ClientImpl::Round(int64_t round) {
   }
 }
 
-
 template <class Req, class Rep>
 Status ClientImpl::PsCall(const std::string& what,
                           grpc::Status (coord::Coordinator::Stub::*rpc)(grpc::ClientContext*,
@@ -1342,10 +1430,10 @@ Status ClientImpl::PsCall(const std::string& what,
     }
     if (!IsRetryable(code)) return Status::Internal(msg);
     if (code == grpc::StatusCode::DEADLINE_EXCEEDED || Clock::now() >= deadline)
-      return Status::Unavailable(fmt::format("site {}: parameter server {} at {} failed for {:.0f} "
-                                             "s: {}",
-                                             options_.site, what, options_.address,
-                                             options_.timeout_s, reason));
+      return Status::Unavailable(
+          fmt::format("site {}: parameter server {} at {} failed for {:.0f} "
+                      "s: {}",
+                      options_.site, what, options_.address, options_.timeout_s, reason));
     Backoff(&delay, deadline, false);
   }
 }
@@ -1368,9 +1456,9 @@ StatusOr<int64_t> ClientImpl::PsClient::Pull(std::span<float> params) {
   coord::PsPullReply reply;
   ATOLL_RETURN_IF_ERROR(c_->PsCall("Pull", &coord::Coordinator::Stub::PsPull, req, &reply));
   if (reply.params().size() != params.size_bytes())
-    return Status::Corruption(fmt::format(
-        "site {}: parameter server Pull: {} bytes received for {} floats", c_->options_.site,
-        reply.params().size(), params.size()));
+    return Status::Corruption(
+        fmt::format("site {}: parameter server Pull: {} bytes received for {} floats",
+                    c_->options_.site, reply.params().size(), params.size()));
   std::memcpy(params.data(), reply.params().data(), params.size_bytes());
   return reply.version();
 }
@@ -1390,9 +1478,9 @@ StatusOr<PsPushResult> ClientImpl::PsClient::Push(const PsUpdate& update) {
   req.set_weight(update.weight);
   req.set_encoded(reinterpret_cast<const char*>(update.encoded.data()), update.encoded.size());
   coord::PsPushReply reply;
-  ATOLL_RETURN_IF_ERROR(c_->PsCall(fmt::format("Push (steps {}..{})", update.first_step,
-                                               update.last_step),
-                                   &coord::Coordinator::Stub::PsPush, req, &reply));
+  ATOLL_RETURN_IF_ERROR(
+      c_->PsCall(fmt::format("Push (steps {}..{})", update.first_step, update.last_step),
+                 &coord::Coordinator::Stub::PsPush, req, &reply));
   PsPushResult r;
   r.accepted = reply.accepted();
   r.update_id = reply.update_id();

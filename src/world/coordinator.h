@@ -22,11 +22,12 @@
 // - A client is one process: it draws a random incarnation at Connect, so a retried Register
 //   (lost reply, restarted coordinator) is the same site again, not a duplicate. A second process
 //   claiming a live site is refused; once the first is declared dead, the site may register
-//   again (a rejoin: it starts at last_round -1 and should read the others' last_round from the
-//   membership). A site waiting in Register for the quorum counts as alive.
+//   again (a rejoin, CoordinatorClient::Rejoin: it names the round it joins at, refused when a
+//   live site has reached it already, and counts as having reached the rounds before). A site
+//   waiting in Register for the quorum counts as alive.
 // - Round(r) sets the site's round to r and returns when every live site has reached r; the
 //   reply is the membership at the moment the round completed, the same for every site. A site
-//   that was declared dead (or left) gets Unavailable from Round; Register again to rejoin.
+//   that was declared dead (or left) gets Unavailable from Round; a new process may Rejoin.
 // - Clients beat at min(their heartbeat_s, the coordinator's), so a mismatch cannot kill a site.
 //   Destroying a client without Leave stops its heartbeats: the coordinator sees a crash.
 // - Restart: replayed live sites get max(heartbeat_s, 1 s) of grace before the 2 * heartbeat_s
@@ -88,6 +89,9 @@ struct SiteInfo {
   std::string wan_address;
   bool alive = true;
   int64_t last_round = -1;
+  // The first round the site's process takes part in: 0, or for a process that rejoined, the
+  // round it named (before it, the site is alive but not in the rounds' work).
+  int64_t join_round = 0;
 };
 
 struct Membership {
@@ -124,6 +128,16 @@ class CoordinatorClient {
   // (kInvalidArgument with the coordinator's reason: version, config, site, duplicate, token,
   // TLS handshake), timeout (kUnavailable naming the sites still missing).
   virtual StatusOr<Membership> Register(const std::string& wan_address) = 0;
+  // Registers a new process for a site that was declared dead (or left) after the initial
+  // quorum: it takes part from round join_round on (the others' rounds before that do not wait
+  // for it; it counts as having reached join_round - 1). Starts heartbeats. While the old
+  // process is still counted alive (up to 2 * heartbeat_s after it died) this retries, up to
+  // timeout_s. kNotFound when a live site has already reached join_round (too late: pick a
+  // later round and try again); otherwise the errors of Register.
+  virtual StatusOr<Membership> Rejoin(const std::string& wan_address, int64_t join_round) = 0;
+  // The membership now, without registering (a process about to Rejoin learns the live sites'
+  // WAN addresses). Retries while the coordinator is unreachable, up to timeout_s.
+  virtual StatusOr<Membership> Peek() = 0;
   // Waits until every live site has reached round r; the membership for the round. Retries
   // while the coordinator is unreachable, up to timeout_s; kUnavailable on timeout (naming the
   // late sites) or when this site was declared dead.

@@ -22,8 +22,8 @@
 #include "core/log.h"
 #include "world/certs.h"
 #include "world/codec.h"
-#include "world/ps.h"
 #include "world/proto/coordinator.grpc.pb.h"
+#include "world/ps.h"
 
 namespace atl {
 namespace {
@@ -584,6 +584,54 @@ TEST_F(CoordinatorTest, ADeadSiteIsToldSoAndMayRejoin) {
   EXPECT_EQ(reply.membership().sites(1).last_round(), -1);
 }
 
+// A crashed site's new process rejoins at a round it names: refused when that round has been
+// reached, invisible to the rounds before it, waited for from it on; it waits out the old
+// process's death.
+TEST_F(CoordinatorTest, ANewProcessRejoinsAtTheRoundItNames) {
+  auto coord = StartCoordinator(3);
+  ASSERT_NE(coord, nullptr);
+  auto clients = Clients(coord->address(), 3);
+  RegisterAll(clients);
+  auto round_all = [&](int64_t r, std::vector<int> sites) {
+    std::vector<std::future<StatusOr<Membership>>> f;
+    for (int i : sites)
+      f.push_back(std::async(std::launch::async, [&, i] { return clients[size_t(i)]->Round(r); }));
+    for (auto& x : f) ASSERT_TRUE(x.get().ok());
+  };
+  round_all(3, {0, 1, 2});
+  clients[2].reset();  // a crash: no Leave, heartbeats stop
+  // A new process for site 2, started at once: it waits until the old one is declared dead.
+  auto fresh = Client(ClientOptions(coord->address(), 2));
+  auto peek = fresh->Peek();  // no registration needed
+  ASSERT_TRUE(peek.ok()) << peek.status().ToString();
+  EXPECT_EQ(peek->sites[1].wan_address, "10.0.0.1:9001");
+  auto too_late = fresh->Rejoin("10.0.0.2:9102", 3);
+  ASSERT_FALSE(too_late.ok());
+  EXPECT_EQ(too_late.status().code(), StatusCode::kNotFound) << too_late.status().ToString();
+  EXPECT_NE(too_late.status().message().find("too late to rejoin at round 3"), std::string::npos)
+      << too_late.status().ToString();
+  const int64_t epoch = coord->membership().epoch;
+  auto m = fresh->Rejoin("10.0.0.2:9102", 10);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_TRUE(m->sites[2].alive);
+  EXPECT_EQ(m->sites[2].wan_address, "10.0.0.2:9102");
+  EXPECT_EQ(m->sites[2].last_round, 9);
+  EXPECT_GE(coord->membership().epoch, epoch + 1);
+  // Rounds before 10 do not wait for it.
+  round_all(5, {0, 1});
+  // Round 10 does.
+  auto r0 = std::async(std::launch::async, [&] { return clients[0]->Round(10); });
+  auto r1 = std::async(std::launch::async, [&] { return clients[1]->Round(10); });
+  EXPECT_EQ(r0.wait_for(std::chrono::milliseconds(400)), std::future_status::timeout);
+  auto r2 = fresh->Round(10);
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  ASSERT_TRUE(r0.get().ok());
+  auto m1 = r1.get();
+  ASSERT_TRUE(m1.ok());
+  EXPECT_EQ(m1->live(), 3);
+  EXPECT_NE(LogText().find("\"join_round\":10"), std::string::npos);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The parameter server.
 
@@ -703,8 +751,7 @@ TEST_F(CoordinatorTest, ParameterServerAppliesPushesInOrderAndLogsThem) {
   bad = MakeUpdate(1, 2, 5, 9, 1.0f, Codec::kNone, Floats(kN, 5));
   bad.encoded.pop_back();
   EXPECT_EQ(ps1->Push(bad).status().code(), StatusCode::kCorruption);
-  bad = MakeUpdate(1, 2, 5, 9, std::numeric_limits<float>::infinity(), Codec::kNone,
-                   Floats(kN, 5));
+  bad = MakeUpdate(1, 2, 5, 9, std::numeric_limits<float>::infinity(), Codec::kNone, Floats(kN, 5));
   EXPECT_EQ(ps1->Push(bad).status().code(), StatusCode::kInvalidArgument);
   bad = MakeUpdate(1, 3, 5, 9, 1.0f, Codec::kNone, Floats(kN, 5));  // from the future
   EXPECT_EQ(ps1->Push(bad).status().code(), StatusCode::kInvalidArgument);
