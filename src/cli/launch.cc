@@ -37,8 +37,8 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cli/commands.h"
@@ -63,6 +63,7 @@ struct LaunchArgs {
   bool insecure = false;
   bool quiet = false;
   std::vector<std::string> fail_sites;  // "SITE@STEP": fault injection
+  bool rejoin = false;                  // a lost site's process is started again (--rejoin)
 };
 
 // The signal that asked launch to stop (SIGINT, SIGTERM, SIGHUP), 0 while none did.
@@ -409,6 +410,7 @@ class LiveView {
 
  public:
   void MarkLost(int site) { lost_.push_back(site); }
+  void MarkBack(int site) { std::erase(lost_, site); }
 
  private:
   bool Lost(int site) const { return std::find(lost_.begin(), lost_.end(), site) != lost_.end(); }
@@ -428,8 +430,8 @@ class LiveView {
         continue;
       }
       if (Lost(s)) {
-        lines.push_back(fmt::format("  {:<6} {:>{}} {:>9}  lost (the world goes on without it)",
-                                    s, fmt::format("{}/{}", r.step, steps_), step_w, ""));
+        lines.push_back(fmt::format("  {:<6} {:>{}} {:>9}  lost (the world goes on without it)", s,
+                                    fmt::format("{}/{}", r.step, steps_), step_w, ""));
         continue;
       }
       lines.push_back(fmt::format("  {:<6} {:>{}} {:>9.4f} {:>10.0f} {:>9.0f} {:>8.0f} {:>12}", s,
@@ -555,9 +557,9 @@ StatusOr<int> Launch(const LaunchArgs& a) {
           fmt::format("launch: --fail-site {}: expected SITE@STEP, e.g. 2@30", f));
     }
     if (site < 0 || site >= sites || step < 1 || step > cfg.train.steps)
-      return Status::InvalidArgument(fmt::format(
-          "launch: --fail-site {}: the site must be in [0, {}) and the step in [1, {}]", f, sites,
-          cfg.train.steps));
+      return Status::InvalidArgument(
+          fmt::format("launch: --fail-site {}: the site must be in [0, {}) and the step in [1, {}]",
+                      f, sites, cfg.train.steps));
     faults.emplace_back(site, step);
   }
   std::string dir = a.out;
@@ -721,11 +723,14 @@ StatusOr<int> Launch(const LaunchArgs& a) {
     if (coord_out >= 0) ::close(coord_out);
     return s;
   };
-  for (int s = 0; s < sites; ++s) {
+  // Site s's mpirun; with rejoin, a new process that takes over the lost site (`train
+  // --rejoin`, its output in site-N/rejoin.log), without the fault injection.
+  auto start_site = [&](int s, bool rejoin) -> Status {
     const std::string site_dir = fmt::format("{}/site-{}", dir, s);
-    Child& c = site_children.emplace_back();
+    Child& c = site_children[size_t(s)];
+    c = Child{};
     c.name = fmt::format("site {}", s);
-    c.log = site_dir + "/train.log";
+    c.log = site_dir + (rejoin ? "/rejoin.log" : "/train.log");
     std::vector<std::string> argv = {*mpirun,
                                      "-n",
                                      std::to_string(ranks),
@@ -739,20 +744,29 @@ StatusOr<int> Launch(const LaunchArgs& a) {
                                      *address};
     security_args(argv);
     argv.insert(argv.end(), {"--out", site_dir, "--checkpoint-dir", dir, "-q"});
-    for (const auto& [site, step] : faults)
-      if (site == s) argv.insert(argv.end(), {"--die-after-step", std::to_string(step)});
-    auto fd = OpenLog(c.log);
-    if (!fd.ok()) return fail_start(fd.status());
-    const std::string site_tmp = fmt::format("{}/site-{}", mpi_tmp.path, s);
+    if (rejoin) {
+      argv.push_back("--rejoin");
+    } else {
+      for (const auto& [site, step] : faults)
+        if (site == s) argv.insert(argv.end(), {"--die-after-step", std::to_string(step)});
+    }
+    ATOLL_ASSIGN_OR_RETURN(const int fd, OpenLog(c.log));
+    const std::string site_tmp =
+        fmt::format("{}/site-{}{}", mpi_tmp.path, s, rejoin ? "-rejoin" : "");
     std::vector<std::string> site_env = env;
     if (::mkdir(site_tmp.c_str(), 0700) == 0 && std::getenv("OMPI_MCA_orte_tmpdir_base") == nullptr)
       site_env.push_back("OMPI_MCA_orte_tmpdir_base=" + site_tmp);
-    auto pid = Spawn(argv, site_env, *fd, *fd);
-    ::close(*fd);
-    if (!pid.ok()) return fail_start(pid.status());
+    auto pid = Spawn(argv, site_env, fd, fd);
+    ::close(fd);
+    ATOLL_RETURN_IF_ERROR(pid.status());
     c.pid = *pid;
     c.running = true;
-    all.push_back(&c);
+    return Status::Ok();
+  };
+  for (int s = 0; s < sites; ++s) {
+    site_children.emplace_back();
+    if (Status st = start_site(s, false); !st.ok()) return fail_start(st);
+    all.push_back(&site_children.back());
   }
 
   // Watch: every 0.5 s reap the children and redraw. With the strategies that survive a site's
@@ -760,7 +774,8 @@ StatusOr<int> Launch(const LaunchArgs& a) {
   // badly and the others go on.
   const Child* failed = nullptr;
   const bool survives_loss = cfg.world.strategy != "sync";
-  std::vector<int> lost;
+  const bool low_comm = cfg.world.strategy == "diloco" || cfg.world.strategy == "streaming";
+  std::vector<int> lost, rejoined;
   while (true) {
     drain_coordinator(100);
     if (g_stop_signal != 0) break;
@@ -770,12 +785,25 @@ StatusOr<int> Launch(const LaunchArgs& a) {
       const bool was_running = c.running;
       Poll(c);
       if (was_running && !c.running && !c.exited_ok()) {
+        const bool again = a.rejoin && low_comm &&
+                           std::find(rejoined.begin(), rejoined.end(), s) == rejoined.end();
         if (survives_loss && s != 0 && int(lost.size()) + 1 < sites) {
           lost.push_back(s);
           view.MarkLost(s);
           view.Interrupt();
-          std::fprintf(stderr, "launch: site %d ended (%s); the world goes on without it\n", s,
-                       c.how_it_ended().c_str());
+          std::fprintf(stderr, "launch: site %d ended (%s); the world goes on without it%s\n", s,
+                       c.how_it_ended().c_str(),
+                       again ? "; starting a new process to take it over (--rejoin)" : "");
+          if (again) {
+            rejoined.push_back(s);
+            if (Status st = start_site(s, true); !st.ok()) {
+              std::fprintf(stderr, "launch: site %d cannot be started again: %s\n", s,
+                           st.ToString().c_str());
+            } else {
+              std::erase(lost, s);
+              view.MarkBack(s);
+            }
+          }
         } else if (failed == nullptr) {
           failed = &c;
         }
@@ -853,7 +881,8 @@ void AddLaunchCommand(CLI::App& app) {
       "  DIR/coordinator.log          the coordinator's durable log (membership, rounds)\n"
       "  DIR/ops.jsonl                async: the parameter server's operation log (atoll replay)\n"
       "  DIR/coordinator.stderr       its console output\n"
-      "  DIR/site-N/metrics.jsonl     site N's steps (with \"site\", \"wan_ms\", \"wan_bytes_sent\")\n"
+      "  DIR/site-N/metrics.jsonl     site N's steps (with \"site\", \"wan_ms\", "
+      "\"wan_bytes_sent\")\n"
       "  DIR/site-N/train.log         site N's mpirun output\n"
       "  DIR/checkpoint               the final checkpoint (written by site 0)\n"
       "Environment: mpirun from PATH (or ATOLL_MPIRUN); OMP_NUM_THREADS defaults to\n"
@@ -878,6 +907,10 @@ void AddLaunchCommand(CLI::App& app) {
   cmd->add_option("--fail-site", args->fail_sites,
                   "Fault injection: SITE@STEP makes that site's leader die abruptly after the "
                   "step (repeatable); diloco, streaming and async go on without it");
+  cmd->add_flag("--rejoin", args->rejoin,
+                "With --fail-site (diloco, streaming): once the site is lost, start a new process "
+                "that takes it over (`atoll train --rejoin`: it fetches the state from a live "
+                "site and joins at the next exchange; output in DIR/site-N/rejoin.log)");
   cmd->callback([args] {
     auto rc = Launch(*args);
     ExitIfError(rc.status());

@@ -39,11 +39,14 @@ struct TrainArgs {
   std::string wan_listen = "127.0.0.1:0";
   std::string checkpoint_dir;
   int64_t die_after_step = 0;
+  bool rejoin = false;
 };
 
 // What a site's leader holds to take part in a world: the WAN endpoint and its communicator
 // among the sites' leaders, and the coordinator client (heartbeats run while it lives).
 struct WorldLink {
+  WorldSecurity security;
+  std::vector<std::string> addresses;  // the WAN address each site's link was made with
   std::unique_ptr<WanEndpoint> endpoint;
   std::unique_ptr<CoordinatorClient> coordinator;
   std::unique_ptr<Communicator> wan;
@@ -73,6 +76,7 @@ StatusOr<WorldLink> JoinWorld(const RunConfig& cfg, const TrainArgs& a) {
     ATOLL_ASSIGN_OR_RETURN(security, LoadSecurity(a.certs, fmt::format("site-{}", a.site)));
   }
   WorldLink link;
+  link.security = security;
   ATOLL_ASSIGN_OR_RETURN(link.endpoint, WanEndpoint::Listen(a.wan_listen, security));
   CoordinatorClientOptions co;
   co.address = a.coordinator;
@@ -81,17 +85,33 @@ StatusOr<WorldLink> JoinWorld(const RunConfig& cfg, const TrainArgs& a) {
   co.heartbeat_s = cfg.world.heartbeat_s;
   co.security = security;
   ATOLL_ASSIGN_OR_RETURN(link.coordinator, CoordinatorClient::Connect(co));
-  ATOLL_ASSIGN_OR_RETURN(Membership members, link.coordinator->Register(link.endpoint->address()));
   WanOptions wo;
   wo.site = a.site;
-  for (const SiteInfo& s : members.sites) wo.peers.push_back({s.site, s.wan_address});
+  Membership members;
+  if (a.rejoin) {
+    // Taking over a lost site: no links yet. They are made at the first exchange this process
+    // joins (SiteExchange reconnects to every live site; they reconnect to it), after it has
+    // fetched the state and registered for that exchange (Train, TrainOptions::rejoin).
+    ATOLL_ASSIGN_OR_RETURN(members, link.coordinator->Peek());
+    for (const SiteInfo& s : members.sites)
+      wo.peers.push_back({s.site, s.site == a.site ? link.endpoint->address() : std::string()});
+  } else {
+    ATOLL_ASSIGN_OR_RETURN(members, link.coordinator->Register(link.endpoint->address()));
+    for (const SiteInfo& s : members.sites) wo.peers.push_back({s.site, s.wan_address});
+  }
+  for (const WanPeer& p : wo.peers)
+    link.addresses.push_back(p.site == a.site ? std::string() : p.address);
   wo.link = [world = cfg.world](int from, int to) { return world.Link(from, to); };
   wo.seed = uint64_t(cfg.train.seed);
   ATOLL_ASSIGN_OR_RETURN(link.wan, link.endpoint->Connect(wo));
   std::string ring;
   for (int s : link.endpoint->ring()) ring += fmt::format("{}{}", ring.empty() ? "" : " -> ", s);
-  LogInfo("site {}: joined a world of {} sites (epoch {}), WAN ring {}", a.site,
-          members.sites.size(), members.epoch, ring);
+  if (a.rejoin)
+    LogInfo("site {}: taking over the site in a world of {} sites (epoch {})", a.site,
+            members.sites.size(), members.epoch);
+  else
+    LogInfo("site {}: joined a world of {} sites (epoch {}), WAN ring {}", a.site,
+            members.sites.size(), members.epoch, ring);
   return link;
 }
 
@@ -180,12 +200,56 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
         ATOLL_ASSIGN_OR_RETURN(eo.codec, ParseCodec(cfg.world.codec));
         eo.quorum = cfg.world.quorum > 0 ? int(cfg.world.quorum) : int(sites / 2 + 1);
         eo.round = [client](int64_t r) { return client->Round(r); };
+        eo.addresses = link.addresses;
+        eo.reconnect = [ep](int s, const std::string& address) {
+          return ep->Reconnect(s, address);
+        };
         link.exchange = std::make_unique<SiteExchange>(link.wan.get(), eo);
         SiteExchange* ex = link.exchange.get();
         options.average = [ex](int64_t round, std::span<float> data, std::span<float> residual) {
           return ex->Average(round, data, residual);
         };
         options.round = nullptr;
+        // Rejoins: every quiet point's state is served to a lost site's new process.
+        options.publish = [ep](uint64_t index, std::shared_ptr<const std::string> state) {
+          ep->Publish(index, std::move(state));
+        };
+        if (a.rejoin) {
+          options.rejoin = true;
+          const int me = a.site;
+          const WorldSecurity security = link.security;
+          options.fetch = [client, me, security](
+                              uint64_t min_index) -> StatusOr<std::pair<uint64_t, std::string>> {
+            ATOLL_ASSIGN_OR_RETURN(Membership m, client->Peek());
+            Status last = Status::Unavailable(
+                "no live site to fetch the state from (the run is over, or the world is gone)");
+            bool waiting = false;  // a live site has no state for min_index yet: poll again
+            for (const SiteInfo& s : m.sites) {
+              if (!s.alive || s.site == me || s.wan_address.empty()) continue;
+              auto got = FetchSnapshot(s.wan_address, security, me, min_index, 120);
+              if (got.ok()) return got;
+              if (got.status().code() == StatusCode::kNotFound) {
+                waiting = true;
+                last = got.status();
+                continue;
+              }
+              LogWarning("site {}: rejoin: fetching the state from site {} ({}): {}", me, s.site,
+                         s.wan_address, got.status().ToString());
+              if (!waiting) last = got.status();
+            }
+            return last;
+          };
+          options.current_round = [client, me]() -> StatusOr<int64_t> {
+            ATOLL_ASSIGN_OR_RETURN(Membership m, client->Peek());
+            int64_t last = -1;  // the latest coordinator round a live site has reached
+            for (const SiteInfo& s : m.sites)
+              if (s.alive && s.site != me) last = std::max(last, s.last_round);
+            return last < 0 ? int64_t(-1) : last / kRoundsPerExchange;
+          };
+          options.join = [client, ep](int64_t exchange_round) -> Status {
+            return client->Rejoin(ep->address(), kRoundsPerExchange * exchange_round).status();
+          };
+        }
       } else if (strategy == "async") {
         options.ps = client->ps();
         const int64_t end_round = cfg.train.steps;
@@ -195,6 +259,8 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
         options.round = nullptr;
       }
     }
+  } else if (a.rejoin) {
+    return Status::InvalidArgument("train: --rejoin needs world.sites > 1");
   } else if (a.site >= 0 || !a.coordinator.empty()) {
     return Status::InvalidArgument("train: --site and --coordinator need world.sites > 1");
   }
@@ -267,6 +333,9 @@ void AddTrainCommand(CLI::App& app) {
                   "HOST:PORT the site leader listens on for WAN peers (default 127.0.0.1:0)");
   cmd->add_option("--checkpoint-dir", args->checkpoint_dir,
                   "Where checkpoints go (default: --out); several sites: site 0 writes them");
+  cmd->add_flag("--rejoin", args->rejoin,
+                "Take over a site whose process was lost (diloco, streaming): fetch the current "
+                "state from a live site, register for its next exchange and train on from there");
   cmd->add_option("--die-after-step", args->die_after_step,
                   "Fault injection for tests: the site's leader exits abruptly (exit code 3, no "
                   "goodbye to the coordinator) after this step");

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "core/log.h"
@@ -59,6 +60,17 @@ std::vector<int> LowCommSync::Sends(int64_t completed) const {
   return out;
 }
 
+int64_t LowCommSync::StepOfExchange(int64_t round) const {
+  if (round < 0) return -1;
+  int64_t seen = 0;
+  for (int64_t c = 1; c <= options_.total_steps; ++c) {
+    const int64_t k = int64_t(Sends(c).size());
+    if (round < seen + k) return c;
+    seen += k;
+  }
+  return -1;
+}
+
 std::vector<int> LowCommSync::Merges(int64_t completed) const {
   if (completed - options_.overlap < 1) return {};
   return Sends(completed - options_.overlap);
@@ -78,14 +90,13 @@ void LowCommSync::Start(int fragment, int64_t merge_at, const float* params) {
   std::shared_future<void> before = previous_;
   std::promise<void> done;
   previous_ = done.get_future().share();
-  p->result = std::async(
-      std::launch::async,
-      [this, before, round, data, residual, done = std::move(done)]() mutable {
-        if (before.valid()) before.wait();
-        auto r = average_(round, data, residual);
-        done.set_value();
-        return r;
-      });
+  p->result = std::async(std::launch::async,
+                         [this, before, round, data, residual, done = std::move(done)]() mutable {
+                           if (before.valid()) before.wait();
+                           auto r = average_(round, data, residual);
+                           done.set_value();
+                           return r;
+                         });
   pending_.push_back(std::move(p));
 }
 
@@ -94,9 +105,9 @@ Status LowCommSync::Merge(Pending& p, float* params, float alpha) {
   StatusOr<ExchangeResult> r = p.result.get();
   last_wait_s_ += NowSeconds() - t0;
   if (!r.ok())
-    return r.status().WithContext(fmt::format(
-        "the exchange of {}", p.fragment >= 0 ? fmt::format("fragment {}", p.fragment)
-                                              : std::string("the whole model")));
+    return r.status().WithContext(
+        fmt::format("the exchange of {}", p.fragment >= 0 ? fmt::format("fragment {}", p.fragment)
+                                                          : std::string("the whole model")));
   bytes_sent_ += r->bytes_sent;
   ++completed_;
   last_sites_ = r->sites;
@@ -116,6 +127,7 @@ Status LowCommSync::Merge(Pending& p, float* params, float alpha) {
 
 Status LowCommSync::AfterStep(int64_t completed, float* params) {
   last_wait_s_ = 0;
+  const int64_t merged_before = completed_;
   while (!pending_.empty() && pending_.front()->merge_at <= completed) {
     ATOLL_RETURN_IF_ERROR(Merge(*pending_.front(), params, options_.alpha));
     pending_.erase(pending_.begin());
@@ -127,7 +139,93 @@ Status LowCommSync::AfterStep(int64_t completed, float* params) {
       pending_.pop_back();
     }
   }
+  merged_ = completed_ > merged_before;
   return Status::Ok();
+}
+
+std::shared_ptr<const std::string> LowCommSync::QuietState(int64_t completed,
+                                                           const float* params) const {
+  if (!merged_ || !pending_.empty() || completed >= options_.total_steps) return nullptr;
+  LowCommState st;
+  st.completed = completed;
+  st.rounds = rounds_;
+  st.exchanges = completed_;
+  st.global = global_;
+  st.momentum = momentum_;
+  st.params.assign(params, params + n_);
+  return std::make_shared<const std::string>(EncodeLowCommState(st));
+}
+
+void LowCommSync::Restore(const LowCommState& state) {
+  global_ = state.global;
+  momentum_ = state.momentum;
+  std::fill(residual_.begin(), residual_.end(), 0.0f);
+  rounds_ = state.rounds;
+  completed_ = state.exchanges;
+}
+
+namespace {
+constexpr char kStateMagic[4] = {'A', 'T', 'L', 'R'};
+constexpr uint32_t kStateVersion = 1;
+constexpr size_t kStateHeader = 4 + 4 + 8 + 3 * 8;
+
+template <typename T>
+void Put(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(v));  // little-endian hosts only
+}
+template <typename T>
+T Get(std::string_view b, size_t at) {
+  T v;
+  std::memcpy(&v, b.data() + at, sizeof(v));
+  return v;
+}
+}  // namespace
+
+std::string EncodeLowCommState(const LowCommState& st) {
+  const size_t n = st.global.size();
+  std::string out;
+  out.reserve(kStateHeader + 3 * n * sizeof(float));
+  out.append(kStateMagic, 4);
+  Put<uint32_t>(&out, kStateVersion);
+  Put<uint64_t>(&out, n);
+  Put<int64_t>(&out, st.completed);
+  Put<int64_t>(&out, st.rounds);
+  Put<int64_t>(&out, st.exchanges);
+  for (const auto* v : {&st.global, &st.momentum, &st.params})
+    out.append(reinterpret_cast<const char*>(v->data()), n * sizeof(float));
+  return out;
+}
+
+StatusOr<LowCommState> DecodeLowCommState(std::string_view b, size_t n) {
+  if (b.size() < kStateHeader || std::memcmp(b.data(), kStateMagic, 4) != 0)
+    return Status::Corruption(
+        fmt::format("rejoin state: {} bytes without the ATLR header", b.size()));
+  if (const uint32_t v = Get<uint32_t>(b, 4); v != kStateVersion)
+    return Status::Corruption(
+        fmt::format("rejoin state: version {} (this build reads {})", v, kStateVersion));
+  const uint64_t count = Get<uint64_t>(b, 8);
+  if (count != n)
+    return Status::InvalidArgument(fmt::format(
+        "rejoin state: {} parameters, this model has {} (another model config?)", count, n));
+  if (b.size() != kStateHeader + 3 * n * sizeof(float))
+    return Status::Corruption(fmt::format("rejoin state: {} bytes, expected {}", b.size(),
+                                          kStateHeader + 3 * n * sizeof(float)));
+  LowCommState st;
+  st.completed = Get<int64_t>(b, 16);
+  st.rounds = Get<int64_t>(b, 24);
+  st.exchanges = Get<int64_t>(b, 32);
+  if (st.completed < 0 || st.rounds < 0 || st.exchanges < 0 || st.exchanges > st.rounds)
+    return Status::Corruption(
+        fmt::format("rejoin state: bad counters (step {}, round {}, {} "
+                    "exchanges)",
+                    st.completed, st.rounds, st.exchanges));
+  const char* at = b.data() + kStateHeader;
+  for (auto* v : {&st.global, &st.momentum, &st.params}) {
+    v->resize(n);
+    std::memcpy(v->data(), at, n * sizeof(float));
+    at += n * sizeof(float);
+  }
+  return st;
 }
 
 Status LowCommSync::Finish(float* params) {

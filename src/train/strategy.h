@@ -37,6 +37,8 @@
 #include <future>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -68,6 +70,25 @@ struct LowCommOptions {
   bool final_sync = true;   // the final whole-vector exchange (see above)
 };
 
+// Rejoins (diloco, streaming): what a new process needs to take over a site that was lost, taken
+// on a live site's leader at a quiet point, when no exchange is in flight (DiLoCo: right after
+// its outer step; streaming: after a merge that left none pending, which needs tau < H / P). The
+// global parameters and outer momentum are the same on every site; params is the taking site's
+// replica (DiLoCo: equal to global). The newcomer starts its inner optimizer afresh (AdamW
+// moments zero) and its error feedback at zero, trains from step completed + 1, and takes part
+// from exchange `rounds` on.
+struct LowCommState {
+  int64_t completed = 0;  // inner steps done
+  int64_t rounds = 0;     // exchanges started: the next one's round
+  int64_t exchanges = 0;  // exchanges merged
+  std::vector<float> global, momentum, params;
+};
+// Bytes: "ATLR", u32 version 1, u64 n, i64 completed, rounds, exchanges (little-endian), then
+// global, momentum and params as n float32 each. Decode checks every size (kCorruption) and n
+// against the model's (kInvalidArgument: another model).
+std::string EncodeLowCommState(const LowCommState& state);
+StatusOr<LowCommState> DecodeLowCommState(std::string_view bytes, size_t n);
+
 class LowCommSync {
  public:
   using Average =
@@ -82,6 +103,10 @@ class LowCommSync {
   std::vector<int> Sends(int64_t completed) const;
   std::vector<int> Merges(int64_t completed) const;
   const std::vector<Range>& fragments() const { return fragments_; }
+  // The step after which exchange `round` (0-based, in start order) starts by the schedule, or
+  // -1 when the schedule has no such exchange before the run's last step (the final exchange
+  // of Finish is not counted).
+  int64_t StepOfExchange(int64_t round) const;
 
   // After inner step `completed` on the leader: merges the fragments due (waiting for their
   // exchanges), then starts the exchanges due. params: the local parameters (n floats).
@@ -89,6 +114,13 @@ class LowCommSync {
   // After the last step: merges what is pending and, with final_sync, runs the final exchange.
   // Every site's params are then the same.
   Status Finish(float* params);
+
+  // The state for a rejoin after AfterStep(completed) when that call merged an exchange and
+  // none is pending (before the last step); null otherwise. params: the local parameters.
+  std::shared_ptr<const std::string> QuietState(int64_t completed, const float* params) const;
+  // Takes the state over (a rejoining site's leader, before its first step); the caller sets
+  // the local parameters to state.params.
+  void Restore(const LowCommState& state);
 
   uint64_t bytes_sent() const { return bytes_sent_; }
   int64_t exchanges() const { return completed_; }
@@ -111,8 +143,9 @@ class LowCommSync {
   std::vector<Range> fragments_;
   std::vector<float> global_, momentum_, residual_;
   std::vector<std::unique_ptr<Pending>> pending_;  // in start order
-  std::shared_future<void> previous_;               // the last exchange started (they run in order)
+  std::shared_future<void> previous_;              // the last exchange started (they run in order)
   int64_t rounds_ = 0, completed_ = 0;
+  bool merged_ = false;  // the last AfterStep merged an exchange
   uint64_t bytes_sent_ = 0;
   double last_wait_s_ = 0;
   std::vector<int> last_sites_;

@@ -4,7 +4,9 @@
 
 #include <barrier>
 #include <cstring>
+#include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -191,6 +193,133 @@ TEST(LowCommSync, StreamingMergesEachFragmentTauStepsLaterWithAlpha) {
   EXPECT_EQ(params[0], params[1]);
 }
 
+// A site's process is replaced after step 2 by a new one that takes over site 0's state at its
+// quiet point: the run goes on exactly as if nothing had happened (DiLoCo's local parameters are
+// the global ones after an outer step; the toy "training" has no optimizer state).
+TEST(LowCommSync, ARejoiningSiteTakesOverAPeersStateAndStaysInStep) {
+  LowCommOptions o;
+  o.inner_steps = 2;
+  o.outer_lr = 0.7f;
+  o.outer_momentum = 0.9f;
+  o.total_steps = 6;
+  o.final_sync = false;  // the last exchange is at the last step (as the trainer sets it)
+  const size_t n = 5;
+  auto run = [&](bool replace) {
+    TwoSiteAverage avg;
+    std::vector<std::vector<float>> params(2, std::vector<float>(n, 1.0f));
+    std::promise<std::shared_ptr<const std::string>> published;
+    std::vector<Status> st(2);
+    std::vector<int> quiet_steps;
+    std::vector<std::thread> th;
+    for (int site = 0; site < 2; ++site) {
+      th.emplace_back([&, site] {
+        auto& p = params[size_t(site)];
+        auto s = std::make_unique<LowCommSync>(o, avg.For(site), p.data(), n);
+        for (int64_t c = 1; c <= 6; ++c) {
+          for (size_t i = 0; i < n; ++i) p[i] += float(site + 1) * float(i + c);
+          if (Status e = s->AfterStep(c, p.data()); !e.ok()) {
+            st[size_t(site)] = e;
+            return;
+          }
+          auto state = s->QuietState(c, p.data());
+          if (site == 0 && state != nullptr) quiet_steps.push_back(int(c));
+          if (site == 0 && c == 2) published.set_value(state);
+          if (replace && site == 1 && c == 2) {
+            // A crash: this process's state is gone; a new one starts from garbage and takes over.
+            std::fill(p.begin(), p.end(), -99.0f);
+            s = std::make_unique<LowCommSync>(o, avg.For(site), p.data(), n);
+            auto blob = published.get_future().get();
+            auto taken = DecodeLowCommState(*blob, n);
+            if (!taken.ok()) {
+              st[size_t(site)] = taken.status();
+              return;
+            }
+            if (taken->completed != 2 || taken->rounds != 1 || taken->exchanges != 1)
+              st[size_t(site)] = Status::Internal("bad counters");
+            s->Restore(*taken);
+            p = taken->params;
+          }
+        }
+        st[size_t(site)] = s->Finish(p.data());
+      });
+    }
+    for (auto& t : th) t.join();
+    for (const auto& x : st) EXPECT_TRUE(x.ok()) << x.ToString();
+    EXPECT_EQ(quiet_steps, (std::vector<int>{2, 4}));  // not 6: the run's last step
+    EXPECT_EQ(avg.rounds(1), (std::vector<int64_t>{0, 1, 2}));
+    return params;
+  };
+  const auto reference = run(false);
+  const auto replaced = run(true);
+  EXPECT_EQ(reference[0], reference[1]);
+  EXPECT_EQ(replaced[0], reference[0]);
+  EXPECT_EQ(replaced[1], reference[1]);
+}
+
+TEST(LowCommSync, StepOfExchangeFollowsTheSchedule) {
+  const std::vector<float> p(8, 0.0f);
+  LowCommOptions d;
+  d.inner_steps = 5;
+  d.total_steps = 20;
+  LowCommSync dl(d, nullptr, p.data(), p.size());
+  EXPECT_EQ(dl.StepOfExchange(0), 5);
+  EXPECT_EQ(dl.StepOfExchange(3), 20);
+  EXPECT_EQ(dl.StepOfExchange(4), -1);  // past the end (a final exchange is not scheduled)
+  EXPECT_EQ(dl.StepOfExchange(-1), -1);
+  LowCommOptions st;
+  st.fragments = 2;
+  st.inner_steps = 4;
+  st.overlap = 1;
+  st.total_steps = 9;
+  LowCommSync sl(st, nullptr, p.data(), p.size());
+  EXPECT_EQ(sl.StepOfExchange(0), 2);
+  EXPECT_EQ(sl.StepOfExchange(1), 4);
+  EXPECT_EQ(sl.StepOfExchange(3), 8);
+  EXPECT_EQ(sl.StepOfExchange(4), -1);
+}
+
+TEST(LowCommState, RoundTripsAndRefusesBadBytes) {
+  LowCommState st;
+  st.completed = 30;
+  st.rounds = 4;
+  st.exchanges = 3;
+  st.global = {1, 2, 3};
+  st.momentum = {-1, 0.5f, 0};
+  st.params = {7, 8, 9};
+  const std::string b = EncodeLowCommState(st);
+  auto back = DecodeLowCommState(b, 3);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->completed, 30);
+  EXPECT_EQ(back->rounds, 4);
+  EXPECT_EQ(back->exchanges, 3);
+  EXPECT_EQ(back->global, st.global);
+  EXPECT_EQ(back->momentum, st.momentum);
+  EXPECT_EQ(back->params, st.params);
+  EXPECT_EQ(DecodeLowCommState(b, 4).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeLowCommState(b.substr(0, b.size() - 1), 3).status().code(),
+            StatusCode::kCorruption);
+  std::string bad = b;
+  bad[0] = 'X';
+  EXPECT_EQ(DecodeLowCommState(bad, 3).status().code(), StatusCode::kCorruption);
+  // A streaming site with an exchange in flight has no quiet state.
+  LowCommOptions o;
+  o.fragments = 2;
+  o.inner_steps = 4;
+  o.overlap = 3;  // tau >= H / P: never quiet
+  o.total_steps = 100;
+  std::vector<float> p(4, 0.0f);
+  LowCommSync s(
+      o,
+      [](int64_t, std::span<float>, std::span<float>) -> StatusOr<ExchangeResult> {
+        return ExchangeResult{};
+      },
+      p.data(), p.size());
+  for (int64_t c = 1; c <= 12; ++c) {
+    ASSERT_TRUE(s.AfterStep(c, p.data()).ok());
+    EXPECT_EQ(s.QuietState(c, p.data()), nullptr) << "step " << c;
+  }
+}
+
 // An in-memory parameter server (the coordinator's semantics, world/ps.h).
 class MemoryServer : public ParameterServer {
  public:
@@ -242,7 +371,9 @@ TEST(AsyncClient, PushesProgressEveryHStepsAndPullsTheServersParameters) {
     auto changed = c.AfterStep(step, p.data());
     ASSERT_TRUE(changed.ok());
     EXPECT_EQ(*changed, step % 3 == 0);
-    if (step == 3) EXPECT_FLOAT_EQ(p[0], 1.0f + 0.5f * 6.0f);  // weight 1 / sites
+    if (step == 3) {
+      EXPECT_FLOAT_EQ(p[0], 1.0f + 0.5f * 6.0f);  // weight 1 / sites
+    }
   }
   ASSERT_TRUE(c.Finish(7, p.data(), nullptr).ok());
   ASSERT_EQ(ps.log_.size(), 3u);  // steps 1..3, 4..6, 7..7

@@ -4,12 +4,14 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <span>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -422,6 +424,58 @@ StatusOr<double> Validate(Run& run) {
   return EvalLoss(*model, run.val, run.num_val_windows, micro, /*with_grads=*/false);
 }
 
+// A rejoining site's leader: reserves its place at exchange J = (the latest one a live site has
+// begun) + 2, so the others wait for it there and not before, then waits for the state that
+// leads into J (published when exchange J - 1 is merged), which it fetches. The others wait at J
+// about as long as the fetch takes: the newcomer trains its H steps beside theirs. When they
+// began J meanwhile (a race), it tries again with a later J.
+StatusOr<LowCommState> TakeOver(const TrainOptions& o, const LowCommSync& sync, size_t n,
+                                int site) {
+  if (!o.fetch || !o.join || !o.current_round)
+    return Status::InvalidArgument("rejoin: no way to fetch the state or to join the world");
+  const std::string who = fmt::format("site {}: rejoin", site);
+  const double deadline = NowSeconds() + o.rejoin_timeout_s;
+  int64_t J = -1;
+  for (;;) {
+    ATOLL_ASSIGN_OR_RETURN(const int64_t begun, o.current_round());
+    J = std::max<int64_t>(begun, -1) + 2;
+    if (sync.StepOfExchange(J) < 0)
+      return Status::Unavailable(fmt::format(
+          "{}: too close to the end of the run: exchange round {} would be past the last step", who,
+          J));
+    Status joined = o.join(J);
+    if (joined.ok()) break;
+    if (joined.code() != StatusCode::kNotFound || NowSeconds() >= deadline)
+      return joined.WithContext(who);
+    LogInfo("{}: too late for exchange round {} ({}); trying the next", who, J, joined.message());
+  }
+  LogInfo("{}: registered for exchange round {} (after step {}); waiting for its state", who, J,
+          sync.StepOfExchange(J));
+  uint64_t min_index = 0;
+  for (;;) {
+    StatusOr<std::pair<uint64_t, std::string>> got = o.fetch(min_index);
+    if (!got.ok()) {
+      if (got.status().code() != StatusCode::kNotFound || NowSeconds() >= deadline)
+        return got.status().WithContext(who + ": fetching the state");
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    ATOLL_ASSIGN_OR_RETURN(LowCommState st, DecodeLowCommState(got->second, n));
+    if (st.rounds == J) {
+      LogInfo(
+          "{}: took over at step {} ({:.1f} MB of state fetched); joining at exchange round "
+          "{}",
+          who, st.completed, double(got->second.size()) / 1e6, J);
+      return st;
+    }
+    if (st.rounds > J)
+      return Status::Internal(fmt::format(
+          "{}: a live site's state is at exchange round {}, past round {} it should wait at", who,
+          st.rounds, J));
+    min_index = got->first + 1;  // an earlier state: wait for the next
+  }
+}
+
 }  // namespace
 
 StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
@@ -511,13 +565,13 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     const WorldConfig& w = cfg.world;
     ATOLL_ASSIGN_OR_RETURN(const Codec codec, ParseCodec(w.codec));
     if (strategy == "async") {
-      async = std::make_unique<AsyncClient>(
-          AsyncClient::Options{.site = run.site,
-                               .sites = run.sites,
-                               .inner_steps = w.diloco.inner_steps,
-                               .max_staleness = w.async.max_staleness,
-                               .codec = codec},
-          options.ps, n_params);
+      async =
+          std::make_unique<AsyncClient>(AsyncClient::Options{.site = run.site,
+                                                             .sites = run.sites,
+                                                             .inner_steps = w.diloco.inner_steps,
+                                                             .max_staleness = w.async.max_staleness,
+                                                             .codec = codec},
+                                        options.ps, n_params);
       if (leader) ATOLL_RETURN_IF_ERROR(async->Start(run.model->params()));
       if (me.size() > 1)
         ATOLL_RETURN_IF_ERROR(
@@ -535,6 +589,26 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       lo.final_sync = streaming || tc.steps % w.diloco.inner_steps != 0;
       lowcomm = std::make_unique<LowCommSync>(lo, options.average, run.model->params(), n_params);
     }
+  }
+  if (options.rejoin) {
+    if (lowcomm == nullptr)
+      return Status::InvalidArgument(fmt::format(
+          "--rejoin: world.strategy = \"{}\": only diloco and streaming runs can be rejoined",
+          strategy));
+    double at = 0;
+    if (leader) {
+      ATOLL_ASSIGN_OR_RETURN(const LowCommState st,
+                             TakeOver(options, *lowcomm, n_params, run.site));
+      lowcomm->Restore(st);
+      std::copy(st.params.begin(), st.params.end(), run.model->params());
+      at = double(st.completed);
+    }
+    if (me.size() > 1) {
+      ATOLL_RETURN_IF_ERROR(me.world()->Broadcast(std::span<double>(&at, 1), 0));
+      ATOLL_RETURN_IF_ERROR(
+          me.world()->Broadcast(std::span<float>(run.model->params(), n_params), 0));
+    }
+    start = int64_t(at);
   }
   // The leader's parameters after a strategy changed them, to the site's other ranks.
   auto share = [&](Range r) -> Status {
@@ -619,7 +693,12 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     const bool last = s + 1 == tc.steps;
     double wait_s = run.wan_s;
     if (lowcomm != nullptr) {
-      if (leader) ATOLL_RETURN_IF_ERROR(lowcomm->AfterStep(s + 1, run.model->params()));
+      if (leader) {
+        ATOLL_RETURN_IF_ERROR(lowcomm->AfterStep(s + 1, run.model->params()));
+        if (options.publish)
+          if (auto state = lowcomm->QuietState(s + 1, run.model->params()))
+            options.publish(uint64_t(s + 1), std::move(state));
+      }
       for (int f : lowcomm->Merges(s + 1))
         ATOLL_RETURN_IF_ERROR(share(lowcomm->fragments()[size_t(f)]));
       wait_s = lowcomm->last_wait_s();
@@ -631,8 +710,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     } else if (async != nullptr) {
       if (last) {
         if (leader)
-          ATOLL_RETURN_IF_ERROR(
-              async->Finish(s + 1, run.model->params(), options.finish_barrier));
+          ATOLL_RETURN_IF_ERROR(async->Finish(s + 1, run.model->params(), options.finish_barrier));
         ATOLL_RETURN_IF_ERROR(share({0, n_params}));
       } else {
         if (leader) ATOLL_RETURN_IF_ERROR(async->AfterStep(s + 1, run.model->params()).status());

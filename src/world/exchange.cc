@@ -41,11 +41,12 @@ std::string SiteList(const std::vector<int>& sites) {
   return s;
 }
 
-// The live sites of m, sorted.
-std::vector<int> LiveSites(const Membership& m) {
+// The live sites of m that take part in coordinator round r (a rejoined site only from its join
+// round on), sorted.
+std::vector<int> LiveSites(const Membership& m, int64_t r) {
   std::vector<int> live;
   for (const SiteInfo& s : m.sites)
-    if (s.alive) live.push_back(s.site);
+    if (s.alive && s.join_round <= r) live.push_back(s.site);
   std::sort(live.begin(), live.end());
   live.erase(std::unique(live.begin(), live.end()), live.end());
   return live;
@@ -66,7 +67,9 @@ bool IsGiveUp(const std::vector<uint8_t>& bytes) {
 }  // namespace
 
 SiteExchange::SiteExchange(Communicator* wan, ExchangeOptions options)
-    : wan_(wan), options_(std::move(options)) {}
+    : wan_(wan), options_(std::move(options)), linked_(options_.addresses) {
+  linked_.resize(size_t(std::max(options_.sites, 1)));
+}
 
 StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> data,
                                                std::span<float> residual) {
@@ -108,7 +111,7 @@ StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> d
     StatusOr<Membership> begin = options_.round(base + kBegin);
     if (!begin.ok())
       return fail(begin.status().WithContext(fmt::format("{}: round {}", at, base + kBegin)));
-    const std::vector<int> live = LiveSites(*begin);
+    const std::vector<int> live = LiveSites(*begin, base + kBegin);
     for (int s : live)
       if (s < 0 || s >= wan_->size())
         return fail(Status::InvalidArgument(
@@ -126,6 +129,19 @@ StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> d
     const size_t my = size_t(self - live.begin());
     const Piece mine = PieceOf(n, m, my);
     Failures failed;
+    if (options_.reconnect) {
+      for (int s : live) {
+        if (s == me || size_t(s) >= linked_.size() || size_t(s) >= begin->sites.size()) continue;
+        const std::string& now = begin->sites[size_t(s)].wan_address;
+        if (now.empty() || now == linked_[size_t(s)]) continue;
+        LogInfo("{}: reconnecting to site {} at {} (a new process or link)", at, s, now);
+        if (Status r = options_.reconnect(s, now); !r.ok()) {
+          failed.Add(s, r);  // its receives fail too: see commit
+          continue;
+        }
+        linked_[size_t(s)] = now;
+      }
+    }
 
     // ---- 2. reduce-scatter ----
     {
@@ -225,7 +241,7 @@ StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> d
     StatusOr<Membership> commit = options_.round(base + kCommit);
     if (!commit.ok())
       return fail(commit.status().WithContext(fmt::format("{}: round {}", at, base + kCommit)));
-    const std::vector<int> now = LiveSites(*commit);
+    const std::vector<int> now = LiveSites(*commit, base + kCommit);
     std::vector<int> lost;
     for (int s : live)
       if (!std::binary_search(now.begin(), now.end(), s)) lost.push_back(s);

@@ -5,7 +5,8 @@
 // mean over the sites that took part, the same bits on every one of them. One call is a few
 // coordinator rounds and a two-phase exchange over the WAN Communicator (rank = site) using
 // direct sends only, so a receive depends on its sender alone and a dead sender fails it at once:
-//   1. begin: round function(R) gives the membership M; the live sites L (sorted) take part.
+//   1. begin: round function(R) gives the membership M; the live sites L (sorted) take part
+//      (a rejoined site only from its join round on: SiteInfo::join_round <= R).
 //      Fewer than `quorum` live sites: kUnavailable.
 //   2. reduce-scatter: data is cut into |L| contiguous pieces (piece k owned by L[k], sizes as
 //      even as possible, split at element boundaries); each site encodes its whole contribution
@@ -18,6 +19,9 @@
 //      every site, the owner included, takes Decode of those bytes. So all sites hold identical
 //      bits. The owner adds |L| * (average - decoded) to its residual over its piece (error
 //      feedback for this phase too: its next contribution carries what the average lost).
+//   Rejoined sites: before its exchange, a site reconnects (ExchangeOptions::reconnect) to
+//   every site of L whose address in M differs from the one its link was made with; a failed
+//   reconnect fails the receives from that site in this attempt (see commit).
 //   4. commit: round function(R') gives M'. If the live set of M' equals L and every receive
 //      succeeded, the result is written into data and Average returns. If M' lost sites (one died
 //      during the exchange), every survivor sees the same M' and the whole exchange is redone
@@ -82,6 +86,13 @@ struct ExchangeOptions {
   int quorum = 1;  // fewest live sites a round may complete with
   // The coordinator's round barrier (CoordinatorClient::Round, or a fake in tests).
   std::function<StatusOr<Membership>(int64_t round)> round;
+  // Rejoins: the WAN address each site's link was made with (by site; empty: no link, e.g. a
+  // site absent when this one connected), and the transport's WanEndpoint::Reconnect. When a
+  // live site of a round has another address in the membership than here (a new process took
+  // the site over), this site reconnects to it before the exchange (the new process does the
+  // same towards every live site). Without reconnect, addresses are not checked.
+  std::vector<std::string> addresses;
+  std::function<Status(int site, const std::string& address)> reconnect;
 };
 
 struct ExchangeResult {
@@ -101,6 +112,7 @@ class SiteExchange {
  private:
   Communicator* wan_;
   ExchangeOptions options_;
+  std::vector<std::string> linked_;  // the address each site's link is made with now
 };
 
 }  // namespace atl

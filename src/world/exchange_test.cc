@@ -32,7 +32,7 @@ WorldSecurity Insecure() {
 // site's Round is kUnavailable; the rounds it held up complete without it).
 class FakeRounds {
  public:
-  explicit FakeRounds(int sites) : alive_(sites, true), calls_(sites) {}
+  explicit FakeRounds(int sites) : alive_(sites, true), join_(sites, 0), calls_(sites) {}
 
   StatusOr<Membership> Round(int site, int64_t r) {
     std::unique_lock<std::mutex> lk(mu_);
@@ -45,7 +45,7 @@ class FakeRounds {
       if (done != done_.end()) return done->second;
       bool all = true;
       for (int s = 0; s < int(alive_.size()); ++s)
-        if (alive_[s] && !arrived_[r].count(s)) all = false;
+        if (alive_[s] && join_[s] <= r && !arrived_[r].count(s)) all = false;
       if (all) {
         done_[r] = Snapshot();
         cv_.notify_all();
@@ -54,6 +54,12 @@ class FakeRounds {
       if (cv_.wait_until(lk, deadline) == std::cv_status::timeout)
         return Status::Unavailable(fmt::format("round {} timed out at site {}", r, site));
     }
+  }
+  // A rejoined process for `site`: alive, but in the rounds only from r on.
+  void JoinAt(int site, int64_t r) {
+    std::lock_guard<std::mutex> lk(mu_);
+    join_[site] = r;
+    ++epoch_;
   }
   void Kill(int site) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -73,13 +79,15 @@ class FakeRounds {
   Membership Snapshot() const {
     Membership m;
     m.epoch = epoch_;
-    for (int s = 0; s < int(alive_.size()); ++s) m.sites.push_back({s, "", bool(alive_[s]), 0});
+    for (int s = 0; s < int(alive_.size()); ++s)
+      m.sites.push_back({s, "", bool(alive_[s]), 0, join_[s]});
     return m;
   }
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<char> alive_;
+  std::vector<int64_t> join_;
   int64_t epoch_ = 1;
   std::map<int64_t, std::set<int>> arrived_;
   std::map<int64_t, Membership> done_;
@@ -509,6 +517,27 @@ TEST(Exchange, ASiteDeadAtTheStartIsLeftOut) {
   }
   EXPECT_TRUE(rounds.calls(2).empty());
   EXPECT_EQ(w.eps[2]->stats().bytes_received, received);  // nothing was sent to the dead site
+}
+
+// A site whose new process joins at a later round is alive but not in this exchange.
+TEST(Exchange, ASiteJoiningLaterIsNotInTheExchange) {
+  World w(4);
+  ASSERT_TRUE(w.ok());
+  FakeRounds rounds(4);
+  rounds.JoinAt(2, kRoundsPerExchange * 10);
+  const size_t n = 3001;
+  auto inputs = Inputs(4, n);
+  auto data = inputs;
+  std::vector<std::vector<float>> residual(4);
+  auto out = RunAll(w, rounds, {0, 1, 3}, Codec::kNone, 3, 4, data, residual);
+  const std::vector<int> live{0, 1, 3};
+  auto expect = Reference(Codec::kNone, live, inputs, nullptr);
+  for (int s : live) {
+    ASSERT_TRUE(out[s].status.ok()) << out[s].status.ToString();
+    EXPECT_TRUE(SameBits(data[s], expect)) << "site " << s;
+    EXPECT_EQ(out[s].result.sites, live);
+  }
+  EXPECT_TRUE(rounds.calls(2).empty());
 }
 
 // Site 3 dies after its reduce-scatter sends (its WAN endpoint goes away); the coordinator

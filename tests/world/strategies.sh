@@ -3,7 +3,8 @@
 # rank, configs/tiny.toml, links of 5 ms and 200 Mbit/s, 1 s heartbeats):
 #   1. diloco (H = 5, int8) with site 2 dying after step 8: the world goes on (exit 0, the view
 #      says so), sites 0 and 1 finish every step, site 2's metrics stop at 8, the coordinator
-#      logged the death, and the exchanges after it averaged 2 sites;
+#      logged the death, and the exchanges after it averaged 2 sites; then the same with
+#      --rejoin: a new process takes site 2 over and all three sites finish;
 #   2. streaming (P = 2, tau = 1, int4): finishes; far fewer WAN bytes than sync would have sent;
 #   3. async (H = 4, int8): finishes with an operation log; `atoll replay` reproduces the final
 #      parameters bitwise; a tampered log is caught (exit 1, naming the update); a run dir that is
@@ -36,6 +37,28 @@ grep -q '"death"' "$T/d/coordinator.log" || fail "the coordinator logged no deat
 grep -q '"outer_rounds":4' "$T/d/site-0/metrics.jsonl" || fail "site 0 lacks 4 outer rounds"
 grep -q "\"val_loss\"" "$T/d/site-0/metrics.jsonl" || fail "site 0 did not validate"
 grep -q "exchanges (diloco)" "$T/d/site-0/train.log" || fail "no exchange summary in site 0's log"
+
+# 1b. The lost site comes back: a new process takes it over (launch --rejoin), fetches the state
+# from a live site, joins at an exchange boundary and trains to the end with the others.
+rc=0
+# 150 steps over 20 ms links: the others are still at it when the new process is ready.
+"$ATOLL" launch "${W[@]}" --set world.strategy=diloco --set world.diloco.inner_steps=5 \
+  --set world.codec=int8 --set train.steps=150 --set world.link.latency_ms=20 \
+  --fail-site 2@8 --rejoin --out "$T/r" >"$T/r.out" 2>"$T/r.err" || rc=$?
+[[ $rc == 0 ]] || fail "diloco with a rejoining site exited $rc: $(tail -20 "$T/r.err")"
+grep -q "take it over" "$T/r.err" || fail "launch did not restart site 2: $(tail "$T/r.err")"
+grep -q "took over at step" "$T/r/site-2/rejoin.log" ||
+  fail "site 2 did not rejoin: $(tail -20 "$T/r/site-2/rejoin.log")"
+for s in 0 1 2; do
+  [[ $(last_step "$T/r/site-$s/metrics.jsonl") == 150 ]] || fail "site $s did not finish (rejoin)"
+done
+grep -q '"join_round"' "$T/r/coordinator.log" || fail "the coordinator logged no rejoin"
+grep -q "reconnecting to site 2" "$T/r/site-0/train.log" || fail "site 0 did not reconnect to site 2"
+[[ -f $T/r/checkpoint/model.safetensors ]] || fail "rejoin: no checkpoint"
+# --rejoin is refused where it cannot work.
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set data.dir="$DATA" --rejoin \
+  --out "$T/bad"
+expect_err "world.sites > 1"
 
 # 2. Streaming with int4: fewer bytes than sync by far.
 rc=0
