@@ -123,6 +123,7 @@ class LowCommSync {
   void Restore(const LowCommState& state);
 
   uint64_t bytes_sent() const { return bytes_sent_; }
+  int64_t rounds() const { return rounds_; }  // exchanges started (the next one's round)
   int64_t exchanges() const { return completed_; }
   double last_wait_s() const { return last_wait_s_; }  // blocked in the last call
   const std::vector<int>& last_sites() const { return last_sites_; }

@@ -451,9 +451,10 @@ StatusOr<LowCommState> TakeOver(const TrainOptions& o, const LowCommSync& sync, 
   }
   LogInfo("{}: registered for exchange round {} (after step {}); waiting for its state", who, J,
           sync.StepOfExchange(J));
-  uint64_t min_index = 0;
+  // States are published under their exchange round: ask for J's alone (nothing is sent until
+  // a live site has it).
   for (;;) {
-    StatusOr<std::pair<uint64_t, std::string>> got = o.fetch(min_index);
+    StatusOr<std::pair<uint64_t, std::string>> got = o.fetch(uint64_t(J));
     if (!got.ok()) {
       if (got.status().code() != StatusCode::kNotFound || NowSeconds() >= deadline)
         return got.status().WithContext(who + ": fetching the state");
@@ -461,18 +462,13 @@ StatusOr<LowCommState> TakeOver(const TrainOptions& o, const LowCommSync& sync, 
       continue;
     }
     ATOLL_ASSIGN_OR_RETURN(LowCommState st, DecodeLowCommState(got->second, n));
-    if (st.rounds == J) {
-      LogInfo(
-          "{}: took over at step {} ({:.1f} MB of state fetched); joining at exchange round "
-          "{}",
-          who, st.completed, double(got->second.size()) / 1e6, J);
-      return st;
-    }
-    if (st.rounds > J)
+    if (st.rounds != J || got->first != uint64_t(J))
       return Status::Internal(fmt::format(
-          "{}: a live site's state is at exchange round {}, past round {} it should wait at", who,
+          "{}: a live site's state is for exchange round {}, not round {} it should wait at", who,
           st.rounds, J));
-    min_index = got->first + 1;  // an earlier state: wait for the next
+    LogInfo("{}: took over at step {} ({:.1f} MB of state fetched); joining at exchange round {}",
+            who, st.completed, double(got->second.size()) / 1e6, J);
+    return st;
   }
 }
 
@@ -697,7 +693,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
         ATOLL_RETURN_IF_ERROR(lowcomm->AfterStep(s + 1, run.model->params()));
         if (options.publish)
           if (auto state = lowcomm->QuietState(s + 1, run.model->params()))
-            options.publish(uint64_t(s + 1), std::move(state));
+            options.publish(uint64_t(lowcomm->rounds()), std::move(state));
       }
       for (int f : lowcomm->Merges(s + 1))
         ATOLL_RETURN_IF_ERROR(share(lowcomm->fragments()[size_t(f)]));

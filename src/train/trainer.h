@@ -105,12 +105,13 @@ struct TrainOptions {
       average;
   // Rejoins (diloco, streaming; train/strategy.h LowCommState), on the site's leader. publish:
   // called at every quiet point with the state a lost site's new process can take over
-  // (index: the step; WanEndpoint::Publish). With rejoin, this process takes over a site that
-  // was lost: current_round() is the latest exchange round a live site has begun (-1: none);
-  // join(J) registers this process for the world from exchange round J on (kNotFound: too late,
-  // a live site has begun J); fetch(min) returns a live site's state with index >= min
-  // (kNotFound while there is none). The process joins at J = current + 2, waits for the state
-  // that leads into J (polling fetch, up to rejoin_timeout_s in all) and trains from its step.
+  // (index: the next exchange's round, LowCommState::rounds; WanEndpoint::Publish). With rejoin,
+  // this process takes over a site that was lost: current_round() is the latest exchange round a
+  // live site has begun (-1: none); join(J) registers this process for the world from exchange
+  // round J on (kNotFound: too late, a live site has begun J); fetch(min) returns a live site's
+  // state with index >= min (kNotFound while there is none; the newcomer asks for J). The process
+  // joins at J = current + 2, waits for the state that leads into J (polling fetch, up to
+  // rejoin_timeout_s in all) and trains from its step.
   std::function<void(uint64_t index, std::shared_ptr<const std::string> state)> publish;
   bool rejoin = false;
   std::function<StatusOr<int64_t>()> current_round;
