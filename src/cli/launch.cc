@@ -774,7 +774,6 @@ StatusOr<int> Launch(const LaunchArgs& a) {
   // badly and the others go on.
   const Child* failed = nullptr;
   const bool survives_loss = cfg.world.strategy != "sync";
-  const bool low_comm = cfg.world.strategy == "diloco" || cfg.world.strategy == "streaming";
   std::vector<int> lost, rejoined;
   while (true) {
     drain_coordinator(100);
@@ -785,7 +784,7 @@ StatusOr<int> Launch(const LaunchArgs& a) {
       const bool was_running = c.running;
       Poll(c);
       if (was_running && !c.running && !c.exited_ok()) {
-        const bool again = a.rejoin && low_comm &&
+        const bool again = a.rejoin && survives_loss &&
                            std::find(rejoined.begin(), rejoined.end(), s) == rejoined.end();
         if (survives_loss && s != 0 && int(lost.size()) + 1 < sites) {
           lost.push_back(s);
@@ -872,7 +871,8 @@ void AddLaunchCommand(CLI::App& app) {
       "1 when a site or the coordinator fails (the others are stopped and the failed one's log\n"
       "tail is shown), 2 for a bad config, 130 on Ctrl-C (the children are stopped first).\n"
       "With world.strategy diloco, streaming or async the world goes on when a site other than\n"
-      "0 is lost (the view marks it; the exit status is 0 if the rest finish). Their view also\n"
+      "0 is lost (the view marks it; the exit status is 0 if the rest finish); with --rejoin a\n"
+      "new process takes the lost site over and the world is whole again. Their view also\n"
       "shows what sync would have sent for the same progress.\n"
       "Output layout (DIR = --out):\n"
       "  DIR/config.toml              the effective config every site trains with\n"
@@ -908,9 +908,9 @@ void AddLaunchCommand(CLI::App& app) {
                   "Fault injection: SITE@STEP makes that site's leader die abruptly after the "
                   "step (repeatable); diloco, streaming and async go on without it");
   cmd->add_flag("--rejoin", args->rejoin,
-                "With --fail-site (diloco, streaming): once the site is lost, start a new process "
-                "that takes it over (`atoll train --rejoin`: it fetches the state from a live "
-                "site and joins at the next exchange; output in DIR/site-N/rejoin.log)");
+                "With --fail-site (diloco, streaming, async): once the site is lost, start a new "
+                "process that takes it over (`atoll train --rejoin`; output in "
+                "DIR/site-N/rejoin.log)");
   cmd->callback([args] {
     auto rc = Launch(*args);
     ExitIfError(rc.status());

@@ -246,8 +246,8 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
               if (s.alive && s.site != me) last = std::max(last, s.last_round);
             return last < 0 ? int64_t(-1) : last / kRoundsPerExchange;
           };
-          options.join = [client, ep](int64_t exchange_round) -> Status {
-            return client->Rejoin(ep->address(), kRoundsPerExchange * exchange_round).status();
+          options.join = [client, ep](int64_t round) -> Status {
+            return client->Rejoin(ep->address(), round).status();
           };
         }
       } else if (strategy == "async") {
@@ -256,6 +256,12 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
         options.finish_barrier = [client, end_round]() -> Status {
           return client->Round(end_round).status().WithContext("the barrier at the end");
         };
+        if (a.rejoin) {
+          options.rejoin = true;
+          options.join = [client, ep](int64_t round) -> Status {
+            return client->Rejoin(ep->address(), round).status();
+          };
+        }
         options.round = nullptr;
       }
     }
@@ -333,9 +339,10 @@ void AddTrainCommand(CLI::App& app) {
                   "HOST:PORT the site leader listens on for WAN peers (default 127.0.0.1:0)");
   cmd->add_option("--checkpoint-dir", args->checkpoint_dir,
                   "Where checkpoints go (default: --out); several sites: site 0 writes them");
-  cmd->add_flag("--rejoin", args->rejoin,
-                "Take over a site whose process was lost (diloco, streaming): fetch the current "
-                "state from a live site, register for its next exchange and train on from there");
+  cmd->add_flag(
+      "--rejoin", args->rejoin,
+      "Take over a site whose process was lost: diloco, streaming: fetch the state from a "
+      "live site and join at an exchange; async: go on after the site's last push");
   cmd->add_option("--die-after-step", args->die_after_step,
                   "Fault injection for tests: the site's leader exits abruptly (exit code 3, no "
                   "goodbye to the coordinator) after this step");

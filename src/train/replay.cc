@@ -20,7 +20,7 @@ namespace atl {
 class ReplayServer::View : public ParameterServer {
  public:
   View(ReplayServer* server, int site) : server_(server), site_(site) {}
-  Status Init(std::span<const float> params, int64_t /*max_staleness*/) override {
+  StatusOr<int64_t> Init(std::span<const float> params, int64_t /*max_staleness*/) override {
     return server_->Init(site_, params);
   }
   StatusOr<int64_t> Pull(std::span<float> params) override { return server_->Pull(site_, params); }
@@ -40,13 +40,22 @@ namespace {
 
 // The status a re-executed site ends with where the run's log ends for it (it died there).
 constexpr std::string_view kSiteEnded = "replay: the run's log ends here for site";
+// The status of a site's process where the log says a new process took the site over.
+constexpr std::string_view kProcessEnded = "replay: a new process takes over site";
 // The status of a site stopped because another one failed.
 constexpr std::string_view kStopped = "replay: stopped because another site failed";
 
 }  // namespace
 
 ReplayServer::ReplayServer(OpLog log, int sites)
-    : log_(std::move(log)), by_site_(size_t(sites)), pushed_(size_t(sites), 0) {
+    : log_(std::move(log)),
+      by_site_(size_t(sites)),
+      pushed_(size_t(sites), 0),
+      last_step_(size_t(sites), 0),
+      rejoins_(size_t(sites)),
+      process_(size_t(sites), 0) {
+  for (const OpLog::Rejoin& r : log_.rejoins)
+    if (r.site >= 0 && r.site < sites) rejoins_[size_t(r.site)].push_back(r.step);
   for (size_t i = 0; i < log_.entries.size(); ++i) {
     const PsLogEntry& e = log_.entries[i];
     if (e.site >= 0 && e.site < sites) by_site_[size_t(e.site)].push_back(i);
@@ -57,7 +66,7 @@ ReplayServer::ReplayServer(OpLog log, int sites)
 
 ParameterServer* ReplayServer::ForSite(int site) { return views_[size_t(site)].get(); }
 
-Status ReplayServer::Init(int site, std::span<const float> params) {
+StatusOr<int64_t> ReplayServer::Init(int site, std::span<const float> params) {
   std::unique_lock lock(mu_);
   const uint64_t h = Hash64(params.data(), params.size_bytes());
   if (params.size() != log_.count || h != log_.init_checksum)
@@ -70,7 +79,8 @@ Status ReplayServer::Init(int site, std::span<const float> params) {
     initialized_ = true;
     if (needed_.count(0) > 0) snapshots_[0] = params_;
   }
-  return Status::Ok();
+  const size_t p = process_[size_t(site)];
+  return p == 0 ? int64_t(0) : rejoins_[size_t(site)][p - 1];
 }
 
 void ReplayServer::Abort(const Status& why) {
@@ -100,6 +110,13 @@ Status ReplayServer::CopyVersion(int64_t version, std::span<float> out,
 StatusOr<int64_t> ReplayServer::Pull(int site, std::span<float> params) {
   std::unique_lock lock(mu_);
   if (!initialized_) return Status::Internal("replay: pull before init");
+  const size_t p = process_[size_t(site)];
+  if (p < rejoins_[size_t(site)].size() && pushed_[size_t(site)] > 0 &&
+      last_step_[size_t(site)] == rejoins_[size_t(site)][p]) {
+    ++process_[size_t(site)];
+    return Status::Unavailable(
+        fmt::format("{} {} after step {}", kProcessEnded, site, last_step_[size_t(site)]));
+  }
   const auto& mine = by_site_[size_t(site)];
   const size_t k = pushed_[size_t(site)];
   if (k < mine.size()) {
@@ -132,8 +149,8 @@ StatusOr<PsPushResult> ReplayServer::Push(const PsUpdate& u) {
     return Status::Internal(fmt::format(
         "replay diverged at update {} (site {}'s push {}): logged base {} steps {}..{} xxh3 "
         "{:016x} ({} bytes), replayed base {} steps {}..{} xxh3 {:016x} ({} bytes)",
-        e.update_id, u.site, k + 1, e.base_version, e.first_step, e.last_step, e.checksum,
-        e.bytes, u.base_version, u.first_step, u.last_step, h, u.encoded.size()));
+        e.update_id, u.site, k + 1, e.base_version, e.first_step, e.last_step, e.checksum, e.bytes,
+        u.base_version, u.first_step, u.last_step, h, u.encoded.size()));
   cv_.wait(lock, [&] { return next_id_ == e.update_id || !aborted_.ok(); });
   if (!aborted_.ok()) return Status::Unavailable(std::string(kStopped));
   PsPushResult r;
@@ -152,6 +169,7 @@ StatusOr<PsPushResult> ReplayServer::Push(const PsUpdate& u) {
   r.applied_version = e.applied_version;
   r.current_version = version_;
   ++pushed_[size_t(u.site)];
+  last_step_[size_t(u.site)] = u.last_step;
   ++next_id_;
   cv_.notify_all();
   return r;
@@ -204,7 +222,13 @@ StatusOr<ReplayReport> Replay(const ReplayOptions& options) {
       o.progress = false;
       o.site = s;
       o.ps = server.ForSite(s);
+      o.join = [](int64_t) { return Status::Ok(); };
       auto r = Train(rc, o);
+      // Where the run's log has a new process take the site over, re-execute that one too.
+      while (!r.ok() && r.status().message().find(kProcessEnded) != std::string::npos) {
+        o.rejoin = true;
+        r = Train(rc, o);
+      }
       results[size_t(s)] = r.status();
       // A failed or diverged site: the updates the others wait for never come.
       if (!r.ok() && r.status().message().find(kSiteEnded) == std::string::npos)

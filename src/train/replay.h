@@ -13,7 +13,10 @@
 //     (waiting until that version exists); after its last logged push, the final parameters
 //     (once every logged update is in);
 //   - a site that died during the run (fewer logged pushes than its steps would make) stops
-//     where the log ends for it.
+//     where the log ends for it;
+//   - a site that a new process took over (a logged rejoin after its step L): its first process
+//     ends at the pull after its push of step L, and a new Train (TrainOptions::rejoin: fresh
+//     optimizer state and error feedback) goes on from step L, as the run's new process did.
 // Each site's computation depends only on the parameters it pulled and its own data, optimizer
 // state and error-feedback residual, and every kernel's result is independent of the thread
 // count, so the re-executed updates are the logged ones bit for bit and the server ends with the
@@ -49,8 +52,9 @@ class ReplayServer {
   int64_t served() const { return next_id_; }
   int64_t logged() const { return int64_t(log_.entries.size()); }
 
-  // ParameterServer calls, by site.
-  Status Init(int site, std::span<const float> params);
+  // ParameterServer calls, by site. Init returns where the site's current process starts (0,
+  // or for a process that took the site over, the logged rejoin step).
+  StatusOr<int64_t> Init(int site, std::span<const float> params);
   StatusOr<int64_t> Pull(int site, std::span<float> params);
   StatusOr<PsPushResult> Push(const PsUpdate& update);
   // Ends the replay: every waiting and later call returns an error (a site failed or diverged,
@@ -62,8 +66,11 @@ class ReplayServer {
   Status CopyVersion(int64_t version, std::span<float> out, std::unique_lock<std::mutex>& lock);
 
   OpLog log_;
-  std::vector<std::vector<size_t>> by_site_;  // log entry indices of each site, in order
-  std::vector<size_t> pushed_;                // pushes served per site
+  std::vector<std::vector<size_t>> by_site_;   // log entry indices of each site, in order
+  std::vector<size_t> pushed_;                 // pushes served per site
+  std::vector<int64_t> last_step_;             // the last step of each site's last push served
+  std::vector<std::vector<int64_t>> rejoins_;  // per site: the logged rejoin steps, in order
+  std::vector<size_t> process_;                // per site: processes ended (rejoins taken)
   std::vector<std::unique_ptr<View>> views_;
   std::mutex mu_;
   std::condition_variable cv_;

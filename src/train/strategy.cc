@@ -245,8 +245,9 @@ AsyncClient::AsyncClient(const Options& options, ParameterServer* ps, size_t n)
     : options_(options), ps_(ps), n_(n), base_(n), update_(n), residual_(n, 0.0f) {}
 
 Status AsyncClient::Start(float* params) {
-  ATOLL_RETURN_IF_ERROR(ps_->Init(std::span<const float>(params, n_), options_.max_staleness)
-                            .WithContext("the parameter server's Init"));
+  StatusOr<int64_t> last = ps_->Init(std::span<const float>(params, n_), options_.max_staleness);
+  if (!last.ok()) return last.status().WithContext("the parameter server's Init");
+  start_step_ = last_push_step_ = *last;
   ATOLL_ASSIGN_OR_RETURN(version_, ps_->Pull(std::span<float>(params, n_)));
   bytes_received_ += n_ * sizeof(float);
   std::copy(params, params + n_, base_.begin());

@@ -161,8 +161,10 @@ class AsyncClient {
     Codec codec = Codec::kNone;
   };
   AsyncClient(const Options& options, ParameterServer* ps, size_t n);
-  // Init (the site's initial parameters) and the first pull into params.
+  // Init (the site's initial parameters) and the first pull into params. A process that takes
+  // over a lost site goes on after the site's last decided push: start_step().
   Status Start(float* params);
+  int64_t start_step() const { return start_step_; }
   // Pull steps: completed % H == 0. Returns true when params were replaced (push + pull).
   bool PullsAt(int64_t completed) const { return completed % options_.inner_steps == 0; }
   StatusOr<bool> AfterStep(int64_t completed, float* params);
@@ -185,7 +187,7 @@ class AsyncClient {
   size_t n_;
   std::vector<float> base_, update_, residual_;
   std::vector<uint8_t> encoded_;
-  int64_t version_ = 0, last_push_step_ = 0, pushes_ = 0, refused_ = 0;
+  int64_t version_ = 0, last_push_step_ = 0, pushes_ = 0, refused_ = 0, start_step_ = 0;
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
   double last_wait_s_ = 0;
 };

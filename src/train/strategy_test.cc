@@ -323,13 +323,13 @@ TEST(LowCommState, RoundTripsAndRefusesBadBytes) {
 // An in-memory parameter server (the coordinator's semantics, world/ps.h).
 class MemoryServer : public ParameterServer {
  public:
-  Status Init(std::span<const float> p, int64_t s) override {
+  StatusOr<int64_t> Init(std::span<const float> p, int64_t s) override {
     std::lock_guard lock(mu_);
     if (params_.empty()) {
       params_.assign(p.begin(), p.end());
       staleness_ = s;
     }
-    return Status::Ok();
+    return int64_t(0);
   }
   StatusOr<int64_t> Pull(std::span<float> p) override {
     std::lock_guard lock(mu_);

@@ -443,7 +443,7 @@ StatusOr<LowCommState> TakeOver(const TrainOptions& o, const LowCommSync& sync, 
       return Status::Unavailable(fmt::format(
           "{}: too close to the end of the run: exchange round {} would be past the last step", who,
           J));
-    Status joined = o.join(J);
+    Status joined = o.join(kRoundsPerExchange * J);
     if (joined.ok()) break;
     if (joined.code() != StatusCode::kNotFound || NowSeconds() >= deadline)
       return joined.WithContext(who);
@@ -568,7 +568,27 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
                                                              .max_staleness = w.async.max_staleness,
                                                              .codec = codec},
                                         options.ps, n_params);
+      if (leader && options.rejoin) {
+        // A new process for a lost site: a member from the barrier at the end on (the only
+        // round of async), then it goes on after the site's last decided push.
+        if (!options.join) return Status::InvalidArgument("rejoin: no way to join the world");
+        ATOLL_RETURN_IF_ERROR(
+            options.join(tc.steps).WithContext(fmt::format("site {}: rejoin", run.site)));
+      }
       if (leader) ATOLL_RETURN_IF_ERROR(async->Start(run.model->params()));
+      if (options.rejoin) {
+        double at = leader ? double(async->start_step()) : 0.0;
+        if (me.size() > 1)
+          ATOLL_RETURN_IF_ERROR(me.world()->Broadcast(std::span<double>(&at, 1), 0));
+        start = int64_t(at);
+        if (leader)
+          LogInfo("site {}: rejoin: took over after step {} (the site's last push)", run.site,
+                  start);
+        if (start >= tc.steps)
+          return Status::Unavailable(
+              fmt::format("site {}: rejoin: the site's pushes already reach the last step {}",
+                          run.site, tc.steps));
+      }
       if (me.size() > 1)
         ATOLL_RETURN_IF_ERROR(
             me.world()->Broadcast(std::span<float>(run.model->params(), n_params), 0));
@@ -586,10 +606,11 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       lowcomm = std::make_unique<LowCommSync>(lo, options.average, run.model->params(), n_params);
     }
   }
-  if (options.rejoin) {
+  if (options.rejoin && async == nullptr) {
     if (lowcomm == nullptr)
       return Status::InvalidArgument(fmt::format(
-          "--rejoin: world.strategy = \"{}\": only diloco and streaming runs can be rejoined",
+          "--rejoin: world.strategy = \"{}\": only diloco, streaming and async runs can be "
+          "rejoined",
           strategy));
     double at = 0;
     if (leader) {

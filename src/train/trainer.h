@@ -103,19 +103,21 @@ struct TrainOptions {
   std::function<StatusOr<ExchangeResult>(int64_t round, std::span<float> data,
                                          std::span<float> residual)>
       average;
-  // Rejoins (diloco, streaming; train/strategy.h LowCommState), on the site's leader. publish:
-  // called at every quiet point with the state a lost site's new process can take over
-  // (index: the next exchange's round, LowCommState::rounds; WanEndpoint::Publish). With rejoin,
-  // this process takes over a site that was lost: current_round() is the latest exchange round a
-  // live site has begun (-1: none); join(J) registers this process for the world from exchange
-  // round J on (kNotFound: too late, a live site has begun J); fetch(min) returns a live site's
-  // state with index >= min (kNotFound while there is none; the newcomer asks for J). The process
-  // joins at J = current + 2, waits for the state that leads into J (polling fetch, up to
-  // rejoin_timeout_s in all) and trains from its step.
+  // Rejoins, on the site's leader. diloco, streaming (train/strategy.h LowCommState): publish is
+  // called at every quiet point with the state a lost site's new process can take over (index:
+  // the next exchange's round, LowCommState::rounds; WanEndpoint::Publish). With rejoin, this
+  // process takes over a site that was lost: current_round() is the latest exchange round a live
+  // site has begun (-1: none); join(r) registers this process for the world from coordinator
+  // round r on (kNotFound: too late, a live site has reached r; exchange round J begins at
+  // coordinator round 16 J); fetch(min) returns a live site's state with index >= min (kNotFound
+  // while there is none). The process joins at J = current + 2, waits for the state that leads
+  // into J (polling fetch, up to rejoin_timeout_s in all) and trains from its step. async:
+  // join(train.steps) (the barrier at the end is async's only round), then the parameter
+  // server's Init tells the step after which the site goes on, and Pull the parameters.
   std::function<void(uint64_t index, std::shared_ptr<const std::string> state)> publish;
   bool rejoin = false;
   std::function<StatusOr<int64_t>()> current_round;
-  std::function<Status(int64_t exchange_round)> join;
+  std::function<Status(int64_t coordinator_round)> join;
   std::function<StatusOr<std::pair<uint64_t, std::string>>(uint64_t min_index)> fetch;
   double rejoin_timeout_s = 600;
   // world.strategy "async", on the site's leader: the parameter server, and the barrier at the

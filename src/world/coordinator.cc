@@ -297,6 +297,8 @@ class CoordinatorImpl final : public Coordinator {
   int64_t ps_max_staleness_ = 0;
   std::vector<float> ps_params_, ps_scratch_;
   int64_t ps_version_ = 0, ps_next_id_ = 0;
+  std::map<int, int64_t> ps_last_step_;  // by site: the last step of its decided pushes
+  std::map<int, uint64_t> ps_rejoined_;   // by site: the process whose rejoin is logged
   std::string ps_broken_;  // non-empty: every PS call is refused with this reason
   std::vector<std::deque<PushMemo>> ps_memo_;  // per site: recent pushes, for retries
 
@@ -955,9 +957,28 @@ grpc::Status CoordinatorImpl::PsInit(grpc::ServerContext* ctx, const coord::PsIn
         "max staleness {}",
         site, count, Hex(checksum), ps_max_staleness_);
   }
+  const int64_t last_step = ps_last_step_.count(site) ? ps_last_step_[site] : 0;
+  if (last_step > 0 && ps_rejoined_[site] != req.incarnation()) {
+    // A site calls Init once per process (a retry is the same incarnation): this is a new one
+    // taking the site over.
+    Status st = ops_.Append({{"t", "rejoin"},
+                             {"site", site},
+                             {"step", last_step},
+                             {"version", ps_version_},
+                             {"next_update", ps_next_id_}});
+    if (!st.ok()) {
+      BreakPsLocked(st.ToString());
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, ps_broken_);
+    }
+    ps_rejoined_[site] = req.incarnation();
+    LogInfo("coordinator: parameter server: a new process for site {} goes on after its step {} "
+            "(version {})",
+            site, last_step, ps_version_);
+  }
   reply->set_coordinator_id(id_);
   reply->set_version(ps_version_);
   reply->set_max_staleness(ps_max_staleness_);
+  reply->set_last_step(last_step);
   return grpc::Status::OK;
 }
 
@@ -1041,6 +1062,7 @@ grpc::Status CoordinatorImpl::PsPush(grpc::ServerContext* ctx, const coord::PsPu
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, ps_broken_);
   }
   ++ps_next_id_;
+  ps_last_step_[site] = std::max(ps_last_step_[site], req.last_step());
   if (accepted) {
     ApplyUpdate(ps_params_, ps_scratch_, weight);
     ps_version_ = applied;
@@ -1163,7 +1185,7 @@ class ClientImpl final : public CoordinatorClient {
   class PsClient final : public ParameterServer {
    public:
     explicit PsClient(ClientImpl* c) : c_(c) {}
-    Status Init(std::span<const float> params, int64_t max_staleness) override;
+    StatusOr<int64_t> Init(std::span<const float> params, int64_t max_staleness) override;
     StatusOr<int64_t> Pull(std::span<float> params) override;
     StatusOr<PsPushResult> Push(const PsUpdate& update) override;
 
@@ -1438,14 +1460,16 @@ Status ClientImpl::PsCall(const std::string& what,
   }
 }
 
-Status ClientImpl::PsClient::Init(std::span<const float> params, int64_t max_staleness) {
+StatusOr<int64_t> ClientImpl::PsClient::Init(std::span<const float> params,
+                                             int64_t max_staleness) {
   coord::PsInitRequest req;
   req.set_site(c_->options_.site);
   req.set_incarnation(c_->incarnation_);
   req.set_params(reinterpret_cast<const char*>(params.data()), params.size_bytes());
   req.set_max_staleness(max_staleness);
   coord::PsInitReply reply;
-  return c_->PsCall("Init", &coord::Coordinator::Stub::PsInit, req, &reply);
+  ATOLL_RETURN_IF_ERROR(c_->PsCall("Init", &coord::Coordinator::Stub::PsInit, req, &reply));
+  return reply.last_step();
 }
 
 StatusOr<int64_t> ClientImpl::PsClient::Pull(std::span<float> params) {

@@ -77,11 +77,12 @@ class CoordinatorTest : public ::testing::Test {
     return s.ok() ? *s : WorldSecurity{};
   }
 
-  std::unique_ptr<Coordinator> StartCoordinator(int sites, std::string listen = "127.0.0.1:0") {
+  std::unique_ptr<Coordinator> StartCoordinator(int sites, std::string listen = "127.0.0.1:0",
+                                                double heartbeat_s = kHeartbeat) {
     CoordinatorOptions o;
     o.listen = std::move(listen);
     o.sites = sites;
-    o.heartbeat_s = kHeartbeat;
+    o.heartbeat_s = heartbeat_s;
     o.state_dir = state_;
     o.security = Sec("coordinator");
     auto c = Coordinator::Start(o);
@@ -677,7 +678,7 @@ TEST_F(CoordinatorTest, ParameterServerAppliesPushesInOrderAndLogsThem) {
   ParameterServer* ps1 = clients[1]->ps();
   ASSERT_TRUE(ps0->Init(init, /*max_staleness=*/1).ok());
   // The second site checks that it starts from the same floats; max_staleness is the first's.
-  Status st = ps1->Init(init, 7);
+  Status st = ps1->Init(init, 7).status();
   ASSERT_TRUE(st.ok()) << st.ToString();
   std::vector<float> got(kN, -1.0f);
   auto v = ps1->Pull(got);
@@ -687,14 +688,14 @@ TEST_F(CoordinatorTest, ParameterServerAppliesPushesInOrderAndLogsThem) {
   // Another model or seed is refused.
   std::vector<float> other = init;
   other[17] += 1e-3f;
-  st = ps1->Init(other, 1);
+  st = ps1->Init(other, 1).status();
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("initial parameters (1000 floats, checksum " +
                               HashToHex(Hash64(other.data(), other.size() * 4)) + ") differ"),
             std::string::npos)
       << st.message();
   EXPECT_NE(st.message().find("set by site 0"), std::string::npos) << st.message();
-  EXPECT_EQ(ps1->Init(std::vector<float>(kN + 1), 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ps1->Init(std::vector<float>(kN + 1), 1).status().code(), StatusCode::kInvalidArgument);
   std::vector<float> small(kN - 1);
   EXPECT_EQ(ps1->Pull(small).status().code(), StatusCode::kInvalidArgument);
 
@@ -806,6 +807,37 @@ TEST_F(CoordinatorTest, ParameterServerAppliesPushesInOrderAndLogsThem) {
   EXPECT_TRUE(SameBits(replay, got));
 }
 
+// A new process that takes over a site which had pushed learns where to go on, and the op log
+// says so (replay re-executes both processes from it).
+TEST_F(CoordinatorTest, ParameterServerTellsARejoiningProcessWhereItsSiteStopped) {
+  auto coord = StartCoordinator(2);
+  ASSERT_NE(coord, nullptr);
+  auto clients = Clients(coord->address(), 2);
+  RegisterAll(clients);
+  const std::vector<float> init = Floats(300, 5);
+  auto first = clients[0]->ps()->Init(init, 4);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(*first, 0);
+  ASSERT_TRUE(clients[1]->ps()->Init(init, 4).ok());
+  auto pushed = clients[1]->ps()->Push(MakeUpdate(1, 0, 1, 12, 0.5f, Codec::kInt8, Floats(300, 6)));
+  ASSERT_TRUE(pushed.ok()) << pushed.status().ToString();
+  clients[1].reset();  // a crash
+  auto fresh = Client(ClientOptions(coord->address(), 1));
+  ASSERT_TRUE(fresh->Rejoin("10.0.0.1:9101", 50).ok());
+  auto again = fresh->ps()->Init(init, 4);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, 12);
+  auto retried = fresh->ps()->Init(init, 4);  // the same process again: logged once
+  ASSERT_TRUE(retried.ok());
+  auto log = ReadOpLog(state_ + "/ops.jsonl");
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  ASSERT_EQ(log->rejoins.size(), 1u);
+  EXPECT_EQ(log->rejoins[0].site, 1);
+  EXPECT_EQ(log->rejoins[0].step, 12);
+  EXPECT_EQ(log->rejoins[0].version, 1);
+  EXPECT_EQ(log->rejoins[0].next_update, 1);
+}
+
 TEST_F(CoordinatorTest, ReadOpLogDropsATornTailAndNamesABadLine) {
   const std::string path = state_ + "/ops.jsonl";
   const std::string good =
@@ -844,9 +876,12 @@ TEST_F(CoordinatorTest, ReadOpLogDropsATornTailAndNamesABadLine) {
 }
 
 TEST_F(CoordinatorTest, ParameterServerMovesLargeParameters) {
-  auto coord = StartCoordinator(1);
+  // Heartbeats of 2 s: moving 80 MB on a loaded machine must not look like a death.
+  auto coord = StartCoordinator(1, "127.0.0.1:0", /*heartbeat_s=*/2.0);
   ASSERT_NE(coord, nullptr);
-  auto c = Client(ClientOptions(coord->address(), 0, /*timeout_s=*/60));
+  auto opts = ClientOptions(coord->address(), 0, /*timeout_s=*/60);
+  opts.heartbeat_s = 2.0;
+  auto c = Client(opts);
   ASSERT_TRUE(c->Register("10.0.0.0:9000").ok());
   constexpr size_t kN = 20'000'000;  // 80 MB
   std::vector<float> init(kN);
@@ -894,7 +929,7 @@ TEST_F(CoordinatorTest, ParameterServerStateLostWithARestartIsRefused) {
                                       "replay`)"),
             std::string::npos)
       << v.status().message();
-  EXPECT_NE(c->ps()->Init(init, 0).message().find("state was lost"), std::string::npos);
+  EXPECT_NE(c->ps()->Init(init, 0).status().message().find("state was lost"), std::string::npos);
   auto r = c->ps()->Push(MakeUpdate(0, 1, 2, 3, 1.0f, Codec::kNone, Floats(300, 13)));
   EXPECT_NE(r.status().message().find("state was lost"), std::string::npos);
   // The op log is left as it was for the replay; membership carries on.
@@ -922,7 +957,7 @@ TEST_F(CoordinatorTest, ParameterServerInitOnlyLogSurvivesARestart) {
   coord = StartCoordinator(1, address);
   ASSERT_NE(coord, nullptr);
   // The same client carries on with the restarted coordinator; its init must match the log's.
-  EXPECT_EQ(c->ps()->Init(Floats(300, 22), 3).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->ps()->Init(Floats(300, 22), 3).status().code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(c->ps()->Init(init, 0).ok());
   auto r = c->ps()->Push(MakeUpdate(0, 0, 0, 1, 1.0f, Codec::kNone, Floats(300, 23)));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -970,7 +1005,7 @@ TEST_F(CoordinatorTest, ParameterServerRefusesUnregisteredCallersAndAnswersRetri
   init.set_site(1);
   // A client that has not registered is told so before it calls.
   auto c0 = Client(ClientOptions(coord->address(), 0));
-  EXPECT_EQ(c0->ps()->Init(params, 0).code(), StatusCode::kInternal);
+  EXPECT_EQ(c0->ps()->Init(params, 0).status().code(), StatusCode::kInternal);
   EXPECT_FALSE(FileExists(state_ + "/ops.jsonl"));
 
   // Register site 1 by hand (site 0 completes the quorum), then push the same seq twice.

@@ -34,7 +34,8 @@ using Json = nlohmann::json;
 uint64_t HexField(const Json& j, const char* key) {
   const std::string s = j.at(key).get<std::string>();
   uint64_t v = 0;
-  if (!HexToHash(s, &v)) throw std::runtime_error(fmt::format("{} '{}' is not 16 hex digits", key, s));
+  if (!HexToHash(s, &v))
+    throw std::runtime_error(fmt::format("{} '{}' is not 16 hex digits", key, s));
   return v;
 }
 
@@ -71,6 +72,16 @@ StatusOr<OpLog> ReadOpLog(const std::string& path) {
         log.init_checksum = HexField(j, "checksum");
         log.max_staleness = j.at("max_staleness").get<int64_t>();
         if (log.max_staleness < 0) return bad("max_staleness is negative");
+        continue;
+      }
+      if (t == "rejoin") {
+        if (!have_init) return bad("a rejoin before the init record");
+        OpLog::Rejoin r;
+        r.site = j.at("site").get<int>();
+        r.step = j.at("step").get<int64_t>();
+        r.version = j.at("version").get<int64_t>();
+        r.next_update = j.at("next_update").get<int64_t>();
+        log.rejoins.push_back(r);
         continue;
       }
       if (t != "update") return bad(fmt::format("unknown record type '{}'", t));

@@ -61,8 +61,10 @@ class ParameterServer {
   virtual ~ParameterServer() = default;
   // Sets the initial parameters (version 0) if no site has; otherwise checks that the count
   // matches and the XXH3-64 of the floats equals the first site's (a different model or seed is
-  // kInvalidArgument). max_staleness is fixed by the first caller.
-  virtual Status Init(std::span<const float> params, int64_t max_staleness) = 0;
+  // kInvalidArgument). max_staleness is fixed by the first caller. Returns the last step of
+  // this site's pushes the server has decided so far (0: none): a process that takes over a lost
+  // site (a rejoin) starts after it; the coordinator then logs a rejoin record.
+  virtual StatusOr<int64_t> Init(std::span<const float> params, int64_t max_staleness) = 0;
   // Copies the current parameters into params (size must match); returns their version.
   virtual StatusOr<int64_t> Pull(std::span<float> params) = 0;
   // Decides (applies or refuses) the update and logs it. A bad update (size, codec, checksum of
@@ -84,13 +86,17 @@ namespace atl {
 // The operation log as written by the coordinator: <state_dir>/ops.jsonl, one JSON object per
 // line: first {"t":"init","count":N,"checksum":"<hex of XXH3-64 of the initial floats>",
 // "max_staleness":S}, then one {"t":"update", ...PsLogEntry fields...} per decided push, in
-// update-id order. A torn last line is dropped; any other bad line is kCorruption naming it.
+// update-id order, and a {"t":"rejoin"} record where a new process took a lost site over. A torn
+// last line is dropped; any other bad line is kCorruption naming it.
 //
 // As written (world/coordinator.cc, read back by ReadOpLog in world/ps.cc):
 //   {"t":"init","count":N,"checksum":"<16 hex>","max_staleness":S,"site":s,"time":T}
 //   {"t":"update","update_id":I,"site":s,"base_version":B,"first_step":F,"last_step":L,
 //    "applied_version":V,"checksum":"<16 hex: Hash64 of the encoded bytes>","bytes":N,
 //    "weight":W,"time":T}
+//   {"t":"rejoin","site":s,"step":L,"version":V,"next_update":I,"time":T}: a new process for
+//    site s initialized (Init) after the site's pushes up to step L, when the server was at
+//    version V and the next update id was I; it trains on from step L + 1.
 // (keys as nlohmann::json writes them: in alphabetical order; readers must not rely on order).
 // "site" of init is the first caller; "time" (Unix seconds) is informational and ignored.
 // weight W is the float32 widened to double, written as the shortest decimal that reads back as
@@ -103,6 +109,11 @@ struct OpLog {
   uint64_t init_checksum = 0;  // of the version-0 floats
   int64_t max_staleness = 0;
   std::vector<PsLogEntry> entries;
+  struct Rejoin {
+    int site = 0;
+    int64_t step = 0, version = 0, next_update = 0;
+  };
+  std::vector<Rejoin> rejoins;
 };
 StatusOr<OpLog> ReadOpLog(const std::string& path);
 

@@ -7,8 +7,9 @@
 #      --rejoin: a new process takes site 2 over and all three sites finish;
 #   2. streaming (P = 2, tau = 1, int4): finishes; far fewer WAN bytes than sync would have sent;
 #   3. async (H = 4, int8): finishes with an operation log; `atoll replay` reproduces the final
-#      parameters bitwise; a tampered log is caught (exit 1, naming the update); a run dir that is
-#      not async is refused (exit 2).
+#      parameters bitwise; a tampered log is caught (exit 1, naming the update); a run with a site
+#      taken over by a new process (--rejoin) replays bitwise too; a run dir that is not async is
+#      refused (exit 2).
 # Usage: strategies.sh ATOLL MPIEXEC
 set -euo pipefail
 MPIEXEC=${2:?usage: $0 ATOLL MPIEXEC}
@@ -103,6 +104,19 @@ open(p, "w").write("\n".join(out) + "\n")
 PY
 expect_exit 1 "$ATOLL" replay --run "$T/a2" -q
 expect_err "update 3"
+# 3b. Async with a lost site taken over by a new process: it goes on after the site's last push,
+# the op log records it, and replay re-executes both processes bitwise.
+rc=0
+"$ATOLL" launch "${W[@]}" --set world.strategy=async --set world.diloco.inner_steps=4 \
+  --set world.codec=int8 --set world.async.max_staleness=1 --set train.steps=240 \
+  --fail-site 2@8 --rejoin --out "$T/ar" >"$T/ar.out" 2>"$T/ar.err" || rc=$?
+[[ $rc == 0 ]] || fail "async with a rejoining site exited $rc: $(tail -20 "$T/ar.err")"
+grep -q "took over after step 8" "$T/ar/site-2/rejoin.log" ||
+  fail "async: site 2 did not take over: $(tail -20 "$T/ar/site-2/rejoin.log")"
+[[ $(last_step "$T/ar/site-2/metrics.jsonl") == 240 ]] || fail "async: site 2 did not finish"
+grep -q '"t":"rejoin"' "$T/ar/ops.jsonl" || fail "async: no rejoin record in the op log"
+expect_exit 0 "$ATOLL" replay --run "$T/ar" -q
+grep -q "bitwise identical" "$T/out" || fail "replay of a rejoined run: $(cat "$T/out")"
 # Not an async run.
 expect_exit 2 "$ATOLL" replay --run "$T/d" -q
 expect_err "async"
