@@ -908,9 +908,9 @@ void AddLaunchCommand(CLI::App& app) {
                   "Fault injection: SITE@STEP makes that site's leader die abruptly after the "
                   "step (repeatable); diloco, streaming and async go on without it");
   cmd->add_flag("--rejoin", args->rejoin,
-                "With --fail-site (diloco, streaming, async): once the site is lost, start a new "
-                "process that takes it over (`atoll train --rejoin`; output in "
-                "DIR/site-N/rejoin.log)");
+                "diloco, streaming, async: when a site other than 0 is lost (a crash, or "
+                "--fail-site), start a new process that takes it over, once per site (`atoll "
+                "train --rejoin`; output in DIR/site-N/rejoin.log)");
   cmd->callback([args] {
     auto rc = Launch(*args);
     ExitIfError(rc.status());
