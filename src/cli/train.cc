@@ -176,6 +176,10 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
           "train: world.sites > 1 needs exactly one of --certs DIR (mutual TLS + token) or "
           "--insecure");
     options.site = a.site;
+    if (a.rejoin && cfg.world.strategy == "sync")
+      return Status::InvalidArgument(
+          "train: --rejoin: world.strategy = \"sync\" cannot take a lost site back (its "
+          "collectives need every site from the start); diloco, streaming and async can");
     if (leader) {
       ATOLL_ASSIGN_OR_RETURN(link, JoinWorld(cfg, a));
       options.wan = link.wan.get();
