@@ -219,7 +219,6 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
           ep->Publish(index, std::move(state));
         };
         if (a.rejoin) {
-          options.rejoin = true;
           const int me = a.site;
           const WorldSecurity security = link.security;
           options.fetch = [client, me, security](
@@ -250,9 +249,6 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
               if (s.alive && s.site != me) last = std::max(last, s.last_round);
             return last < 0 ? int64_t(-1) : last / kRoundsPerExchange;
           };
-          options.join = [client, ep](int64_t round) -> Status {
-            return client->Rejoin(ep->address(), round).status();
-          };
         }
       } else if (strategy == "async") {
         options.ps = client->ps();
@@ -260,13 +256,13 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
         options.finish_barrier = [client, end_round]() -> Status {
           return client->Round(end_round).status().WithContext("the barrier at the end");
         };
-        if (a.rejoin) {
-          options.rejoin = true;
-          options.join = [client, ep](int64_t round) -> Status {
-            return client->Rejoin(ep->address(), round).status();
-          };
-        }
         options.round = nullptr;
+      }
+      if (a.rejoin && strategy != "sync") {
+        options.rejoin = true;
+        options.join = [client, ep](int64_t round) -> Status {
+          return client->Rejoin(ep->address(), round).status();
+        };
       }
     }
   } else if (a.rejoin) {

@@ -51,7 +51,6 @@ ReplayServer::ReplayServer(OpLog log, int sites)
     : log_(std::move(log)),
       by_site_(size_t(sites)),
       pushed_(size_t(sites), 0),
-      last_step_(size_t(sites), 0),
       rejoins_(size_t(sites)),
       process_(size_t(sites), 0) {
   for (const OpLog::Rejoin& r : log_.rejoins)
@@ -110,15 +109,15 @@ Status ReplayServer::CopyVersion(int64_t version, std::span<float> out,
 StatusOr<int64_t> ReplayServer::Pull(int site, std::span<float> params) {
   std::unique_lock lock(mu_);
   if (!initialized_) return Status::Internal("replay: pull before init");
-  const size_t p = process_[size_t(site)];
-  if (p < rejoins_[size_t(site)].size() && pushed_[size_t(site)] > 0 &&
-      last_step_[size_t(site)] == rejoins_[size_t(site)][p]) {
-    ++process_[size_t(site)];
-    return Status::Unavailable(
-        fmt::format("{} {} after step {}", kProcessEnded, site, last_step_[size_t(site)]));
-  }
   const auto& mine = by_site_[size_t(site)];
   const size_t k = pushed_[size_t(site)];
+  // The step of the site's last push served (its logged last_step: the push matched the log).
+  const int64_t last_step = k > 0 ? log_.entries[mine[k - 1]].last_step : 0;
+  const size_t p = process_[size_t(site)];
+  if (p < rejoins_[size_t(site)].size() && k > 0 && last_step == rejoins_[size_t(site)][p]) {
+    ++process_[size_t(site)];
+    return Status::Unavailable(fmt::format("{} {} after step {}", kProcessEnded, site, last_step));
+  }
   if (k < mine.size()) {
     const int64_t v = log_.entries[mine[k]].base_version;
     ATOLL_RETURN_IF_ERROR(CopyVersion(v, params, lock));
@@ -169,7 +168,6 @@ StatusOr<PsPushResult> ReplayServer::Push(const PsUpdate& u) {
   r.applied_version = e.applied_version;
   r.current_version = version_;
   ++pushed_[size_t(u.site)];
-  last_step_[size_t(u.site)] = u.last_step;
   ++next_id_;
   cv_.notify_all();
   return r;

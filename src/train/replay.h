@@ -68,7 +68,6 @@ class ReplayServer {
   OpLog log_;
   std::vector<std::vector<size_t>> by_site_;   // log entry indices of each site, in order
   std::vector<size_t> pushed_;                 // pushes served per site
-  std::vector<int64_t> last_step_;             // the last step of each site's last push served
   std::vector<std::vector<int64_t>> rejoins_;  // per site: the logged rejoin steps, in order
   std::vector<size_t> process_;                // per site: processes ended (rejoins taken)
   std::vector<std::unique_ptr<View>> views_;

@@ -576,19 +576,6 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
             options.join(tc.steps).WithContext(fmt::format("site {}: rejoin", run.site)));
       }
       if (leader) ATOLL_RETURN_IF_ERROR(async->Start(run.model->params()));
-      if (options.rejoin) {
-        double at = leader ? double(async->start_step()) : 0.0;
-        if (me.size() > 1)
-          ATOLL_RETURN_IF_ERROR(me.world()->Broadcast(std::span<double>(&at, 1), 0));
-        start = int64_t(at);
-        if (leader)
-          LogInfo("site {}: rejoin: took over after step {} (the site's last push)", run.site,
-                  start);
-        if (start >= tc.steps)
-          return Status::Unavailable(
-              fmt::format("site {}: rejoin: the site's pushes already reach the last step {}",
-                          run.site, tc.steps));
-      }
       if (me.size() > 1)
         ATOLL_RETURN_IF_ERROR(
             me.world()->Broadcast(std::span<float>(run.model->params(), n_params), 0));
@@ -606,26 +593,37 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       lowcomm = std::make_unique<LowCommSync>(lo, options.average, run.model->params(), n_params);
     }
   }
-  if (options.rejoin && async == nullptr) {
-    if (lowcomm == nullptr)
+  if (options.rejoin) {
+    if (lowcomm == nullptr && async == nullptr)
       return Status::InvalidArgument(fmt::format(
           "--rejoin: world.strategy = \"{}\": only diloco, streaming and async runs can be "
           "rejoined",
           strategy));
+    // Where the leader goes on from, to the site's other ranks (async: the parameters pulled
+    // at Start are shared already; diloco, streaming: those of the state taken over).
     double at = 0;
-    if (leader) {
+    if (leader && lowcomm != nullptr) {
       ATOLL_ASSIGN_OR_RETURN(const LowCommState st,
                              TakeOver(options, *lowcomm, n_params, run.site));
       lowcomm->Restore(st);
       std::copy(st.params.begin(), st.params.end(), run.model->params());
       at = double(st.completed);
     }
+    if (leader && async != nullptr) {
+      at = double(async->start_step());
+      LogInfo("site {}: rejoin: took over after step {} (the site's last push)", run.site,
+              async->start_step());
+    }
     if (me.size() > 1) {
       ATOLL_RETURN_IF_ERROR(me.world()->Broadcast(std::span<double>(&at, 1), 0));
-      ATOLL_RETURN_IF_ERROR(
-          me.world()->Broadcast(std::span<float>(run.model->params(), n_params), 0));
+      if (lowcomm != nullptr)
+        ATOLL_RETURN_IF_ERROR(
+            me.world()->Broadcast(std::span<float>(run.model->params(), n_params), 0));
     }
     start = int64_t(at);
+    if (async != nullptr && start >= tc.steps)
+      return Status::Unavailable(fmt::format(
+          "site {}: rejoin: the site's pushes already reach the last step {}", run.site, tc.steps));
   }
   // The leader's parameters after a strategy changed them, to the site's other ranks.
   auto share = [&](Range r) -> Status {
