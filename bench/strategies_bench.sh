@@ -4,7 +4,11 @@
 # Usage: bench/strategies_bench.sh [--out DIR]
 #   env: STEPS (default 300), SYNC_STEPS (steps of the sync run over the slow link, default 8),
 #        SITES (4), BW (Mbit/s, 100), LAT (one-way ms, 50), ATOLL (build/release/atoll),
-#        ROWS (default "sync diloco:10 diloco:50 diloco:100 streaming:100"), CODEC (int4).
+#        ROWS (default "sync diloco:10 diloco:50 diloco:100 streaming:100"), CODEC (int4),
+#        INNER_LR (the low-communication rows' train.lr, default 1.5e-3; min_lr a tenth of it),
+#        OUTER_LR (0.7), OUTER_MOMENTUM (0.5). Sync keeps configs/small.toml's lr 3e-3, its best
+#        of 1.5e-3, 3e-3 and 6e-3; each site's AdamW on a quarter batch does best at half of it,
+#        and the outer step at Nesterov 0.5 (bench/diloco_gap.sh and docs/PERFORMANCE.md).
 # The model is configs/small.toml's (11M parameters), one rank per site, the global batch of 16
 # sequences split over the sites, validation every STEPS/3 steps on site 0. Each strategy runs
 # twice with `atoll launch --insecure`: over links of BW Mbit/s and LAT ms, and with no network
@@ -23,7 +27,7 @@ OUT=""
 while (($#)); do
   case $1 in
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n "2,19p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n "2,23p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "strategies_bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -35,6 +39,10 @@ LAT=${LAT:-50}
 CODEC=${CODEC:-int4}
 ATOLL=${ATOLL:-build/release/atoll}
 ROWS=${ROWS:-sync diloco:10 diloco:50 diloco:100 streaming:100}
+INNER_LR=${INNER_LR:-1.5e-3}
+OUTER_LR=${OUTER_LR:-0.7}
+OUTER_MOMENTUM=${OUTER_MOMENTUM:-0.5}
+LOWCOMM="--set world.codec=$CODEC --set train.lr=$INNER_LR --set train.min_lr=$(awk -v l="$INNER_LR" 'BEGIN { print l / 10 }') --set world.diloco.outer_lr=$OUTER_LR --set world.diloco.outer_momentum=$OUTER_MOMENTUM"
 grep -qw avx512f /proc/cpuinfo && export OPENBLAS_CORETYPE=SkylakeX
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -84,8 +92,8 @@ args_for() {  # args_for ROW -> launch arguments
   local kind=${1%%:*} h=${1#*:}
   case $kind in
     sync) echo "--set world.strategy=sync" ;;
-    diloco) echo "--set world.strategy=diloco --set world.diloco.inner_steps=$h --set world.codec=$CODEC" ;;
-    streaming) echo "--set world.strategy=streaming --set world.diloco.inner_steps=$h --set world.streaming.fragments=4 --set world.streaming.overlap_steps=5 --set world.codec=$CODEC" ;;
+    diloco) echo "--set world.strategy=diloco --set world.diloco.inner_steps=$h $LOWCOMM" ;;
+    streaming) echo "--set world.strategy=streaming --set world.diloco.inner_steps=$h --set world.streaming.fragments=4 --set world.streaming.overlap_steps=5 $LOWCOMM" ;;
     *) echo "strategies_bench: unknown row $1" >&2; return 2 ;;
   esac
 }
@@ -118,7 +126,7 @@ for row in $ROWS; do
 done
 
 echo
-echo "$SITES sites x 1 rank, configs/small.toml, $STEPS steps of 16 x 128 tokens, links of $BW Mbit/s and $LAT ms, codec $CODEC (low-communication rows)"
+echo "$SITES sites x 1 rank, configs/small.toml, $STEPS steps of 16 x 128 tokens, links of $BW Mbit/s and $LAT ms; low-communication rows: codec $CODEC, inner lr $INNER_LR, outer lr $OUTER_LR, outer momentum $OUTER_MOMENTUM"
 echo
 echo "| strategy | tokens/s | no network | relative | waiting on the WAN | WAN MB sent (site 0) | fewer than sync | val loss | vs sync |"
 echo "|---|---|---|---|---|---|---|---|---|"
