@@ -25,7 +25,7 @@ OUT=""
 while (($#)); do
   case $1 in
     --out) OUT=$2; shift 2 ;;
-    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) source "$(dirname "$0")/world_lib.sh"; bench_help "$0"; exit 0 ;;
     *) echo "diloco_gap: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -33,11 +33,10 @@ STEPS=${STEPS:-300}
 ATOLL=${ATOLL:-build/release/atoll}
 ROWS=${ROWS:-sync alone h1 h1x2 h1_lr h100 h100avg h100avg_lr h100_tuned sync_lr_low sync_lr_high}
 [[ -x $ATOLL ]] || { echo "diloco_gap: $ATOLL not found (scripts/setup.sh builds it)" >&2; exit 2; }
-grep -qw avx512f /proc/cpuinfo && export OPENBLAS_CORETYPE=SkylakeX
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 T=$(mktemp -d "${TMPDIR:-/tmp}/diloco_gap.XXXXXX")
 trap 'rm -rf "$T"' EXIT
+BENCH=diloco_gap
+source bench/world_lib.sh
 [[ -n $OUT ]] || OUT=$T
 mkdir -p "$OUT"
 EVAL=$((STEPS / 6))
@@ -45,22 +44,14 @@ LR_LOW=(--set train.lr=1.5e-3 --set train.min_lr=1.5e-4)
 LR_HIGH=(--set train.lr=6e-3 --set train.min_lr=6e-4)
 AVG=(--set world.diloco.outer_lr=1 --set world.diloco.outer_momentum=0)
 
-# world NAME ARGS...: 4 sites x 1 rank with no network into $T/NAME; metrics in $T/NAME/site-0
+# world NAME ARGS...: 4 sites x 1 rank with no network into $T/NAME; metrics in $T/NAME/m
 world() {
   local name=$1
   shift
-  local try
-  for try in 1 2; do
-    echo "diloco_gap: $name" >&2
-    rm -rf "${T:?}/$name"
-    "$ATOLL" launch --config configs/small.toml --insecure -q --out "$T/$name" \
-      --set world.sites=4 --set world.ranks_per_site=1 --set train.steps="$STEPS" \
-      --set train.batch_size=16 --set train.micro_batch_size=4 --set train.eval_every="$EVAL" \
-      --set world.link.bandwidth_mbps=0 --set world.link.latency_ms=0 --set world.link.jitter_ms=0 \
-      "$@" >"$T/$name.out" 2>"$T/$name.err" && { ln -s site-0/metrics.jsonl "$T/$name/m"; return 0; }
-    echo "diloco_gap: $name failed (try $try): $(tail -3 "$T/$name.err")" >&2
-  done
-  return 1
+  world_run "$name" --set world.sites=4 --set train.steps="$STEPS" \
+    --set train.micro_batch_size=4 --set train.eval_every="$EVAL" \
+    --set world.link.bandwidth_mbps=0 --set world.link.latency_ms=0 "$@" &&
+    ln -s site-0/metrics.jsonl "$T/$name/m"
 }
 # single NAME ARGS...: one process (no world) into $T/NAME
 single() {

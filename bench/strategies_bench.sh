@@ -27,7 +27,7 @@ OUT=""
 while (($#)); do
   case $1 in
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n "2,23p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) source "$(dirname "$0")/world_lib.sh"; bench_help "$0"; exit 0 ;;
     *) echo "strategies_bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -43,11 +43,10 @@ INNER_LR=${INNER_LR:-1.5e-3}
 OUTER_LR=${OUTER_LR:-0.7}
 OUTER_MOMENTUM=${OUTER_MOMENTUM:-0.5}
 LOWCOMM="--set world.codec=$CODEC --set train.lr=$INNER_LR --set train.min_lr=$(awk -v l="$INNER_LR" 'BEGIN { print l / 10 }') --set world.diloco.outer_lr=$OUTER_LR --set world.diloco.outer_momentum=$OUTER_MOMENTUM"
-grep -qw avx512f /proc/cpuinfo && export OPENBLAS_CORETYPE=SkylakeX
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 T=$(mktemp -d "${TMPDIR:-/tmp}/strategies_bench.XXXXXX")
 trap 'rm -rf "$T"' EXIT
+BENCH=strategies_bench
+source bench/world_lib.sh
 [[ -n $OUT ]] || OUT=$T
 mkdir -p "$OUT"
 EVAL=$((STEPS / 3))
@@ -58,19 +57,8 @@ launch() {
   shift 3
   local l=(--set world.link.bandwidth_mbps="$BW" --set world.link.latency_ms="$LAT")
   [[ $link == none ]] && l=(--set world.link.bandwidth_mbps=0 --set world.link.latency_ms=0)
-  local try
-  for try in 1 2; do
-    echo "strategies_bench: $name ($steps steps, link $link)" >&2
-    rm -rf "${T:?}/$name"
-    "$ATOLL" launch --config configs/small.toml --insecure -q --out "$T/$name" \
-      --set world.sites="$SITES" --set world.ranks_per_site=1 --set train.steps="$steps" \
-      --set train.batch_size=16 --set train.micro_batch_size=$((16 / SITES)) \
-      --set train.eval_every="$EVAL" --set world.link.jitter_ms=0 "${l[@]}" "$@" \
-      >"$T/$name.out" 2>"$T/$name.err" && return 0
-    # Seen once in 20 runs: OpenMPI failing to make its session directory at start; try again.
-    echo "strategies_bench: $name failed (try $try): $(tail -3 "$T/$name.err")" >&2
-  done
-  return 1
+  world_run "$name" --set world.sites="$SITES" --set train.steps="$steps" \
+    --set train.micro_batch_size=$((16 / SITES)) --set train.eval_every="$EVAL" "${l[@]}" "$@"
 }
 
 # stat NAME: "tokens/s bytes_sent wan_wait_share" of site 0
