@@ -5,7 +5,9 @@
 ATOLL=${1:?usage: $0 path/to/atoll}
 T=$(mktemp -d "${TMPDIR:-/tmp}/atoll_e2e.XXXXXX")
 trap 'rm -rf "$T"' EXIT
-export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-SkylakeX}
+# OpenBLAS's AVX-512 kernels where the CPU has them (an AVX2-only CPU, e.g. AMD Zen 3, would die
+# of an illegal instruction in them).
+grep -qw avx512f /proc/cpuinfo && export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-SkylakeX}
 DATA=${ATOLL_TEST_DATA:-.cache/data/sotu}
 if [[ ! -f $DATA/train.bin || ! -f $DATA/val.bin ]]; then
   if "$ATOLL" data prepare --out "$T/sotu" >"$T/prepare.log" 2>&1; then
