@@ -1,6 +1,7 @@
 #include "core/rng.h"
 
 #include <cmath>
+#include <random>
 
 namespace atl {
 
@@ -33,8 +34,7 @@ float RandomUniform(uint64_t seed, uint64_t step, RngPurpose purpose, uint64_t i
   return float(RandomBits(seed, step, purpose, index) >> 40) * (1.0f / 16777216.0f);
 }
 
-uint64_t RandomBelow(uint64_t seed, uint64_t step, RngPurpose purpose, uint64_t index,
-                     uint64_t n) {
+uint64_t RandomBelow(uint64_t seed, uint64_t step, RngPurpose purpose, uint64_t index, uint64_t n) {
   const unsigned __int128 prod =
       static_cast<unsigned __int128>(RandomBits(seed, step, purpose, index)) * n;
   return uint64_t(prod >> 64);
@@ -46,6 +46,12 @@ float RandomNormal(uint64_t seed, uint64_t step, RngPurpose purpose, uint64_t in
   const double u1 = (double(uint32_t(bits >> 32)) + 1.0) * (1.0 / 4294967296.0);
   const double u2 = double(uint32_t(bits)) * (1.0 / 4294967296.0);
   return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+}
+
+uint64_t RandomIdentity() {
+  std::random_device rd;
+  const uint64_t v = (uint64_t(rd()) << 32) ^ uint64_t(rd());
+  return v == 0 ? 1 : v;
 }
 
 }  // namespace atl

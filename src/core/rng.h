@@ -18,9 +18,9 @@ enum class RngPurpose : uint32_t {
   kInit = 1,        // parameter initialization (index = element of the flat buffer)
   kDataSample = 2,  // which window the sampler picks (index = global sequence position)
   kDropout = 3,
-  kSampling = 4,    // text generation
+  kSampling = 4,  // text generation
   kShuffle = 5,
-  kJitter = 6,      // emulated WAN jitter (step = link stream, index = chunk)
+  kJitter = 6,  // emulated WAN jitter (step = link stream, index = chunk)
   kTest = 100,
 };
 
@@ -38,5 +38,9 @@ uint64_t RandomBelow(uint64_t seed, uint64_t step, RngPurpose purpose, uint64_t 
 
 // Standard normal by Box-Muller over the draw's 64 bits.
 float RandomNormal(uint64_t seed, uint64_t step, RngPurpose purpose, uint64_t index);
+
+// A random nonzero 64-bit number from the operating system: an identity (a process's incarnation,
+// a coordinator's id), never data — it is not reproducible, by design.
+uint64_t RandomIdentity();
 
 }  // namespace atl
