@@ -40,43 +40,54 @@ std::vector<std::pair<size_t, size_t>> IntersectRanges(
 }
 
 namespace {
-constexpr double kUnitScale = 0x1p20;  // squares in units of 2^-20 ...
-constexpr double kRemScale = 0x1p44;   // ... and the rest in units of 2^-64
-constexpr double kLimit = 0x1p42;      // g^2 * 2^20 < 2^62
-constexpr int64_t kChunk = 1 << 16;    // remainders of a chunk sum below 2^60
+// A square s = g^2 < 2^42 is cut exactly as s = high * 2^20 + mid * 2^-20 + low * 2^-64 (+ what
+// lies below 2^-64), high < 2^22, mid < 2^40, low < 2^44: sums of 2^16 of them fit in int64.
+constexpr double kLimit = 0x1p42;    // |g| < 2^21
+constexpr int64_t kChunk = 1 << 16;  // a chunk's parts sum below 2^38, 2^56, 2^60
+constexpr int kMidBits = 40, kLowBits = 44;
+constexpr int64_t kMidMask = (int64_t{1} << kMidBits) - 1, kLowMask = (int64_t{1} << kLowBits) - 1;
 }  // namespace
 
 void ExactSquareSum::Add(const float* g, size_t n) {
   const int64_t chunks = (int64_t(n) + kChunk - 1) / kChunk;
-  int64_t units = 0, rem = 0;
+  int64_t high = 0, mid = 0, low = 0;
   int ok = 1;
-#pragma omp parallel for schedule(static) reduction(+ : units, rem) reduction(& : ok)
+#pragma omp parallel for schedule(static) reduction(+ : high, mid, low) reduction(& : ok)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t b = c * kChunk, e = std::min<int64_t>(int64_t(n), b + kChunk);
-    int64_t cu = 0, cr = 0;
+    int64_t ch = 0, cm = 0, cl = 0;
     int cok = 1;
-#pragma omp simd reduction(+ : cu, cr) reduction(& : cok)
+#pragma omp simd reduction(+ : ch, cm, cl) reduction(& : cok)
     for (int64_t i = b; i < e; ++i) {
       const double x = double(g[i]);
-      const double s = x * x * kUnitScale;  // exact: 48 significant bits
-      const bool in = s < kLimit;           // false for NaN too
+      const double s = x * x;      // exact: 48 significant bits
+      const bool in = s < kLimit;  // false for NaN too
       cok &= int(in);
-      const double whole = in ? std::floor(s) : 0.0;
-      cu += int64_t(whole);
-      cr += int64_t((in ? s - whole : 0.0) * kRemScale);
+      const double v = in ? s : 0.0;
+      // Every step exact: scaling by powers of two, floor, and subtracting the part taken.
+      const double h = std::floor(v * 0x1p-20);
+      const double m = (v - h * 0x1p20) * 0x1p20;  // in units of 2^-20, < 2^40
+      const double mw = std::floor(m);
+      ch += int64_t(h);
+      cm += int64_t(mw);
+      cl += int64_t((m - mw) * 0x1p44);
     }
-    units += cu + (cr >> 44);
-    rem += cr & ((int64_t{1} << 44) - 1);
+    cm += cl >> kLowBits;
+    high += ch + (cm >> kMidBits);
+    mid += cm & kMidMask;
+    low += cl & kLowMask;
     ok &= cok;
   }
-  units_ += units + (rem >> 44);
-  rem_ += rem & ((int64_t{1} << 44) - 1);
+  mid += low >> kLowBits;
+  high_ += high + (mid >> kMidBits);
+  mid_ += mid & kMidMask;
+  low_ += low & kLowMask;
   ok_ = ok_ && ok != 0;
 }
 
 double ExactSquareSum::Value(const std::vector<int64_t>& parts, int ranks) {
-  if (parts.size() != 3 || parts[2] != ranks) return std::numeric_limits<double>::quiet_NaN();
-  return double(parts[0]) / kUnitScale + double(parts[1]) / (kUnitScale * kRemScale);
+  if (parts.size() != 4 || parts[3] != ranks) return std::numeric_limits<double>::quiet_NaN();
+  return double(parts[0]) * 0x1p20 + double(parts[1]) * 0x1p-20 + double(parts[2]) * 0x1p-64;
 }
 
 }  // namespace atl

@@ -28,23 +28,24 @@ std::vector<std::pair<size_t, size_t>> IntersectRanges(
     const std::vector<std::pair<size_t, size_t>>& a,
     const std::vector<std::pair<size_t, size_t>>& b);
 
-// sum g_i^2 in integers: each square (exact in double for a float g) is cut into units of 2^-20
-// and a remainder in units of 2^-64, both added as int64 (the remainder carried into the units
-// every chunk). Integer sums are associative, so the total does not depend on how the elements
-// are split among threads or ranks: add every rank's parts (All-reduce parts() as int64) and the
-// value is the same for any layout. Squares below 2^-64 are dropped; |g| must be below 2^21
-// (else, or for NaN, ok() turns false).
+// sum g_i^2 in integers: each square (exact in double for a float g: 48 significant bits) is cut
+// exactly into three int64 parts, units of 2^20, of 2^-20 and of 2^-64, each summed as int64 (the
+// lower parts carried into the higher every chunk). Integer sums are associative, so the total
+// does not depend on how the elements are split among threads or ranks: add every rank's parts
+// (All-reduce parts() as int64) and the value is the same for any layout. Squares below 2^-64
+// are dropped; |g| must be below 2^21 (a gradient element of two million: beyond it, or for NaN,
+// the value is NaN and the trainer reports divergence); the total must stay below 2^80.
 class ExactSquareSum {
  public:
   void Add(const float* g, size_t n);
-  // {units of 2^-20, units of 2^-64 (< 2^44 per Add call's worth, carried), ok ? 1 : 0}.
-  std::vector<int64_t> parts() const { return {units_, rem_, ok_ ? 1 : 0}; }
-  // The value of parts summed over ranks (parts[2] == number of ranks when all were ok); NaN when
+  // {units of 2^20, units of 2^-20, units of 2^-64, ok ? 1 : 0}.
+  std::vector<int64_t> parts() const { return {high_, mid_, low_, ok_ ? 1 : 0}; }
+  // The value of parts summed over ranks (parts[3] == number of ranks when all were ok); NaN when
   // some rank was not ok.
   static double Value(const std::vector<int64_t>& summed_parts, int ranks);
 
  private:
-  int64_t units_ = 0, rem_ = 0;
+  int64_t high_ = 0, mid_ = 0, low_ = 0;
   bool ok_ = true;
 };
 

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -57,21 +58,29 @@ TEST(GradNormTest, ExactSquareSumIsSplitIndependent) {
   for (float& x : g) x = d(gen);
   g[7] = 300.0f;
   g[8] = 1e-30f;
-  double ref = 0;
-  for (float x : g) ref += double(x) * double(x);
+  g[9] = 2e6f;  // near the limit of 2^21 (the old one was 2^11)
+  g[10] = -4097.5f;
+  // The reference: squares summed smallest first in long double (a 2e6 element's square is
+  // 4e12, beside which double would drop the 1e-4 squares one by one).
+  std::vector<long double> sq;
+  for (float x : g) sq.push_back((long double)x * x);
+  std::sort(sq.begin(), sq.end());
+  long double acc = 0;
+  for (long double q : sq) acc += q;
+  const double ref = double(acc);
   ExactSquareSum whole;
   whole.Add(g.data(), g.size());
   const double v = ExactSquareSum::Value(whole.parts(), 1);
-  EXPECT_NEAR(v, ref, 1e-12 * ref);
+  EXPECT_NEAR(v, ref, 1e-14 * ref);
   for (size_t pieces : {2, 3, 7}) {
-    std::vector<int64_t> summed(3, 0);
+    std::vector<int64_t> summed(4, 0);
     for (size_t p = 0; p < pieces; ++p) {
       const size_t b = g.size() * p / pieces, e = g.size() * (p + 1) / pieces;
       ExactSquareSum part;
       part.Add(g.data() + b, (e - b) / 2);  // two Adds per piece
       part.Add(g.data() + b + (e - b) / 2, e - b - (e - b) / 2);
       const auto parts = part.parts();
-      for (int i = 0; i < 3; ++i) summed[size_t(i)] += parts[size_t(i)];
+      for (int i = 0; i < 4; ++i) summed[size_t(i)] += parts[size_t(i)];
     }
     EXPECT_EQ(ExactSquareSum::Value(summed, int(pieces)), v) << pieces;
   }
