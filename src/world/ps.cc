@@ -8,19 +8,16 @@
 
 #include "core/file.h"
 #include "core/hash.h"
+#include "world/coordinator/durable_log.h"
+
+// No FMA (core/fp_exact.h): `p + w * d` contracted into a fused multiply-add rounds once instead
+// of twice, so the result would depend on the CPU the binary was built for. Rounded twice, every
+// IEEE machine gives the same bits.
+#include "core/fp_exact.h"
 
 namespace atl {
 
-// No FMA: with -march=native GCC (and clang) would contract `p + w * d` into a fused
-// multiply-add, whose rounding differs from a multiply then an add, so the result would depend on
-// the CPU the binary was built for. Rounded twice, every IEEE machine gives the same bits.
-#if defined(__GNUC__) && !defined(__clang__)
-__attribute__((optimize("fp-contract=off")))
-#endif
 void ApplyUpdate(std::span<float> params, std::span<const float> decoded, float weight) {
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#endif
   const size_t n = params.size();
   float* p = params.data();
   const float* d = decoded.data();
@@ -42,27 +39,18 @@ uint64_t HexField(const Json& j, const char* key) {
 }  // namespace
 
 StatusOr<OpLog> ReadOpLog(const std::string& path) {
-  ATOLL_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  // A last line without its newline was torn by a crash mid-append (never acknowledged).
-  const size_t end = text.rfind('\n');
-  const size_t good = end == std::string::npos ? 0 : end + 1;
+  if (!FileExists(path))
+    return Status::NotFound(fmt::format("{}: no such file (not an asynchronous run?)", path));
+  // A last line without its newline was torn by a crash mid-append (never acknowledged): left out.
+  ATOLL_ASSIGN_OR_RETURN(const LogContents contents, ReadLog(path, "op log record"));
   OpLog log;
   bool have_init = false;
   int64_t version = 0;
-  size_t pos = 0;
-  int line = 0;
-  while (pos < good) {
-    const size_t nl = text.find('\n', pos);
-    const std::string_view l(text.data() + pos, nl - pos);
-    pos = nl + 1;
-    ++line;
+  for (const LogRecord& r : contents.records) {
+    const Json& j = r.json;
     auto bad = [&](const std::string& what) {
-      return Status::Corruption(fmt::format("{} line {}: {}", path, line, what));
+      return Status::Corruption(fmt::format("{} line {}: {}", path, r.line, what));
     };
-    if (l.empty()) continue;
-    Json j = Json::parse(l, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("t") || !j["t"].is_string())
-      return bad(fmt::format("not an op log record: {}", l.substr(0, 200)));
     const std::string t = j["t"].get<std::string>();
     try {
       if (t == "init") {
@@ -72,16 +60,24 @@ StatusOr<OpLog> ReadOpLog(const std::string& path) {
         log.init_checksum = HexField(j, "checksum");
         log.max_staleness = j.at("max_staleness").get<int64_t>();
         if (log.max_staleness < 0) return bad("max_staleness is negative");
+        log.build = j.value("build", "");
+        log.cpu = j.value("cpu", "");
+        continue;
+      }
+      if (t == "build") {
+        if (!have_init) return bad("a build record before the init record");
+        log.other_builds.push_back({j.at("site").get<int>(), j.at("build").get<std::string>(),
+                                    j.at("cpu").get<std::string>()});
         continue;
       }
       if (t == "rejoin") {
         if (!have_init) return bad("a rejoin before the init record");
-        OpLog::Rejoin r;
-        r.site = j.at("site").get<int>();
-        r.step = j.at("step").get<int64_t>();
-        r.version = j.at("version").get<int64_t>();
-        r.next_update = j.at("next_update").get<int64_t>();
-        log.rejoins.push_back(r);
+        OpLog::Rejoin rj;
+        rj.site = j.at("site").get<int>();
+        rj.step = j.at("step").get<int64_t>();
+        rj.version = j.at("version").get<int64_t>();
+        rj.next_update = j.at("next_update").get<int64_t>();
+        log.rejoins.push_back(rj);
         continue;
       }
       if (t != "update") return bad(fmt::format("unknown record type '{}'", t));

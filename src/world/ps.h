@@ -89,14 +89,19 @@ namespace atl {
 // update-id order, and a {"t":"rejoin"} record where a new process took a lost site over. A torn
 // last line is dropped; any other bad line is kCorruption naming it.
 //
-// As written (world/coordinator.cc, read back by ReadOpLog in world/ps.cc):
-//   {"t":"init","count":N,"checksum":"<16 hex>","max_staleness":S,"site":s,"time":T}
+// As written (world/coordinator/ps_service.cc through world/coordinator/durable_log.h, read back
+// by ReadOpLog in world/ps.cc):
+//   {"t":"init","count":N,"checksum":"<16 hex>","max_staleness":S,"site":s,"build":B,"cpu":C,
+//    "time":T}  (build, cpu: the first site's BuildId() and CpuDescription(), core/build_info.h;
+//    absent in logs of older builds)
 //   {"t":"update","update_id":I,"site":s,"base_version":B,"first_step":F,"last_step":L,
 //    "applied_version":V,"checksum":"<16 hex: Hash64 of the encoded bytes>","bytes":N,
 //    "weight":W,"time":T}
 //   {"t":"rejoin","site":s,"step":L,"version":V,"next_update":I,"time":T}: a new process for
 //    site s initialized (Init) after the site's pushes up to step L, when the server was at
 //    version V and the next update id was I; it trains on from step L + 1.
+//   {"t":"build","site":s,"build":B,"cpu":C,"time":T}: site s's process runs another build or
+//    CPU than the init record's (once per process), so a replay cannot be bitwise for it.
 // (keys as nlohmann::json writes them: in alphabetical order; readers must not rely on order).
 // "site" of init is the first caller; "time" (Unix seconds) is informational and ignored.
 // weight W is the float32 widened to double, written as the shortest decimal that reads back as
@@ -108,6 +113,12 @@ struct OpLog {
   uint64_t count = 0;          // parameters
   uint64_t init_checksum = 0;  // of the version-0 floats
   int64_t max_staleness = 0;
+  std::string build, cpu;  // of the site that initialized the server ("" when not logged)
+  struct SiteBuild {
+    int site = 0;
+    std::string build, cpu;
+  };
+  std::vector<SiteBuild> other_builds;  // sites that ran another build or CPU than the init's
   std::vector<PsLogEntry> entries;
   struct Rejoin {
     int site = 0;

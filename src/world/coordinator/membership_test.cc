@@ -1,0 +1,130 @@
+// The membership state machine alone: planning changes nothing until the record is applied,
+// replaying the records rebuilds the same state, rounds never go down, a stale retried Round
+// neither lowers a round nor replaces a vote, a round's votes are its own.
+#include "world/coordinator/membership.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace atl {
+namespace {
+
+using Json = nlohmann::json;
+
+// Registers sites 0..n-1 (applying each record) and returns the records, with the quorum's.
+std::vector<Json> RegisterAll(MembershipState& m, int n) {
+  std::vector<Json> log = {m.StartRecord()};
+  for (int s = 0; s < n; ++s) {
+    Json r;
+    EXPECT_TRUE(
+        m.PlanRegister({s, uint64_t(100 + s), "10.0.0.1:" + std::to_string(s), 7, false, 0, "test"},
+                       &r)
+            .ok());
+    EXPECT_TRUE(m.Apply(r).ok());
+    log.push_back(r);
+    m.Beat(s, uint64_t(100 + s), 0);
+  }
+  auto q = m.NextConsequence();
+  EXPECT_TRUE(q.has_value());
+  EXPECT_EQ((*q)["t"], "quorum");
+  EXPECT_TRUE(m.Apply(*q).ok());
+  log.push_back(*q);
+  return log;
+}
+
+// Completes every round that follows from the state; the records.
+std::vector<Json> Settle(MembershipState& m) {
+  std::vector<Json> out;
+  while (auto r = m.NextConsequence()) {
+    EXPECT_TRUE(m.Apply(*r).ok());
+    out.push_back(*r);
+  }
+  return out;
+}
+
+TEST(Membership, PlanningChangesNothingUntilApplied) {
+  MembershipState m(2, 1.0, 3);
+  Json r;
+  ASSERT_TRUE(m.PlanRegister({0, 100, "a:1", 7, false, 0, "t"}, &r).ok());
+  EXPECT_FALSE(m.Current().sites[0].alive);
+  EXPECT_EQ(m.Current().epoch, 0);
+  ASSERT_TRUE(m.Apply(r).ok());
+  EXPECT_TRUE(m.Current().sites[0].alive);
+  EXPECT_EQ(m.Current().epoch, 1);
+  // The same process again: nothing to log.
+  Json again;
+  ASSERT_TRUE(m.PlanRegister({0, 100, "a:1", 7, false, 0, "t"}, &again).ok());
+  EXPECT_TRUE(again.is_null());
+}
+
+TEST(Membership, ReplayingTheRecordsRebuildsTheState) {
+  MembershipState live(3, 1.0, 3);
+  std::vector<Json> log = RegisterAll(live, 3);
+  for (int s = 0; s < 3; ++s) live.ReachRound(s, 4, RoundVote{s == 1, uint64_t(s)});
+  for (const Json& r : Settle(live)) log.push_back(r);
+  auto death = live.NextDeath(10.0);  // silent since 0, limit 3 s
+  ASSERT_TRUE(death.has_value());
+  ASSERT_TRUE(live.Apply(*death).ok());
+  log.push_back(*death);
+  MembershipState replayed(3, 1.0, 3);
+  for (const Json& r : log) ASSERT_TRUE(replayed.Apply(r).ok()) << r.dump();
+  const Membership a = live.Current(), b = replayed.Current();
+  EXPECT_EQ(a.epoch, b.epoch);
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ(a.sites[size_t(s)].alive, b.sites[size_t(s)].alive) << s;
+    EXPECT_EQ(a.sites[size_t(s)].last_round, b.sites[size_t(s)].last_round) << s;
+  }
+  EXPECT_EQ(replayed.RoundResult(4).votes, live.RoundResult(4).votes);
+  EXPECT_EQ(replayed.RoundResult(4).votes.at(1), (RoundVote{true, 1}));
+  // A log of another world size is refused.
+  MembershipState other(4, 1.0, 3);
+  EXPECT_EQ(other.Apply(log[0]).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Membership, AStaleRoundNeitherLowersTheRoundNorReplacesTheVote) {
+  MembershipState m(2, 1.0, 3);
+  RegisterAll(m, 2);
+  m.ReachRound(0, 5, RoundVote{false, 0xaa});
+  m.ReachRound(0, 3, RoundVote{true, 0xbb});  // a retry of an old call, delivered late
+  EXPECT_EQ(m.Current().sites[0].last_round, 5);
+  m.ReachRound(1, 5, RoundVote{false, 0xaa});
+  Settle(m);
+  const Membership r5 = m.RoundResult(5);
+  ASSERT_EQ(r5.votes.size(), 2u);
+  EXPECT_EQ(r5.votes.at(0), (RoundVote{false, 0xaa}));
+}
+
+TEST(Membership, ARoundCompletedWithALaterOneHasNoVotes) {
+  MembershipState m(2, 1.0, 3);
+  RegisterAll(m, 2);
+  // Both sites pass round 2 and vote in round 3: round 2 never completes on its own.
+  m.ReachRound(0, 3, RoundVote{false, 1});
+  m.ReachRound(1, 3, RoundVote{false, 1});
+  Settle(m);
+  EXPECT_EQ(m.completed_round(), 3);
+  EXPECT_EQ(m.RoundResult(3).votes.size(), 2u);
+  EXPECT_TRUE(m.RoundResult(2).votes.empty());  // not round 3's votes
+}
+
+TEST(Membership, ADeadSiteMustRejoinAfterTheQuorum) {
+  MembershipState m(2, 1.0, 3);
+  RegisterAll(m, 2);
+  m.Beat(1, 555, 100);  // another process's beat does not count for site 1
+  m.Beat(0, 100, 100);
+  auto death = m.NextDeath(100);  // site 1 silent since 0
+  ASSERT_TRUE(death.has_value());
+  EXPECT_EQ((*death)["site"], 1);
+  ASSERT_TRUE(m.Apply(*death).ok());
+  Json r;
+  Verdict v = m.PlanRegister({1, 555, "b:2", 7, false, 0, "t"}, &r);
+  EXPECT_EQ(v.refusal, Refusal::kMustRejoin) << v.message;
+  v = m.PlanRegister({1, 555, "b:2", 7, true, 9, "t"}, &r);
+  ASSERT_TRUE(v.ok()) << v.message;
+  ASSERT_TRUE(m.Apply(r).ok());
+  EXPECT_EQ(m.Current().sites[1].last_round, 8);
+  EXPECT_EQ(m.Current().sites[1].join_round, 9);
+}
+
+}  // namespace
+}  // namespace atl

@@ -1,0 +1,82 @@
+// The asynchronous parameter server the coordinator hosts (world/ps.h semantics; behaviour as
+// documented in world/coordinator.h): PsInit, PsPull and PsPush, its op log STATE/ops.jsonl
+// (opened at the first PsInit, so runs of other strategies have none), and what a restart finds.
+//
+// It has its own lock, never held together with the coordinator's membership lock: a push of a
+// large update never delays heartbeats or rounds. The server authenticates every call and checks
+// membership through `check_caller` before anything here looks at the request.
+//
+// Thread-safety: every method is thread-safe.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "world/coordinator/durable_log.h"
+#include "world/proto/coordinator.grpc.pb.h"
+
+namespace atl {
+
+// Logs a refused call (what, from whom, why) and returns its status.
+grpc::Status RefuseCall(const grpc::ServerContext& ctx, const char* rpc, grpc::StatusCode code,
+                        const std::string& message);
+
+class PsService {
+ public:
+  // OK when the call is authenticated and (site, incarnation) is a live member.
+  using CallerCheck = std::function<grpc::Status(const grpc::ServerContext& ctx, const char* rpc,
+                                                 int site, uint64_t incarnation)>;
+  PsService(std::string state_dir, int sites, uint64_t coordinator_id, CallerCheck check_caller);
+
+  // Reads STATE/ops.jsonl if there is one (see world/coordinator.h: a restart). kCorruption for a
+  // damaged log.
+  Status Start();
+
+  grpc::Status Init(grpc::ServerContext* ctx, const coord::PsInitRequest& req,
+                    coord::PsInitReply* reply);
+  grpc::Status Pull(grpc::ServerContext* ctx, const coord::PsPullRequest& req,
+                    coord::PsPullReply* reply);
+  grpc::Status Push(grpc::ServerContext* ctx, const coord::PsPushRequest& req,
+                    coord::PsPushReply* reply);
+
+ private:
+  // OK when the server can serve (it has parameters, unless `init`); else the reason.
+  grpc::Status UsableLocked(const grpc::ServerContext& ctx, const char* rpc, int site,
+                            bool init) const;
+  void BreakLocked(const std::string& why);
+
+  struct PushMemo {
+    uint64_t incarnation = 0, seq = 0;
+    coord::PsPushReply reply;
+  };
+
+  const std::string path_;
+  const uint64_t coordinator_id_;
+  const CallerCheck check_caller_;
+
+  mutable std::mutex mu_;
+  DurableLog log_;
+  bool logged_init_ = false;  // ops.jsonl has the init record (this or an earlier process)
+  bool init_ = false;         // params_ hold the parameters
+  uint64_t count_ = 0, checksum_ = 0;
+  int init_site_ = -1;
+  int64_t max_staleness_ = 0;
+  std::vector<float> params_, scratch_;
+  int64_t version_ = 0, next_id_ = 0;
+  std::map<int, int64_t> last_step_;        // by site: the last step of its decided pushes
+  std::map<int, uint64_t> rejoined_;        // by site: the process whose rejoin is logged
+  std::string build_, cpu_;                 // of the init record ("" : an older log)
+  std::map<int, uint64_t> build_noted_;     // by site: the process whose other build is logged
+  std::string broken_;                      // non-empty: every call is refused with this reason
+  std::vector<std::deque<PushMemo>> memo_;  // per site: recent pushes, for retries
+};
+
+}  // namespace atl
