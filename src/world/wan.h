@@ -49,15 +49,17 @@
 // peer unusable. Collective results are staged: the caller's buffers (all-reduce's input among
 // them) are written only when every chunk has been received and checked, so a failed collective
 // leaves them as they were; receives likewise unless stage_receives = false. A peer that
-// vanishes fails the operation at once; one that stalls, after timeout_s without progress.
+// vanishes fails the operation at once; one that goes silent without closing anything, within
+// keepalive_s (unanswered keepalive pings), or at once when PeerLost says it is dead; one that
+// stalls while answering pings, after timeout_s without progress.
 //
 // Memory and copies: a chunk's payload is copied once into a pooled block that gRPC sends from;
 // received chunks are recycled; each Communicator keeps one staging buffer the size of its
 // largest collective. gRPC allocates a buffer per socket read, so Listen sets glibc's malloc
 // thresholds once per process (mallopt: mmap above 32 MiB, trim above 128 MiB) to keep that
 // memory for reuse instead of page-faulting it in again; ATOLL_WAN_MALLOPT=0 keeps the defaults.
-// Streams send keepalive pings (20 s) so an idle WAN connection stays open and a dead one is
-// noticed.
+// Both ends of every stream send keepalive pings (every keepalive_s / 2) so an idle WAN
+// connection stays open and a dead peer is noticed.
 //
 // Absent sites and rejoining: a site that dropped out of the world may come back at a round
 // boundary as a new process (a new endpoint at a new address, the same site index):
@@ -123,6 +125,12 @@ struct WanOptions {
   // Connect's limit; an operation fails after this long without progress (no chunk arrived
   // from the peer it waits for, or none of its chunks could be written).
   double timeout_s = 120;
+  // A peer that stops answering this endpoint's keepalive pings for this long (nothing closed:
+  // a hung process, power loss, a partition) has its link broken, which fails the operations
+  // that send to it or wait for it. `atoll train` sets max(20 s, twice the coordinator's dead-site
+  // time): the coordinator's verdict (PeerLost) comes first; this is the backstop for a peer the
+  // coordinator still hears. Set the same on Listen (the server's side of the streams).
+  double keepalive_s = 10;
   uint64_t seed = 0;        // jitter draws
   bool choose_ring = true;  // false: ring in site order (no probes)
   // true: a receive keeps its verified chunks and writes the caller's buffer only when the whole
@@ -141,9 +149,12 @@ struct WanStats {
 
 class WanEndpoint {
  public:
-  // Starts the server on host:port (port 0: any free port). Errors name the address.
+  // Starts the server on host:port (port 0: any free port). keepalive_s: a peer whose stream
+  // into this endpoint stops answering the server's keepalive pings for this long is gone (its
+  // stream is closed), as if it had exited. Errors name the address.
   static StatusOr<std::unique_ptr<WanEndpoint>> Listen(const std::string& address,
-                                                       const WorldSecurity& security);
+                                                       const WorldSecurity& security,
+                                                       double keepalive_s = 10);
   virtual ~WanEndpoint() = default;
   // host:port with the bound port.
   virtual std::string address() const = 0;
@@ -177,6 +188,12 @@ class WanEndpoint {
   // first fetch. Allowed before Connect: the endpoint serves what is published from Listen on
   // (to any site number until Connect; paced by the emulated link only once Connect has set it).
   virtual void Publish(uint64_t index, std::shared_ptr<const std::string> blob) = 0;
+  // `site`, whose endpoint is at `address`, is dead (the coordinator declared it so: a hung
+  // process, power loss, a partition): every operation waiting for it or sending to it fails at
+  // once ("site 2 (HOST:PORT) is lost: <why>"), and so does every later one, until Reconnect
+  // gives the site a fresh link. Ignored when the site's link is to another address now (a new
+  // process took it over). Any thread.
+  virtual void PeerLost(int site, const std::string& address, const std::string& why) = 0;
   // The ring order chosen by Connect (site indices; empty before).
   virtual std::vector<int> ring() const = 0;
   virtual WanStats stats() const = 0;
