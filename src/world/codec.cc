@@ -9,15 +9,11 @@
 #include <limits>
 #include <string>
 
-// No fused multiply-add contraction in this file: Decode must give exactly q * scale and
-// DecodeAdd exactly out + weight * decoded on every site, whatever FMA support its CPU has
-// (replicas apply the same update bit for bit), and the error-feedback residual must be exactly
-// y - decoded. GCC contracts across statements by default even with -std=c++20.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+// No fused multiply-add contraction in this file (core/fp_exact.h): Decode must give exactly
+// q * scale and DecodeAdd exactly out + weight * decoded on every site, whatever FMA support its
+// CPU has (replicas apply the same update bit for bit), and the error-feedback residual must be
+// exactly y - decoded.
+#include "core/fp_exact.h"
 
 namespace atl {
 namespace {

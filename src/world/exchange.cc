@@ -5,15 +5,23 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <utility>
 
+#include "core/hash.h"
 #include "core/log.h"
+// No FMA contraction (the error-feedback residual must be exactly what encoding lost, the same
+// bits whatever CPU the binary was built for).
+#include "core/fp_exact.h"
 
 namespace atl {
 namespace {
 
 constexpr int kMaxAttempts = 8;
+// A round in which some site's part failed (a receive, a piece that does not decode) while every
+// site stayed live is tried once more (a stall or a corrupt chunk may not recur), then given up.
+constexpr int kFailedAttemptRetries = 1;
 constexpr int kBegin = 0, kCommit = 1;
 constexpr int kReduceScatter = 0, kAllGather = 1;
 
@@ -72,7 +80,7 @@ SiteExchange::SiteExchange(Communicator* wan, ExchangeOptions options)
 }
 
 StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> data,
-                                               std::span<float> residual) {
+                                               std::span<float> residual, const Digest& digest) {
   const double t0 = NowSeconds();
   const int me = options_.site;
   const Codec codec = options_.codec;
@@ -102,13 +110,14 @@ StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> d
 
   ExchangeResult result;
   std::vector<float> out(n);  // the agreed mean, written into data at commit
+  int failed_attempts = 0;    // attempts a site's failed part gave up (not deaths)
   for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
     result.attempts = attempt + 1;
     const int64_t base = kRoundsPerExchange * round + 2 * attempt;
     const std::string at = fmt::format("{} attempt {}", who, attempt);
 
     // ---- 1. begin ----
-    StatusOr<Membership> begin = options_.round(base + kBegin);
+    StatusOr<Membership> begin = options_.round(base + kBegin, std::nullopt);
     if (!begin.ok())
       return fail(begin.status().WithContext(fmt::format("{}: round {}", at, base + kBegin)));
     const std::vector<int> live = LiveSites(*begin, base + kBegin);
@@ -238,7 +247,12 @@ StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> d
     }
 
     // ---- 4. commit ----
-    StatusOr<Membership> commit = options_.round(base + kCommit);
+    // The vote: whether this site's part failed, and a digest of what it would commit.
+    RoundVote vote;
+    vote.failed = !failed.from.empty();
+    if (!vote.failed)
+      vote.digest = digest ? digest(out) : Hash64(out.data(), out.size() * sizeof(float));
+    StatusOr<Membership> commit = options_.round(base + kCommit, vote);
     if (!commit.ok())
       return fail(commit.status().WithContext(fmt::format("{}: round {}", at, base + kCommit)));
     const std::vector<int> now = LiveSites(*commit, base + kCommit);
@@ -255,17 +269,40 @@ StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> d
       restore();
       continue;
     }
-    if (!failed.from.empty()) {
+    // Every site of the round sees the same votes, so all of them decide alike: commit only when
+    // every one succeeded and they all hold the same result.
+    std::vector<int> failed_sites;
+    std::map<uint64_t, std::vector<int>> by_digest;
+    for (int s : live) {
+      auto v = commit->votes.find(s);
+      if (v == commit->votes.end() || v->second.failed)
+        failed_sites.push_back(s);
+      else
+        by_digest[v->second.digest].push_back(s);
+    }
+    if (!failed_sites.empty()) {
       std::string why;
-      std::vector<int> sites;
-      for (const auto& f : failed.from) {
-        sites.push_back(f.first);
-        why += fmt::format("; {}", f.second);
+      for (const auto& f : failed.from) why += fmt::format("; {}", f.second);
+      const std::string msg = fmt::format(
+          "{}: site(s) {} could not do their part (this site's receives: {}), so no site "
+          "commits{}",
+          at, SiteList(failed_sites), failed.from.empty() ? "all succeeded" : "failed", why);
+      if (failed_attempts++ < kFailedAttemptRetries) {
+        LogWarning("{}; trying the exchange once more", msg);
+        restore();
+        continue;
       }
-      return fail(Status::Unavailable(fmt::format(
-          "{}: receives from site(s) {} failed, yet every site of the round is still live in "
-          "round {}: this site cannot agree with the others{}",
-          at, SiteList(sites), base + kCommit, why)));
+      return fail(Status::Unavailable(msg));
+    }
+    if (by_digest.size() > 1) {
+      std::string groups;
+      for (const auto& [d, sites] : by_digest)
+        groups += fmt::format("{}site(s) {}: {}", groups.empty() ? "" : ", ", SiteList(sites),
+                              HashToHex(d));
+      return fail(Status::Corruption(fmt::format(
+          "{}: the sites disagree on the result ({}): nothing is committed; the sites' arithmetic "
+          "or memory differs (a different build or CPU, or silent data corruption)",
+          at, groups)));
     }
     std::copy(out.begin(), out.end(), data.begin());
     result.sites = live;

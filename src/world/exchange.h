@@ -22,12 +22,22 @@
 //   Rejoined sites: before its exchange, a site reconnects (ExchangeOptions::reconnect) to
 //   every site of L whose address in M differs from the one its link was made with; a failed
 //   reconnect fails the receives from that site in this attempt (see commit).
-//   4. commit: round function(R') gives M'. If the live set of M' equals L and every receive
-//      succeeded, the result is written into data and Average returns. If M' lost sites (one died
-//      during the exchange), every survivor sees the same M' and the whole exchange is redone
-//      over the new live set (the residual is restored to its value at the call first); data is
-//      untouched until success. A receive that failed from a site still live at commit is an
-//      error (kUnavailable naming the site): this site cannot agree with the others.
+//   4. commit: every site casts its vote in round R' (world/coordinator.h RoundVote): whether
+//      its part failed (a receive, a piece that does not decode, a failed reconnect) and a digest
+//      of the result it would commit: digest(mean) when the caller passes one (DiLoCo hashes the
+//      new global parameters the mean leads to), else the XXH3-64 of the mean's bytes. The
+//      round gives M' with every live site's vote, the same on every site, so every site decides
+//      alike — the round commits everywhere or nowhere:
+//      - a site of L dead in M' (one died during the exchange): the whole exchange is redone over
+//        the survivors (the residual is restored to its value at the call first);
+//      - a site of L voted failure (or cast no vote): no site commits; the attempt is tried once
+//        more (a stall or a corrupt chunk may not recur), then every site fails (kUnavailable
+//        naming the sites whose part failed);
+//      - the digests differ: no site commits, every site fails with kCorruption naming which
+//        sites hold which digest (their arithmetic differs: another build, or silent data
+//        corruption);
+//      - otherwise the result is written into data and Average returns. data is untouched until
+//        then.
 // Coordinator rounds used by call `round` (>= 0, increasing across calls, the same on every
 // site): kRoundsPerExchange * round + 2 * attempt + {0: begin, 1: commit}, attempt < 8.
 // Message tags on the WAN: derived from (round, attempt, phase) so late messages of a failed
@@ -47,9 +57,8 @@
 //   sends, in place of its all-gather message, EncodedBytes zero bytes (a bad magic) so that its
 //   receivers fail that receive too and nobody commits a mean that lacks a contribution.
 // - Commit: the attempt commits when every site of L is live in M' (sites that became live
-//   meanwhile do not matter) and every receive succeeded; it is redone when a site of L is dead
-//   in M' (kUnavailable if this site itself is); otherwise kUnavailable naming the sites whose
-//   receives failed. After 8 attempts: kUnavailable.
+//   meanwhile do not matter), voted success and the same digest; it is redone when a site of L is
+//   dead in M' (kUnavailable if this site itself is). After 8 attempts: kUnavailable.
 // - A call that fails leaves both data and residual as they were at the call.
 // - The all-gather's rounding has no error feedback: for inputs that change little from call to
 //   call it rounds the same way every time, so the running sum of results drifts by up to half a
@@ -67,6 +76,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -84,8 +94,8 @@ struct ExchangeOptions {
   int sites = 1;
   Codec codec = Codec::kNone;
   int quorum = 1;  // fewest live sites a round may complete with
-  // The coordinator's round barrier (CoordinatorClient::Round, or a fake in tests).
-  std::function<StatusOr<Membership>(int64_t round)> round;
+  // The coordinator's round barrier with votes (CoordinatorClient::Round, or a fake in tests).
+  std::function<StatusOr<Membership>(int64_t round, std::optional<RoundVote> vote)> round;
   // Rejoins: the WAN address each site's link was made with (by site; empty: no link, e.g. a
   // site absent when this one connected), and the transport's WanEndpoint::Reconnect. When a
   // live site of a round has another address in the membership than here (a new process took
@@ -106,8 +116,13 @@ class SiteExchange {
  public:
   // wan: the WAN Communicator among the sites' leaders (rank = site); not owned.
   SiteExchange(Communicator* wan, ExchangeOptions options);
-  // residual: empty or data.size() floats (this site's error feedback for the codec).
-  StatusOr<ExchangeResult> Average(int64_t round, std::span<float> data, std::span<float> residual);
+  // What the sites must agree on, computed from the mean (e.g. the new global parameters it
+  // leads to, hashed); must be the same function of the mean on every site.
+  using Digest = std::function<uint64_t(std::span<const float> mean)>;
+  // residual: empty or data.size() floats (this site's error feedback for the codec). digest:
+  // empty for the XXH3-64 of the mean itself.
+  StatusOr<ExchangeResult> Average(int64_t round, std::span<float> data, std::span<float> residual,
+                                   const Digest& digest = nullptr);
 
  private:
   Communicator* wan_;
