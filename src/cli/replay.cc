@@ -1,4 +1,6 @@
 // atoll replay: re-execute an asynchronous run from its operation log (train/replay.h).
+#include "train/replay.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -7,7 +9,6 @@
 #include "cli/commands.h"
 #include "core/log.h"
 #include "core/status.h"
-#include "train/replay.h"
 
 namespace atl::cli {
 
@@ -39,10 +40,11 @@ int RunReplay(const ReplayArgs& a) {
   }
   std::printf(
       "replayed %lld updates of %d sites: final parameters DIFFER from %s/checkpoint (xxh3 "
-      "%016llx replayed, %016llx in the checkpoint; first difference at parameter %zu)\n",
+      "%016llx replayed, %016llx in the checkpoint; first difference at parameter %zu)%s\n",
       static_cast<long long>(r->updates), r->sites, a.run.c_str(),
       static_cast<unsigned long long>(r->replayed_hash),
-      static_cast<unsigned long long>(r->checkpoint_hash), r->first_difference);
+      static_cast<unsigned long long>(r->checkpoint_hash), r->first_difference,
+      r->elsewhere.empty() ? "" : (": not bitwise here because " + r->elsewhere).c_str());
   return 1;
 }
 
@@ -55,11 +57,15 @@ void AddReplayCommand(CLI::App& app) {
   cmd->footer(
       "Reads DIR/config.toml, DIR/ops.jsonl (the coordinator's operation log: every update the\n"
       "parameter server applied or refused, in order) and DIR/checkpoint (the run's final\n"
-      "parameters), where DIR is the `atoll launch --out` of a run with world.strategy = \"async\".\n"
+      "parameters), where DIR is the `atoll launch --out` of a run with world.strategy = "
+      "\"async\".\n"
       "Every site is run again in this process (one thread each) and its pushes are served in\n"
       "the logged order; each re-executed update must match the logged checksum.\n"
+      "The data (data.dir in DIR/config.toml) must be the run's: checked against the checkpoint's\n"
+      "manifest. Bitwise identity needs the run's build on the same kind of CPU: the op log names\n"
+      "them, and a replay elsewhere says so.\n"
       "Exit status: 0 when the final parameters are bitwise identical to the checkpoint's, 1 when\n"
-      "they differ or an update diverged (named), 2 for a bad run directory.\n"
+      "they differ or an update diverged (named), 2 for a bad run directory or other data.\n"
       "Example:\n"
       "  atoll launch --config configs/world-demo.toml --set world.strategy=async --out runs/a\n"
       "  atoll replay --run runs/a");

@@ -1,4 +1,5 @@
 // atoll train: train a GPT on this machine (see train/trainer.h).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -77,16 +78,34 @@ StatusOr<WorldLink> JoinWorld(const RunConfig& cfg, const TrainArgs& a) {
   }
   WorldLink link;
   link.security = security;
-  ATOLL_ASSIGN_OR_RETURN(link.endpoint, WanEndpoint::Listen(a.wan_listen, security));
+  // A peer silent for dead_s is dead for the coordinator, which then fails what waits for it
+  // (on_membership below). The WAN's own keepalive is the backstop for a peer the coordinator
+  // still hears (a partition between two sites): more lenient, since a link it breaks stays
+  // broken, and a busy machine must never lose one to a late ping answer.
+  const double dead_s = cfg.world.heartbeat_s * double(cfg.world.dead_after_beats);
+  const double keepalive_s = std::max(20.0, 2 * dead_s);
+  ATOLL_ASSIGN_OR_RETURN(link.endpoint, WanEndpoint::Listen(a.wan_listen, security, keepalive_s));
   CoordinatorClientOptions co;
   co.address = a.coordinator;
   co.site = a.site;
   co.config_hash = WorldConfigHash(cfg);
   co.heartbeat_s = cfg.world.heartbeat_s;
   co.security = security;
+  // A site the coordinator declared dead (a hung process, power loss, a partition: nothing
+  // closed) fails the WAN operations waiting for it at once, not after their timeout. A site that
+  // left has done its part of everything (it finished training): nothing waiting fails for it.
+  WanEndpoint* ep = link.endpoint.get();
+  const int me = a.site;
+  co.on_membership = [ep, me](const Membership& m) {
+    for (const SiteInfo& s : m.sites)
+      if (!s.alive && !s.left && s.site != me && !s.wan_address.empty())
+        ep->PeerLost(s.site, s.wan_address,
+                     fmt::format("the coordinator declared it dead (epoch {})", m.epoch));
+  };
   ATOLL_ASSIGN_OR_RETURN(link.coordinator, CoordinatorClient::Connect(co));
   WanOptions wo;
   wo.site = a.site;
+  wo.keepalive_s = keepalive_s;
   Membership members;
   if (a.rejoin) {
     // Taking over a lost site: no links yet. They are made at the first exchange this process
@@ -175,17 +194,17 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
       return Status::InvalidArgument(
           "train: world.sites > 1 needs exactly one of --certs DIR (mutual TLS + token) or "
           "--insecure");
-    options.site = a.site;
+    options.world.site = a.site;
     if (a.rejoin && cfg.world.strategy == "sync")
       return Status::InvalidArgument(
           "train: --rejoin: world.strategy = \"sync\" cannot take a lost site back (its "
           "collectives need every site from the start); diloco, streaming and async can");
     if (leader) {
       ATOLL_ASSIGN_OR_RETURN(link, JoinWorld(cfg, a));
-      options.wan = link.wan.get();
+      options.world.wan = link.wan.get();
       CoordinatorClient* client = link.coordinator.get();
       const int64_t sites = cfg.world.sites;
-      options.round = [client, sites](int64_t round) -> Status {
+      options.world.round = [client, sites](int64_t round) -> Status {
         ATOLL_ASSIGN_OR_RETURN(Membership m, client->Round(round));
         for (const SiteInfo& s : m.sites)
           if (!s.alive)
@@ -195,7 +214,7 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
         return Status::Ok();
       };
       WanEndpoint* ep = link.endpoint.get();
-      options.wan_bytes = [ep] { return ep->stats().bytes_sent; };
+      options.world.wan_bytes = [ep] { return ep->stats().bytes_sent; };
       const std::string& strategy = cfg.world.strategy;
       if (strategy == "diloco" || strategy == "streaming") {
         ExchangeOptions eo;
@@ -203,26 +222,29 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
         eo.sites = int(sites);
         ATOLL_ASSIGN_OR_RETURN(eo.codec, ParseCodec(cfg.world.codec));
         eo.quorum = cfg.world.quorum > 0 ? int(cfg.world.quorum) : int(sites / 2 + 1);
-        eo.round = [client](int64_t r) { return client->Round(r); };
+        eo.round = [client](int64_t r, std::optional<RoundVote> v) { return client->Round(r, v); };
         eo.addresses = link.addresses;
         eo.reconnect = [ep](int s, const std::string& address) {
           return ep->Reconnect(s, address);
         };
         link.exchange = std::make_unique<SiteExchange>(link.wan.get(), eo);
         SiteExchange* ex = link.exchange.get();
-        options.average = [ex](int64_t round, std::span<float> data, std::span<float> residual) {
-          return ex->Average(round, data, residual);
+        options.world.average = [ex](int64_t round, std::span<float> data,
+                                     std::span<float> residual,
+                                     const SiteExchange::Digest& digest) {
+          return ex->Average(round, data, residual, digest);
         };
-        options.round = nullptr;
+        options.world.round = nullptr;
         // Rejoins: every quiet point's state is served to a lost site's new process.
-        options.publish = [ep](uint64_t index, std::shared_ptr<const std::string> state) {
+        options.world.publish = [ep](uint64_t index, std::shared_ptr<const std::string> state) {
           ep->Publish(index, std::move(state));
         };
         if (a.rejoin) {
           const int me = a.site;
           const WorldSecurity security = link.security;
-          options.fetch = [client, me, security](
-                              uint64_t min_index) -> StatusOr<std::pair<uint64_t, std::string>> {
+          options.world.fetch =
+              [client, me,
+               security](uint64_t min_index) -> StatusOr<std::pair<uint64_t, std::string>> {
             ATOLL_ASSIGN_OR_RETURN(Membership m, client->Peek());
             Status last = Status::Unavailable(
                 "no live site to fetch the state from (the run is over, or the world is gone)");
@@ -242,7 +264,7 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
             }
             return last;
           };
-          options.current_round = [client, me]() -> StatusOr<int64_t> {
+          options.world.current_round = [client, me]() -> StatusOr<int64_t> {
             ATOLL_ASSIGN_OR_RETURN(Membership m, client->Peek());
             int64_t last = -1;  // the latest coordinator round a live site has reached
             for (const SiteInfo& s : m.sites)
@@ -251,16 +273,16 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
           };
         }
       } else if (strategy == "async") {
-        options.ps = client->ps();
+        options.world.ps = client->ps();
         const int64_t end_round = cfg.train.steps;
-        options.finish_barrier = [client, end_round]() -> Status {
+        options.world.finish_barrier = [client, end_round]() -> Status {
           return client->Round(end_round).status().WithContext("the barrier at the end");
         };
-        options.round = nullptr;
+        options.world.round = nullptr;
       }
       if (a.rejoin && strategy != "sync") {
-        options.rejoin = true;
-        options.join = [client, ep](int64_t round) -> Status {
+        options.world.rejoin = true;
+        options.world.join = [client, ep](int64_t round) -> Status {
           return client->Rejoin(ep->address(), round).status();
         };
       }
@@ -281,9 +303,9 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
   if (link.coordinator != nullptr) {
     // Training is done and saved: a coordinator gone at the very end is worth a warning only.
     if (Status left = link.coordinator->Leave(); !left.ok())
-      LogWarning("site {}: leaving the world: {}", options.site, left.ToString());
+      LogWarning("site {}: leaving the world: {}", options.world.site, left.ToString());
   }
-  if (leader && options.site == 0) {
+  if (leader && options.world.site == 0) {
     std::printf("%s\n", path.c_str());
     std::fflush(stdout);
   }

@@ -23,29 +23,12 @@ constexpr LinkField kLinkFields[] = {{"latency_ms", &LinkProfile::latency_ms},
                                      {"bandwidth_mbps", &LinkProfile::bandwidth_mbps},
                                      {"jitter_ms", &LinkProfile::jitter_ms}};
 
-// Parses a site pair "A-B" (A < B); false if it is not one.
-bool ParsePair(std::string_view text, int* a, int* b) {
-  const size_t dash = text.find('-');
-  if (dash == std::string_view::npos || dash == 0 || dash + 1 == text.size()) return false;
-  auto num = [](std::string_view t, int* out) {
-    if (t.empty() || t.size() > 6) return false;
-    int v = 0;
-    for (char c : t) {
-      if (c < '0' || c > '9') return false;
-      v = v * 10 + (c - '0');
-    }
-    *out = v;
-    return true;
-  };
-  return num(text.substr(0, dash), a) && num(text.substr(dash + 1), b) && *a < *b;
-}
-
 std::string PairName(int a, int b) { return fmt::format("{}-{}", a, b); }
 
 // Sets field `name` of a pair's profile ("world.link.<pair>.<name>" in errors).
 Status SetPairField(WorldConfig* w, std::string_view pair, std::string_view name, double v) {
   int a = 0, b = 0;
-  if (!ParsePair(pair, &a, &b))
+  if (!ParseSitePair(pair, &a, &b))
     return Status::InvalidArgument(fmt::format(
         "world.link.{}: a per-pair link table must be named \"A-B\" with site indices A < B",
         pair));
@@ -140,6 +123,22 @@ std::string TomlFloat(double v) {
 
 }  // namespace
 
+bool ParseSitePair(std::string_view text, int* a, int* b) {
+  const size_t dash = text.find('-');
+  if (dash == std::string_view::npos || dash == 0 || dash + 1 == text.size()) return false;
+  auto num = [](std::string_view t, int* out) {
+    if (t.empty() || t.size() > 6) return false;
+    int v = 0;
+    for (char c : t) {
+      if (c < '0' || c > '9') return false;
+      v = v * 10 + (c - '0');
+    }
+    *out = v;
+    return true;
+  };
+  return num(text.substr(0, dash), a) && num(text.substr(dash + 1), b) && *a < *b;
+}
+
 std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
   return {
       {"model", "n_layer", &c.model.n_layer, "transformer blocks"},
@@ -177,16 +176,16 @@ std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
        "start bucket reductions during backward (false: all after it)"},
       {"world", "sites", &c.world.sites, "sites (datacenters) joined by WAN links"},
       {"world", "ranks_per_site", &c.world.ranks_per_site, "MPI ranks per site (dp * tp * pp)"},
-      {"world", "strategy", &c.world.strategy,
-       "how sites agree: sync, diloco, streaming or async"},
+      {"world", "strategy", &c.world.strategy, "how sites agree: sync, diloco, streaming or async"},
       {"world", "heartbeat_s", &c.world.heartbeat_s, "coordinator heartbeat interval, s"},
+      {"world", "dead_after_beats", &c.world.dead_after_beats,
+       "a site silent for this many heartbeat intervals is declared dead"},
       {"world", "quorum", &c.world.quorum, "fewest live sites a round needs (0: a majority)"},
       {"world", "codec", &c.world.codec, "sent across sites: none, bf16, int8 or int4"},
       {"world", "diloco.inner_steps", &c.world.diloco.inner_steps,
        "H: inner steps per outer step (diloco, streaming) or per push (async)"},
       {"world", "diloco.outer_lr", &c.world.diloco.outer_lr, "outer Nesterov learning rate"},
-      {"world", "diloco.outer_momentum", &c.world.diloco.outer_momentum,
-       "outer Nesterov momentum"},
+      {"world", "diloco.outer_momentum", &c.world.diloco.outer_momentum, "outer Nesterov momentum"},
       {"world", "streaming.fragments", &c.world.streaming.fragments,
        "P: parameter fragments synced in turn"},
       {"world", "streaming.overlap_steps", &c.world.streaming.overlap_steps,
@@ -259,8 +258,7 @@ StatusOr<RunConfig> ParseRunConfig(std::string_view text, const std::string& sou
         for (const auto& [k, v] : *value.as_table()) {
           const std::string name = fmt::format("{}.{}", name_key.str(), k.str());
           const ConfigKey* key = FindKey(keys, "world", name);
-          if (key == nullptr || v.is_table())
-            return UnknownKey("world", name).WithContext(source);
+          if (key == nullptr || v.is_table()) return UnknownKey("world", name).WithContext(source);
           ATOLL_RETURN_IF_ERROR(AssignFromToml(*key, v).WithContext(source));
         }
         continue;
@@ -327,172 +325,10 @@ Status ApplyConfigOverride(RunConfig* cfg, std::string_view assignment) {
   return AssignFromToml(*key, *t.get("v")).WithContext("--set");
 }
 
-Status ValidateRunConfig(const RunConfig& c) {
-  auto bad = [](std::string_view key, const std::string& why) {
-    return Status::InvalidArgument(fmt::format("{}: {}", key, why));
-  };
-  const GPTConfig& m = c.model;
-  if (std::string why = ValidateConfig(m); !why.empty()) return Status::InvalidArgument(why);
-  if (m.seq_len > 16384) return bad("model.seq_len", fmt::format("{} > 16384", m.seq_len));
-  if (m.n_layer > 1024) return bad("model.n_layer", fmt::format("{} > 1024", m.n_layer));
-  if (m.n_embd > 65536) return bad("model.n_embd", fmt::format("{} > 65536", m.n_embd));
-
-  const TrainConfig& t = c.train;
-  // Steps fold into the RNG counter below 2^40 (core/rng.cc).
-  if (t.steps < 1 || t.steps >= (int64_t{1} << 40))
-    return bad("train.steps", fmt::format("must be in [1, 2^40), got {}", t.steps));
-  if (t.seed < 0) return bad("train.seed", fmt::format("must be >= 0, got {}", t.seed));
-  if (t.batch_size < 1)
-    return bad("train.batch_size", fmt::format("must be >= 1, got {}", t.batch_size));
-  if (t.micro_batch_size < 1)
-    return bad("train.micro_batch_size", fmt::format("must be >= 1, got {}", t.micro_batch_size));
-  if (t.batch_size % t.micro_batch_size != 0)
-    return bad("train.batch_size", fmt::format("{} is not divisible by train.micro_batch_size {}",
-                                               t.batch_size, t.micro_batch_size));
-  auto finite = [](double v) { return std::isfinite(v); };
-  if (!finite(t.lr) || t.lr <= 0) return bad("train.lr", fmt::format("must be > 0, got {}", t.lr));
-  if (!finite(t.min_lr) || t.min_lr < 0 || t.min_lr > t.lr)
-    return bad("train.min_lr",
-               fmt::format("must be in [0, train.lr = {}], got {}", t.lr, t.min_lr));
-  // warmup_steps > steps is allowed: a short run (--set train.steps=5) stays in warmup.
-  if (t.warmup_steps < 0)
-    return bad("train.warmup_steps", fmt::format("must be >= 0, got {}", t.warmup_steps));
-  if (!finite(t.weight_decay) || t.weight_decay < 0)
-    return bad("train.weight_decay", fmt::format("must be >= 0, got {}", t.weight_decay));
-  if (!finite(t.beta1) || t.beta1 < 0 || t.beta1 >= 1)
-    return bad("train.beta1", fmt::format("must be in [0, 1), got {}", t.beta1));
-  if (!finite(t.beta2) || t.beta2 < 0 || t.beta2 >= 1)
-    return bad("train.beta2", fmt::format("must be in [0, 1), got {}", t.beta2));
-  if (!finite(t.eps) || t.eps <= 0)
-    return bad("train.eps", fmt::format("must be > 0, got {}", t.eps));
-  if (!finite(t.grad_clip) || t.grad_clip < 0)
-    return bad("train.grad_clip", fmt::format("must be >= 0 (0: off), got {}", t.grad_clip));
-  if (t.eval_every < 0)
-    return bad("train.eval_every", fmt::format("must be >= 0, got {}", t.eval_every));
-  if (t.eval_batches < 0)
-    return bad("train.eval_batches", fmt::format("must be >= 0, got {}", t.eval_batches));
-  if (t.checkpoint_every < 0)
-    return bad("train.checkpoint_every", fmt::format("must be >= 0, got {}", t.checkpoint_every));
-  if (t.threads < 0 || t.threads > 4096)
-    return bad("train.threads", fmt::format("must be in [0, 4096], got {}", t.threads));
-  if (c.data.dir.empty()) return bad("data.dir", "must not be empty");
-
-  const ParallelConfig& p = c.parallel;
-  for (auto [key, v] :
-       {std::pair{"parallel.dp", p.dp}, {"parallel.tp", p.tp}, {"parallel.pp", p.pp}})
-    if (v < 1 || v > 65536) return bad(key, fmt::format("must be in [1, 65536], got {}", v));
-  if (c.model.n_head % p.tp != 0)
-    return bad("parallel.tp", fmt::format("must divide model.n_head = {} (heads are split across "
-                                          "tensor-parallel ranks), got {}",
-                                          c.model.n_head, p.tp));
-  if (p.pp > c.model.n_layer)
-    return bad("parallel.pp", fmt::format("must be at most model.n_layer = {} (a stage holds at "
-                                          "least one block), got {}",
-                                          c.model.n_layer, p.pp));
-  if (p.schedule != "1f1b" && p.schedule != "gpipe")
-    return bad("parallel.schedule",
-               fmt::format("must be \"1f1b\" or \"gpipe\", got \"{}\"", p.schedule));
-  if (p.zero && p.reproducible && p.pp > 1)
-    return bad("parallel.zero", "parallel.zero with parallel.reproducible needs parallel.pp = 1");
-  if (!finite(p.bucket_mb) || p.bucket_mb <= 0 || p.bucket_mb > 4096)
-    return bad("parallel.bucket_mb", fmt::format("must be in (0, 4096], got {}", p.bucket_mb));
-  if (t.batch_size % p.dp != 0 || (t.batch_size / p.dp) % t.micro_batch_size != 0)
-    return bad("parallel.dp",
-               fmt::format("train.batch_size {} must split into parallel.dp = {} equal shares of "
-                           "whole micro-batches of train.micro_batch_size {}",
-                           t.batch_size, p.dp, t.micro_batch_size));
-
-  const WorldConfig& w = c.world;
-  if (w.sites < 1 || w.sites > 1024)
-    return bad("world.sites", fmt::format("must be in [1, 1024], got {}", w.sites));
-  if (w.ranks_per_site < 1 || w.ranks_per_site > 65536)
-    return bad("world.ranks_per_site",
-               fmt::format("must be in [1, 65536], got {}", w.ranks_per_site));
-  if (w.strategy != "sync" && w.strategy != "diloco" && w.strategy != "streaming" &&
-      w.strategy != "async")
-    return bad("world.strategy", fmt::format("must be one of sync, diloco, streaming, async; got "
-                                             "\"{}\"",
-                                             w.strategy));
-  if (auto codec = ParseCodec(w.codec); !codec.ok())
-    return bad("world.codec", fmt::format("must be one of none, bf16, int8, int4; got \"{}\"",
-                                          w.codec));
-  if (w.quorum < 0 || w.quorum > w.sites)
-    return bad("world.quorum",
-               fmt::format("must be in [0, world.sites = {}] (0: a majority), got {}", w.sites,
-                           w.quorum));
-  if (w.diloco.inner_steps < 1 || w.diloco.inner_steps > 1000000)
-    return bad("world.diloco.inner_steps",
-               fmt::format("must be in [1, 1000000], got {}", w.diloco.inner_steps));
-  if (!finite(w.diloco.outer_lr) || w.diloco.outer_lr <= 0 || w.diloco.outer_lr > 10)
-    return bad("world.diloco.outer_lr",
-               fmt::format("must be in (0, 10], got {}", w.diloco.outer_lr));
-  if (!finite(w.diloco.outer_momentum) || w.diloco.outer_momentum < 0 ||
-      w.diloco.outer_momentum >= 1)
-    return bad("world.diloco.outer_momentum",
-               fmt::format("must be in [0, 1), got {}", w.diloco.outer_momentum));
-  if (w.strategy == "streaming" &&
-      (w.streaming.fragments < 1 || w.streaming.fragments > w.diloco.inner_steps))
-    return bad("world.streaming.fragments",
-               fmt::format("must be in [1, world.diloco.inner_steps = {}], got {}",
-                           w.diloco.inner_steps, w.streaming.fragments));
-  if (w.strategy == "streaming" &&
-      (w.streaming.overlap_steps < 0 ||
-       w.streaming.overlap_steps >= w.diloco.inner_steps / w.streaming.fragments))
-    return bad("world.streaming.overlap_steps",
-               fmt::format("must be in [0, world.diloco.inner_steps / world.streaming.fragments "
-                           "= {}) so a fragment's exchange ends before the next begins, got {}",
-                           w.diloco.inner_steps / w.streaming.fragments,
-                           w.streaming.overlap_steps));
-  if (!finite(w.streaming.alpha) || w.streaming.alpha < 0 || w.streaming.alpha > 1)
-    return bad("world.streaming.alpha",
-               fmt::format("must be in [0, 1], got {}", w.streaming.alpha));
-  if (w.async.max_staleness < 0 || w.async.max_staleness > 1000000)
-    return bad("world.async.max_staleness",
-               fmt::format("must be in [0, 1000000], got {}", w.async.max_staleness));
-  if (!finite(w.heartbeat_s) || w.heartbeat_s < 0.01 || w.heartbeat_s > 3600)
-    return bad("world.heartbeat_s", fmt::format("must be in [0.01, 3600], got {}", w.heartbeat_s));
-  if (std::string why = ValidateLink(w.link); !why.empty()) return bad("world.link", why);
-  for (const auto& [pair, profile] : w.pairs) {
-    int a = 0, b = 0;
-    if (!ParsePair(pair, &a, &b) || b >= w.sites)
-      return bad(fmt::format("world.link.{}", pair),
-                 fmt::format("names a site outside world.sites = {}", w.sites));
-    if (std::string why = ValidateLink(profile); !why.empty())
-      return bad(fmt::format("world.link.{}", pair), why);
-  }
-  if (w.sites > 1) {
-    if (p.dp * p.tp * p.pp != w.ranks_per_site)
-      return bad("world.ranks_per_site",
-                 fmt::format("{} must equal parallel.dp * parallel.tp * parallel.pp = {}",
-                             w.ranks_per_site, p.dp * p.tp * p.pp));
-    if (p.tp > 1 || p.pp > 1)
-      return bad("world.sites", "several sites need parallel.tp = parallel.pp = 1 for now");
-    if (p.zero) return bad("world.sites", "several sites need parallel.zero = false for now");
-    const int64_t replicas = w.sites * p.dp;
-    if (t.batch_size % replicas != 0 || (t.batch_size / replicas) % t.micro_batch_size != 0)
-      return bad("world.sites",
-                 fmt::format("train.batch_size {} must split into world.sites * parallel.dp = {} "
-                             "equal shares of whole micro-batches of train.micro_batch_size {}",
-                             t.batch_size, replicas, t.micro_batch_size));
-  }
-  return Status::Ok();
-}
-
 LinkProfile WorldConfig::Link(int a, int b) const {
   if (a > b) std::swap(a, b);
   auto it = pairs.find(PairName(a, b));
   return it != pairs.end() ? it->second : link;
-}
-
-Status ValidateParallel(const RunConfig& c, int world_size) {
-  ATOLL_RETURN_IF_ERROR(ValidateRunConfig(c));
-  const ParallelConfig& p = c.parallel;
-  if (p.dp * p.tp * p.pp != world_size)
-    return Status::InvalidArgument(fmt::format(
-        "parallel.dp * parallel.tp * parallel.pp = {} * {} * {} = {}, but {} ranks are running "
-        "(mpirun -n {}): they must be equal",
-        p.dp, p.tp, p.pp, p.dp * p.tp * p.pp, world_size, world_size));
-  return Status::Ok();
 }
 
 StatusOr<RunConfig> LoadRunConfig(const std::string& path,

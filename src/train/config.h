@@ -75,15 +75,16 @@ struct ParallelConfig {
 // Sites joined by WAN links (world/): how many, their ranks, how their replicas agree, and the
 // emulated links between their leaders.
 struct WorldConfig {
-  int64_t sites = 1;              // 1: a single site, no coordinator or WAN
-  int64_t ranks_per_site = 1;     // MPI ranks per site: parallel.dp * tp * pp
+  int64_t sites = 1;           // 1: a single site, no coordinator or WAN
+  int64_t ranks_per_site = 1;  // MPI ranks per site: parallel.dp * tp * pp
   // "sync": hierarchical all-reduce every step; "diloco": H inner steps, then an outer Nesterov
   // step on the averaged pseudo-gradient; "streaming": DiLoCo by fragments, each exchange
   // overlapped with inner steps; "async": parameter-server updates with bounded staleness.
   std::string strategy = "sync";
-  double heartbeat_s = 1.0;  // coordinator heartbeat interval (dead after 2 missed)
-  int64_t quorum = 0;        // fewest live sites an exchange may complete with; 0: a majority
-  std::string codec = "none";  // what crosses sites (not sync): none, bf16, int8, int4
+  double heartbeat_s = 1.0;      // coordinator heartbeat interval (sites beat twice per interval)
+  int64_t dead_after_beats = 3;  // a site silent for this many intervals is declared dead
+  int64_t quorum = 0;            // fewest live sites an exchange may complete with; 0: a majority
+  std::string codec = "none";    // what crosses sites (not sync): none, bf16, int8, int4
   struct DiLoCo {
     int64_t inner_steps = 100;    // H: inner (AdamW) steps between outer steps / async pushes
     double outer_lr = 0.7;        // outer Nesterov SGD learning rate
@@ -100,7 +101,7 @@ struct WorldConfig {
     int64_t max_staleness = 8;  // S: an update more than S versions behind is refused
     bool operator==(const Async&) const = default;
   } async;
-  LinkProfile link;               // [world.link]: every pair of sites, both directions
+  LinkProfile link;  // [world.link]: every pair of sites, both directions
   // [world.link."A-B"] (A < B, site indices): overrides for the pair, both directions.
   std::map<std::string, LinkProfile> pairs;
   // The profile of the link between sites a and b.
@@ -137,6 +138,9 @@ Status ApplyConfigOverride(RunConfig* cfg, std::string_view assignment);
 
 // Checks types' ranges and the relations between keys; the error names the key.
 Status ValidateRunConfig(const RunConfig& cfg);
+
+// A site pair "A-B" (A < B, the name of a [world.link."A-B"] table); false if `text` is not one.
+bool ParseSitePair(std::string_view text, int* a, int* b);
 
 // The checks that need the MPI world size: dp * tp * pp == world_size, and tp, pp not yet above 1.
 // Errors are kInvalidArgument (exit 2) naming the keys.

@@ -7,6 +7,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/build_info.h"
 #include "core/file.h"
 #include "core/hash.h"
 #include "core/log.h"
@@ -192,6 +193,38 @@ StatusOr<ReplayReport> Replay(const ReplayOptions& options) {
     return Status::InvalidArgument(
         fmt::format("replay: {}/checkpoint holds {} parameters, the op log {}", dir,
                     ck.params.size(), log.count));
+  // The run's data, as its checkpoint recorded it: other tokens would re-execute another run.
+  {
+    ATOLL_ASSIGN_OR_RETURN(TokenFile train, OpenTokenFile(cfg.data.dir, "train.bin"));
+    ATOLL_ASSIGN_OR_RETURN(TokenFile val, OpenTokenFile(cfg.data.dir, "val.bin"));
+    if (train.checksum() != ck.cursor.train_checksum || val.checksum() != ck.cursor.val_checksum)
+      return Status::InvalidArgument(fmt::format(
+          "replay: the data in {} is not the run's (train.bin/val.bin checksums {}/{} there, "
+          "{}/{} in {}/checkpoint's manifest): point data.dir in {}/config.toml at the run's "
+          "data",
+          cfg.data.dir, HashToHex(train.checksum()), HashToHex(val.checksum()),
+          HashToHex(ck.cursor.train_checksum), HashToHex(ck.cursor.val_checksum), dir, dir));
+  }
+  // Where the run's arithmetic came from: another build or CPU may round differently.
+  const std::string here_build = BuildId(), here_cpu = CpuDescription();
+  std::string elsewhere;
+  if (!log.build.empty() && log.build != here_build)
+    elsewhere += fmt::format("the run's build was {}, this one is {}", log.build, here_build);
+  if (!log.cpu.empty() && log.cpu != here_cpu)
+    elsewhere += fmt::format("{}the run's CPU was \"{}\", this one is \"{}\"",
+                             elsewhere.empty() ? "" : "; ", log.cpu, here_cpu);
+  for (const OpLog::SiteBuild& b : log.other_builds)
+    elsewhere +=
+        fmt::format("{}site {} ran build {} on \"{}\", unlike the site that started the run",
+                    elsewhere.empty() ? "" : "; ", b.site, b.build, b.cpu);
+  if (log.build.empty())
+    LogWarning(
+        "replay: {}/ops.jsonl does not name the run's build and CPU (an older atoll wrote it): "
+        "bitwise identity needs the same build on the same kind of CPU",
+        dir);
+  if (!elsewhere.empty())
+    LogWarning("replay: {}: a difference in the result may come from that, not from the log",
+               elsewhere);
   const int sites = int(cfg.world.sites);
   for (const PsLogEntry& e : log.entries)
     if (e.site < 0 || e.site >= sites)
@@ -218,13 +251,13 @@ StatusOr<ReplayReport> Replay(const ReplayOptions& options) {
       o.out_dir = fmt::format("{}/site-{}", work, s);
       o.checkpoint_dir = work;
       o.progress = false;
-      o.site = s;
-      o.ps = server.ForSite(s);
-      o.join = [](int64_t) { return Status::Ok(); };
+      o.world.site = s;
+      o.world.ps = server.ForSite(s);
+      o.world.join = [](int64_t) { return Status::Ok(); };
       auto r = Train(rc, o);
       // Where the run's log has a new process take the site over, re-execute that one too.
       while (!r.ok() && r.status().message().find(kProcessEnded) != std::string::npos) {
-        o.rejoin = true;
+        o.world.rejoin = true;
         r = Train(rc, o);
       }
       results[size_t(s)] = r.status();
@@ -235,12 +268,13 @@ StatusOr<ReplayReport> Replay(const ReplayOptions& options) {
   }
   for (auto& t : threads) t.join();
   // Report the site that failed, not those it stopped.
+  const std::string why = elsewhere.empty() ? "" : fmt::format(" ({})", elsewhere);
   for (int s = 0; s < sites; ++s) {
     const Status& st = results[size_t(s)];
     if (st.ok() || st.message().find(kSiteEnded) != std::string::npos ||
         st.message().find(kStopped) != std::string::npos)
       continue;
-    return st.WithContext(fmt::format("replay of site {}", s));
+    return st.WithContext(fmt::format("replay of site {}{}", s, why));
   }
   for (int s = 0; s < sites; ++s)
     if (!results[size_t(s)].ok() &&
@@ -250,6 +284,7 @@ StatusOr<ReplayReport> Replay(const ReplayOptions& options) {
     return Status::Internal(fmt::format("replay: {} of {} logged updates were re-executed",
                                         server.served(), server.logged()));
   ReplayReport rep;
+  rep.elsewhere = elsewhere;
   rep.updates = server.served();
   rep.sites = sites;
   const auto& p = server.params();

@@ -23,7 +23,10 @@
 // run's final parameters, which Replay compares with the run's final checkpoint.
 //
 // Limits: sites of one rank each (world.ranks_per_site = 1); the data (data.dir) must be the
-// run's (checked through the checkpoint's data checksums).
+// run's (checked against the checksums in the final checkpoint's manifest: kInvalidArgument).
+// Bitwise identity holds for the same build on a CPU of the same kind: the op log's init record
+// names the run's build and CPU (core/build_info.h), and a replay elsewhere says so up front and
+// in its report or error.
 //
 // Thread-safety: ReplayServer is thread-safe.
 #pragma once
@@ -94,6 +97,9 @@ struct ReplayReport {
   uint64_t replayed_hash = 0, checkpoint_hash = 0;  // XXH3-64 of the final float32 parameters
   bool identical = false;
   size_t first_difference = 0;  // when not identical
+  // Empty, or how the run's build or CPU (logged in its op log's init record) differs from this
+  // replay's: then a difference may come from the arithmetic, not from the log.
+  std::string elsewhere;
 };
 
 // Bad run directory, config, log or checkpoint: kInvalidArgument / kNotFound / kCorruption

@@ -52,15 +52,19 @@
 // leader writes its own metrics.jsonl (with the site and the step's WAN time); site 0 alone
 // validates and writes checkpoints.
 //
-// The other strategies (world.strategy = "diloco", "streaming", "async"; train/strategy.h): each
+// The other strategies (world.strategy = "diloco", "streaming", "async"; train/strategies/): each
 // site takes the same share of every step's batch as with sync, but its gradients stay in the
 // site (the loss is scaled by the site's micro-batches, the reported loss is the site's, the
 // clipping norm the site's gradient's) and its own AdamW steps its own replica; the sites agree
-// through the strategy's exchanges (diloco, streaming: TrainOptions::average) or the parameter
-// server (async: TrainOptions::ps), run by the leader after the optimizer step, and the site's
+// through the strategy's exchanges (diloco, streaming: WorldHooks::average) or the parameter
+// server (async: WorldHooks::ps), run by the leader after the optimizer step, and the site's
 // other ranks take the changed parameters by broadcast. Metrics add wan_bytes_sent,
 // sync_bytes_sent (what sync would have sent by then) and outer_rounds; wan_ms is the time the
 // step waited on the WAN.
+//
+// The loop calls the strategy (train/strategies/world_strategy.h) at three points: Start before
+// the first step, AfterBackward after the site's gradients are reduced, AfterStep after the
+// optimizer step; one rank's mechanics (forward, backward, norm, checkpoints) are train/run.h.
 //
 // Thread-safety: one Train call per thread; OpenMP's thread count is set per calling thread.
 #pragma once
@@ -74,8 +78,7 @@
 #include "data/dataset.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
-#include "world/exchange.h"
-#include "world/ps.h"
+#include "train/strategies/world_strategy.h"
 
 namespace atl {
 
@@ -88,42 +91,11 @@ struct TrainOptions {
   // parallel.dp * parallel.tp * parallel.pp.
   Communicator* comm = nullptr;
 
-  // Several sites (world.sites > 1, strategy "sync"): this site's index; on the site's leader
-  // (rank 0 of comm) the WAN Communicator among the sites' leaders (rank = site), the
-  // coordinator's round barrier (called with the step before its WAN all-reduce; may be empty)
-  // and the bytes the leader has sent over the WAN (for metrics; may be empty).
-  int site = 0;
-  Communicator* wan = nullptr;
-  std::function<Status(int64_t round)> round;
-  std::function<uint64_t()> wan_bytes;
   // Where checkpoints go (default: out_dir). With several sites only site 0 writes them.
   std::string checkpoint_dir;
-  // world.strategy "diloco" / "streaming", on the site's leader: the average over the live sites
-  // (SiteExchange::Average, world/exchange.h).
-  std::function<StatusOr<ExchangeResult>(int64_t round, std::span<float> data,
-                                         std::span<float> residual)>
-      average;
-  // Rejoins, on the site's leader. diloco, streaming (train/strategy.h LowCommState): publish is
-  // called at every quiet point with the state a lost site's new process can take over (index:
-  // the next exchange's round, LowCommState::rounds; WanEndpoint::Publish). With rejoin, this
-  // process takes over a site that was lost: current_round() is the latest exchange round a live
-  // site has begun (-1: none); join(r) registers this process for the world from coordinator
-  // round r on (kNotFound: too late, a live site has reached r; exchange round J begins at
-  // coordinator round 16 J); fetch(min) returns a live site's state with index >= min (kNotFound
-  // while there is none). The process joins at J = current + 2, waits for the state that leads
-  // into J (polling fetch, up to rejoin_timeout_s in all) and trains from its step. async:
-  // join(train.steps) (the barrier at the end is async's only round), then the parameter
-  // server's Init tells the step after which the site goes on, and Pull the parameters.
-  std::function<void(uint64_t index, std::shared_ptr<const std::string> state)> publish;
-  bool rejoin = false;
-  std::function<StatusOr<int64_t>()> current_round;
-  std::function<Status(int64_t coordinator_round)> join;
-  std::function<StatusOr<std::pair<uint64_t, std::string>>(uint64_t min_index)> fetch;
-  double rejoin_timeout_s = 600;
-  // world.strategy "async", on the site's leader: the parameter server, and the barrier at the
-  // end (returns when every live site has made its last push; may be empty).
-  ParameterServer* ps = nullptr;
-  std::function<Status()> finish_barrier;
+  // Several sites (world.sites > 1): this site (world.site) and, on the site's leader, how the
+  // strategy reaches the other sites (train/strategies/world_strategy.h).
+  WorldHooks world;
   // Fault injection (tests, benchmarks): the site's leader ends its process abruptly, as a
   // crash would (no goodbye to the coordinator), right after this step; 0: never.
   int64_t die_after_step = 0;

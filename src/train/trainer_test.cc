@@ -240,8 +240,8 @@ TEST_F(TrainerTest, TwoSitesSyncMatchTheSingleProcess) {
     o.checkpoint_dir = wroot;
     o.progress = false;
     o.comm = site_comm.get();
-    o.site = site;
-    o.wan = wan.get();
+    o.world.site = site;
+    o.world.wan = wan.get();
     return Train(world, o).status();
   });
   for (const Status& st : statuses) ASSERT_TRUE(st.ok()) << st.ToString();

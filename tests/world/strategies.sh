@@ -108,6 +108,23 @@ open(p, "w").write("\n".join(out) + "\n")
 PY
 expect_exit 1 "$ATOLL" replay --run "$T/a2" -q
 expect_err "update 3"
+# The op log names the run's build and CPU; a replay elsewhere (here: a log claiming another
+# build) says so, and still replays (bitwise here: it is the same build really).
+grep -q '"build":"' "$T/a/ops.jsonl" || fail "async: the init record names no build"
+grep -q '"cpu":"' "$T/a/ops.jsonl" || fail "async: the init record names no CPU"
+cp -r "$T/a" "$T/a3"
+sed -i -E '1s/"build":"[^"]*"/"build":"0123456789abcdef0123456789abcdef01234567"/' "$T/a3/ops.jsonl"
+expect_exit 0 "$ATOLL" replay --run "$T/a3" -q
+expect_err "the run's build was 0123456789abcdef"
+# Other data than the run's is refused before anything runs (exit 2).
+mkdir -p "$T/otherdata"
+cp "$DATA/val.bin" "$T/otherdata/val.bin"
+cp "$DATA/val.bin" "$T/otherdata/train.bin"  # a valid token file, not the run's
+cp -r "$T/a" "$T/a4"
+sed -i -E "s#^dir = .*#dir = \"$T/otherdata\"#" "$T/a4/config.toml"
+grep -q "otherdata" "$T/a4/config.toml" || fail "could not point the run at other data"
+expect_exit 2 "$ATOLL" replay --run "$T/a4" -q
+expect_err "is not the run's"
 # 3b. Async with a lost site taken over by a new process: it goes on after the site's last push,
 # the op log records it, and replay re-executes both processes bitwise.
 rc=0

@@ -1,8 +1,13 @@
-#include "train/strategy.h"
+// LowCommSync (DiLoCo and Streaming DiLoCo) with an in-memory exchange: the staggered schedule,
+// outer steps, merges with alpha, the final plain average, digests that agree across sites, and
+// a site taken over by a new process.
+#include "train/strategies/lowcomm.h"
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <barrier>
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <map>
@@ -12,39 +17,21 @@
 #include <vector>
 
 #include "core/hash.h"
+#include "fmt/format.h"
 
 namespace atl {
 namespace {
 
-TEST(OuterNesterov, MatchesPyTorchSgdWithNesterov) {
-  // torch.optim.SGD([p], lr=0.7, momentum=0.9, nesterov=True), grad d, two steps.
-  std::vector<float> p = {1.0f, -2.0f}, m = {0.0f, 0.0f};
-  const std::vector<float> d1 = {0.5f, 0.25f}, d2 = {-1.0f, 0.125f};
-  OuterNesterov(p, d1, m, 0.7f, 0.9f);
-  // buf = d1; p -= 0.7 * (d1 + 0.9 * buf) = 0.7 * 1.9 * d1
-  EXPECT_FLOAT_EQ(m[0], 0.5f);
-  EXPECT_FLOAT_EQ(p[0], 1.0f - 0.7f * 1.9f * 0.5f);
-  EXPECT_FLOAT_EQ(p[1], -2.0f - 0.7f * 1.9f * 0.25f);
-  const float p0 = p[0];
-  OuterNesterov(p, d2, m, 0.7f, 0.9f);
-  const float buf = 0.9f * 0.5f + -1.0f;
-  EXPECT_FLOAT_EQ(m[0], buf);
-  EXPECT_FLOAT_EQ(p[0], p0 - 0.7f * (-1.0f + 0.9f * buf));
-}
-
-TEST(SplitEvenly, CoversEverythingInOrder) {
-  const auto r = SplitEvenly(10, 4);
-  ASSERT_EQ(r.size(), 4u);
-  EXPECT_EQ(r[0].begin, 0u);
-  EXPECT_EQ(r[0].end, 3u);
-  EXPECT_EQ(r[1].end, 6u);
-  EXPECT_EQ(r[2].end, 8u);
-  EXPECT_EQ(r[3].end, 10u);
+// P contiguous fragments of n elements (the trainer's are by blocks; the schedule does not care).
+std::vector<Fragment> Contiguous(size_t n, int parts) {
+  std::vector<Fragment> out;
+  for (const Range& r : SplitEvenly(n, parts)) out.push_back(Fragment{{r}});
+  return out;
 }
 
 TEST(LowCommSync, StaggeredScheduleSendsEachFragmentEveryHSteps) {
   LowCommOptions o;
-  o.fragments = 4;
+  o.fragments = Contiguous(16, 4);
   o.inner_steps = 8;
   o.overlap = 1;
   const std::vector<float> p(16, 0.0f);
@@ -70,12 +57,13 @@ TEST(LowCommSync, StaggeredScheduleSendsEachFragmentEveryHSteps) {
   EXPECT_EQ(dl.Sends(10), std::vector<int>{0});
 }
 
-// Two sites in threads, averaging through a shared slot (what SiteExchange does over the WAN).
+// Two sites in threads, averaging through a shared slot (what SiteExchange does over the WAN),
+// and comparing the digests of the result as its commit round does.
 class TwoSiteAverage {
  public:
   LowCommSync::Average For(int site) {
-    return [this, site](int64_t round, std::span<float> data,
-                        std::span<float>) -> StatusOr<ExchangeResult> {
+    return [this, site](int64_t round, std::span<float> data, std::span<float>,
+                        const SiteExchange::Digest& digest) -> StatusOr<ExchangeResult> {
       {
         std::lock_guard lock(mu_);
         rounds_[site].push_back(round);
@@ -84,12 +72,20 @@ class TwoSiteAverage {
         slot[size_t(site)].assign(data.begin(), data.end());
       }
       sync_.arrive_and_wait();
+      std::vector<float> mean(data.size());
       {
         std::lock_guard lock(mu_);
         const auto& slot = slots_[round];
-        for (size_t i = 0; i < data.size(); ++i) data[i] = (slot[0][i] + slot[1][i]) * 0.5f;
+        for (size_t i = 0; i < data.size(); ++i) mean[i] = (slot[0][i] + slot[1][i]) * 0.5f;
+        digests_[round][size_t(site)] = digest ? digest(mean) : 0;
       }
       sync_.arrive_and_wait();
+      {
+        std::lock_guard lock(mu_);
+        if (digests_[round][0] != digests_[round][1])
+          return Status::Corruption(fmt::format("round {}: the digests differ", round));
+      }
+      std::copy(mean.begin(), mean.end(), data.begin());
       ExchangeResult r;
       r.sites = {0, 1};
       r.bytes_sent = data.size() * sizeof(float);
@@ -100,11 +96,16 @@ class TwoSiteAverage {
     std::lock_guard lock(mu_);
     return rounds_[site];
   }
+  std::map<int64_t, std::array<uint64_t, 2>> digests() {
+    std::lock_guard lock(mu_);
+    return digests_;
+  }
 
  private:
   std::barrier<> sync_{2};
   std::mutex mu_;
   std::map<int64_t, std::vector<std::vector<float>>> slots_;
+  std::map<int64_t, std::array<uint64_t, 2>> digests_;
   std::map<int, std::vector<int64_t>> rounds_;
 };
 
@@ -153,7 +154,7 @@ TEST(LowCommSync, StreamingMergesEachFragmentTauStepsLaterWithAlpha) {
   // Two fragments, H = 4, tau = 1, alpha = 0.5, outer lr 1, momentum 0: fragment 0 is sent after
   // step 2 and merged after step 3, when the local value has moved on by one more step.
   LowCommOptions o;
-  o.fragments = 2;
+  o.fragments = Contiguous(4, 2);
   o.inner_steps = 4;
   o.overlap = 1;
   o.alpha = 0.5f;
@@ -267,7 +268,7 @@ TEST(LowCommSync, StepOfExchangeFollowsTheSchedule) {
   EXPECT_EQ(dl.StepOfExchange(4), -1);  // past the end (a final exchange is not scheduled)
   EXPECT_EQ(dl.StepOfExchange(-1), -1);
   LowCommOptions st;
-  st.fragments = 2;
+  st.fragments = Contiguous(8, 2);
   st.inner_steps = 4;
   st.overlap = 1;
   st.total_steps = 9;
@@ -303,16 +304,15 @@ TEST(LowCommState, RoundTripsAndRefusesBadBytes) {
   EXPECT_EQ(DecodeLowCommState(bad, 3).status().code(), StatusCode::kCorruption);
   // A streaming site with an exchange in flight has no quiet state.
   LowCommOptions o;
-  o.fragments = 2;
+  o.fragments = Contiguous(4, 2);
   o.inner_steps = 4;
   o.overlap = 3;  // tau >= H / P: never quiet
   o.total_steps = 100;
   std::vector<float> p(4, 0.0f);
   LowCommSync s(
       o,
-      [](int64_t, std::span<float>, std::span<float>) -> StatusOr<ExchangeResult> {
-        return ExchangeResult{};
-      },
+      [](int64_t, std::span<float>, std::span<float>,
+         const SiteExchange::Digest&) -> StatusOr<ExchangeResult> { return ExchangeResult{}; },
       p.data(), p.size());
   for (int64_t c = 1; c <= 12; ++c) {
     ASSERT_TRUE(s.AfterStep(c, p.data()).ok());
@@ -320,89 +320,89 @@ TEST(LowCommState, RoundTripsAndRefusesBadBytes) {
   }
 }
 
-// An in-memory parameter server (the coordinator's semantics, world/ps.h).
-class MemoryServer : public ParameterServer {
- public:
-  StatusOr<int64_t> Init(std::span<const float> p, int64_t s) override {
-    std::lock_guard lock(mu_);
-    if (params_.empty()) {
-      params_.assign(p.begin(), p.end());
-      staleness_ = s;
-    }
-    return int64_t(0);
+// The final exchange of a run is a plain average: every site ends with the mean of the sites'
+// replicas (global - mean(global - local)), not one more outer Nesterov step (outer lr 0.7,
+// momentum 0.9 here would move the result far from it). Every exchange's digest, the hash of the
+// new global parameters, was the same on both sites.
+TEST(LowCommSync, TheFinalExchangeIsAPlainAverage) {
+  LowCommOptions o;
+  o.inner_steps = 2;
+  o.outer_lr = 0.7f;
+  o.outer_momentum = 0.9f;
+  o.total_steps = 5;
+  o.final_sync = true;  // 5 is not a multiple of H
+  TwoSiteAverage avg;
+  const size_t n = 7;
+  std::vector<std::vector<float>> params(2, std::vector<float>(n, 1.0f)), at4(2), at5(2);
+  std::vector<Status> st(2);
+  std::vector<std::thread> th;
+  for (int site = 0; site < 2; ++site)
+    th.emplace_back([&, site] {
+      auto& p = params[size_t(site)];
+      LowCommSync s(o, avg.For(site), p.data(), n);
+      for (int64_t c = 1; c <= 5; ++c) {
+        for (size_t i = 0; i < n; ++i) p[i] += float(site + 1) * 0.1f * float(i + c);
+        if (c == 5) at5[size_t(site)] = p;
+        if (Status e = s.AfterStep(c, p.data()); !e.ok()) {
+          st[size_t(site)] = e;
+          return;
+        }
+        if (c == 4) at4[size_t(site)] = p;  // after the outer step: the global parameters
+      }
+      st[size_t(site)] = s.Finish(p.data());
+    });
+  for (auto& t : th) t.join();
+  for (const auto& e : st) ASSERT_TRUE(e.ok()) << e.ToString();
+  ASSERT_EQ(at4[0], at4[1]);
+  for (size_t i = 0; i < n; ++i) {
+    const float g = at4[0][i];
+    const float mean_delta = ((g - at5[0][i]) + (g - at5[1][i])) * 0.5f;
+    EXPECT_EQ(params[0][i], g - mean_delta) << i;
+    EXPECT_EQ(params[1][i], params[0][i]) << i;
   }
-  StatusOr<int64_t> Pull(std::span<float> p) override {
-    std::lock_guard lock(mu_);
-    std::copy(params_.begin(), params_.end(), p.begin());
-    return version_;
+  const auto digests = avg.digests();
+  ASSERT_EQ(digests.size(), 3u);  // two outer steps and the final average
+  for (const auto& [round, d] : digests) {
+    EXPECT_EQ(d[0], d[1]) << "round " << round;
+    EXPECT_NE(d[0], 0u) << "round " << round;
   }
-  StatusOr<PsPushResult> Push(const PsUpdate& u) override {
-    std::lock_guard lock(mu_);
-    PsPushResult r;
-    r.update_id = next_id_++;
-    if (version_ - u.base_version <= staleness_) {
-      std::vector<float> d(params_.size());
-      ATOLL_RETURN_IF_ERROR(Decode(u.encoded, d));
-      ApplyUpdate(params_, d, u.weight);
-      r.accepted = true;
-      r.applied_version = ++version_;
-    }
-    r.current_version = version_;
-    log_.push_back(u);
-    return r;
-  }
-  std::vector<PsUpdate> log_;
-  std::vector<float> params_;
-  int64_t version_ = 0;
-
- private:
-  std::mutex mu_;
-  int64_t staleness_ = 0, next_id_ = 0;
-};
-
-TEST(AsyncClient, PushesProgressEveryHStepsAndPullsTheServersParameters) {
-  MemoryServer ps;
-  const size_t n = 4;
-  std::vector<float> p(n, 1.0f);
-  AsyncClient c({.site = 1, .sites = 2, .inner_steps = 3, .max_staleness = 0}, &ps, n);
-  ASSERT_TRUE(c.Start(p.data()).ok());
-  for (int64_t step = 1; step <= 7; ++step) {
-    for (float& x : p) x += 2.0f;  // progress of 2 per step
-    auto changed = c.AfterStep(step, p.data());
-    ASSERT_TRUE(changed.ok());
-    EXPECT_EQ(*changed, step % 3 == 0);
-    if (step == 3) {
-      EXPECT_FLOAT_EQ(p[0], 1.0f + 0.5f * 6.0f);  // weight 1 / sites
-    }
-  }
-  ASSERT_TRUE(c.Finish(7, p.data(), nullptr).ok());
-  ASSERT_EQ(ps.log_.size(), 3u);  // steps 1..3, 4..6, 7..7
-  EXPECT_EQ(ps.log_[0].first_step, 1);
-  EXPECT_EQ(ps.log_[0].last_step, 3);
-  EXPECT_EQ(ps.log_[1].base_version, 1);
-  EXPECT_EQ(ps.log_[2].first_step, 7);
-  EXPECT_EQ(ps.log_[2].last_step, 7);
-  EXPECT_FLOAT_EQ(p[0], 1.0f + 0.5f * (6 + 6 + 2));
-  EXPECT_EQ(c.pushes(), 3);
-  EXPECT_EQ(c.bytes_sent(), 3 * EncodedBytes(Codec::kNone, n));
 }
 
-TEST(AsyncClient, AStaleUpdateIsRefusedAndTheSiteGoesOnFromTheServer) {
-  MemoryServer ps;
-  const size_t n = 2;
-  std::vector<float> a(n, 0.0f), b(n, 0.0f);
-  AsyncClient ca({.site = 0, .sites = 2, .inner_steps = 1, .max_staleness = 0}, &ps, n);
-  AsyncClient cb({.site = 1, .sites = 2, .inner_steps = 1, .max_staleness = 0}, &ps, n);
-  ASSERT_TRUE(ca.Start(a.data()).ok());
-  ASSERT_TRUE(cb.Start(b.data()).ok());
-  a[0] += 2.0f;
-  ASSERT_TRUE(ca.AfterStep(1, a.data()).ok());  // applied: version 1
-  b[0] += 4.0f;
-  ASSERT_TRUE(cb.AfterStep(1, b.data()).ok());  // base 0, now 1 > 0 behind: refused
-  EXPECT_EQ(cb.refused(), 1);
-  EXPECT_EQ(ps.version_, 1);
-  EXPECT_EQ(b, ps.params_);  // b pulled the server's parameters
-  EXPECT_FLOAT_EQ(b[0], 1.0f);
+// Sites whose outer momentum differs by one ulp (another build's rounding, a flipped bit) must
+// not commit: with outer lr 0 and no progress the new global parameters are the same on both, so
+// only the momentum in the digest tells them apart. Both refuse (kCorruption) and neither
+// site's parameters change.
+TEST(LowCommSync, SitesWhoseMomentumDisagreesCommitNothing) {
+  LowCommOptions o;
+  o.inner_steps = 2;
+  o.outer_lr = 0.0f;
+  o.outer_momentum = 1.0f;
+  o.total_steps = 4;
+  TwoSiteAverage avg;
+  const size_t n = 5;
+  std::vector<std::vector<float>> params(2, std::vector<float>(n, 1.0f));
+  std::vector<Status> st(2);
+  std::vector<std::thread> th;
+  for (int site = 0; site < 2; ++site)
+    th.emplace_back([&, site] {
+      auto& p = params[size_t(site)];
+      LowCommSync s(o, avg.For(site), p.data(), n);
+      LowCommState state;
+      state.global = p;
+      state.momentum.assign(n, 0.5f);
+      if (site == 1) state.momentum[3] = std::nextafter(0.5f, 1.0f);
+      state.params = p;
+      s.Restore(state);
+      for (int64_t c = 1; c <= 2; ++c) {
+        st[size_t(site)] = s.AfterStep(c, p.data());
+        if (!st[size_t(site)].ok()) return;
+      }
+    });
+  for (auto& t : th) t.join();
+  for (int site = 0; site < 2; ++site) {
+    EXPECT_EQ(st[size_t(site)].code(), StatusCode::kCorruption) << st[size_t(site)].ToString();
+    EXPECT_EQ(params[size_t(site)], std::vector<float>(n, 1.0f)) << "site " << site;
+  }
 }
 
 }  // namespace

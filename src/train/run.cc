@@ -1,0 +1,348 @@
+// One rank's part of a training run (train/run.h): its state, the forward and backward passes of
+// a step, the gradient norm, resuming, checkpoints and validation.
+#include "train/run.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "core/hash.h"
+#include "core/log.h"
+#include "parallel/grad_norm.h"
+#include "parallel/pipeline.h"
+#include "train/evaluate.h"
+
+namespace atl {
+
+Status CheckData(const RunConfig& cfg, const TokenFile& train, const TokenFile& val) {
+  const int seq = cfg.model.seq_len;
+  if (train.size() <= size_t(seq))
+    return Status::InvalidArgument(
+        fmt::format("{}: {} tokens, fewer than one training window of model.seq_len + 1 = {}",
+                    train.path(), train.size(), seq + 1));
+  if (val.size() <= size_t(seq))
+    return Status::InvalidArgument(
+        fmt::format("{}: {} tokens, fewer than one validation window of model.seq_len + 1 = {}",
+                    val.path(), val.size(), seq + 1));
+  ATOLL_RETURN_IF_ERROR(CheckTokenRange(train.tokens(), cfg.model.vocab_size, train.path()));
+  ATOLL_RETURN_IF_ERROR(CheckTokenRange(val.tokens(), cfg.model.vocab_size, val.path()));
+  return Status::Ok();
+}
+
+ModelShard ShardOf(const RunConfig& cfg, int tp_rank, int stage) {
+  const LayerRange layers = StageLayers(cfg.model.n_layer, int(cfg.parallel.pp), stage);
+  return ModelShard{tp_rank, int(cfg.parallel.tp), layers.begin, layers.end};
+}
+
+AdamW::Hyper HyperOf(const TrainConfig& tc) {
+  return {.beta1 = tc.beta1, .beta2 = tc.beta2, .eps = tc.eps, .weight_decay = tc.weight_decay};
+}
+
+bool Zero(const Run& run) { return run.cfg.parallel.zero && run.reducer != nullptr; }
+
+void ThrowIfError(const Status& s) {
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+}
+
+namespace {
+
+// The optimizer moments in the shard's layout (ZeRO: gathered from the dp replicas; collective
+// over the dp group).
+Status LocalMoments(Run& run, std::vector<float>* m, std::vector<float>* v) {
+  const size_t n = run.model->num_params();
+  m->assign(n, 0.0f);
+  v->assign(n, 0.0f);
+  if (!Zero(run)) {
+    std::copy(run.optimizer->m(), run.optimizer->m() + n, m->begin());
+    std::copy(run.optimizer->v(), run.optimizer->v() + n, v->begin());
+    return Status::Ok();
+  }
+  ATOLL_RETURN_IF_ERROR(run.reducer->AllGather(m->data(), run.optimizer->m()));
+  return run.reducer->AllGather(v->data(), run.optimizer->v());
+}
+
+// The whole model's parameters (and moments) on world rank 0, assembled from every shard of
+// data-parallel replica 0. Collective over the world; other ranks' outputs are left empty.
+Status GatherWhole(Run& run, bool with_moments, std::vector<float>* params, std::vector<float>* m,
+                   std::vector<float>* v) {
+  const Mesh& mesh = run.mesh;
+  const GPTConfig& mc = run.cfg.model;
+  std::vector<float> local_m, local_v;
+  if (with_moments) ATOLL_RETURN_IF_ERROR(LocalMoments(run, &local_m, &local_v));
+  const size_t n = run.model->num_params();
+  const float* local[3] = {run.model->params(), local_m.data(), local_v.data()};
+  const int parts = with_moments ? 3 : 1;
+  if (mesh.rank() != 0) {
+    if (mesh.dp_rank() == 0)
+      for (int i = 0; i < parts; ++i)
+        ATOLL_RETURN_IF_ERROR(mesh.world()->Send(std::span<const float>(local[i], n), 0, 100 + i));
+    return Status::Ok();
+  }
+  std::vector<float>* whole[3] = {params, m, v};
+  for (int i = 0; i < parts; ++i) whole[i]->assign(NumParameters(mc), 0.0f);
+  for (int stage = 0; stage < mesh.pp(); ++stage) {
+    for (int t = 0; t < mesh.tp(); ++t) {
+      const ModelShard shard = ShardOf(run.cfg, t, stage);
+      const int from = mesh.RankOf(0, t, stage);
+      const auto layout = ShardLayout(mc, shard);
+      const size_t count = layout.back().offset + layout.back().numel;
+      std::vector<float> buf;
+      for (int i = 0; i < parts; ++i) {
+        const float* src = local[i];
+        if (from != 0) {
+          buf.resize(count);
+          ATOLL_RETURN_IF_ERROR(mesh.world()->Recv(std::span<float>(buf), from, 100 + i));
+          src = buf.data();
+        }
+        CopyShard(mc, shard, whole[i]->data(), const_cast<float*>(src), /*to_shard=*/false);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ResumeRun(const Checkpoint& ck, const std::string& path, Run& run) {
+  {
+    RunConfig ck_cfg = ck.config, run_cfg = run.cfg;
+    const auto ck_keys = ConfigKeys(ck_cfg), run_keys = ConfigKeys(run_cfg);
+    for (size_t i = 0; i < ck_keys.size(); ++i) {
+      if (ck_keys[i].section != "model") continue;
+      const int a = *std::get<int*>(ck_keys[i].value), b = *std::get<int*>(run_keys[i].value);
+      if (a != b)
+        return Status::InvalidArgument(
+            fmt::format("--resume {}: {} is {} in the checkpoint but {} in the config", path,
+                        ck_keys[i].path(), a, b));
+    }
+  }
+  if (ck.exp_avg.size() != NumParameters(run.cfg.model))
+    return Status::InvalidArgument(fmt::format("--resume {}: loaded without the optimizer", path));
+  if (ck.cursor.train_checksum != run.train_tokens.checksum() ||
+      ck.cursor.val_checksum != run.val_tokens.checksum())
+    return Status::InvalidArgument(fmt::format(
+        "--resume {}: the data changed since the checkpoint (train.bin/val.bin checksums "
+        "{}/{} in its manifest, {}/{} in {}): resuming would not continue the same run",
+        path, HashToHex(ck.cursor.train_checksum), HashToHex(ck.cursor.val_checksum),
+        HashToHex(run.train_tokens.checksum()), HashToHex(run.val_tokens.checksum()),
+        run.cfg.data.dir));
+  if (ck.cursor.next_step > run.cfg.train.steps)
+    return Status::InvalidArgument(
+        fmt::format("--resume {}: the checkpoint is at step {}, past train.steps = {}", path,
+                    ck.cursor.next_step, run.cfg.train.steps));
+  // The checkpoint holds the whole model whatever layout wrote it: take this rank's part.
+  const GPTConfig& mc = run.cfg.model;
+  const ModelShard& shard = run.model->shard();
+  const size_t n = run.model->num_params();
+  std::vector<float> whole(ck.params.begin(), ck.params.end());
+  CopyShard(mc, shard, whole.data(), run.model->params(), true);
+  std::vector<float> m(n), v(n);
+  whole.assign(ck.exp_avg.begin(), ck.exp_avg.end());
+  CopyShard(mc, shard, whole.data(), m.data(), true);
+  whole.assign(ck.exp_avg_sq.begin(), ck.exp_avg_sq.end());
+  CopyShard(mc, shard, whole.data(), v.data(), true);
+  if (Zero(run)) {
+    for (const auto& o : run.reducer->owned()) {
+      std::copy_n(m.data() + o.local_begin, o.length, run.optimizer->m() + o.shard_begin);
+      std::copy_n(v.data() + o.local_begin, o.length, run.optimizer->v() + o.shard_begin);
+    }
+  } else {
+    std::copy(m.begin(), m.end(), run.optimizer->m());
+    std::copy(v.begin(), v.end(), run.optimizer->v());
+  }
+  run.optimizer->set_step_count(ck.optimizer_steps);
+  // Keys that change the run's trajectory: resuming with them changed is allowed, but the result
+  // is no longer the run the checkpoint came from.
+  const TrainConfig &a = ck.config.train, &b = run.cfg.train;
+  if (run.mesh.rank() == 0 &&
+      (a.seed != b.seed || a.batch_size != b.batch_size || a.lr != b.lr || a.min_lr != b.min_lr ||
+       a.warmup_steps != b.warmup_steps || a.steps != b.steps || a.weight_decay != b.weight_decay ||
+       a.beta1 != b.beta1 || a.beta2 != b.beta2 || a.eps != b.eps || a.grad_clip != b.grad_clip))
+    LogWarning(
+        "--resume {}: [train] differs from the checkpoint's; the continuation is not the "
+        "run the checkpoint came from",
+        path);
+  return Status::Ok();
+}
+
+StatusOr<double> SquaredGradNorm(Run& run) {
+  const Mesh& mesh = run.mesh;
+  const bool exact = run.cfg.parallel.reproducible;
+  ExactSquareSum sum_exact;
+  double sum = 0.0;
+  auto add = [&](const float* g, size_t count) {
+    if (exact)
+      sum_exact.Add(g, count);
+    else
+      sum += GradSquaredSum(g, count);
+  };
+  if (Zero(run)) {
+    std::vector<std::pair<size_t, size_t>> owned;
+    for (const auto& o : run.reducer->owned())
+      owned.emplace_back(o.local_begin, o.local_begin + o.length);
+    const float* g = run.reducer->shard_grads();
+    size_t oi = 0;
+    for (const auto& [b, e] : IntersectRanges(run.norm_ranges, owned)) {
+      while (run.reducer->owned()[oi].local_begin + run.reducer->owned()[oi].length <= b) ++oi;
+      const auto& o = run.reducer->owned()[oi];
+      add(g + o.shard_begin + (b - o.local_begin), e - b);
+    }
+  } else if (mesh.dp_rank() == 0) {
+    for (const auto& [b, e] : run.norm_ranges) add(run.model->grads() + b, e - b);
+  }
+  Communicator* world = mesh.world();
+  if (exact) {
+    std::vector<int64_t> parts = sum_exact.parts();
+    if (world != nullptr && world->size() > 1)
+      ATOLL_RETURN_IF_ERROR(world->AllReduce(std::span<int64_t>(parts)));
+    return ExactSquareSum::Value(parts, world != nullptr ? world->size() : 1);
+  }
+  if (world != nullptr && world->size() > 1)
+    ATOLL_RETURN_IF_ERROR(world->AllReduce(std::span<double>(&sum, 1)));
+  return sum;
+}
+
+Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
+  const RunConfig& cfg = run.cfg;
+  const Mesh& mesh = run.mesh;
+  GPT<float>& model = *run.model;
+  const int seq = cfg.model.seq_len, C = cfg.model.n_embd;
+  const int micro = int(cfg.train.micro_batch_size);
+  const size_t acts = size_t(micro) * seq * C;
+  const bool first = mesh.first_stage(), last = mesh.last_stage();
+  const bool reproducible = cfg.parallel.reproducible;
+  Communicator* pp = mesh.pp_group();
+  const int stage = mesh.pp_rank();
+  GradientReducer* reducer = run.reducer.get();
+
+  model.ZeroGrad();
+  if (reducer != nullptr) {
+    if (reproducible)
+      reducer->BeginFixedPoint();
+    else
+      reducer->Begin();
+  }
+  std::vector<int32_t> inputs(size_t(micro) * seq), targets(size_t(micro) * seq);
+  std::vector<float> recv(pp != nullptr ? acts : 0);
+  const int slots = SlotsUsed(run.schedule);
+  std::vector<CommHandle> fwd_sends(static_cast<size_t>(slots)),
+      bwd_sends(static_cast<size_t>(slots));
+  std::vector<std::vector<float>> bwd_bufs(pp != nullptr && !first ? static_cast<size_t>(slots)
+                                                                   : 0);
+  size_t last_backward = 0;
+  for (size_t i = 0; i < run.schedule.size(); ++i)
+    if (run.schedule[i].kind == PipeOp::kBackward) last_backward = i;
+
+  for (size_t i = 0; i < run.schedule.size(); ++i) {
+    const PipeOp& op = run.schedule[i];
+    const int64_t j = run.first_micro + op.micro;  // the micro-batch's index in the whole batch
+    const int tag = 2 * op.micro;
+    if (op.kind == PipeOp::kForward) {
+      if (first || last) {
+        for (int w = 0; w < micro; ++w) {
+          const uint64_t position = uint64_t(j) * uint64_t(micro) + uint64_t(w);
+          run.train.Window(uint64_t(s), position, inputs.data() + size_t(w) * seq,
+                           targets.data() + size_t(w) * seq);
+        }
+      }
+      if (!first) ATOLL_RETURN_IF_ERROR(pp->Recv(std::span<float>(recv), stage - 1, tag));
+      ATOLL_RETURN_IF_ERROR(fwd_sends[size_t(op.slot)].Wait());  // the slot's previous output
+      const float loss = model.ForwardStage(op.slot, inputs.data(), recv.data(),
+                                            last ? targets.data() : nullptr, micro, seq);
+      if (last) (*local_losses)[size_t(op.micro)] = double(loss);
+      if (!last)
+        fwd_sends[size_t(op.slot)] =
+            pp->ISend(std::span<const float>(model.stage_output(op.slot), acts), stage + 1, tag);
+      continue;
+    }
+    if (!last) ATOLL_RETURN_IF_ERROR(pp->Recv(std::span<float>(recv), stage + 1, tag + 1));
+    // With a reducer, the last backward starts each bucket's reduction as its blocks complete.
+    // Reproducible mode: every micro-batch's gradient alone (Add zeroes the buffer after
+    // accumulating it in fixed point; the hook does the same per bucket for the last one).
+    const bool hooked = reducer != nullptr && i == last_backward && cfg.parallel.overlap;
+    if (hooked) model.set_backward_hook(reducer->Hook(model.grads()));
+    model.BackwardStage(op.slot, recv.data(), run.loss_scale);
+    if (hooked) model.set_backward_hook(nullptr);
+    if (!first) {
+      std::vector<float>& buf = bwd_bufs[size_t(op.slot)];
+      ATOLL_RETURN_IF_ERROR(bwd_sends[size_t(op.slot)].Wait());
+      buf.assign(model.input_grad(), model.input_grad() + acts);
+      bwd_sends[size_t(op.slot)] = pp->ISend(std::span<const float>(buf), stage - 1, tag + 1);
+    }
+    if (reproducible && i != last_backward) ATOLL_RETURN_IF_ERROR(reducer->Add(model.grads()));
+  }
+  for (CommHandle& h : fwd_sends) ATOLL_RETURN_IF_ERROR(h.Wait());
+  for (CommHandle& h : bwd_sends) ATOLL_RETURN_IF_ERROR(h.Wait());
+
+  // The tied wte: the first stage's embedding gradient plus the last stage's head gradient, on
+  // both (before the data-parallel reduction, whose last bucket holds wte; in the reproducible
+  // mode the fixed-point reduction comes first).
+  const size_t wte = model.layout().front().numel;  // this rank's vocabulary share of wte
+  Communicator* embed = mesh.embed_group();
+  if (embed != nullptr && !reproducible)
+    ATOLL_RETURN_IF_ERROR(embed->AllReduce(std::span<float>(model.grads(), wte)));
+  if (reducer != nullptr) {
+    ATOLL_RETURN_IF_ERROR(reducer->Finish(model.grads()));
+    run.comm_wait_s += reducer->last_wait_s();
+  }
+  if (embed != nullptr && reproducible)
+    ATOLL_RETURN_IF_ERROR(embed->AllReduce(std::span<float>(model.grads(), wte)));
+  return Status::Ok();
+}
+
+namespace {
+
+CheckpointSource Source(const RunConfig& cfg, const Run& run, int64_t completed,
+                        const float* params, const float* m, const float* v) {
+  CheckpointSource src;
+  src.config = &cfg;
+  src.cursor.next_step = completed;
+  src.cursor.tokens_seen =
+      uint64_t(completed) * uint64_t(cfg.train.batch_size) * uint64_t(cfg.model.seq_len);
+  src.cursor.train_checksum = run.train_tokens.checksum();
+  src.cursor.val_checksum = run.val_tokens.checksum();
+  src.cursor.train_tokens = run.train_tokens.size();
+  src.cursor.val_tokens = run.val_tokens.size();
+  src.optimizer_steps = run.optimizer->step_count();
+  src.params = params;
+  src.exp_avg = m;
+  src.exp_avg_sq = v;
+  return src;
+}
+
+}  // namespace
+
+Status SaveCheckpoint(Run& run, const std::string& dir, int64_t completed) {
+  if (run.model->shard().whole(run.cfg.model) && !Zero(run)) {
+    if (run.mesh.rank() != 0) return Status::Ok();
+    return WriteCheckpoint(dir, Source(run.cfg, run, completed, run.model->params(),
+                                       run.optimizer->m(), run.optimizer->v()));
+  }
+  std::vector<float> params, m, v;
+  ATOLL_RETURN_IF_ERROR(GatherWhole(run, /*with_moments=*/true, &params, &m, &v));
+  if (run.mesh.rank() != 0) return Status::Ok();
+  return WriteCheckpoint(dir, Source(run.cfg, run, completed, params.data(), m.data(), v.data()));
+}
+
+StatusOr<double> Validate(Run& run) {
+  const int micro = int(run.cfg.train.micro_batch_size);
+  GPT<float>* model = run.model.get();
+  if (!model->shard().whole(run.cfg.model)) {
+    std::vector<float> params, unused_m, unused_v;
+    ATOLL_RETURN_IF_ERROR(GatherWhole(run, /*with_moments=*/false, &params, &unused_m, &unused_v));
+    if (run.mesh.rank() != 0) return std::nan("");
+    if (run.eval_model == nullptr)
+      run.eval_model = std::make_unique<GPT<float>>(run.cfg.model, micro);
+    std::copy(params.begin(), params.end(), run.eval_model->params());
+    model = run.eval_model.get();
+  }
+  if (run.mesh.rank() != 0) return std::nan("");
+  return EvalLoss(*model, run.val, run.num_val_windows, micro, /*with_grads=*/false);
+}
+
+}  // namespace atl

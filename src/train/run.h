@@ -1,0 +1,85 @@
+// One rank's part of a training run (`atoll train`, train/trainer.h): what the rank holds (its
+// model shard, optimizer, gradient reducer, data samplers, mesh) and the work the step loop asks
+// of it: the forward and backward passes of a step over the rank's micro-batches in its pipeline
+// schedule with the gradient reduction, the global gradient norm, resuming from a checkpoint,
+// writing one, and validation. Collective over the run's mesh where the comments say so.
+//
+// Thread-safety: a Run belongs to one thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+#include "data/dataset.h"
+#include "model/gpt.h"
+#include "parallel/data_parallel.h"
+#include "parallel/mesh.h"
+#include "parallel/pipeline.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/optimizer.h"
+
+namespace atl {
+
+// Everything a running training loop holds on one rank of the mesh.
+struct Run {
+  Run(const RunConfig& c, TokenFile train_file, TokenFile val_file, Mesh m)
+      : cfg(c),
+        train_tokens(std::move(train_file)),
+        val_tokens(std::move(val_file)),
+        train(train_tokens.tokens(), uint64_t(c.train.seed), c.model.seq_len),
+        val(val_tokens.tokens(), uint64_t(c.train.seed), c.model.seq_len),
+        mesh(std::move(m)) {}
+
+  const RunConfig& cfg;
+  TokenFile train_tokens, val_tokens;
+  Sampler train, val;  // their spans point into the mappings above
+  Mesh mesh;
+  int64_t accum = 1;        // micro-batches per step over the whole batch
+  int64_t local_accum = 1;  // ... of this data-parallel replica
+  int64_t first_micro = 0;  // its first micro-batch
+  std::vector<PipeOp> schedule;
+  std::unique_ptr<GPT<float>> model;  // this rank's shard
+  std::unique_ptr<GradientReducer> reducer;
+  std::unique_ptr<AdamW> optimizer;
+  std::vector<std::pair<size_t, size_t>> norm_ranges;  // NormRanges of the shard
+  std::unique_ptr<GPT<float>> eval_model;              // rank 0, when the shard is not whole
+  size_t num_val_windows = 0;
+  double comm_wait_s = 0;   // in GradientReducer::Finish: communication not hidden by backward
+  int sites = 1, site = 0;  // several sites: this site's replicas follow the other sites'
+  float loss_scale = 1;     // backward's: 1 / the micro-batches whose mean loss is the objective
+};
+
+// ZeRO-1: the optimizer state is sharded over the data-parallel replicas.
+bool Zero(const Run& run);
+// Throws the status of a failed tensor-parallel all-reduce out of the model's forward/backward.
+void ThrowIfError(const Status& s);
+
+// The data fits the model: a training and a validation window, token ids below the vocabulary.
+Status CheckData(const RunConfig& cfg, const TokenFile& train, const TokenFile& val);
+ModelShard ShardOf(const RunConfig& cfg, int tp_rank, int stage);
+AdamW::Hyper HyperOf(const TrainConfig& tc);
+
+// Takes this rank's part of the checkpoint's parameters and optimizer state (any layout wrote
+// it); refuses another model, other data, or a step past train.steps (kInvalidArgument).
+Status ResumeRun(const Checkpoint& ck, const std::string& path, Run& run);
+// One optimizer step's forward and backward passes over this replica's micro-batches, in the
+// stage's pipeline schedule, and the gradient reduction inside the site. Fills the losses of
+// this replica's micro-batches (last stage).
+Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses);
+// The squared global gradient norm: every element of the whole model once (NormRanges), of the
+// reduced gradients (data-parallel replica 0's copy, or with ZeRO each replica's owned pieces),
+// summed over the world. Reproducible mode sums in integers (ExactSquareSum), so the value does
+// not depend on the layout; the normal mode in double.
+StatusOr<double> SquaredGradNorm(Run& run);
+// Writes a checkpoint of the whole model (collective: every rank takes part in the gather; rank
+// 0 writes).
+Status SaveCheckpoint(Run& run, const std::string& dir, int64_t completed);
+// The validation loss on rank 0 (collective when the model is sharded); NaN elsewhere.
+StatusOr<double> Validate(Run& run);
+
+}  // namespace atl

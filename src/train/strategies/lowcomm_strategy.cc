@@ -1,0 +1,170 @@
+// world.strategy = "diloco" / "streaming" in the training loop: LowCommSync
+// (train/strategies/lowcomm.h) on the site's leader after every optimizer step, the merged
+// fragments broadcast to the site's other ranks, the quiet-point states published for rejoins,
+// and the take-over by a process that replaces a lost site.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <thread>
+
+#include "core/log.h"
+#include "train/strategies/lowcomm.h"
+#include "train/strategies/world_strategy.h"
+#include "world/codec.h"
+
+namespace atl {
+
+namespace {
+
+// A rejoining site's leader: reserves its place at exchange J = (the latest one a live site has
+// begun) + 2, so the others wait for it there and not before, then waits for the state that
+// leads into J (published when exchange J - 1 is merged), which it fetches. The others wait at J
+// about as long as the fetch takes: the newcomer trains its H steps beside theirs. When they
+// began J meanwhile (a race), it tries again with a later J.
+StatusOr<LowCommState> TakeOver(const WorldHooks& w, const LowCommSync& sync, size_t n) {
+  if (!w.fetch || !w.join || !w.current_round)
+    return Status::InvalidArgument("rejoin: no way to fetch the state or to join the world");
+  const std::string who = fmt::format("site {}: rejoin", w.site);
+  const double deadline = NowSeconds() + w.rejoin_timeout_s;
+  int64_t J = -1;
+  for (;;) {
+    ATOLL_ASSIGN_OR_RETURN(const int64_t begun, w.current_round());
+    J = std::max<int64_t>(begun, -1) + 2;
+    if (sync.StepOfExchange(J) < 0)
+      return Status::Unavailable(fmt::format(
+          "{}: too close to the end of the run: exchange round {} would be past the last step", who,
+          J));
+    Status joined = w.join(kRoundsPerExchange * J);
+    if (joined.ok()) break;
+    if (joined.code() != StatusCode::kNotFound || NowSeconds() >= deadline)
+      return joined.WithContext(who);
+    LogInfo("{}: too late for exchange round {} ({}); trying the next", who, J, joined.message());
+  }
+  LogInfo("{}: registered for exchange round {} (after step {}); waiting for its state", who, J,
+          sync.StepOfExchange(J));
+  // States are published under their exchange round: ask for J's alone (nothing is sent until
+  // a live site has it).
+  for (;;) {
+    StatusOr<std::pair<uint64_t, std::string>> got = w.fetch(uint64_t(J));
+    if (!got.ok()) {
+      if (got.status().code() != StatusCode::kNotFound || NowSeconds() >= deadline)
+        return got.status().WithContext(who + ": fetching the state");
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    ATOLL_ASSIGN_OR_RETURN(LowCommState st, DecodeLowCommState(got->second, n));
+    if (st.rounds != J || got->first != uint64_t(J))
+      return Status::Internal(fmt::format(
+          "{}: a live site's state is for exchange round {}, not round {} it should wait at", who,
+          st.rounds, J));
+    LogInfo("{}: took over at step {} ({:.1f} MB of state fetched); joining at exchange round {}",
+            who, st.completed, double(got->second.size()) / 1e6, J);
+    return st;
+  }
+}
+
+class LowCommStrategy final : public WorldStrategy {
+ public:
+  LowCommStrategy(const StrategyContext& c, LowCommOptions options)
+      : c_(c), options_(std::move(options)) {}
+
+  StatusOr<int64_t> Start(int64_t start, float* params) override {
+    const WorldHooks& w = *c_.world;
+    auto average = w.average;  // the leader's; the other ranks only follow the schedule
+    sync_ = std::make_unique<LowCommSync>(options_, std::move(average), params, c_.n_params);
+    if (!w.rejoin) return start;
+    // Where the leader goes on from, and its parameters, to the site's other ranks.
+    double at = 0;
+    if (c_.leader) {
+      ATOLL_ASSIGN_OR_RETURN(const LowCommState st, TakeOver(w, *sync_, c_.n_params));
+      sync_->Restore(st);
+      std::copy(st.params.begin(), st.params.end(), params);
+      at = double(st.completed);
+    }
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<double>(&at, 1)));
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params, c_.n_params)));
+    return int64_t(at);
+  }
+
+  Status AfterBackward(int64_t, std::span<float>, std::span<double>) override {
+    return Status::Ok();  // gradients stay in the site
+  }
+
+  Status AfterStep(int64_t completed, float* params, bool last) override {
+    const WorldHooks& w = *c_.world;
+    if (c_.leader) {
+      ATOLL_RETURN_IF_ERROR(sync_->AfterStep(completed, params));
+      if (w.publish)
+        if (auto state = sync_->QuietState(completed, params))
+          w.publish(uint64_t(sync_->rounds()), std::move(state));
+    }
+    for (int f : sync_->Merges(completed))
+      for (const Range& r : sync_->fragments()[size_t(f)].ranges)
+        ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params + r.begin, r.size())));
+    wait_s_ = sync_->last_wait_s();
+    if (last) {
+      if (c_.leader) ATOLL_RETURN_IF_ERROR(sync_->Finish(params));
+      ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params, c_.n_params)));
+      wait_s_ += sync_->last_wait_s();
+    }
+    return Status::Ok();
+  }
+
+  void Fill(StepMetrics* m) const override {
+    m->site = c_.world->site;
+    m->wan_ms = wait_s_ * 1e3;
+    m->wan_bytes_sent = c_.world->wan_bytes ? c_.world->wan_bytes() : sync_->bytes_sent();
+    m->sync_bytes_sent = SyncBytesByStep(*c_.cfg, m->step);
+    m->outer_rounds = sync_->exchanges();
+  }
+
+  std::string Summary() const override {
+    if (!c_.leader) return "";
+    return fmt::format("site {}: {} exchanges ({}), {:.1f} MB sent over the WAN", c_.world->site,
+                       sync_->exchanges(), c_.cfg->world.strategy,
+                       double(sync_->bytes_sent()) / 1e6);
+  }
+  bool whole_batch() const override { return false; }
+
+ private:
+  const StrategyContext c_;
+  const LowCommOptions options_;
+  std::unique_ptr<LowCommSync> sync_;
+  double wait_s_ = 0;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<WorldStrategy>> MakeLowCommStrategy(const StrategyContext& c) {
+  const RunConfig& cfg = *c.cfg;
+  const WorldConfig& w = cfg.world;
+  if (c.resumed)
+    return Status::InvalidArgument(fmt::format(
+        "--resume: world.strategy = \"{}\" keeps state across sites (outer momentum, the global "
+        "parameters) that checkpoints do not hold yet; resume is for sync runs",
+        w.strategy));
+  if (c.leader && !c.world->average)
+    return Status::InvalidArgument(
+        fmt::format("world.strategy = \"{}\" needs the exchange among the sites", w.strategy));
+  // Fragments are cut from the whole model's layout: a rank holding a shard of it (tp or pp > 1,
+  // refused with several sites by the config check) would be written out of bounds.
+  if (c.n_params != size_t(NumParameters(cfg.model)))
+    return Status::InvalidArgument(fmt::format(
+        "world.strategy = \"{}\" needs every rank to hold the whole model ({} parameters, this "
+        "rank {}): parallel.tp = parallel.pp = 1",
+        w.strategy, NumParameters(cfg.model), c.n_params));
+  const bool streaming = w.strategy == "streaming";
+  LowCommOptions lo;
+  lo.fragments = streaming ? StreamingFragments(cfg.model, int(w.streaming.fragments))
+                           : WholeBuffer(c.n_params);
+  lo.inner_steps = w.diloco.inner_steps;
+  lo.overlap = streaming ? w.streaming.overlap_steps : 0;
+  lo.alpha = streaming ? float(w.streaming.alpha) : 0.0f;
+  lo.outer_lr = float(w.diloco.outer_lr);
+  lo.outer_momentum = float(w.diloco.outer_momentum);
+  lo.total_steps = cfg.train.steps;
+  lo.final_sync = streaming || cfg.train.steps % w.diloco.inner_steps != 0;
+  return std::unique_ptr<WorldStrategy>(std::make_unique<LowCommStrategy>(c, std::move(lo)));
+}
+
+}  // namespace atl

@@ -1,0 +1,80 @@
+// world.strategy = "sync": every step, the sites' gradients are summed over the WAN (after the
+// coordinator's round for the step), so the sites' replicas are data-parallel replicas of one
+// model and the loss curve is the single-site one up to float rounding. Hierarchical: the site's
+// ranks have summed their gradients already; the leader all-reduces the site's sum with the
+// other leaders (a ring over the WAN, world/wan.h), then broadcasts it to the site's ranks.
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "train/strategies/world_strategy.h"
+
+namespace atl {
+
+namespace {
+
+class SyncStrategy final : public WorldStrategy {
+ public:
+  explicit SyncStrategy(const StrategyContext& c) : c_(c) {}
+
+  StatusOr<int64_t> Start(int64_t start, float*) override { return start; }
+
+  Status AfterBackward(int64_t step, std::span<float> grads, std::span<double> losses) override {
+    // The coordinator's round: every live site has reached this step.
+    if (c_.leader && c_.world->round)
+      ATOLL_RETURN_IF_ERROR(c_.world->round(step).WithContext(fmt::format("step {}", step + 1)));
+    wan_s_ = 0;
+    ATOLL_RETURN_IF_ERROR(WorldSum(grads));
+    ATOLL_RETURN_IF_ERROR(WorldSum(losses));
+    ++steps_;
+    return Status::Ok();
+  }
+
+  Status AfterStep(int64_t, float*, bool) override { return Status::Ok(); }
+
+  void Fill(StepMetrics* m) const override {
+    m->site = c_.world->site;
+    m->wan_ms = wan_s_ * 1e3;
+    if (c_.world->wan_bytes) m->wan_bytes_sent = c_.world->wan_bytes();
+  }
+
+  std::string Summary() const override {
+    if (!c_.leader || steps_ == 0) return "";
+    return fmt::format("site {}: {:.1f} ms per step in the WAN all-reduce across {} sites",
+                       c_.world->site, total_s_ * 1e3 / double(steps_), c_.cfg->world.sites);
+  }
+  bool whole_batch() const override { return true; }
+
+ private:
+  // The leader sums the site's (already site-reduced) vector with the other sites' over the
+  // WAN, then every rank of the site takes the leader's result.
+  template <class T>
+  Status WorldSum(std::span<T> data) {
+    if (c_.leader) {
+      const double t0 = NowSeconds();
+      ATOLL_RETURN_IF_ERROR(
+          c_.world->wan->AllReduce(data).WithContext("the WAN all-reduce across sites"));
+      wan_s_ += NowSeconds() - t0;
+      total_s_ += NowSeconds() - t0;
+    }
+    return ShareInSite(c_, data);
+  }
+
+  const StrategyContext c_;
+  double wan_s_ = 0;    // this step's time in WAN all-reduces
+  double total_s_ = 0;  // ... and the run's
+  int64_t steps_ = 0;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<WorldStrategy>> MakeSyncStrategy(const StrategyContext& c) {
+  if (c.world->rejoin)
+    return Status::InvalidArgument(
+        "--rejoin: world.strategy = \"sync\": only diloco, streaming and async runs can be "
+        "rejoined");
+  if (c.leader && c.world->wan == nullptr)
+    return Status::InvalidArgument("world.sites > 1 needs the WAN among the site leaders");
+  return std::unique_ptr<WorldStrategy>(std::make_unique<SyncStrategy>(c));
+}
+
+}  // namespace atl

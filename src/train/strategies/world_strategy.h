@@ -1,0 +1,130 @@
+// How the sites of a world agree, as the training loop (train/trainer.cc) sees it: one interface
+// with an implementation per world.strategy, so the loop is the step loop and nothing else, and
+// new ways to agree (a corruption guard, elastic sync) plug in without another branch there.
+//
+//   sync        sync_strategy.cc      the world sum of the gradients after backward, every step
+//   diloco,     lowcomm_strategy.cc   train/strategies/lowcomm.h after the optimizer step;
+//   streaming                         rejoins (a lost site's new process takes a live site's state)
+//   async       async_strategy.cc     train/strategies/async_client.h after the optimizer step
+//   (one site)  world_strategy.cc     nothing to agree on
+//
+// One object per rank. The site's leader (rank 0 of the site's Communicator) does the WAN work
+// through WorldHooks (supplied by `atoll train`, or by tests and `atoll replay`); the site's other
+// ranks follow the same schedule and take what changed by broadcast inside the site.
+//
+// The loop calls, on every rank:
+//   Start(start)         once, before the first step: returns the step to train from (a process
+//                        that takes a lost site over starts where it took over), having set the
+//                        parameters where the strategy decides them (async's first pull, a
+//                        rejoin's state);
+//   AfterBackward(...)   after the site's gradients are reduced: sync sums gradients and losses
+//                        over the sites (after the coordinator's round for the step);
+//   AfterStep(...)       after the optimizer step: exchanges, merges, pushes and pulls; on the last
+//                        step also the end (the final exchange, async's barrier and last pull);
+//   Fill(&metrics)       the step's WAN fields;
+//   Summary()            a line for the log at the end ("" for none).
+//
+// Thread-safety: one thread calls each object.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+#include "train/config.h"
+#include "train/metrics.h"
+#include "world/exchange.h"
+#include "world/ps.h"
+
+namespace atl {
+
+// What the strategies reach the world through, on the site's leader (empty for one site).
+struct WorldHooks {
+  int site = 0;  // this site's index
+  // sync: the WAN Communicator among the sites' leaders (rank = site), the coordinator's round
+  // barrier (called with the step before its WAN all-reduce; may be empty) and the bytes the
+  // leader has sent over the WAN (for metrics; may be empty).
+  Communicator* wan = nullptr;
+  std::function<Status(int64_t round)> round;
+  std::function<uint64_t()> wan_bytes;
+  // diloco, streaming: the average over the live sites (SiteExchange::Average, world/exchange.h).
+  std::function<StatusOr<ExchangeResult>(int64_t round, std::span<float> data,
+                                         std::span<float> residual,
+                                         const SiteExchange::Digest& digest)>
+      average;
+  // Rejoins. diloco, streaming (train/strategies/lowcomm.h LowCommState): publish is called at
+  // every quiet point with the state a lost site's new process can take over (index: the next
+  // exchange's round; WanEndpoint::Publish). With rejoin, this process takes over a site that was
+  // lost: current_round() is the latest exchange round a live site has begun (-1: none); join(r)
+  // registers this process for the world from coordinator round r on (kNotFound: too late, a
+  // live site has reached r; exchange round J begins at coordinator round 16 J); fetch(min)
+  // returns a live site's state with index >= min (kNotFound while there is none). The process
+  // joins at J = current + 2, waits for the state that leads into J (polling fetch, up to
+  // rejoin_timeout_s in all) and trains from its step. async: join(train.steps) (the barrier at
+  // the end is async's only round), then the parameter server's Init tells the step after which
+  // the site goes on, and Pull the parameters.
+  std::function<void(uint64_t index, std::shared_ptr<const std::string> state)> publish;
+  bool rejoin = false;
+  std::function<StatusOr<int64_t>()> current_round;
+  std::function<Status(int64_t coordinator_round)> join;
+  std::function<StatusOr<std::pair<uint64_t, std::string>>(uint64_t min_index)> fetch;
+  double rejoin_timeout_s = 600;
+  // async: the parameter server, and the barrier at the end (returns when every live site has
+  // made its last push; may be empty).
+  ParameterServer* ps = nullptr;
+  std::function<Status()> finish_barrier;
+};
+
+// Where a strategy runs: the run's config, the world, the site's ranks.
+struct StrategyContext {
+  const RunConfig* cfg = nullptr;
+  const WorldHooks* world = nullptr;
+  Communicator* site_comm = nullptr;  // the site's ranks (null or size 1: one rank)
+  bool leader = true;                 // rank 0 of the site
+  size_t n_params = 0;                // this rank's parameters (the whole model: tp = pp = 1)
+  bool resumed = false;               // the run continues from a checkpoint
+};
+
+class WorldStrategy {
+ public:
+  virtual ~WorldStrategy() = default;
+  // The step to train from, given the loop's (0, or a resumed checkpoint's); may set params.
+  virtual StatusOr<int64_t> Start(int64_t start, float* params) = 0;
+  // Step `step` (0-based): the site's reduced gradients (n_params) and every micro-batch's loss
+  // of the whole batch (the site's own filled in, the others' zero).
+  virtual Status AfterBackward(int64_t step, std::span<float> grads, std::span<double> losses) = 0;
+  // After the optimizer step that completed step `completed`; `last`: the run's last step.
+  virtual Status AfterStep(int64_t completed, float* params, bool last) = 0;
+  virtual void Fill(StepMetrics* m) const = 0;
+  virtual std::string Summary() const = 0;
+  // true: the objective is the mean loss over the whole batch (sync: gradients are summed over
+  // the sites); false: over the site's share of it (the sites train apart between exchanges).
+  virtual bool whole_batch() const = 0;
+};
+
+// The strategy of cfg.world (one site: none). Bad or missing hooks: kInvalidArgument.
+StatusOr<std::unique_ptr<WorldStrategy>> MakeWorldStrategy(const StrategyContext& context);
+
+// The implementations (world_strategy.cc picks one).
+StatusOr<std::unique_ptr<WorldStrategy>> MakeSyncStrategy(const StrategyContext& context);
+StatusOr<std::unique_ptr<WorldStrategy>> MakeLowCommStrategy(const StrategyContext& context);
+StatusOr<std::unique_ptr<WorldStrategy>> MakeAsyncStrategy(const StrategyContext& context);
+
+// What the sync strategy would have sent by step `steps` for the same progress (its ring
+// all-reduce of the float32 gradient every step: 2 (sites - 1) / sites of it per leader): the
+// low-communication strategies' metrics compare against it.
+uint64_t SyncBytesByStep(const RunConfig& cfg, int64_t steps);
+
+// Inside the site: the leader's `data` to every rank (a no-op for one rank).
+template <class T>
+Status ShareInSite(const StrategyContext& c, std::span<T> data) {
+  if (c.site_comm == nullptr || c.site_comm->size() == 1 || data.empty()) return Status::Ok();
+  return c.site_comm->Broadcast(data, 0);
+}
+
+}  // namespace atl
