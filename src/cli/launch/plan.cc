@@ -1,0 +1,157 @@
+// The plan of `atoll launch` (cli/launch/plan.h).
+#include "cli/launch/plan.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <stdexcept>
+#include <thread>
+
+#include "cli/launch/processes.h"
+#include "core/file.h"
+#include "world/certs.h"
+
+namespace atl::cli {
+
+namespace {
+
+// Mutual TLS with the run's certificates, or none.
+void AddSecurity(const LaunchPlan& p, std::vector<std::string>* argv) {
+  if (p.certs.empty()) {
+    argv->push_back("--insecure");
+  } else {
+    argv->insert(argv->end(), {"--certs", p.certs});
+  }
+}
+
+}  // namespace
+
+StatusOr<LaunchPlan> PlanLaunch(const LaunchArgs& a) {
+  LaunchPlan p;
+  ATOLL_ASSIGN_OR_RETURN(p.cfg, LoadRunConfig(a.config, a.sets));
+  const RunConfig& cfg = p.cfg;
+  if (cfg.world.sites < 2)
+    return Status::InvalidArgument(fmt::format(
+        "launch: world.sites = {}: launch starts a world of several sites (set world.sites >= 2, "
+        "e.g. --set world.sites=2); for one site use `atoll train` (or `mpirun -n K atoll train`)",
+        cfg.world.sites));
+  const int sites = p.sites = int(cfg.world.sites);
+  const int ranks = p.ranks = int(cfg.world.ranks_per_site);
+  for (const std::string& f : a.fail_sites) {
+    const size_t at = f.find('@');
+    int site = -1;
+    int64_t step = 0;
+    try {
+      if (at == std::string::npos) throw std::invalid_argument(f);
+      size_t used = 0;
+      site = std::stoi(f.substr(0, at), &used);
+      if (used != at) throw std::invalid_argument(f);
+      step = std::stoll(f.substr(at + 1), &used);
+      if (used != f.size() - at - 1) throw std::invalid_argument(f);
+    } catch (const std::exception&) {
+      return Status::InvalidArgument(
+          fmt::format("launch: --fail-site {}: expected SITE@STEP, e.g. 2@30", f));
+    }
+    if (site < 0 || site >= sites || step < 1 || step > cfg.train.steps)
+      return Status::InvalidArgument(
+          fmt::format("launch: --fail-site {}: the site must be in [0, {}) and the step in [1, {}]",
+                      f, sites, cfg.train.steps));
+    p.faults.emplace_back(site, step);
+  }
+  std::string& dir = p.dir = a.out;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+
+  const char* mpirun_name = std::getenv("ATOLL_MPIRUN");
+  const std::string mpirun_want = mpirun_name != nullptr && *mpirun_name ? mpirun_name : "mpirun";
+  const auto mpirun = FindOnPath(mpirun_want);
+  if (!mpirun)
+    return Status::Unavailable(fmt::format(
+        "launch: {} not found{}: every site runs under mpirun (install OpenMPI: apt-get install "
+        "openmpi-bin, or name it with ATOLL_MPIRUN=/path/to/mpirun)",
+        mpirun_want, mpirun_want.find('/') == std::string::npos ? " on PATH" : ""));
+  char self_buf[4096];
+  const ssize_t self_n = ::readlink("/proc/self/exe", self_buf, sizeof(self_buf) - 1);
+  if (self_n <= 0)
+    return Status::Internal("launch: cannot read /proc/self/exe: " + ErrnoText(errno));
+  p.self.assign(self_buf, size_t(self_n));
+  p.mpirun = *mpirun;
+
+  // The run directory: the effective config, certificates, one folder per site.
+  ATOLL_RETURN_IF_ERROR(MakeDirs(dir));
+  p.config_path = dir + "/config.toml";
+  ATOLL_RETURN_IF_ERROR(WriteFileAtomic(p.config_path, RunConfigToToml(cfg)));
+  if (!a.insecure) {
+    std::string& certs = p.certs = a.certs;
+    if (certs.empty()) {
+      certs = dir + "/certs";
+      ATOLL_RETURN_IF_ERROR(
+          MakeCerts(certs, sites, /*force=*/true).WithContext("launch: " + certs));
+    }
+  }
+  // A fresh run: an old coordinator log would be replayed, old metrics shown.
+  ::unlink((dir + "/coordinator.log").c_str());
+  for (int s = 0; s < sites; ++s) {
+    ATOLL_RETURN_IF_ERROR(MakeDirs(fmt::format("{}/site-{}", dir, s)));
+    ::unlink(fmt::format("{}/site-{}/metrics.jsonl", dir, s).c_str());
+  }
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  p.env = ChildEnvironment({
+      {"OMPI_ALLOW_RUN_AS_ROOT", "1"},
+      {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
+      {"OMPI_MCA_rmaps_base_oversubscribe", "1"},
+      {"OMPI_MCA_btl", "self,vader"},
+      {"OMPI_MCA_mpi_yield_when_idle", "1"},
+      // Every site's mpirun would pin its rank 0 to core 0: let the kernel place them.
+      {"OMPI_MCA_hwloc_base_binding_policy", "none"},
+      {"OMP_NUM_THREADS", std::to_string(std::max(1u, cores / unsigned(sites * ranks)))},
+  });
+
+  return p;
+}
+
+std::vector<std::string> LaunchPlan::CoordinatorArgv() const {
+  std::vector<std::string> argv = {self,
+                                   "coordinator",
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--sites",
+                                   std::to_string(sites),
+                                   "--state",
+                                   dir,
+                                   "--heartbeat-s",
+                                   fmt::format("{}", cfg.world.heartbeat_s),
+                                   "--dead-after-beats",
+                                   std::to_string(cfg.world.dead_after_beats)};
+  AddSecurity(*this, &argv);
+  return argv;
+}
+
+std::vector<std::string> LaunchPlan::SiteArgv(int site, const std::string& coordinator,
+                                              bool rejoin) const {
+  std::vector<std::string> argv = {mpirun,
+                                   "-n",
+                                   std::to_string(ranks),
+                                   self,
+                                   "train",
+                                   "--config",
+                                   config_path,
+                                   "--site",
+                                   std::to_string(site),
+                                   "--coordinator",
+                                   coordinator};
+  AddSecurity(*this, &argv);
+  argv.insert(argv.end(),
+              {"--out", fmt::format("{}/site-{}", dir, site), "--checkpoint-dir", dir, "-q"});
+  if (rejoin) {
+    argv.push_back("--rejoin");
+  } else {
+    for (const auto& [s, step] : faults)
+      if (s == site) argv.insert(argv.end(), {"--die-after-step", std::to_string(step)});
+  }
+  return argv;
+}
+
+}  // namespace atl::cli
