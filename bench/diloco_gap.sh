@@ -14,11 +14,17 @@
 #                        plain averaging and the inner lr halved, and with the inner lr halved
 #                        and Nesterov 0.5 (bench/strategies_bench.sh's setting)
 #   sync lr ...          the baseline at other learning rates (is sync's lr its best?)
+#   streaming H=100 ...  Streaming DiLoCo, P = 4 fragments by transformer blocks (the strided
+#                        pattern; the embeddings in fragments of their own), tau = 5,
+#                        alpha 0.5, with bench/strategies_bench.sh's tuned outer step
+#   M=2 ...              two sites of 8 sequences a step instead of four of 4: sync, DiLoCo
+#                        H=100 tuned, streaming tuned (the literature's smallest M)
 # Usage: bench/diloco_gap.sh [--out DIR]
 #   env: STEPS (300), ATOLL (build/release/atoll), ROWS (default: all of the above, by key:
-#        "sync alone h1 h1x2 h1_lr h100 h100avg h100avg_lr h100_tuned sync_lr_low sync_lr_high").
+#        "sync alone h1 h1x2 h1_lr h100 h100avg h100avg_lr h100_tuned sync_lr_low sync_lr_high
+#        stream_tuned m2_sync m2_h100_tuned m2_stream_tuned").
 # Prints a markdown table; DIR/gap.csv has every validation point (row,step,val_loss).
-# About 45 minutes on the 2-vCPU VM (each row one run, ~3 minutes; H=1 runs ~2x longer).
+# About an hour on the 2-vCPU VM (each row one run, ~3 minutes; H=1 runs ~2x longer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=""
@@ -31,7 +37,8 @@ while (($#)); do
 done
 STEPS=${STEPS:-300}
 ATOLL=${ATOLL:-build/release/atoll}
-ROWS=${ROWS:-sync alone h1 h1x2 h1_lr h100 h100avg h100avg_lr h100_tuned sync_lr_low sync_lr_high}
+ROWS=${ROWS:-sync alone h1 h1x2 h1_lr h100 h100avg h100avg_lr h100_tuned sync_lr_low sync_lr_high
+  stream_tuned m2_sync m2_h100_tuned m2_stream_tuned}
 [[ -x $ATOLL ]] || { echo "diloco_gap: $ATOLL not found (scripts/setup.sh builds it)" >&2; exit 2; }
 T=$(mktemp -d "${TMPDIR:-/tmp}/diloco_gap.XXXXXX")
 trap 'rm -rf "$T"' EXIT
@@ -45,6 +52,7 @@ LR_HIGH=(--set train.lr=6e-3 --set train.min_lr=6e-4)
 AVG=(--set world.diloco.outer_lr=1 --set world.diloco.outer_momentum=0)
 
 # world NAME ARGS...: 4 sites x 1 rank with no network into $T/NAME; metrics in $T/NAME/m
+# (ARGS come last: --set world.sites=2 --set train.micro_batch_size=8 makes it M = 2)
 world() {
   local name=$1
   shift
@@ -76,7 +84,16 @@ LABEL[h100avg_lr]="DiLoCo H=100, outer lr 1, no momentum, inner lr 1.5e-3"
 LABEL[h100_tuned]="DiLoCo H=100, outer lr 0.7, Nesterov 0.5, inner lr 1.5e-3"
 LABEL[sync_lr_low]="sync, lr 1.5e-3"
 LABEL[sync_lr_high]="sync, lr 6e-3"
+LABEL[stream_tuned]="streaming H=100, P=4 by blocks, tau 5, alpha 0.5, tuned as above"
+LABEL[m2_sync]="M=2: sync (2 sites x 8 sequences)"
+LABEL[m2_h100_tuned]="M=2: DiLoCo H=100, tuned as above"
+LABEL[m2_stream_tuned]="M=2: streaming H=100, P=4 by blocks, tuned as above"
 D=(--set world.strategy=diloco --set world.codec=none)
+TUNED=("${LR_LOW[@]}" --set world.diloco.outer_lr=0.7 --set world.diloco.outer_momentum=0.5)
+S=(--set world.strategy=streaming --set world.codec=none --set world.diloco.inner_steps=100
+  --set world.streaming.fragments=4 --set world.streaming.overlap_steps=5
+  --set world.streaming.alpha=0.5)
+M2=(--set world.sites=2 --set train.micro_batch_size=8)
 run_row() {
   case $1 in
     sync) world sync --set world.strategy=sync ;;
@@ -93,6 +110,11 @@ run_row() {
       --set world.diloco.outer_lr=0.7 --set world.diloco.outer_momentum=0.5 ;;
     sync_lr_low) world sync_lr_low --set world.strategy=sync "${LR_LOW[@]}" ;;
     sync_lr_high) world sync_lr_high --set world.strategy=sync "${LR_HIGH[@]}" ;;
+    stream_tuned) world stream_tuned "${S[@]}" "${TUNED[@]}" ;;
+    m2_sync) world m2_sync --set world.strategy=sync "${M2[@]}" ;;
+    m2_h100_tuned) world m2_h100_tuned "${D[@]}" --set world.diloco.inner_steps=100 "${TUNED[@]}" \
+      "${M2[@]}" ;;
+    m2_stream_tuned) world m2_stream_tuned "${S[@]}" "${TUNED[@]}" "${M2[@]}" ;;
     *) echo "diloco_gap: unknown row $1 (see --help)" >&2; return 2 ;;
   esac
 }
@@ -114,7 +136,7 @@ for row in $ROWS; do
 done
 
 echo
-echo "4 sites x 1 rank, configs/small.toml, $STEPS steps of 16 x 128 tokens (4 sequences per site), no network, no codec"
+echo "4 sites x 1 rank (M=2 rows: 2 sites), configs/small.toml, $STEPS steps of 16 x 128 tokens (4 sequences per site; M=2: 8), no network, no codec"
 echo
 echo "| run | val loss (step $STEPS) | vs sync |"
 echo "|---|---:|---:|"
