@@ -97,10 +97,9 @@ StatusOr<WorldLink> JoinWorld(const RunConfig& cfg, const TrainArgs& a) {
   WanEndpoint* ep = link.endpoint.get();
   const int me = a.site;
   co.on_membership = [ep, me](const Membership& m) {
-    for (const SiteInfo& s : m.sites)
-      if (!s.alive && !s.left && s.site != me && !s.wan_address.empty())
-        ep->PeerLost(s.site, s.wan_address,
-                     fmt::format("the coordinator declared it dead (epoch {})", m.epoch));
+    for (const SiteInfo& s : m.Dead(me))
+      ep->PeerLost(s.site, s.wan_address,
+                   fmt::format("the coordinator declared it dead (epoch {})", m.epoch));
   };
   ATOLL_ASSIGN_OR_RETURN(link.coordinator, CoordinatorClient::Connect(co));
   WanOptions wo;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -213,10 +215,12 @@ StatusOr<ReplayReport> Replay(const ReplayOptions& options) {
   if (!log.cpu.empty() && log.cpu != here_cpu)
     elsewhere += fmt::format("{}the run's CPU was \"{}\", this one is \"{}\"",
                              elsewhere.empty() ? "" : "; ", log.cpu, here_cpu);
+  std::set<std::pair<int, std::string>> named;  // a site's build may be logged again (restarts)
   for (const OpLog::SiteBuild& b : log.other_builds)
-    elsewhere +=
-        fmt::format("{}site {} ran build {} on \"{}\", unlike the site that started the run",
-                    elsewhere.empty() ? "" : "; ", b.site, b.build, b.cpu);
+    if (named.insert({b.site, b.build + "|" + b.cpu}).second)
+      elsewhere +=
+          fmt::format("{}site {} ran build {} on \"{}\", unlike the site that started the run",
+                      elsewhere.empty() ? "" : "; ", b.site, b.build, b.cpu);
   if (log.build.empty())
     LogWarning(
         "replay: {}/ops.jsonl does not name the run's build and CPU (an older atoll wrote it): "

@@ -130,6 +130,9 @@ struct Membership {
   // In the reply to Round(r): the votes cast in round r by its live sites, by site.
   std::map<int, RoundVote> votes;
   int live() const;
+  // The sites declared dead (not those that left: their part is done) other than `except`, that
+  // had a WAN address: whose operations must fail (WanEndpoint::PeerLost).
+  std::vector<SiteInfo> Dead(int except) const;
 };
 
 class Coordinator {

@@ -51,7 +51,7 @@ TEST_F(CoordinatorTest, ThreeSitesRegisterAndSeeTheSameMembership) {
   }
   EXPECT_TRUE(Same(coord->membership(), m[0]));
   // Heartbeats keep everyone alive well past the death limit.
-  std::this_thread::sleep_for(std::chrono::duration<double>(5 * kHeartbeat));
+  std::this_thread::sleep_for(std::chrono::duration<double>((kDeadAfterBeats + 2) * kHeartbeat));
   EXPECT_EQ(coord->membership().live(), 3);
   EXPECT_EQ(coord->membership().epoch, 3);
   EXPECT_NE(LogText().find("\"quorum\""), std::string::npos);
@@ -255,11 +255,12 @@ TEST_F(CoordinatorTest, RoundBarrierReleasesWhenASiteDies) {
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     m.push_back(*r);
   }
-  // Dead after 3 intervals (the default); the slack is for a loaded machine.
-  EXPECT_LE(NowSeconds() - t_kill, 3 * kHeartbeat + 1.5);
+  // Dead after kDeadAfterBeats intervals; the slack is for a loaded machine.
+  EXPECT_LE(NowSeconds() - t_kill, kDeadAfterBeats * kHeartbeat + 1.5);
   EXPECT_TRUE(Same(m[0], m[1])) << Show(m[0]) << " vs " << Show(m[1]);
   EXPECT_EQ(m[0].epoch, epoch + 1);
   EXPECT_FALSE(m[0].sites[2].alive);
+  EXPECT_FALSE(m[0].sites[2].left);  // dead, not left: what waits for it must fail
   EXPECT_EQ(m[0].live(), 2);
   // The next round needs only the live sites.
   auto next = std::async(std::launch::async, [&] { return clients[0]->Round(8); });
@@ -279,6 +280,7 @@ TEST_F(CoordinatorTest, LeaveReleasesTheOthersAndIsNotADeath) {
   auto r = f.get();
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_FALSE(r->sites[1].alive);
+  EXPECT_TRUE(r->sites[1].left);  // its part is done: nothing waiting for it fails
   EXPECT_EQ(r->live(), 1);
   const std::string log = LogText();
   EXPECT_NE(log.find("\"leave\""), std::string::npos);
@@ -387,7 +389,7 @@ TEST_F(CoordinatorTest, LongWaitsDoNotBlockOtherCalls) {
     f.push_back(std::async(std::launch::async, [&, i] {
       return clients[size_t(i)]->Register(fmt::format("10.0.1.{}:9000", i));
     }));
-  std::this_thread::sleep_for(std::chrono::duration<double>(5 * kHeartbeat));
+  std::this_thread::sleep_for(std::chrono::duration<double>((kDeadAfterBeats + 2) * kHeartbeat));
   EXPECT_EQ((*coord)->membership().live(), kSites - 1);
   ASSERT_TRUE(clients.back()->Register("10.0.1.11:9000").ok());
   for (auto& x : f) ASSERT_TRUE(x.get().ok());

@@ -50,8 +50,7 @@ StatusOr<std::unique_ptr<Site>> Join(int site, const std::string& coordinator) {
   co.security = Insecure();
   WanEndpoint* ep = s->ep.get();
   co.on_membership = [ep, site](const Membership& m) {
-    for (const SiteInfo& i : m.sites)
-      if (!i.alive && i.site != site) ep->PeerLost(i.site, i.wan_address, "declared dead");
+    for (const SiteInfo& i : m.Dead(site)) ep->PeerLost(i.site, i.wan_address, "declared dead");
   };
   ATOLL_ASSIGN_OR_RETURN(s->client, CoordinatorClient::Connect(co));
   ATOLL_ASSIGN_OR_RETURN(const Membership m, s->client->Register(s->ep->address()));

@@ -66,8 +66,10 @@ StatusOr<OpLog> ReadOpLog(const std::string& path) {
       }
       if (t == "build") {
         if (!have_init) return bad("a build record before the init record");
-        log.other_builds.push_back({j.at("site").get<int>(), j.at("build").get<std::string>(),
-                                    j.at("cpu").get<std::string>()});
+        const int site = j.at("site").get<int>();
+        if (site < 0) return bad(fmt::format("build record of site {}", site));
+        log.other_builds.push_back(
+            {site, j.at("build").get<std::string>(), j.at("cpu").get<std::string>()});
         continue;
       }
       if (t == "rejoin") {

@@ -286,6 +286,20 @@ TEST_F(CoordinatorTest, NoReplyRevealsAChangeTheLogCouldStillLose) {
   SetDurableLogHooksForTesting(hooks);
   auto coord = StartCoordinator(3);
   ASSERT_NE(coord, nullptr);
+  // Whatever fails below, the disk comes back before the coordinator shuts down (its syncer
+  // would wait for it forever).
+  struct Release {
+    std::mutex& mu;
+    std::condition_variable& cv;
+    bool& hold;
+    ~Release() {
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        hold = false;
+      }
+      cv.notify_all();
+    }
+  } release{mu, cv, hold};
   RawSite site0(coord->address(), Sec("site-0"), 0, 91);
   site0.StartBeats();  // site 0 stays alive by its own beats, whatever the disk does
   auto raw = std::async(std::launch::async, [&] {

@@ -126,5 +126,25 @@ TEST(Membership, ADeadSiteMustRejoinAfterTheQuorum) {
   EXPECT_EQ(m.Current().sites[1].join_round, 9);
 }
 
+// A site that left did its part; only a site declared dead is one whose operations must fail.
+TEST(Membership, ALeftSiteIsNotDead) {
+  MembershipState m(3, 1.0, 3);
+  RegisterAll(m, 3);
+  Json leave;
+  ASSERT_TRUE(m.PlanLeave(1, 101, &leave).ok());
+  ASSERT_TRUE(m.Apply(leave).ok());
+  m.Beat(0, 100, 100);
+  auto death = m.NextDeath(100);  // site 2, silent since 0
+  ASSERT_TRUE(death.has_value());
+  ASSERT_TRUE(m.Apply(*death).ok());
+  const Membership now = m.Current();
+  EXPECT_TRUE(now.sites[1].left);
+  EXPECT_FALSE(now.sites[2].left);
+  const std::vector<SiteInfo> dead = now.Dead(0);
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].site, 2);
+  EXPECT_TRUE(now.Dead(2).empty());  // not itself
+}
+
 }  // namespace
 }  // namespace atl

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -41,6 +42,13 @@ int Membership::live() const {
   int n = 0;
   for (const auto& s : sites) n += s.alive ? 1 : 0;
   return n;
+}
+
+std::vector<SiteInfo> Membership::Dead(int except) const {
+  std::vector<SiteInfo> out;
+  for (const auto& s : sites)
+    if (!s.alive && !s.left && s.site != except && !s.wan_address.empty()) out.push_back(s);
+  return out;
 }
 
 namespace {
@@ -74,29 +82,41 @@ grpc::StatusCode CodeOf(Refusal r) {
 
 grpc::Status StatusOf(const Verdict& v) { return grpc::Status(CodeOf(v.refusal), v.message); }
 
-// The last heartbeat of each site's process, written without the coordinator's lock.
+// The heartbeats since the monitor last looked, by site and process, written without the
+// coordinator's lock; and the processes registering right now (their reply waits for the disk,
+// and they beat only once it has arrived: they count as beating meanwhile).
 class BeatBoard {
  public:
   explicit BeatBoard(int sites) : last_(size_t(sites)) {}
   void Record(int site, uint64_t incarnation, double now) {
     std::lock_guard<std::mutex> lk(mu_);
-    Last& b = last_[size_t(site)];
-    if (b.incarnation != incarnation || now > b.time) b = {incarnation, now};
+    double& t = last_[size_t(site)][incarnation];
+    t = std::max(t, now);
   }
-  // Every recorded beat into `state` (which takes those of the processes holding their sites).
-  void FoldInto(MembershipState& state) const {
+  void Pin(int site, uint64_t incarnation) {
     std::lock_guard<std::mutex> lk(mu_);
-    for (size_t i = 0; i < last_.size(); ++i)
-      if (last_[i].incarnation != 0) state.Beat(int(i), last_[i].incarnation, last_[i].time);
+    ++pinned_[{site, incarnation}];
+  }
+  void Unpin(int site, uint64_t incarnation) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = pinned_.find({site, incarnation});
+    if (it != pinned_.end() && --it->second == 0) pinned_.erase(it);
+  }
+  // Every beat recorded since the last call into `state` (which counts those of the processes
+  // holding their sites, and ignores the rest), and a beat at `now` of every pinned process.
+  void FoldInto(MembershipState& state, double now) {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t i = 0; i < last_.size(); ++i) {
+      for (const auto& [incarnation, t] : last_[i]) state.Beat(int(i), incarnation, t);
+      last_[i].clear();
+    }
+    for (const auto& [who, n] : pinned_) state.Beat(who.first, who.second, now);
   }
 
  private:
-  struct Last {
-    uint64_t incarnation = 0;
-    double time = 0;
-  };
-  mutable std::mutex mu_;
-  std::vector<Last> last_;
+  std::mutex mu_;
+  std::vector<std::map<uint64_t, double>> last_;  // by site: incarnation -> last beat
+  std::map<std::pair<int, uint64_t>, int> pinned_;
 };
 
 // The membership as of some moment, and how many records had been applied by then.
@@ -238,8 +258,6 @@ Status CoordinatorImpl::Init() {
     }
   }
   ATOLL_RETURN_IF_ERROR(ps_.Start());
-  // Replayed live sites get a grace period to find the restarted coordinator.
-  state_.GraceAll(NowSeconds() + std::max(options_.heartbeat_s, 1.0));
 
   // Listen before writing anything, so a refused address leaves the state directory as it was.
   grpc::ServerBuilder builder;
@@ -270,6 +288,9 @@ Status CoordinatorImpl::Init() {
   }
   ++version_;
   Publish(CaptureLocked());  // everything so far is durable (Write syncs)
+  // Replayed live sites get a grace period to find the restarted coordinator, from now: the
+  // writes above may have taken long on a slow disk, and beats were refused until the publish.
+  state_.GraceAll(NowSeconds() + std::max(options_.heartbeat_s, 1.0));
   lk.unlock();
   monitor_ = std::thread([this] { Monitor(); });
   syncer_ = std::thread([this] { Syncer(); });
@@ -425,7 +446,7 @@ void CoordinatorImpl::Monitor() {
   while (!stopping_ && failure_.ok()) {
     cv_.wait_for(lk, period);
     if (stopping_ || !failure_.ok()) break;
-    beats_.FoldInto(state_);
+    beats_.FoldInto(state_, NowSeconds());
     bool died = false;
     while (auto death = state_.NextDeath(NowSeconds())) {
       const int site = (*death)["site"].get<int>();
@@ -500,7 +521,18 @@ grpc::Status CoordinatorImpl::Register(grpc::ServerContext* ctx, const coord::Re
   } else {
     LogInfo("coordinator: site {} registered again (same process, from {})", site, ctx->peer());
   }
-  beats_.Record(site, req.incarnation(), NowSeconds());
+  // Beating until the reply is out (it may wait for the quorum and then for the disk; the site's
+  // heartbeats start only when it arrives), and once more then.
+  struct Pinned {
+    BeatBoard& board;
+    int site;
+    uint64_t incarnation;
+    ~Pinned() {
+      board.Record(site, incarnation, NowSeconds());
+      board.Unpin(site, incarnation);
+    }
+  } pinned{beats_, site, req.incarnation()};
+  beats_.Pin(site, req.incarnation());
   const auto deadline = WaitDeadline(*ctx);
   const auto slice =
       std::min<Clock::duration>(milliseconds(100), SteadySeconds(options_.heartbeat_s / 4));
@@ -510,20 +542,15 @@ grpc::Status CoordinatorImpl::Register(grpc::ServerContext* ctx, const coord::Re
     if (auto st = StatusOf(state_.CheckMember(site, req.incarnation())); !st.ok())
       return Answer(lk, st);
     if (Clock::now() >= deadline)
-      return grpc::Status(
-          grpc::StatusCode::DEADLINE_EXCEEDED,
-          fmt::format("initial quorum not reached: {} of {} sites registered; waiting for "
-                      "site(s) {}",
-                      state_.Current().live(), options_.sites, state_.Missing()));
-    // A site waiting here is alive: its heartbeats start when Register returns.
-    beats_.Record(site, req.incarnation(), NowSeconds());
+      return Answer(
+          lk, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                           fmt::format("initial quorum not reached: {} of {} sites registered; "
+                                       "waiting for site(s) {}",
+                                       state_.Current().live(), options_.sites, state_.Missing())));
     cv_.wait_until(lk, std::min(deadline, Clock::now() + slice));
   }
   FillReply(state_.Current(), reply);
-  grpc::Status st = Answer(lk, grpc::Status::OK);
-  // The reply waited for the disk, and the site's heartbeats start only when it arrives.
-  if (st.ok()) beats_.Record(site, req.incarnation(), NowSeconds());
-  return st;
+  return Answer(lk, grpc::Status::OK);
 }
 
 grpc::Status CoordinatorImpl::Heartbeat(grpc::ServerContext* ctx,
@@ -536,6 +563,10 @@ grpc::Status CoordinatorImpl::Heartbeat(grpc::ServerContext* ctx,
   }
   // Checked against, and answered with, the last durable membership: no lock the disk can hold.
   const std::shared_ptr<const MembershipState> durable = Published();
+  if (durable == nullptr) {  // starting: the log is not open yet (the beat counts all the same)
+    beats_.Record(req.site(), req.incarnation(), NowSeconds());
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is starting");
+  }
   if (auto st = StatusOf(durable->CheckMember(req.site(), req.incarnation())); !st.ok()) return st;
   beats_.Record(req.site(), req.incarnation(), NowSeconds());
   FillReply(durable->Current(), reply);
@@ -565,8 +596,9 @@ grpc::Status CoordinatorImpl::Round(grpc::ServerContext* ctx, const coord::Round
     if (auto st = StatusOf(state_.CheckMember(req.site(), req.incarnation())); !st.ok())
       return Answer(lk, st);
     if (Clock::now() >= deadline)
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          fmt::format("round {}: still waiting for {}", r, state_.Late(r)));
+      return Answer(lk,
+                    grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                 fmt::format("round {}: still waiting for {}", r, state_.Late(r))));
     cv_.wait_until(lk, std::min(deadline, Clock::now() + milliseconds(100)));
   }
   FillReply(state_.RoundResult(r), reply);

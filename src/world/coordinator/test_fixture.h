@@ -27,6 +27,10 @@ namespace atl::testing_coordinator {
 
 namespace fs = std::filesystem;
 constexpr double kHeartbeat = 0.2;
+// Dead after this many silent intervals in the tests (1.2 s): more than the default 3, since a
+// loaded machine (ctest -j2 beside a build) can stall a client's heartbeat thread for half a
+// second. Tests of the detection time set their own.
+constexpr int kDeadAfterBeats = 6;
 
 inline std::string TempDir(const char* what) {
   std::string tmpl =
@@ -81,6 +85,7 @@ class CoordinatorTest : public ::testing::Test {
     o.listen = std::move(listen);
     o.sites = sites;
     o.heartbeat_s = heartbeat_s;
+    o.dead_after_beats = kDeadAfterBeats;
     o.state_dir = state_;
     o.security = Sec("coordinator");
     if (tweak) tweak(o);
