@@ -222,14 +222,18 @@ TEST(Exchange, AnAllGatherReceiveFailingOnceIsRetriedAndCommittedAlike) {
   const std::vector<int> all{0, 1, 2};
   auto inputs = Inputs(3, n);
   auto data = inputs;
-  std::vector<std::vector<float>> residual(3);
+  // Error feedback too: the failed attempt's residual is given back, so the committed one is
+  // exactly one exchange's.
+  std::vector<std::vector<float>> residual(3, std::vector<float>(n, 0.125f));
+  auto ref_residual = residual;
   DeafComm deaf_once(w.comms[1].get(), 0, /*times=*/1);
   auto out = RunAll(w, rounds, all, Codec::kInt8, 2, 5, data, residual, {{1, &deaf_once}});
-  const auto expect = Reference(Codec::kInt8, all, inputs, nullptr);
+  const auto expect = Reference(Codec::kInt8, all, inputs, &ref_residual);
   for (int s : all) {
     ASSERT_TRUE(out[s].status.ok()) << out[s].status.ToString();
     EXPECT_EQ(out[s].result.attempts, 2) << "site " << s;
     EXPECT_TRUE(SameBits(data[s], expect)) << "site " << s;
+    EXPECT_TRUE(SameBits(residual[s], ref_residual[s])) << "site " << s << "'s residual";
   }
 }
 

@@ -176,18 +176,26 @@ TEST(WanFault, APeerDeclaredLostFailsWhatWaitsForItAtOnce) {
   std::vector<Status> st(2);
   std::array<std::atomic<double>, 2> ended{};
   std::vector<std::thread> sites;
+  const int64_t ops0 = w->eps[0]->stats().operations, ops1 = w->eps[1]->stats().operations;
   for (int s = 0; s < 2; ++s)
     sites.emplace_back([&, s] {
       std::vector<float> v(1000, 1.0f);
       st[size_t(s)] = w->comms[size_t(s)]->AllReduce(std::span<float>(v));
       ended[size_t(s)] = NowSeconds();
     });
+  // Both all-reduces under way (however slowly their threads got going) before anything is lost.
+  for (const double t = NowSeconds(); NowSeconds() - t < 20;) {
+    if (w->eps[0]->stats().operations > ops0 && w->eps[1]->stats().operations > ops1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   float x = 0;
   CommHandle recv = w->comms[0]->IRecv(&x, 1, DType::kFloat32, 2, 7);
   const std::string address2 = w->eps[2]->address();
   for (int s = 0; s < 2; ++s) w->eps[size_t(s)]->PeerLost(2, "127.0.0.1:1", "another process");
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  EXPECT_EQ(ended[0].load(), 0) << "a PeerLost of another incarnation failed the all-reduce";
+  for (int s = 0; s < 2; ++s)
+    EXPECT_EQ(ended[size_t(s)].load(), 0)
+        << "site " << s << ": a PeerLost of another incarnation failed the all-reduce";
   const double t0 = NowSeconds();
   for (int s = 0; s < 2; ++s) w->eps[size_t(s)]->PeerLost(2, address2, "declared dead (test)");
   for (auto& t : sites) t.join();
