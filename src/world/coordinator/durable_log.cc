@@ -138,7 +138,7 @@ StatusOr<uint64_t> DurableLog::Append(nlohmann::json record) {
             "drops it as a torn tail only if it is the last line)",
             std::strerror(errno));
       return FailLocked(
-          Status::IoError(fmt::format("appending a {} record to {}: {} after {} of {} bytes{}",
+          Status::IoError(fmt::format("appending the {} record to {}: {} after {} of {} bytes{}",
                                       record.value("t", "?"), path_, why, done, line.size(), cut)));
     }
     done += size_t(n);

@@ -14,6 +14,7 @@
 #include <future>
 #include <limits>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include "core/build_info.h"
@@ -210,6 +211,55 @@ TEST_F(CoordinatorTest, ParameterServerAppliesPushesInOrderAndLogsThem) {
   for (size_t i = 0; i < pushed.size(); ++i)
     if (log->entries[i].applied_version >= 0) Expect(&replay, pushed[i]);
   EXPECT_TRUE(SameBits(replay, got));
+}
+
+// The disk fills up under the op log: the update's record is written half-way. The partial
+// record is cut off, the push fails naming the error and changes nothing, later calls are refused
+// with the same reason, the membership calls go on, and the log reads back cleanly with what was
+// decided before.
+TEST_F(CoordinatorTest, ParameterServerStopsWhenItsLogCannotBeWritten) {
+  auto coord = StartCoordinator(2);
+  ASSERT_NE(coord, nullptr);
+  auto clients = Clients(coord->address(), 2);
+  RegisterAll(clients);
+  const std::vector<float> init = Floats(200, 7);
+  ParameterServer* ps = clients[0]->ps();
+  ASSERT_TRUE(ps->Init(init, 4).ok());
+  const PsUpdate u0 = MakeUpdate(0, 0, 1, 5, 0.5f, Codec::kInt8, Floats(200, 8));
+  ASSERT_TRUE(ps->Push(u0).ok());
+  std::vector<float> before(200);
+  ASSERT_TRUE(ps->Pull(before).ok());
+  const std::string log_before = *ReadFile(state_ + "/ops.jsonl");
+  DurableLogHooks hooks;
+  std::atomic<int> writes{0};
+  hooks.write = [&](int fd, const char* data, size_t n) -> long {
+    // The update record's first write gets half of it on disk, the next one none (a full disk).
+    if (writes.load() == 0 &&
+        std::string_view(data, n).find("\"update\"") == std::string_view::npos)
+      return long(::write(fd, data, n));
+    if (writes++ == 0) return long(::write(fd, data, n / 2));
+    errno = ENOSPC;
+    return -1;
+  };
+  struct Guard {
+    ~Guard() { SetDurableLogHooksForTesting({}); }
+  } guard;
+  SetDurableLogHooksForTesting(hooks);
+  auto pushed = ps->Push(MakeUpdate(0, 1, 6, 10, 0.5f, Codec::kInt8, Floats(200, 9)));
+  ASSERT_FALSE(pushed.ok());
+  EXPECT_NE(pushed.status().message().find("No space left on device"), std::string::npos)
+      << pushed.status().ToString();
+  SetDurableLogHooksForTesting({});
+  std::vector<float> after(200);
+  auto pulled = clients[1]->ps()->Pull(after);
+  ASSERT_FALSE(pulled.ok());
+  EXPECT_NE(pulled.status().message().find("the parameter server stopped"), std::string::npos)
+      << pulled.status().ToString();
+  EXPECT_TRUE(clients[1]->Peek().ok());  // membership is another log: it goes on
+  EXPECT_EQ(*ReadFile(state_ + "/ops.jsonl"), log_before) << "the partial record was left";
+  auto log = ReadOpLog(state_ + "/ops.jsonl");
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  EXPECT_EQ(log->entries.size(), 1u);
 }
 
 // A new process that takes over a site which had pushed learns where to go on, and the op log
