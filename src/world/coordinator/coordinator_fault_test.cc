@@ -85,10 +85,7 @@ TEST_F(CoordinatorTest, ASlowLogDeclaresNoFalseDeaths) {
     std::this_thread::sleep_for(std::chrono::duration<double>(1.5 * hb));
     return 0;
   };
-  struct Guard {
-    ~Guard() { SetDurableLogHooksForTesting({}); }
-  } guard;
-  SetDurableLogHooksForTesting(hooks);
+  ScopedLogHooks slow_disk(hooks);
   auto coord =
       StartCoordinator(3, "127.0.0.1:0", hb, [](CoordinatorOptions& o) { o.dead_after_beats = 3; });
   ASSERT_NE(coord, nullptr);
@@ -153,17 +150,8 @@ TEST_F(CoordinatorTest, AFailedAppendStopsTheCoordinatorWithAnIntactLog) {
   while (LogText().find("\"register\"") == std::string::npos && NowSeconds() - t0 < 10)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   const std::string before = LogText();
-  std::atomic<int> writes{0};
-  DurableLogHooks hooks;
-  hooks.write = [&](int fd, const char* data, size_t n) -> long {
-    if (writes++ == 0) return long(::write(fd, data, n / 2));
-    errno = ENOSPC;
-    return -1;
-  };
-  struct Guard {
-    ~Guard() { SetDurableLogHooksForTesting({}); }
-  } guard;
-  SetDurableLogHooksForTesting(hooks);
+  std::optional<ScopedLogHooks> full;
+  full.emplace(FullDisk());
   auto c1 = Client(ClientOptions(coord->address(), 1, 3));
   auto r1 = c1->Register("10.0.0.1:9001");
   ASSERT_FALSE(r1.ok());
@@ -177,7 +165,7 @@ TEST_F(CoordinatorTest, AFailedAppendStopsTheCoordinatorWithAnIntactLog) {
   EXPECT_EQ(failures.load(), 1);
   EXPECT_FALSE(coord->membership().sites[1].alive);
   EXPECT_EQ(LogText(), before) << "the partial record was left behind";
-  SetDurableLogHooksForTesting({});
+  full.reset();  // the disk is fixed
   coord->Shutdown();
   coord.reset();
   c0.reset();
@@ -280,10 +268,7 @@ TEST_F(CoordinatorTest, NoReplyRevealsAChangeTheLogCouldStillLose) {
     }
     return 0;
   };
-  struct Guard {
-    ~Guard() { SetDurableLogHooksForTesting({}); }
-  } guard;
-  SetDurableLogHooksForTesting(hooks);
+  ScopedLogHooks slow_disk(hooks);
   auto coord = StartCoordinator(3);
   ASSERT_NE(coord, nullptr);
   // Whatever fails below, the disk comes back before the coordinator shuts down (its syncer

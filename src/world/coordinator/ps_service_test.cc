@@ -230,26 +230,13 @@ TEST_F(CoordinatorTest, ParameterServerStopsWhenItsLogCannotBeWritten) {
   std::vector<float> before(200);
   ASSERT_TRUE(ps->Pull(before).ok());
   const std::string log_before = *ReadFile(state_ + "/ops.jsonl");
-  DurableLogHooks hooks;
-  std::atomic<int> writes{0};
-  hooks.write = [&](int fd, const char* data, size_t n) -> long {
-    // The update record's first write gets half of it on disk, the next one none (a full disk).
-    if (writes.load() == 0 &&
-        std::string_view(data, n).find("\"update\"") == std::string_view::npos)
-      return long(::write(fd, data, n));
-    if (writes++ == 0) return long(::write(fd, data, n / 2));
-    errno = ENOSPC;
-    return -1;
-  };
-  struct Guard {
-    ~Guard() { SetDurableLogHooksForTesting({}); }
-  } guard;
-  SetDurableLogHooksForTesting(hooks);
+  std::optional<ScopedLogHooks> full;
+  full.emplace(FullDisk([](std::string_view r) { return r.find("\"update\"") != r.npos; }));
   auto pushed = ps->Push(MakeUpdate(0, 1, 6, 10, 0.5f, Codec::kInt8, Floats(200, 9)));
   ASSERT_FALSE(pushed.ok());
   EXPECT_NE(pushed.status().message().find("No space left on device"), std::string::npos)
       << pushed.status().ToString();
-  SetDurableLogHooksForTesting({});
+  full.reset();
   std::vector<float> after(200);
   auto pulled = clients[1]->ps()->Pull(after);
   ASSERT_FALSE(pulled.ok());

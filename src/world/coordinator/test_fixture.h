@@ -13,7 +13,9 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "core/log.h"
 #include "world/certs.h"
 #include "world/coordinator.h"
+#include "world/coordinator/durable_log.h"
 #include "world/proto/coordinator.grpc.pb.h"
 
 namespace atl::testing_coordinator {
@@ -153,6 +156,30 @@ class CoordinatorTest : public ::testing::Test {
   inline static std::string* root_ = nullptr;
   std::string state_;
 };
+
+// How the logs reach the disk, replaced for the scope (world/coordinator/durable_log.h).
+class ScopedLogHooks {
+ public:
+  explicit ScopedLogHooks(DurableLogHooks hooks) { SetDurableLogHooksForTesting(std::move(hooks)); }
+  ~ScopedLogHooks() { SetDurableLogHooksForTesting({}); }
+  ScopedLogHooks(const ScopedLogHooks&) = delete;
+  ScopedLogHooks& operator=(const ScopedLogHooks&) = delete;
+};
+
+// A disk that fills up: the first write of a record that `picks` (any, when empty) gets half its
+// bytes on disk, and every write after it fails with ENOSPC; the records before it are written.
+inline DurableLogHooks FullDisk(std::function<bool(std::string_view record)> picks = nullptr) {
+  auto writes = std::make_shared<std::atomic<int>>(0);
+  DurableLogHooks h;
+  h.write = [writes, picks](int fd, const char* data, size_t n) -> long {
+    if (writes->load() == 0 && picks && !picks(std::string_view(data, n)))
+      return long(::write(fd, data, n));
+    if ((*writes)++ == 0) return long(::write(fd, data, n / 2));
+    errno = ENOSPC;
+    return -1;
+  };
+  return h;
+}
 
 // A site that speaks the protocol by hand, beating every 20 ms from its own thread.
 class RawSite {
