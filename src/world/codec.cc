@@ -79,6 +79,14 @@ float QuantizeBlock(const float* y, size_t n, float qmax, float* q) {
   return scale;
 }
 
+// The block of x at b (n values) plus its error-feedback residual: y, or x itself without one.
+const float* WithResidual(std::span<const float> x, std::span<const float> residual, size_t b,
+                          size_t n, float* y) {
+  if (residual.empty()) return x.data() + b;
+  for (size_t i = 0; i < n; ++i) y[i] = x[b + i] + residual[b + i];
+  return y;
+}
+
 void EncodeNone(std::span<const float> x, uint8_t* p, std::span<float> residual) {
   if (residual.empty()) {
     std::memcpy(p, x.data(), x.size() * 4);
@@ -87,8 +95,7 @@ void EncodeNone(std::span<const float> x, uint8_t* p, std::span<float> residual)
   float y[kCodecBlock];
   for (size_t b = 0; b < x.size(); b += kCodecBlock) {
     size_t n = std::min(kCodecBlock, x.size() - b);
-    for (size_t i = 0; i < n; ++i) y[i] = x[b + i] + residual[b + i];
-    std::memcpy(p + 4 * b, y, 4 * n);
+    std::memcpy(p + 4 * b, WithResidual(x, residual, b, n, y), 4 * n);
     std::fill_n(residual.data() + b, n, 0.0f);
   }
 }
@@ -98,11 +105,7 @@ void EncodeBf16(std::span<const float> x, uint8_t* p, std::span<float> residual)
   float y[kCodecBlock];
   for (size_t b = 0; b < x.size(); b += kCodecBlock) {
     size_t n = std::min(kCodecBlock, x.size() - b);
-    const float* yp = x.data() + b;
-    if (!residual.empty()) {
-      for (size_t i = 0; i < n; ++i) y[i] = x[b + i] + residual[b + i];
-      yp = y;
-    }
+    const float* yp = WithResidual(x, residual, b, n, y);
     for (size_t i = 0; i < n; ++i) h[i] = ToBf16(yp[i]);
     std::memcpy(p + 2 * b, h, 2 * n);
     if (!residual.empty()) {
@@ -122,11 +125,7 @@ void EncodeBlockwise(Codec codec, std::span<const float> x, uint8_t* p, std::spa
   int8_t qi[kCodecBlock + 1];
   for (size_t b = 0; b < x.size(); b += kCodecBlock) {
     size_t n = std::min(kCodecBlock, x.size() - b);
-    const float* yp = x.data() + b;
-    if (!residual.empty()) {
-      for (size_t i = 0; i < n; ++i) y[i] = x[b + i] + residual[b + i];
-      yp = y;
-    }
+    const float* yp = WithResidual(x, residual, b, n, y);
     const float scale = QuantizeBlock(yp, n, qmax, q);
     std::memcpy(p, &scale, 4);
     p += 4;
