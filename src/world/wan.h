@@ -56,8 +56,9 @@
 // Memory and copies: a chunk's payload is copied once into a pooled block that gRPC sends from;
 // received chunks are recycled; each Communicator keeps one staging buffer the size of its
 // largest collective. gRPC allocates a buffer per socket read, so Listen sets glibc's malloc
-// thresholds once per process (mallopt: mmap above 32 MiB, trim above 128 MiB) to keep that
-// memory for reuse instead of page-faulting it in again; ATOLL_WAN_MALLOPT=0 keeps the defaults.
+// thresholds once per process (mallopt: mmap above 32 MiB, trim above 128 MiB, two arenas) to
+// keep that memory for reuse instead of page-faulting it in again, without every thread's arena
+// keeping its own; ATOLL_WAN_MALLOPT=0 keeps the defaults.
 // Both ends of every stream send keepalive pings (every keepalive_s / 2) so an idle WAN
 // connection stays open and a dead peer is noticed.
 //
