@@ -1,0 +1,93 @@
+// Helpers shared by the training tests (header-only): synthetic token files, a small model's
+// config, and a fixture that trains into a fresh directory and reads the metrics back.
+#pragma once
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/file.h"
+#include "core/rng.h"
+#include "data/dataset.h"
+#include "train/trainer.h"
+
+namespace atl {
+
+// A token stream with structure to learn: repeating phrases with some noise.
+inline std::vector<uint16_t> SyntheticTokens(size_t n, uint64_t seed) {
+  std::vector<uint16_t> t(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t r = RandomBits(seed, 0, RngPurpose::kTest, i);
+    t[i] = (r % 8 == 0) ? uint16_t(r % 64) : uint16_t((i * 7) % 23);
+  }
+  return t;
+}
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    root_ = ::testing::TempDir() + "/" + info->test_suite_name() + "_" + info->name();
+    std::filesystem::remove_all(root_);
+    data_ = root_ + "/data";
+    ASSERT_TRUE(MakeDirs(data_).ok());
+    ASSERT_TRUE(WriteTokenFile(data_ + "/train.bin", SyntheticTokens(20000, 1)).ok());
+    ASSERT_TRUE(WriteTokenFile(data_ + "/val.bin", SyntheticTokens(2000, 2)).ok());
+    cfg_.model = {.vocab_size = 64, .seq_len = 16, .n_layer = 2, .n_head = 2, .n_embd = 16};
+    cfg_.train.steps = 12;
+    cfg_.train.batch_size = 4;
+    cfg_.train.micro_batch_size = 2;
+    cfg_.train.warmup_steps = 3;
+    cfg_.train.lr = 1e-2;
+    cfg_.train.min_lr = 1e-3;
+    cfg_.train.eval_every = 5;
+    cfg_.train.eval_batches = 2;
+    cfg_.train.seed = 9;
+    cfg_.data.dir = data_;
+  }
+  void TearDown() override {
+    std::filesystem::remove_all(root_);
+    omp_set_num_threads(omp_get_num_procs());
+  }
+
+  std::string Run(const RunConfig& cfg, const std::string& name,
+                  const Checkpoint* resume = nullptr) {
+    TrainOptions o;
+    o.out_dir = root_ + "/" + name;
+    o.resume = resume;
+    o.progress = false;
+    auto r = Train(cfg, o);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return o.out_dir;
+  }
+
+  static std::vector<nlohmann::json> Metrics(const std::string& dir) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(dir + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+    return out;
+  }
+  // The deterministic columns.
+  static std::vector<std::string> LossColumns(const std::string& dir) {
+    std::vector<std::string> out;
+    for (auto& j : Metrics(dir)) {
+      out.push_back(fmt::format("{} {} {} {} {}", j["step"].dump(), j["loss"].dump(),
+                                j["lr"].dump(), j["grad_norm"].dump(),
+                                j.contains("val_loss") ? j["val_loss"].dump() : "-"));
+    }
+    return out;
+  }
+  static std::string Bytes(const std::string& path) { return *ReadFile(path); }
+
+  std::string root_, data_;
+  RunConfig cfg_;
+};
+
+}  // namespace atl
