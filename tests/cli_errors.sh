@@ -23,6 +23,17 @@ expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set model.n_head=3 --o
 expect_err "model.n_embd"
 expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set world.sites=2 --out "$T/x"
 expect_err "world.sites"
+# Faults and detectors: a bad spec, a fault outside the run, an unknown key, a bad value.
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --inject flip:step=1 --out "$T/x"
+expect_err "unknown kind 'flip'"
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --inject param:step=5,bit=40 --out "$T/x"
+expect_err "bit: 40 is out of range"
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --inject gemm_fwd:step=2,layer=99 --out "$T/x"
+expect_err "faults.inject"
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set faults.bits=3 --out "$T/x"
+expect_err "faults.bits: unknown key"
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set sdc.on_alarm=panic --out "$T/x"
+expect_err "sdc.on_alarm"
 # Missing data: a hint to prepare it.
 expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set data.dir="$T/none" --out "$T/x"
 expect_err "atoll data prepare"

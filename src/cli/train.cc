@@ -41,6 +41,7 @@ struct TrainArgs {
   std::string checkpoint_dir;
   int64_t die_after_step = 0;
   bool rejoin = false;
+  std::vector<std::string> inject;  // fault specs added to [faults] inject
 };
 
 // What a site's leader holds to take part in a world: the WAN endpoint and its communicator
@@ -159,6 +160,11 @@ Status RunTrain(const TrainArgs& a) {
     ATOLL_RETURN_IF_ERROR(ValidateRunConfig(cfg));
   } else {
     return Status::InvalidArgument("train: --config FILE is required (or --resume CHECKPOINT)");
+  }
+  if (!a.inject.empty()) {
+    for (const std::string& spec : a.inject)
+      cfg.faults.inject += (cfg.faults.inject.empty() ? "" : ";") + spec;
+    ATOLL_RETURN_IF_ERROR(ValidateRunConfig(cfg).WithContext("--inject"));
   }
   // MPI only under mpirun: a single process never initializes it.
   std::unique_ptr<MpiCommunicator> world;
@@ -332,6 +338,8 @@ void AddTrainCommand(CLI::App& app) {
       "          diloco.outer_momentum streaming.fragments streaming.overlap_steps\n"
       "          streaming.alpha async.max_staleness link.latency_ms link.bandwidth_mbps\n"
       "          link.jitter_ms   (several sites: see `atoll launch --help`)\n"
+      "  [faults] inject seed   (bit flips on purpose; see --inject)\n"
+      "  [sdc]   guard fingerprints moments_every guard_threshold guard_window on_alarm\n"
       "Examples:\n"
       "  atoll train --config configs/small.toml --out runs/s1 --set train.steps=200\n"
       "  atoll train --resume runs/s1/checkpoint-100 --out runs/s1\n"
@@ -367,6 +375,13 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--die-after-step", args->die_after_step,
                   "Fault injection for tests: the site's leader exits abruptly (exit code 3, no "
                   "goodbye to the coordinator) after this step");
+  cmd->add_option(
+      "--inject", args->inject,
+      "Flip a bit on purpose (silent-data-corruption experiments; repeatable; added to [faults] "
+      "inject): KIND:KEY=VALUE,... with KIND gemm_fwd, gemm_bwd, activation, grad, param, moment "
+      "or bad_core and keys step, site, rank, layer, gemm, micro, elem, bit, moment, p; unset "
+      "layer/gemm/elem/bit are drawn from faults.seed. E.g. --inject param:step=5,bit=30 "
+      "--inject gemm_fwd:step=9,layer=1,gemm=2. Each flip is logged to DIR/faults.jsonl");
   cmd->callback([args] { ExitIfError(RunTrain(*args)); });
 }
 

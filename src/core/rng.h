@@ -21,6 +21,7 @@ enum class RngPurpose : uint32_t {
   kSampling = 4,  // text generation
   kShuffle = 5,
   kJitter = 6,  // emulated WAN jitter (step = link stream, index = chunk)
+  kFault = 7,   // injected faults (train/sdc/faults.h: where and which bit)
   kTest = 100,
 };
 

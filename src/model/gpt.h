@@ -103,6 +103,24 @@ class GPT {
   // the gradients of blocks below l.
   void set_backward_hook(std::function<void(int layer)> hook) { backward_hook_ = std::move(hook); }
 
+  // Optional hook on intermediate results, for fault injection and checks (train/sdc/): called
+  // with each block's GEMM products in forward (kGemmForward: out = inp · W (+ b), before any
+  // tensor-parallel all-reduce or residual add; gemm 0..3 = attn.c_attn, attn.c_proj, mlp.c_fc,
+  // mlp.c_proj), with each input-gradient product in backward (kGemmBackward: out = dinp =
+  // dout · Wᵀ, for the same four GEMMs, in backward order 3, 2, 1, 0), and with each block's
+  // output, the residual stream (kActivation, gemm -1). The hook may change *out; what it changes
+  // flows on as if the kernel had computed it. Unset (the default): never called.
+  enum class OpKind { kGemmForward, kGemmBackward, kActivation };
+  struct OpEvent {
+    OpKind kind;
+    int layer;
+    int gemm;
+    T* out;
+    size_t n;  // elements of out: rows * cols
+    int rows, cols;
+  };
+  void set_op_hook(std::function<void(const OpEvent&)> hook) { op_hook_ = std::move(hook); }
+
   // Logits of the last Forward (slot 0, last stage): [B, T, vocab_size], row-major; with
   // tp_size > 1 only this rank's vocabulary share: [B, T, Vl], token ShardVocab().begin first.
   const T* logits() const;
@@ -140,6 +158,10 @@ class GPT {
   std::vector<T> grads_;
   std::unique_ptr<Activations> acts_;
   std::function<void(int)> backward_hook_;
+  std::function<void(const OpEvent&)> op_hook_;
+  void Op(OpKind kind, int layer, int gemm, T* out, int rows, int cols) {
+    if (op_hook_) op_hook_({kind, layer, gemm, out, size_t(rows) * size_t(cols), rows, cols});
+  }
   std::function<void(T*, size_t)> tp_all_reduce_;
 };
 

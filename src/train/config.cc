@@ -110,7 +110,8 @@ Status UnknownKey(std::string_view section, std::string_view name) {
 }
 
 bool IsKnownSection(std::string_view s) {
-  return s == "model" || s == "train" || s == "data" || s == "parallel" || s == "world";
+  return s == "model" || s == "train" || s == "data" || s == "parallel" || s == "world" ||
+         s == "faults" || s == "sdc";
 }
 
 // A float as TOML: the shortest text that reads back to the same double, always with a '.' or
@@ -198,6 +199,18 @@ std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
       {"world", "link.bandwidth_mbps", &c.world.link.bandwidth_mbps,
        "WAN bandwidth, Mbit/s (0: unlimited)"},
       {"world", "link.jitter_ms", &c.world.link.jitter_ms, "WAN latency jitter, +- ms"},
+      {"faults", "inject", &c.faults.inject,
+       "bit flips to inject, KIND:KEY=VALUE,... joined by ';' (train/sdc/faults.h)"},
+      {"faults", "seed", &c.faults.seed, "seed of the faults' unset layers, elements and bits"},
+      {"sdc", "guard", &c.sdc.guard, "outlier checks on loss, gradient norm, updates, activations"},
+      {"sdc", "fingerprints", &c.sdc.fingerprints,
+       "compare data-parallel replicas' parameter hashes every step"},
+      {"sdc", "moments_every", &c.sdc.moments_every,
+       "compare the replicas' AdamW moments every N steps (0: never)"},
+      {"sdc", "guard_threshold", &c.sdc.guard_threshold,
+       "an outlier is this many robust deviations from the median"},
+      {"sdc", "guard_window", &c.sdc.guard_window, "clean steps the guard's medians cover"},
+      {"sdc", "on_alarm", &c.sdc.on_alarm, "warn (log and report) or stop (end the run)"},
   };
 }
 
@@ -221,9 +234,9 @@ StatusOr<RunConfig> ParseRunConfig(std::string_view text, const std::string& sou
                       "[data] or [parallel]",
                       source, section));
     if (!IsKnownSection(section))
-      return Status::InvalidArgument(
-          fmt::format("{}: unknown section [{}] (known: model, train, data, parallel, world)",
-                      source, section));
+      return Status::InvalidArgument(fmt::format(
+          "{}: unknown section [{}] (known: model, train, data, parallel, world, faults, sdc)",
+          source, section));
     if (table == nullptr)
       return Status::InvalidArgument(fmt::format("{}: {} must be a table [{}], got {}", source,
                                                  section, section, TypeName(section_node.type())));
@@ -348,8 +361,16 @@ std::string RunConfigToToml(const RunConfig& in) {
   RunConfig cfg = in;
   std::string out = "# atoll effective config (file + --set overrides)\n";
   std::string_view section;
+  // [world]'s per-pair link tables, written while [world] is the open section.
+  auto pairs = [&] {
+    for (const auto& [pair, p] : cfg.world.pairs)
+      out += fmt::format(
+          "link.\"{}\" = {{ latency_ms = {}, bandwidth_mbps = {}, jitter_ms = {} }}\n", pair,
+          TomlFloat(p.latency_ms), TomlFloat(p.bandwidth_mbps), TomlFloat(p.jitter_ms));
+  };
   for (const auto& k : ConfigKeys(cfg)) {
     if (k.section != section) {
+      if (section == "world") pairs();
       section = k.section;
       out += fmt::format("{}[{}]\n", out.size() > 60 ? "\n" : "", section);
     }
@@ -369,10 +390,7 @@ std::string RunConfigToToml(const RunConfig& in) {
         k.value);
     out += fmt::format("{} = {}\n", k.name, v);
   }
-  for (const auto& [pair, p] : cfg.world.pairs)  // still inside [world]
-    out += fmt::format("link.\"{}\" = {{ latency_ms = {}, bandwidth_mbps = {}, jitter_ms = {} }}\n",
-                       pair, TomlFloat(p.latency_ms), TomlFloat(p.bandwidth_mbps),
-                       TomlFloat(p.jitter_ms));
+  if (section == "world") pairs();
   return out;
 }
 
@@ -422,8 +440,11 @@ StatusOr<RunConfig> RunConfigFromJson(const nlohmann::json& j) {
   }
   for (const auto& k : keys) {
     const std::string s(k.section), n(k.name);
-    // Keys added to [parallel] and [world] after manifests were first written take defaults.
-    if ((s == "parallel" || s == "world") && (!j.contains(s) || !j[s].contains(n))) continue;
+    // Keys added to [parallel], [world], [faults] and [sdc] after manifests were first written take
+    // defaults.
+    if ((s == "parallel" || s == "world" || s == "faults" || s == "sdc") &&
+        (!j.contains(s) || !j[s].contains(n)))
+      continue;
     if (!j.contains(s) || !j[s].contains(n))
       return Status::InvalidArgument(fmt::format("config: missing key {}", k.path()));
     const nlohmann::json& v = j[s][n];

@@ -109,12 +109,33 @@ struct WorldConfig {
   bool operator==(const WorldConfig&) const = default;
 };
 
+// [faults]: bit flips injected on purpose (train/sdc/faults.h), for silent-data-corruption
+// experiments. Empty: none.
+struct FaultsConfig {
+  std::string inject;  // specs joined by ';', e.g. "param:step=5,bit=30;gemm_fwd:step=9,layer=1"
+  int64_t seed = 1;    // keys the draws of unset layers, GEMMs, elements and bits
+  bool operator==(const FaultsConfig&) const = default;
+};
+
+// [sdc]: silent-data-corruption detectors (train/sdc/monitor.h).
+struct SdcConfig {
+  bool guard = true;              // robust outlier checks on loss, norms, updates, activations
+  bool fingerprints = true;       // compare data-parallel replicas' parameter hashes every step
+  int64_t moments_every = 10;     // ... and their AdamW moments every N steps (0: never)
+  double guard_threshold = 10;    // an outlier is this many robust deviations off the median
+  int64_t guard_window = 32;      // clean steps the guard's medians are over
+  std::string on_alarm = "warn";  // "warn": log and report; "stop": end the run (exit 1)
+  bool operator==(const SdcConfig&) const = default;
+};
+
 struct RunConfig {
   GPTConfig model{.vocab_size = 50257, .seq_len = 128, .n_layer = 4, .n_head = 4, .n_embd = 192};
   TrainConfig train;
   DataConfig data;
   ParallelConfig parallel;
   WorldConfig world;
+  FaultsConfig faults;
+  SdcConfig sdc;
   bool operator==(const RunConfig&) const = default;
 };
 

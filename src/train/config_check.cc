@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "train/config.h"
+#include "train/sdc/faults.h"
 #include "world/codec.h"
 
 namespace atl {
@@ -145,6 +146,32 @@ Status ValidateRunConfig(const RunConfig& c) {
                  fmt::format("names a site outside world.sites = {}", w.sites));
     if (std::string why = ValidateLink(profile); !why.empty())
       return bad(fmt::format("world.link.{}", pair), why);
+  }
+  const SdcConfig& d = c.sdc;
+  if (d.moments_every < 0)
+    return bad("sdc.moments_every", fmt::format("must be >= 0, got {}", d.moments_every));
+  if (!finite(d.guard_threshold) || d.guard_threshold < 1 || d.guard_threshold > 1e6)
+    return bad("sdc.guard_threshold",
+               fmt::format("must be in [1, 1e6], got {}", d.guard_threshold));
+  if (d.guard_window < 4 || d.guard_window > 100000)
+    return bad("sdc.guard_window", fmt::format("must be in [4, 100000], got {}", d.guard_window));
+  if (d.on_alarm != "warn" && d.on_alarm != "stop")
+    return bad("sdc.on_alarm", fmt::format("must be warn or stop, got \"{}\"", d.on_alarm));
+  if (c.faults.seed < 0)
+    return bad("faults.seed", fmt::format("must be >= 0, got {}", c.faults.seed));
+  ATOLL_ASSIGN_OR_RETURN(const std::vector<FaultSpec> faults, ParseFaults(c.faults.inject));
+  for (const FaultSpec& f : faults) {
+    const char* where = f.site >= w.sites                                   ? "site"
+                        : f.rank >= p.dp * p.tp * p.pp                      ? "rank"
+                        : f.layer >= m.n_layer                              ? "layer"
+                        : f.kind != FaultKind::kBadCore && f.step > t.steps ? "step"
+                                                                            : nullptr;
+    if (where != nullptr)
+      return bad("faults.inject",
+                 fmt::format("a {} fault's {} is outside the run (world.sites {}, {} ranks per "
+                             "site, model.n_layer {}, train.steps {})",
+                             FaultKindName(f.kind), where, w.sites, p.dp * p.tp * p.pp, m.n_layer,
+                             t.steps));
   }
   if (w.sites > 1) {
     if (p.dp * p.tp * p.pp != w.ranks_per_site)

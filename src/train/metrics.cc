@@ -28,6 +28,7 @@ std::string MetricsJson(const StepMetrics& m) {
   if (m.wan_bytes_sent) j["wan_bytes_sent"] = *m.wan_bytes_sent;
   if (m.sync_bytes_sent) j["sync_bytes_sent"] = *m.sync_bytes_sent;
   if (m.outer_rounds) j["outer_rounds"] = *m.outer_rounds;
+  for (const std::string& e : m.sdc) j["sdc"].push_back(nlohmann::ordered_json::parse(e));
   return j.dump();
 }
 

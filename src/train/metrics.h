@@ -4,7 +4,9 @@
 //   {"step": 12, "loss": 5.93, "lr": 0.0006, "grad_norm": 1.42, "tokens": 768,
 //    "tokens_per_s": 5123.4, "step_ms": 11.9, "val_loss": 6.01}
 // and, with several sites, "site", "wan_ms", "wan_bytes_sent" (and "sync_bytes_sent",
-// "outer_rounds" for the low-communication and asynchronous strategies).
+// "outer_rounds" for the low-communication and asynchronous strategies), and on a step where a
+// corruption detector raised an alarm, "sdc": [{"site", "rank", "detector", "what", ...}]
+// (train/sdc/monitor.h).
 // step counts completed steps (1..train.steps, as checkpoint-<step> does); tokens is cumulative;
 // val_loss appears on the steps where validation ran. loss, lr, grad_norm and val_loss are
 // deterministic (the same bits for the same config and seed); tokens_per_s and step_ms are not.
@@ -19,6 +21,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 
@@ -41,6 +44,9 @@ struct StepMetrics {
   // the float32 gradient every step: 2 (sites - 1) / sites of it per leader); not for sync.
   std::optional<uint64_t> sync_bytes_sent;
   std::optional<int64_t> outer_rounds;  // exchanges completed (diloco, streaming) / pushes (async)
+  // What the corruption detectors found this step (train/sdc/monitor.h): one JSON object each,
+  // written as the array "sdc".
+  std::vector<std::string> sdc;
 };
 
 // One JSON line (no newline).

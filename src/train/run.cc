@@ -207,6 +207,69 @@ StatusOr<double> SquaredGradNorm(Run& run) {
   return sum;
 }
 
+FaultKind FaultKindOfOp(GPT<float>::OpKind k) {
+  using K = GPT<float>::OpKind;
+  return k == K::kGemmForward    ? FaultKind::kGemmForward
+         : k == K::kGemmBackward ? FaultKind::kGemmBackward
+                                 : FaultKind::kActivation;
+}
+
+Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
+  const RunConfig& cfg = run.cfg;
+  const Mesh& me = run.mesh;
+  const ModelShard& shard = run.model->shard();
+  if (!cfg.faults.inject.empty()) {
+    ATOLL_ASSIGN_OR_RETURN(std::vector<FaultSpec> specs, ParseFaults(cfg.faults.inject));
+    const std::string log = me.rank() == 0
+                                ? out_dir + "/faults.jsonl"
+                                : fmt::format("{}/faults-rank{}.jsonl", out_dir, me.rank());
+    auto f = std::make_unique<FaultInjector>(specs, uint64_t(cfg.faults.seed), run.site, me.rank(),
+                                             shard.layer_begin, shard.end(cfg.model), log, fresh);
+    if (!f->empty()) {
+      ATOLL_RETURN_IF_ERROR(MakeDirs(out_dir));
+      run.faults = std::move(f);
+    }
+  }
+  SdcOptions o;
+  o.guard = cfg.sdc.guard;
+  o.fingerprints = cfg.sdc.fingerprints;
+  o.moments_every = cfg.sdc.moments_every;
+  o.guard_options.threshold = cfg.sdc.guard_threshold;
+  o.guard_options.window = size_t(cfg.sdc.guard_window);
+  std::vector<int> replica_ranks;
+  for (int r = 0; r < me.dp(); ++r)
+    replica_ranks.push_back(me.RankOf(r, me.tp_rank(), me.pp_rank()));
+  auto monitor = std::make_unique<SdcMonitor>(o, run.model->layout(), run.site, me.rank(),
+                                              me.dp_group(), std::move(replica_ranks), Zero(run));
+  if (monitor->active()) run.sdc = std::move(monitor);
+  FaultInjector* faults = run.faults.get();
+  SdcMonitor* sdc = cfg.sdc.guard ? run.sdc.get() : nullptr;
+  if (faults == nullptr && sdc == nullptr) return Status::Ok();
+  const bool* in_step = &run.in_step;
+  run.model->set_op_hook([faults, sdc, in_step](const GPT<float>::OpEvent& e) {
+    if (!*in_step) return;
+    const FaultKind kind = FaultKindOfOp(e.kind);
+    if (faults != nullptr) faults->OnOp(kind, e.layer, e.gemm, e.out, e.n);
+    if (sdc != nullptr && kind == FaultKind::kActivation) sdc->OnActivation(e.layer, e.out, e.n);
+  });
+  return Status::Ok();
+}
+
+void InjectBufferFaults(Run& run, FaultKind where, int64_t s) {
+  FaultInjector* f = run.faults.get();
+  if (f == nullptr) return;
+  if (where == FaultKind::kGrad) {
+    if (Zero(run))
+      f->OnBuffer(FaultKind::kGrad, s, run.reducer->shard_grads(), run.optimizer->size());
+    else
+      f->OnBuffer(FaultKind::kGrad, s, run.model->grads(), run.model->num_params());
+    return;
+  }
+  f->OnBuffer(FaultKind::kParam, s, run.model->params(), run.model->num_params());
+  f->OnBuffer(FaultKind::kMoment, s, run.optimizer->m(), run.optimizer->size(), 'm');
+  f->OnBuffer(FaultKind::kMoment, s, run.optimizer->v(), run.optimizer->size(), 'v');
+}
+
 Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
   const RunConfig& cfg = run.cfg;
   const Mesh& mesh = run.mesh;
@@ -221,6 +284,11 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
   GradientReducer* reducer = run.reducer.get();
 
   model.ZeroGrad();
+  run.in_step = true;
+  struct InStep {
+    bool* on;
+    ~InStep() { *on = false; }
+  } in_step{&run.in_step};
   if (reducer != nullptr) {
     if (reproducible)
       reducer->BeginFixedPoint();
@@ -242,6 +310,7 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
     const PipeOp& op = run.schedule[i];
     const int64_t j = run.first_micro + op.micro;  // the micro-batch's index in the whole batch
     const int tag = 2 * op.micro;
+    if (run.faults != nullptr) run.faults->At(s, j);
     if (op.kind == PipeOp::kForward) {
       if (first || last) {
         for (int w = 0; w < micro; ++w) {

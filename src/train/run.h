@@ -22,6 +22,8 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/optimizer.h"
+#include "train/sdc/faults.h"
+#include "train/sdc/monitor.h"
 
 namespace atl {
 
@@ -52,7 +54,21 @@ struct Run {
   double comm_wait_s = 0;   // in GradientReducer::Finish: communication not hidden by backward
   int sites = 1, site = 0;  // several sites: this site's replicas follow the other sites'
   float loss_scale = 1;     // backward's: 1 / the micro-batches whose mean loss is the objective
+  std::unique_ptr<FaultInjector> faults;  // [faults] for this rank; null: none
+  std::unique_ptr<SdcMonitor> sdc;        // [sdc] detectors; null: all off
+  bool in_step = false;  // the model's op hook acts only in a step's passes (not in validation)
 };
+
+// [faults] and [sdc] (train/sdc/): this rank's fault injector (when a fault names it; its record
+// goes to faults_log) and corruption monitor, hooked into the model (the injector first, so the
+// detectors see what it changed).
+// What the model's op hook reports, as the fault kind that strikes it.
+FaultKind FaultKindOfOp(GPT<float>::OpKind k);
+// A fresh run (not resumed) starts its fault log empty.
+Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh);
+// Injects the faults of step s (0-based) that strike a flat buffer: the parameters and moments
+// at the start of the step (where = kParam), or the reduced gradients (kGrad).
+void InjectBufferFaults(Run& run, FaultKind where, int64_t s);
 
 // ZeRO-1: the optimizer state is sharded over the data-parallel replicas.
 bool Zero(const Run& run);

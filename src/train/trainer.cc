@@ -92,6 +92,31 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
   return 0;
 }
 
+// The corruption detectors after step s's update (train/sdc/monitor.h): every rank logs what it
+// found; the site's ranks share their findings, which go into the step's metrics; with
+// sdc.on_alarm = "stop" any finding ends the run on every rank of the site alike.
+Status CheckStep(Run& run, int64_t s, StepMetrics* m) {
+  ATOLL_ASSIGN_OR_RETURN(std::vector<SdcEvent> events,
+                         run.sdc->AfterStep(s, m->loss, m->grad_norm, run.model->params(),
+                                            run.optimizer->m(), run.optimizer->v()));
+  std::vector<std::string> mine;
+  for (const SdcEvent& e : events) {
+    LogWarning("silent data corruption suspected: {}", e.ToString());
+    mine.push_back(e.ToJson());
+  }
+  if (run.mesh.size() > 1) {
+    ATOLL_ASSIGN_OR_RETURN(m->sdc, ShareEvents(*run.mesh.world(), mine));
+  } else {
+    m->sdc = std::move(mine);
+  }
+  if (!m->sdc.empty() && run.cfg.sdc.on_alarm == "stop")
+    return Status::Internal(fmt::format(
+        "silent data corruption suspected at step {} ({}{}); sdc.on_alarm = stop ends the run",
+        s + 1, m->sdc.front(),
+        m->sdc.size() > 1 ? fmt::format(" and {} more", m->sdc.size() - 1) : ""));
+  return Status::Ok();
+}
+
 void LogStart(const RunConfig& cfg, const Run& run, int64_t start) {
   const Mesh& me = run.mesh;
   const ParallelConfig& pc = cfg.parallel;
@@ -131,6 +156,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   const Mesh& me = run.mesh;
   const bool leader = me.rank() == 0;
   ATOLL_ASSIGN_OR_RETURN(int64_t start, SetUp(cfg, options, run));
+  ATOLL_RETURN_IF_ERROR(SetUpSdc(run, options.out_dir, options.resume == nullptr));
 
   // How the sites agree (train/strategies/world_strategy.h): every rank keeps the schedule, the
   // leader acts.
@@ -165,6 +191,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   ProgressBar progress(start, tc.steps, stderr);
   for (int64_t s = start; s < tc.steps; ++s) {
     const double t0 = NowSeconds();
+    InjectBufferFaults(run, FaultKind::kParam, s);
     try {
       ATOLL_RETURN_IF_ERROR(ForwardBackward(run, s, &local_losses));
     } catch (const std::runtime_error& e) {  // a failed tensor-parallel all-reduce
@@ -178,6 +205,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     if (me.size() > 1) ATOLL_RETURN_IF_ERROR(me.world()->AllReduce(std::span<double>(all_losses)));
     ATOLL_RETURN_IF_ERROR(strategy->AfterBackward(s, std::span<float>(run.model->grads(), n_params),
                                                   std::span<double>(all_losses)));
+    InjectBufferFaults(run, FaultKind::kGrad, s);
     double loss_sum = 0.0;
     for (double l : all_losses) loss_sum += l;
     StepMetrics m;
@@ -193,12 +221,15 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
                       s + 1, m.loss, m.grad_norm));
     }
     const float clip = ClipScale(m.grad_norm, tc.grad_clip);
+    if (run.sdc != nullptr)
+      ATOLL_RETURN_IF_ERROR(run.sdc->BeforeUpdate(s, run.model->params(), n_params));
     if (Zero(run)) {
       run.optimizer->Step(run.model->params(), run.reducer->shard_grads(), m.lr, clip);
       ATOLL_RETURN_IF_ERROR(run.reducer->AllGatherInPlace(run.model->params()));
     } else {
       run.optimizer->Step(run.model->params(), run.model->grads(), m.lr, clip);
     }
+    if (run.sdc != nullptr) ATOLL_RETURN_IF_ERROR(CheckStep(run, s, &m));
     const bool last = s + 1 == tc.steps;
     ATOLL_RETURN_IF_ERROR(strategy->AfterStep(s + 1, run.model->params(), last));
     const double dt = NowSeconds() - t0;
@@ -229,6 +260,10 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     LogInfo("data parallel: {:.2f} ms per step waiting for gradient reductions after backward",
             run.comm_wait_s * 1e3 / double(tc.steps - start));
   if (leader && options.progress) progress.Finish();
+  if (run.faults != nullptr)
+    for (const std::string& spec : run.faults->Unfired())
+      LogWarning("fault {} never fired (this rank computed no such step, layer or micro-batch)",
+                 spec);
   if (const std::string summary = strategy->Summary(); !summary.empty()) LogInfo("{}", summary);
   const std::string final_dir = ck_dir + "/checkpoint";
   if (run.site == 0) ATOLL_RETURN_IF_ERROR(SaveCheckpoint(run, final_dir, tc.steps));

@@ -1,0 +1,135 @@
+// Fault injection for silent-data-corruption experiments: flip one bit of one float where real
+// hardware corrupts data without an error (a GEMM's output, an activation, a reduced gradient, a
+// parameter or an optimizer moment in memory), once ("transient") or as a bad core that corrupts
+// a rank's GEMMs with some probability every step ("persistent").
+//
+// A fault is written as KIND:KEY=VALUE,KEY=VALUE... and several are joined by ';' (config
+// [faults] inject, or `atoll train --inject SPEC`, repeatable):
+//   gemm_fwd     a forward GEMM product of block `layer` (gemm 0..3: attn.c_attn, attn.c_proj,
+//                mlp.c_fc, mlp.c_proj; before the residual add), in micro-batch `micro`
+//   gemm_bwd     the input gradient a backward GEMM computes (the same four GEMMs)
+//   activation   block `layer`'s output (the residual stream) in micro-batch `micro`
+//   grad         the gradient after the data-parallel reduction, before the norm and the step
+//   param        a parameter in memory, at the start of the step (before its forward)
+//   moment       an AdamW moment (moment=m or v) in memory, at the start of the step
+//   bad_core     every GEMM product (forward and backward) of the rank is corrupted with
+//                probability `p` per GEMM call, every step from `step` on (default 1)
+// Keys: step (1-based, the step whose computation is corrupted; required except for bad_core),
+// site (0), rank (0: the rank within the site), layer, gemm, micro (the micro-batch's index in the
+// whole batch; default: the rank's first), elem (the element of the target buffer, taken modulo
+// its size), bit (0..31: 31 is the sign, 23..30 the exponent, 0..22 the mantissa), moment (m, v),
+// p. Unset layer, gemm, elem and bit are drawn from [faults] seed, so a campaign names only the
+// kind and the step. `elem` of grad, param and moment indexes this rank's flat buffer (its
+// shard's layout); of a GEMM or activation, the row-major output of the micro-batch.
+//
+// layer, gemm and micro also narrow a bad_core (a core that corrupts only one GEMM of one block).
+// Draws are keyed by (faults.seed, the spec's place in the whole list, site, rank), so two ranks
+// named by two specs flip different elements, and adding a spec moves no other spec's draws.
+// A drawn layer is one this rank holds (pipeline parallel: its stage's blocks).
+//
+// Every fault that fires is logged (LogWarning) and appended to the rank's log (DIR/faults.jsonl
+// for rank 0, DIR/faults-rank<r>.jsonl for the others; a fresh run starts it empty) as one JSON
+// object: kind, step, site, rank, micro, layer, gemm, elem, bit, before, after (non-finite values
+// as strings), bits_before, bits_after (hex). Faults stay in the run's saved config: a resumed run
+// keeps its bad cores (a transient fault of an earlier step does not fire again).
+//
+// Thread-safety: a FaultInjector belongs to its rank's training thread.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace atl {
+
+enum class FaultKind { kGemmForward, kGemmBackward, kActivation, kGrad, kParam, kMoment, kBadCore };
+
+struct FaultSpec {
+  FaultKind kind = FaultKind::kParam;
+  int64_t step = 0;  // 1-based; bad_core: the first step it corrupts
+  int site = 0;
+  int rank = 0;
+  int layer = -1;      // -1: drawn
+  int gemm = -1;       // -1: drawn
+  int64_t micro = -1;  // -1: the rank's first micro-batch of the step
+  int64_t elem = -1;   // -1: drawn
+  int bit = -1;        // -1: drawn
+  char moment = 'm';   // 'm' or 'v'
+  double p = 0;        // bad_core: probability per GEMM call
+};
+
+const char* FaultKindName(FaultKind k);
+
+// Parses `text` (specs joined by ';'; empty: none). Errors are kInvalidArgument naming the spec
+// and the key ("faults.inject: 'param:step=x': step: expected an integer").
+StatusOr<std::vector<FaultSpec>> ParseFaults(std::string_view text);
+
+// Where a fault struck: the ground truth a detector's report is compared with.
+struct FaultRecord {
+  FaultKind kind;
+  int64_t step;
+  int site, rank;
+  int64_t micro;
+  int layer, gemm;
+  int64_t elem;
+  int bit;
+  float before, after;
+};
+
+// The spec as text (what Unfired reports).
+std::string FormatSpec(const FaultSpec& f);
+
+// Flips `bit` of *x; returns the old value.
+float FlipBit(float* x, int bit);
+
+class FaultInjector {
+ public:
+  // The faults that apply to (site, rank); `n_layer` bounds the drawn layers; `seed` keys every
+  // draw. `log_path` (may be empty) receives a JSON line per fault that fires.
+  FaultInjector(const std::vector<FaultSpec>& specs, uint64_t seed, int site, int rank,
+                int layer_begin, int layer_end, std::string log_path, bool fresh_log = true);
+  ~FaultInjector();
+  FaultInjector(const FaultInjector&) = delete;
+  FaultInjector& operator=(const FaultInjector&) = delete;
+
+  bool empty() const { return specs_.empty(); }
+
+  // The computation the next hook calls belong to: step s (0-based, as the loop counts) and the
+  // micro-batch j (its index in the whole batch), forward or backward.
+  void At(int64_t s, int64_t micro);
+  // The model's op hook (GPT::set_op_hook): a forward GEMM product, a backward one, or a block's
+  // output (kind: kGemmForward, kGemmBackward or kActivation).
+  void OnOp(FaultKind kind, int layer, int gemm, float* out, size_t n);
+  // A flat buffer of kind kGrad, kParam or kMoment ('m' / 'v' for moments) at step s (0-based).
+  void OnBuffer(FaultKind kind, int64_t s, float* data, size_t n, char moment = 0);
+
+  const std::vector<FaultRecord>& fired() const { return fired_; }
+  // The transient faults of this rank that have not fired (at the end of a run: a micro-batch
+  // or layer the rank never computed), as their specs' text.
+  std::vector<std::string> Unfired() const;
+
+ private:
+  // A draw below n for spec i's slot (layer, gemm, bit, elem, the bad core's coin) at the current
+  // step; call: the bad core's GEMM call within the step (0 otherwise).
+  uint64_t Draw(size_t i, uint64_t slot, uint64_t call, uint64_t n) const;
+  double Coin(size_t i, uint64_t call) const;
+  void Fire(size_t i, uint64_t call, float* data, size_t n, int layer, int gemm);
+
+  std::vector<FaultSpec> specs_;  // this rank's
+  std::vector<size_t> index_;     // ... their places in the whole list
+  std::vector<bool> done_;        // transient faults fire once
+  uint64_t seed_;
+  int site_, rank_, layer_begin_, layer_end_;
+  bool fresh_log_;
+  int64_t step_ = -1, micro_ = -1;
+  uint64_t op_calls_ = 0;  // bad core: the draw's counter within the step
+  std::string log_path_;
+  std::FILE* log_ = nullptr;
+  std::vector<FaultRecord> fired_;
+};
+
+}  // namespace atl

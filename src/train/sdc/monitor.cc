@@ -1,0 +1,180 @@
+#include "train/sdc/monitor.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "train/sdc/fingerprint.h"
+
+namespace atl {
+
+namespace {
+
+// "transformer.h.1.attn.c_attn.weight" -> "h.1.attn.c_attn.weight"
+std::string ShortName(const std::string& name) {
+  const std::string prefix = "transformer.";
+  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
+}
+
+}  // namespace
+
+std::string SdcEvent::ToJson() const {
+  nlohmann::ordered_json j;  // the step is the metrics line's
+  j["site"] = site;
+  j["rank"] = rank;
+  j["detector"] = detector;
+  j["what"] = what;
+  if (detector == "guard") {
+    j["value"] = std::isfinite(value) ? nlohmann::ordered_json(value)
+                                      : nlohmann::ordered_json(fmt::format("{}", value));
+    j["median"] = median;
+    j["scale"] = scale;
+  } else {
+    j["majority"] = has_majority;
+  }
+  return j.dump();
+}
+
+std::string SdcEvent::ToString() const {
+  const std::string where =
+      rank >= 0 ? fmt::format("site {} rank {}", site, rank) : fmt::format("site {}", site);
+  if (detector == "guard")
+    return fmt::format("step {} ({}): guard: {} = {:.6g}, {} (median {:.6g}, scale {:.3g})", step,
+                       where, what, value, std::isfinite(value) ? "an outlier" : "not finite",
+                       median, scale);
+  return fmt::format("step {} ({}): fingerprint: {} differs from {}", step, where, what,
+                     has_majority ? "the other replicas'" : "the other replica's (no majority)");
+}
+
+SdcMonitor::SdcMonitor(SdcOptions o, std::vector<ParamTensor> layout, int site, int rank,
+                       Communicator* dp_group, std::vector<int> replica_ranks, bool zero)
+    : o_(o),
+      layout_(std::move(layout)),
+      site_(site),
+      rank_(rank),
+      dp_(dp_group),
+      zero_(zero),
+      replica_ranks_(std::move(replica_ranks)),
+      guard_(o.guard_options) {}
+
+Status SdcMonitor::Compare(int64_t s, const char* what, const float* data,
+                           std::vector<SdcEvent>* out) {
+  ATOLL_ASSIGN_OR_RETURN(auto mismatches,
+                         CompareFingerprints(*dp_, TensorFingerprints(layout_, data)));
+  for (const FingerprintMismatch& mm : mismatches) {
+    SdcEvent e;
+    e.step = s + 1;
+    e.site = site_;
+    e.rank = size_t(mm.replica) < replica_ranks_.size() ? replica_ranks_[size_t(mm.replica)]
+                                                        : mm.replica;
+    e.detector = "fingerprint";
+    e.what = fmt::format("{}:{}", what, ShortName(layout_[mm.tensor].name));
+    e.has_majority = mm.has_majority;
+    out->push_back(e);
+  }
+  return Status::Ok();
+}
+
+void SdcMonitor::OnActivation(int layer, const float* out, size_t n) {
+  if (!o_.guard) return;
+  if (act_max_.size() <= size_t(layer)) act_max_.resize(size_t(layer) + 1, 0.0);
+  float mx = 0;
+  bool finite = true;
+  for (size_t i = 0; i < n; ++i) {
+    const float a = std::abs(out[i]);
+    finite &= std::isfinite(a);
+    mx = std::max(mx, a);
+  }
+  act_max_[size_t(layer)] = finite ? std::max(act_max_[size_t(layer)], double(mx))
+                                   : std::numeric_limits<double>::infinity();
+}
+
+Status SdcMonitor::BeforeUpdate(int64_t s, const float* params, size_t n) {
+  if (o_.guard) before_.assign(params, params + n);
+  pending_.clear();
+  if (zero_ && fingerprints()) return Compare(s, "params", params, &pending_);
+  return Status::Ok();
+}
+
+StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, double grad_norm,
+                                                      const float* params, const float* m,
+                                                      const float* v) {
+  std::vector<SdcEvent> out;
+  if (o_.guard) {
+    std::vector<StepGuard::Signal> signals = {{"loss", loss}, {"grad_norm", grad_norm}};
+    if (!before_.empty()) {
+      // Each tensor's sum in order on one thread (the same bits for any thread count).
+      std::vector<double> rms(layout_.size());
+#pragma omp parallel for schedule(dynamic)
+      for (size_t t = 0; t < layout_.size(); ++t) {
+        const ParamTensor& p = layout_[t];
+        double sum = 0;
+        for (size_t i = p.offset; i < p.offset + p.numel; ++i) {
+          const double d = double(params[i]) - double(before_[i]);
+          sum += d * d;
+        }
+        rms[t] = std::sqrt(sum / double(p.numel));
+      }
+      for (size_t t = 0; t < layout_.size(); ++t)
+        signals.push_back({"update_rms." + ShortName(layout_[t].name), rms[t]});
+    }
+    for (size_t l = 0; l < act_max_.size(); ++l)
+      if (act_max_[l] > 0) signals.push_back({fmt::format("act_max.{}", l), act_max_[l]});
+    for (const StepGuard::Outlier& o : guard_.Check(signals)) {
+      SdcEvent e;
+      e.step = s + 1;
+      e.site = site_;
+      e.rank = (o.name == "loss" || o.name == "grad_norm") ? -1 : rank_;
+      e.detector = "guard";
+      e.what = o.name;
+      e.value = o.value;
+      e.median = o.median;
+      e.scale = o.scale;
+      out.push_back(e);
+    }
+    std::fill(act_max_.begin(), act_max_.end(), 0.0);
+  }
+  if (fingerprints()) {
+    if (zero_) {
+      out.insert(out.end(), pending_.begin(), pending_.end());
+      pending_.clear();
+    } else {
+      ATOLL_RETURN_IF_ERROR(Compare(s, "params", params, &out));
+      if (m != nullptr && v != nullptr && o_.moments_every > 0 && (s + 1) % o_.moments_every == 0) {
+        ATOLL_RETURN_IF_ERROR(Compare(s, "moment_m", m, &out));
+        ATOLL_RETURN_IF_ERROR(Compare(s, "moment_v", v, &out));
+      }
+    }
+  }
+  return out;
+}
+
+StatusOr<std::vector<std::string>> ShareEvents(Communicator& group,
+                                               const std::vector<std::string>& mine) {
+  std::string blob;
+  for (const std::string& e : mine) blob += e + "\n";
+  const size_t ranks = size_t(group.size());
+  int64_t len = int64_t(blob.size());
+  std::vector<int64_t> lens(ranks);
+  ATOLL_RETURN_IF_ERROR(group.AllGather(&len, lens.data(), 1, DType::kInt64));
+  const size_t most = size_t(*std::max_element(lens.begin(), lens.end()));
+  std::vector<std::string> out;
+  if (most == 0) return out;
+  blob.resize(most, '\0');
+  std::string all(most * ranks, '\0');
+  ATOLL_RETURN_IF_ERROR(group.AllGather(blob.data(), all.data(), most, DType::kByte));
+  for (size_t r = 0; r < ranks; ++r) {
+    const std::string part = all.substr(r * most, size_t(lens[r]));
+    size_t begin = 0;
+    for (size_t end; (end = part.find('\n', begin)) != std::string::npos; begin = end + 1) {
+      std::string e = part.substr(begin, end - begin);
+      if (std::find(out.begin(), out.end(), e) == out.end()) out.push_back(std::move(e));
+    }
+  }
+  return out;
+}
+
+}  // namespace atl

@@ -1,0 +1,95 @@
+// The silent-data-corruption monitor of one rank: runs the detectors after every optimizer step
+// and reports what they found as `sdc` events (train/sdc/faults.h injects what they should find).
+//
+// Detectors ([sdc] in the config; train/config.h):
+//   - guard (sdc.guard): the step guard (train/sdc/guard.h) over the loss, the gradient norm
+//     (global signals: every rank sees the same value, reported with rank -1), and this rank's
+//     per-tensor update RMS (|p_after - p_before| over the tensor) and per-block max |activation|
+//     (the residual stream after each block, over the step's micro-batches).
+//   - fingerprints (sdc.fingerprints; data-parallel replicas only, dp > 1): the parameters'
+//     per-tensor hashes compared over the dp group after every step, and the AdamW moments' every
+//     sdc.moments_every steps; a replica outside the majority is named (by its rank in the site)
+//     with the tensor. With ZeRO the parameters are compared before the update instead (after it
+//     every replica has copied the owners' pieces, so they agree by construction), and the
+//     moments, which are not replicated, are not compared. Fingerprints see corruption of what
+//     replicas hold (parameters, moments, a replica's own update); a fault in a computation whose
+//     result is summed over the replicas reaches every replica alike and is the guard's to see.
+// An event names the step (1-based), site, rank, detector, and what it saw: the tensor or the
+// signal, the value, the median and the scale it was judged by.
+//
+// Thread-safety: belongs to its rank's training thread; AfterStep is collective over the dp group
+// when fingerprints are on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+#include "model/config.h"
+#include "train/sdc/guard.h"
+
+namespace atl {
+
+struct SdcEvent {
+  int64_t step = 0;
+  int site = 0, rank = -1;  // rank -1: a signal every rank shares (loss, gradient norm)
+  std::string detector;     // "guard", "fingerprint"
+  std::string what;         // the signal ("loss", "update_rms.h.1.mlp.c_fc.weight", "act_max.2")
+                            // or the tensor ("params:h.1.attn.c_attn.weight", "moment_v:wte")
+  double value = 0, median = 0, scale = 0;  // guard
+  bool has_majority = true;                 // fingerprint: false when two replicas disagree
+  std::string ToJson() const;
+  std::string ToString() const;
+};
+
+struct SdcOptions {
+  bool guard = true;
+  bool fingerprints = true;
+  int64_t moments_every = 10;
+  StepGuard::Options guard_options;
+};
+
+class SdcMonitor {
+ public:
+  // layout: this rank's tensors (its shard's); dp_group: the data-parallel replicas (null or
+  // size 1: no fingerprints) and replica_ranks their ranks in the site, by dp rank; zero: ZeRO-1.
+  SdcMonitor(SdcOptions o, std::vector<ParamTensor> layout, int site, int rank,
+             Communicator* dp_group, std::vector<int> replica_ranks, bool zero);
+
+  bool active() const { return o_.guard || fingerprints(); }
+  bool fingerprints() const { return o_.fingerprints && dp_ != nullptr && dp_->size() > 1; }
+
+  // The model's op hook, activations only (kind 2): the max |x| of each block's output.
+  void OnActivation(int layer, const float* out, size_t n);
+  // Before step s's optimizer update: keeps the parameters to measure the update by (guard) and,
+  // with ZeRO, compares the replicas' parameters (collective over the dp group).
+  Status BeforeUpdate(int64_t s, const float* params, size_t n);
+  // After step s (0-based)'s update: the detectors. m, v: the moments (null: not compared).
+  StatusOr<std::vector<SdcEvent>> AfterStep(int64_t s, double loss, double grad_norm,
+                                            const float* params, const float* m, const float* v);
+
+ private:
+  SdcOptions o_;
+  std::vector<ParamTensor> layout_;
+  int site_, rank_;
+  Communicator* dp_;
+  bool zero_;
+  // Compares `data`'s fingerprints over the dp group; mismatches become events named `what`.
+  Status Compare(int64_t s, const char* what, const float* data, std::vector<SdcEvent>* out);
+
+  std::vector<int> replica_ranks_;
+  StepGuard guard_;
+  std::vector<float> before_;
+  std::vector<SdcEvent> pending_;  // found before the update (ZeRO)
+  std::vector<double> act_max_;    // per block, this step
+};
+
+// Every rank's events, on every rank of `group`: each rank's list (one JSON object per entry)
+// all-gathered, in rank order, with duplicates (the same finding made by several replicas)
+// dropped. Collective over group.
+StatusOr<std::vector<std::string>> ShareEvents(Communicator& group,
+                                               const std::vector<std::string>& mine);
+
+}  // namespace atl
