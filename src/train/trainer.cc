@@ -97,7 +97,7 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
 // sdc.on_alarm = "stop" any finding ends the run on every rank of the site alike.
 Status CheckStep(Run& run, int64_t s, StepMetrics* m) {
   ATOLL_ASSIGN_OR_RETURN(std::vector<SdcEvent> events,
-                         run.sdc->AfterStep(s, m->loss, m->grad_norm, run.model->params(),
+                         run.sdc->AfterStep(s, m->loss, m->grad_norm, m->lr, run.model->params(),
                                             run.optimizer->m(), run.optimizer->v()));
   std::vector<std::string> mine;
   for (const SdcEvent& e : events) {

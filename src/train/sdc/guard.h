@@ -2,17 +2,21 @@
 // with the recent clean steps? A silent-data-corruption detector that needs no replica and no
 // replay (train/sdc/faults.h injects what it should catch).
 //
-// Each named signal keeps the values of the last `window` steps that passed. A new value is an
-// outlier when it is not finite, or when
-//     |x - median| > threshold * max(1.4826 * MAD, rel_floor * |median|)
+// Signals are positive magnitudes (a loss, a norm, an RMS, a max |x|), judged on a log scale, so
+// a value ten times too large and one ten times too small are equally far. Each named signal keeps
+// the logs of its values over the last `window` steps that passed. A new value is an outlier when
+// it is not finite, or when
+//     |log x - median| > threshold * max(1.4826 * MAD, log_floor)
 // (MAD: the median absolute deviation from the median; 1.4826 * MAD estimates the standard
-// deviation of normal noise; the floor keeps a flat history, whose MAD is ~0, from calling every
-// rounding difference an outlier). Until a signal has `warmup` values only non-finite values are
-// outliers (warmup is at most the window). An outlier is not added to its signal's history (a
-// corrupted step must not teach the guard that corruption is normal; the step's other signals
-// are added); Accept adds a step's values when it turns out clean. A signal that is an outlier
-// `shift_after` times in a row has moved to a new level: its history restarts from those values
-// (and it warms up again), so a genuine shift raises a few alarms, not one every step after.
+// deviation of normal noise; the floor keeps a nearly flat history, whose MAD is ~0, from calling
+// every small drift an outlier: at the defaults nothing within a factor of 2 of the median is one,
+// and the guard is for the changes of magnitude that exponent flips make). A value <= 0 counts as
+// 1e-300. Until a signal has `warmup` values only non-finite values are outliers (warmup is at
+// most the window). An outlier is not added to its signal's history (a corrupted step must not
+// teach the guard that corruption is normal; the step's other signals are added); Accept adds
+// values of a step found clean. A signal that is an outlier `shift_after` times in a row has moved
+// to a new level: its history restarts from those values (and warms up again), so a genuine shift
+// raises a few alarms, not one every step after.
 //
 // Thread-safety: a StepGuard belongs to one thread.
 #pragma once
@@ -30,9 +34,9 @@ class StepGuard {
   struct Options {
     size_t window = 32;
     size_t warmup = 8;
-    double threshold = 10;    // in robust standard deviations
-    double rel_floor = 1e-3;  // of |median|
-    size_t shift_after = 3;   // outliers in a row that make a signal's new level
+    double threshold = 10;   // in robust standard deviations
+    double log_floor = 0.0693;  // ln 2 / 10: at threshold 10, nothing within 2x is an outlier
+    size_t shift_after = 3;  // outliers in a row that make a signal's new level
   };
   struct Signal {
     std::string name;
@@ -40,7 +44,9 @@ class StepGuard {
   };
   struct Outlier {
     std::string name;
-    double value, median, scale;  // |value - median| / scale > threshold (scale 0: non-finite)
+    double value;       // as given
+    double median;      // of the history (0 when value is not finite)
+    double deviations;  // |log value - log median| / the robust scale (0 when not finite)
   };
 
   StepGuard() : StepGuard(Options{}) {}

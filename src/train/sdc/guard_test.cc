@@ -27,14 +27,15 @@ TEST(StepGuard, QuietOnANoisyDecliningLossLoudOnASpike) {
   auto loss = [](int s) { return (3 + 7 * std::exp(-s / 150.0)) * (1 + 0.02 * Noise(s)); };
   for (int s = 0; s < 1000; ++s) alarms += !g.Check({{"loss", loss(s)}}).empty();
   EXPECT_EQ(alarms, 0);
-  const auto spike = g.Check({{"loss", loss(1000) * 1.5}});
+  const auto spike = g.Check({{"loss", loss(1000) * 3}});
   ASSERT_EQ(spike.size(), 1u);
   EXPECT_EQ(spike[0].name, "loss");
-  EXPECT_GT(std::abs(spike[0].value - spike[0].median), 10 * spike[0].scale);
+  EXPECT_GT(spike[0].deviations, 10);
+  EXPECT_NEAR(spike[0].median, loss(1000), 0.1);
   // The spike was not learned: the same spike again is flagged again.
-  EXPECT_EQ(g.Check({{"loss", loss(1000) * 1.5}}).size(), 1u);
+  EXPECT_EQ(g.Check({{"loss", loss(1000) * 3}}).size(), 1u);
   // A drop is as suspicious as a rise (a flipped sign, a zeroed tensor).
-  EXPECT_EQ(g.Check({{"loss", loss(1000) * 0.5}}).size(), 1u);
+  EXPECT_EQ(g.Check({{"loss", loss(1000) * 0.3}}).size(), 1u);
 }
 
 TEST(StepGuard, AnOutlierLeavesTheOtherSignalsHistoriesGoing) {
@@ -69,7 +70,8 @@ TEST(StepGuard, AFlatHistoryHasARelativeFloor) {
   StepGuard g;
   for (int s = 0; s < 20; ++s) ASSERT_TRUE(g.Check({{"rms", 1.0}}).empty());
   EXPECT_TRUE(g.Check({{"rms", 1.0 + 1e-6}}).empty());  // a rounding difference
-  EXPECT_EQ(g.Check({{"rms", 1.5}}).size(), 1u);
+  EXPECT_TRUE(g.Check({{"rms", 1.5}}).empty());         // a drift within 2x
+  EXPECT_EQ(g.Check({{"rms", 2.5}}).size(), 1u);
 }
 
 TEST(StepGuard, AcceptAddsAFlaggedStepFoundClean) {
@@ -77,10 +79,10 @@ TEST(StepGuard, AcceptAddsAFlaggedStepFoundClean) {
   o.window = 8;
   StepGuard g(o);
   for (int s = 0; s < 8; ++s) ASSERT_TRUE(g.Check({{"x", 1.0 + 0.01 * Noise(s)}}).empty());
-  ASSERT_EQ(g.Check({{"x", 2.0}}).size(), 1u);
+  ASSERT_EQ(g.Check({{"x", 3.0}}).size(), 1u);
   // A genuine shift (the replay agreed): once accepted enough times, it is the new normal.
-  for (int s = 0; s < 8; ++s) g.Accept({{"x", 2.0 + 0.01 * Noise(100 + s)}});
-  EXPECT_TRUE(g.Check({{"x", 2.0}}).empty());
+  for (int s = 0; s < 8; ++s) g.Accept({{"x", 3.0 + 0.01 * Noise(100 + s)}});
+  EXPECT_TRUE(g.Check({{"x", 3.0}}).empty());
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ std::string SdcEvent::ToJson() const {
     j["value"] = std::isfinite(value) ? nlohmann::ordered_json(value)
                                       : nlohmann::ordered_json(fmt::format("{}", value));
     j["median"] = median;
-    j["scale"] = scale;
+    j["deviations"] = deviations;
   } else {
     j["majority"] = has_majority;
   }
@@ -41,10 +41,14 @@ std::string SdcEvent::ToJson() const {
 std::string SdcEvent::ToString() const {
   const std::string where =
       rank >= 0 ? fmt::format("site {} rank {}", site, rank) : fmt::format("site {}", site);
-  if (detector == "guard")
-    return fmt::format("step {} ({}): guard: {} = {:.6g}, {} (median {:.6g}, scale {:.3g})", step,
-                       where, what, value, std::isfinite(value) ? "an outlier" : "not finite",
-                       median, scale);
+  if (detector == "guard") {
+    if (!std::isfinite(value))
+      return fmt::format("step {} ({}): guard: {} = {}, not finite", step, where, what, value);
+    return fmt::format(
+        "step {} ({}): guard: {} = {:.6g}, {:.0f} robust deviations from the "
+        "median {:.6g}",
+        step, where, what, value, deviations, median);
+  }
   return fmt::format("step {} ({}): fingerprint: {} differs from {}", step, where, what,
                      has_majority ? "the other replicas'" : "the other replica's (no majority)");
 }
@@ -100,8 +104,8 @@ Status SdcMonitor::BeforeUpdate(int64_t s, const float* params, size_t n) {
 }
 
 StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, double grad_norm,
-                                                      const float* params, const float* m,
-                                                      const float* v) {
+                                                      double lr, const float* params,
+                                                      const float* m, const float* v) {
   std::vector<SdcEvent> out;
   if (o_.guard) {
     std::vector<StepGuard::Signal> signals = {{"loss", loss}, {"grad_norm", grad_norm}};
@@ -116,7 +120,7 @@ StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, do
           const double d = double(params[i]) - double(before_[i]);
           sum += d * d;
         }
-        rms[t] = std::sqrt(sum / double(p.numel));
+        rms[t] = std::sqrt(sum / double(p.numel)) / (lr > 0 ? lr : 1.0);
       }
       for (size_t t = 0; t < layout_.size(); ++t)
         signals.push_back({"update_rms." + ShortName(layout_[t].name), rms[t]});
@@ -132,7 +136,7 @@ StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, do
       e.what = o.name;
       e.value = o.value;
       e.median = o.median;
-      e.scale = o.scale;
+      e.deviations = o.deviations;
       out.push_back(e);
     }
     std::fill(act_max_.begin(), act_max_.end(), 0.0);

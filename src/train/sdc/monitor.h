@@ -4,7 +4,8 @@
 // Detectors ([sdc] in the config; train/config.h):
 //   - guard (sdc.guard): the step guard (train/sdc/guard.h) over the loss, the gradient norm
 //     (global signals: every rank sees the same value, reported with rank -1), and this rank's
-//     per-tensor update RMS (|p_after - p_before| over the tensor) and per-block max |activation|
+//     per-tensor update RMS per unit of learning rate (rms(p_after - p_before) / lr, so the
+//     schedule's warmup and decay do not look like anomalies) and per-block max |activation|
 //     (the residual stream after each block, over the step's micro-batches).
 //   - fingerprints (sdc.fingerprints; data-parallel replicas only, dp > 1): the parameters'
 //     per-tensor hashes compared over the dp group after every step, and the AdamW moments' every
@@ -15,7 +16,7 @@
 //     replicas hold (parameters, moments, a replica's own update); a fault in a computation whose
 //     result is summed over the replicas reaches every replica alike and is the guard's to see.
 // An event names the step (1-based), site, rank, detector, and what it saw: the tensor or the
-// signal, the value, the median and the scale it was judged by.
+// signal, the value, the median and how many robust deviations (log scale) it was off.
 //
 // Thread-safety: belongs to its rank's training thread; AfterStep is collective over the dp group
 // when fingerprints are on.
@@ -38,8 +39,8 @@ struct SdcEvent {
   std::string detector;     // "guard", "fingerprint"
   std::string what;         // the signal ("loss", "update_rms.h.1.mlp.c_fc.weight", "act_max.2")
                             // or the tensor ("params:h.1.attn.c_attn.weight", "moment_v:wte")
-  double value = 0, median = 0, scale = 0;  // guard
-  bool has_majority = true;                 // fingerprint: false when two replicas disagree
+  double value = 0, median = 0, deviations = 0;  // guard (StepGuard::Outlier)
+  bool has_majority = true;                      // fingerprint: false when two replicas disagree
   std::string ToJson() const;
   std::string ToString() const;
 };
@@ -67,7 +68,7 @@ class SdcMonitor {
   // with ZeRO, compares the replicas' parameters (collective over the dp group).
   Status BeforeUpdate(int64_t s, const float* params, size_t n);
   // After step s (0-based)'s update: the detectors. m, v: the moments (null: not compared).
-  StatusOr<std::vector<SdcEvent>> AfterStep(int64_t s, double loss, double grad_norm,
+  StatusOr<std::vector<SdcEvent>> AfterStep(int64_t s, double loss, double grad_norm, double lr,
                                             const float* params, const float* m, const float* v);
 
  private:
