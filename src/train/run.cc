@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <span>
 #include <stdexcept>
 #include <utility>
@@ -218,11 +219,12 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
   const RunConfig& cfg = run.cfg;
   const Mesh& me = run.mesh;
   const ModelShard& shard = run.model->shard();
+  const std::string log = me.rank() == 0
+                              ? out_dir + "/faults.jsonl"
+                              : fmt::format("{}/faults-rank{}.jsonl", out_dir, me.rank());
+  if (fresh) std::remove(log.c_str());  // no earlier run's record to mistake for this one's
   if (!cfg.faults.inject.empty()) {
     ATOLL_ASSIGN_OR_RETURN(std::vector<FaultSpec> specs, ParseFaults(cfg.faults.inject));
-    const std::string log = me.rank() == 0
-                                ? out_dir + "/faults.jsonl"
-                                : fmt::format("{}/faults-rank{}.jsonl", out_dir, me.rank());
     auto f = std::make_unique<FaultInjector>(specs, uint64_t(cfg.faults.seed), run.site, me.rank(),
                                              shard.layer_begin, shard.end(cfg.model), log, fresh);
     if (!f->empty()) {

@@ -261,7 +261,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
             run.comm_wait_s * 1e3 / double(tc.steps - start));
   if (leader && options.progress) progress.Finish();
   if (run.faults != nullptr)
-    for (const std::string& spec : run.faults->Unfired())
+    for (const std::string& spec : run.faults->Unfired(start))
       LogWarning("fault {} never fired (this rank computed no such step, layer or micro-batch)",
                  spec);
   if (const std::string summary = strategy->Summary(); !summary.empty()) LogInfo("{}", summary);

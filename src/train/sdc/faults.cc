@@ -124,6 +124,7 @@ Status ParseOne(std::string_view text, FaultSpec* f) {
     return err("layer, gemm and micro apply to gemm_fwd, gemm_bwd, activation and bad_core");
   if (f->kind == FaultKind::kActivation && f->gemm >= 0)
     return err("gemm does not apply to activation");
+  if (has_moment && f->kind != FaultKind::kMoment) return err("moment applies to moment only");
   return Status::Ok();
 }
 
@@ -283,10 +284,11 @@ void FaultInjector::OnBuffer(FaultKind kind, int64_t s, float* data, size_t n, c
   }
 }
 
-std::vector<std::string> FaultInjector::Unfired() const {
+std::vector<std::string> FaultInjector::Unfired(int64_t first_step) const {
   std::vector<std::string> out;
   for (size_t i = 0; i < specs_.size(); ++i)
-    if (specs_[i].kind != FaultKind::kBadCore && !done_[i]) out.push_back(FormatSpec(specs_[i]));
+    if (specs_[i].kind != FaultKind::kBadCore && !done_[i] && specs_[i].step > first_step)
+      out.push_back(FormatSpec(specs_[i]));
   return out;
 }
 

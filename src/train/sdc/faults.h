@@ -110,7 +110,8 @@ class FaultInjector {
   const std::vector<FaultRecord>& fired() const { return fired_; }
   // The transient faults of this rank that have not fired (at the end of a run: a micro-batch
   // or layer the rank never computed), as their specs' text.
-  std::vector<std::string> Unfired() const;
+  // Faults of steps before first_step (0-based; a resumed run's start) are not counted.
+  std::vector<std::string> Unfired(int64_t first_step = 0) const;
 
  private:
   // A draw below n for spec i's slot (layer, gemm, bit, elem, the bad core's coin) at the current

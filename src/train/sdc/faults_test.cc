@@ -60,6 +60,7 @@ TEST(Faults, RefusesBadSpecsNamingWhatIsWrong) {
       {"moment:step=1,moment=w", "expected m or v"},
       {"activation:step=1,gemm=2", "gemm does not apply"},
       {"param:step=1,bit", "expected key=value"},
+      {"param:step=1,moment=v", "moment applies to moment only"},
   };
   for (const auto& [text, why] : bad) {
     auto f = ParseFaults(text);
@@ -217,7 +218,9 @@ TEST(Faults, AGemmFaultFlipsTheNamedProductAndChangesWhatFollows) {
       ASSERT_EQ(std::bit_cast<uint32_t>(product[i]), want) << i;
     }
     // A forward fault changes the loss; every fault changes some gradient.
-    if (c.kind != K::kGemmBackward) EXPECT_NE(loss, clean_loss);
+    if (c.kind != K::kGemmBackward) {
+      EXPECT_NE(loss, clean_loss);
+    }
     bool differs = false;
     for (size_t i = 0; i < clean.model.num_params(); ++i)
       differs |= std::bit_cast<uint32_t>(t.model.grads()[i]) !=

@@ -34,9 +34,9 @@ class StepGuard {
   struct Options {
     size_t window = 32;
     size_t warmup = 8;
-    double threshold = 10;   // in robust standard deviations
+    double threshold = 10;      // in robust standard deviations
     double log_floor = 0.0693;  // ln 2 / 10: at threshold 10, nothing within 2x is an outlier
-    size_t shift_after = 3;  // outliers in a row that make a signal's new level
+    size_t shift_after = 3;     // outliers in a row that make a signal's new level
   };
   struct Signal {
     std::string name;

@@ -109,7 +109,7 @@ StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, do
   std::vector<SdcEvent> out;
   if (o_.guard) {
     std::vector<StepGuard::Signal> signals = {{"loss", loss}, {"grad_norm", grad_norm}};
-    if (!before_.empty()) {
+    if (!before_.empty() && lr > 0) {  // lr 0 (min_lr = 0 at the end) moves nothing
       // Each tensor's sum in order on one thread (the same bits for any thread count).
       std::vector<double> rms(layout_.size());
 #pragma omp parallel for schedule(dynamic)
