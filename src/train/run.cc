@@ -226,7 +226,7 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
   if (!cfg.faults.inject.empty()) {
     ATOLL_ASSIGN_OR_RETURN(std::vector<FaultSpec> specs, ParseFaults(cfg.faults.inject));
     auto f = std::make_unique<FaultInjector>(specs, uint64_t(cfg.faults.seed), run.site, me.rank(),
-                                             shard.layer_begin, shard.end(cfg.model), log, fresh);
+                                             shard.layer_begin, shard.end(cfg.model), log);
     if (!f->empty()) {
       ATOLL_RETURN_IF_ERROR(MakeDirs(out_dir));
       run.faults = std::move(f);

@@ -178,13 +178,12 @@ std::string FormatSpec(const FaultSpec& f) {
 }
 
 FaultInjector::FaultInjector(const std::vector<FaultSpec>& specs, uint64_t seed, int site, int rank,
-                             int layer_begin, int layer_end, std::string log_path, bool fresh_log)
+                             int layer_begin, int layer_end, std::string log_path)
     : seed_(seed),
       site_(site),
       rank_(rank),
       layer_begin_(layer_begin),
       layer_end_(layer_end),
-      fresh_log_(fresh_log),
       log_path_(std::move(log_path)) {
   for (size_t i = 0; i < specs.size(); ++i)
     if (specs[i].site == site && specs[i].rank == rank) {
@@ -225,7 +224,7 @@ void FaultInjector::Fire(size_t i, uint64_t call, float* data, size_t n, int lay
              gemm >= 0 ? fmt::format(", gemm {}", gemm) : "", elem, bit, r.before, r.after);
   if (log_path_.empty()) return;
   if (log_ == nullptr) {
-    log_ = std::fopen(log_path_.c_str(), fresh_log_ ? "w" : "a");
+    log_ = std::fopen(log_path_.c_str(), "a");
     if (log_ == nullptr) {
       LogWarning("cannot write {}: {}", log_path_, std::strerror(errno));
       log_path_.clear();

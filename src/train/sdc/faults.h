@@ -28,9 +28,9 @@
 // A drawn layer is one this rank holds (pipeline parallel: its stage's blocks).
 //
 // Every fault that fires is logged (LogWarning) and appended to the rank's log (DIR/faults.jsonl
-// for rank 0, DIR/faults-rank<r>.jsonl for the others; a fresh run starts it empty) as one JSON
-// object: kind, step, site, rank, micro, layer, gemm, elem, bit, before, after (non-finite values
-// as strings), bits_before, bits_after (hex). Faults stay in the run's saved config: a resumed run
+// for rank 0, DIR/faults-rank<r>.jsonl for the others; train/run.h's SetUpSdc removes it at the
+// start of a fresh run) as one JSON object: kind, step, site, rank, micro, layer, gemm, elem,
+// bit, before, after (non-finite values as strings), bits_before, bits_after (hex). Faults stay in the run's saved config: a resumed run
 // keeps its bad cores (a transient fault of an earlier step does not fire again).
 //
 // Thread-safety: a FaultInjector belongs to its rank's training thread.
@@ -91,7 +91,7 @@ class FaultInjector {
   // The faults that apply to (site, rank); `n_layer` bounds the drawn layers; `seed` keys every
   // draw. `log_path` (may be empty) receives a JSON line per fault that fires.
   FaultInjector(const std::vector<FaultSpec>& specs, uint64_t seed, int site, int rank,
-                int layer_begin, int layer_end, std::string log_path, bool fresh_log = true);
+                int layer_begin, int layer_end, std::string log_path);
   ~FaultInjector();
   FaultInjector(const FaultInjector&) = delete;
   FaultInjector& operator=(const FaultInjector&) = delete;
@@ -125,7 +125,6 @@ class FaultInjector {
   std::vector<bool> done_;        // transient faults fire once
   uint64_t seed_;
   int site_, rank_, layer_begin_, layer_end_;
-  bool fresh_log_;
   int64_t step_ = -1, micro_ = -1;
   uint64_t op_calls_ = 0;  // bad core: the draw's counter within the step
   std::string log_path_;

@@ -120,7 +120,7 @@ StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, do
           const double d = double(params[i]) - double(before_[i]);
           sum += d * d;
         }
-        rms[t] = std::sqrt(sum / double(p.numel)) / (lr > 0 ? lr : 1.0);
+        rms[t] = std::sqrt(sum / double(p.numel)) / lr;
       }
       for (size_t t = 0; t < layout_.size(); ++t)
         signals.push_back({"update_rms." + ShortName(layout_[t].name), rms[t]});
