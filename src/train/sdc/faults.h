@@ -30,8 +30,9 @@
 // Every fault that fires is logged (LogWarning) and appended to the rank's log (DIR/faults.jsonl
 // for rank 0, DIR/faults-rank<r>.jsonl for the others; train/run.h's SetUpSdc removes it at the
 // start of a fresh run) as one JSON object: kind, step, site, rank, micro, layer, gemm, elem,
-// bit, before, after (non-finite values as strings), bits_before, bits_after (hex). Faults stay in the run's saved config: a resumed run
-// keeps its bad cores (a transient fault of an earlier step does not fire again).
+// bit, before, after (non-finite values as strings), bits_before, bits_after (hex). Faults stay
+// in the run's saved config: a resumed run keeps its bad cores (a transient fault of an earlier
+// step does not fire again).
 //
 // Thread-safety: a FaultInjector belongs to its rank's training thread.
 #pragma once
