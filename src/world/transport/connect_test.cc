@@ -48,6 +48,17 @@ TEST(Wan, PeerThatNeverListensTimesOutNamingIt) {
   EXPECT_LT(took, 10);
 }
 
+// Two endpoints on one address would split the peers' connections between them at random (gRPC
+// listens with SO_REUSEPORT unless told not to): the second Listen must fail instead.
+TEST(Wan, ListeningOnAnAddressInUseFails) {
+  auto a = WanEndpoint::Listen("127.0.0.1:0", Insecure());
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = WanEndpoint::Listen((*a)->address(), Insecure());
+  ASSERT_FALSE(b.ok()) << "a second endpoint listens on " << (*a)->address();
+  EXPECT_NE(b.status().message().find("cannot listen on " + (*a)->address()), std::string::npos)
+      << b.status().ToString();
+}
+
 TEST(Wan, PeerThatNeverCallsConnectTimesOutNamingIt) {
   auto a = WanEndpoint::Listen("127.0.0.1:0", Insecure());
   auto b = WanEndpoint::Listen("127.0.0.1:0", Insecure());

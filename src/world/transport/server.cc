@@ -274,6 +274,9 @@ Status WanCore::Listen(const std::string& address, double keepalive_s) {
   builder.AddListeningPort(address, ServerCredentials(security_), &port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  // A second endpoint on this address must fail, not share it: with SO_REUSEPORT the kernel would
+  // hand each peer's connection to one of the two at random.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // The server pings every peer's stream too: a peer that stops answering (SIGSTOP, power loss, a
   // partition) has its stream closed within keepalive_s, which fails the operations waiting for
   // it.
