@@ -31,7 +31,8 @@ using namespace testing_wan;  // NOLINT: the shared test world
 TEST(Wan, PeerThatNeverListensTimesOutNamingIt) {
   auto ep = WanEndpoint::Listen("127.0.0.1:0", Insecure());
   ASSERT_TRUE(ep.ok());
-  const std::string dead = fmt::format("127.0.0.1:{}", FreePort());
+  const DeadAddress nobody;
+  const std::string& dead = nobody.str();
   WanOptions o;
   o.site = 0;
   o.peers = {{0, (*ep)->address()}, {1, dead}};

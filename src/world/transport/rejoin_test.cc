@@ -240,7 +240,8 @@ TEST(WanRejoin, ReconnectFailsNamingWhatIsMissing) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
 
   // Nobody listens there.
-  const std::string dead = fmt::format("127.0.0.1:{}", FreePort());
+  const DeadAddress nobody;
+  const std::string& dead = nobody.str();
   double t0 = NowSeconds();
   st = eps[0]->Reconnect(1, dead);
   double took = NowSeconds() - t0;

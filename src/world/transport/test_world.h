@@ -1,5 +1,5 @@
 // What the WAN transport's tests share: n endpoints in one process connected on loopback (a
-// thread per site), values whose sums are exact, the chunk hook, a free port. Included by
+// thread per site), values whose sums are exact, the chunk hook, a dead address. Included by
 // wan_test.cc, wan_fault_test.cc and world/transport/{connect,rejoin}_test.cc (one binary each).
 #pragma once
 
@@ -158,18 +158,31 @@ struct HookGuard {
   ~HookGuard() { SetWanChunkHookForTesting(nullptr); }
 };
 
-inline int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+// A loopback address where nobody listens, for as long as this object lives: the port stays
+// bound (not listening, so a connection is refused) and no other process can take it. A port
+// found free and let go could be handed to a test running beside this one, whose endpoint would
+// then answer as the "dead" peer and see a stranger's stream.
+class DeadAddress {
+ public:
+  DeadAddress() : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    socklen_t len = sizeof(a);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    address_ = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  }
+  ~DeadAddress() { close(fd_); }
+  DeadAddress(const DeadAddress&) = delete;
+  DeadAddress& operator=(const DeadAddress&) = delete;
+  const std::string& str() const { return address_; }
+
+ private:
+  int fd_;
+  std::string address_;
+};
 
 // `bytes` of pseudo-random data (a snapshot to publish).
 inline std::shared_ptr<const std::string> RandomBlob(size_t bytes, uint32_t seed) {
