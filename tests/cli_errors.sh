@@ -34,6 +34,11 @@ expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set faults.bits=3 --ou
 expect_err "faults.bits: unknown key"
 expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set sdc.on_alarm=panic --out "$T/x"
 expect_err "sdc.on_alarm"
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set sdc.audit_every=-1 --out "$T/x"
+expect_err "sdc.audit_every: must be >= 0"
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set sdc.on_alarm=redo \
+  --set world.sites=2 --out "$T/x"
+expect_err "replaying a step is not supported with world.strategy = sync"
 # Missing data: a hint to prepare it.
 expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set data.dir="$T/none" --out "$T/x"
 expect_err "atoll data prepare"

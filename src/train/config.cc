@@ -210,7 +210,10 @@ std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
       {"sdc", "guard_threshold", &c.sdc.guard_threshold,
        "an outlier is this many robust deviations from the median"},
       {"sdc", "guard_window", &c.sdc.guard_window, "clean steps the guard's medians cover"},
-      {"sdc", "on_alarm", &c.sdc.on_alarm, "warn (log and report) or stop (end the run)"},
+      {"sdc", "on_alarm", &c.sdc.on_alarm,
+       "warn (log and report), stop (end the run) or redo (roll back, replay the step, go on)"},
+      {"sdc", "audit_every", &c.sdc.audit_every,
+       "replay every N-th step and compare it bitwise with the first run (0: only on an alarm)"},
   };
 }
 

@@ -119,12 +119,15 @@ struct FaultsConfig {
 
 // [sdc]: silent-data-corruption detectors (train/sdc/monitor.h).
 struct SdcConfig {
-  bool guard = true;              // robust outlier checks on loss, norms, updates, activations
-  bool fingerprints = true;       // compare data-parallel replicas' parameter hashes every step
-  int64_t moments_every = 10;     // ... and their AdamW moments every N steps (0: never)
-  double guard_threshold = 10;    // an outlier is this many robust deviations off the median
-  int64_t guard_window = 32;      // clean steps the guard's medians are over
-  std::string on_alarm = "warn";  // "warn": log and report; "stop": end the run (exit 1)
+  bool guard = true;            // robust outlier checks on loss, norms, updates, activations
+  bool fingerprints = true;     // compare data-parallel replicas' parameter hashes every step
+  int64_t moments_every = 10;   // ... and their AdamW moments every N steps (0: never)
+  double guard_threshold = 10;  // an outlier is this many robust deviations off the median
+  int64_t guard_window = 32;    // clean steps the guard's medians are over
+  // "warn": log and report; "stop": end the run (exit 1); "redo": roll the step back, replay it
+  // and go on with the replay's result (train/sdc/audit.h)
+  std::string on_alarm = "warn";
+  int64_t audit_every = 0;  // also replay every N-th step without an alarm (0: never)
   bool operator==(const SdcConfig&) const = default;
 };
 

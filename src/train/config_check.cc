@@ -155,8 +155,16 @@ Status ValidateRunConfig(const RunConfig& c) {
                fmt::format("must be in [1, 1e6], got {}", d.guard_threshold));
   if (d.guard_window < 4 || d.guard_window > 100000)
     return bad("sdc.guard_window", fmt::format("must be in [4, 100000], got {}", d.guard_window));
-  if (d.on_alarm != "warn" && d.on_alarm != "stop")
-    return bad("sdc.on_alarm", fmt::format("must be warn or stop, got \"{}\"", d.on_alarm));
+  if (d.on_alarm != "warn" && d.on_alarm != "stop" && d.on_alarm != "redo")
+    return bad("sdc.on_alarm", fmt::format("must be warn, stop or redo, got \"{}\"", d.on_alarm));
+  if (d.audit_every < 0)
+    return bad("sdc.audit_every", fmt::format("must be >= 0, got {}", d.audit_every));
+  // A replay redoes the step's passes on this site's ranks only; with sync across sites the
+  // gradient all-reduce spans the sites, and they would all have to replay together.
+  if ((d.on_alarm == "redo" || d.audit_every > 0) && w.sites > 1 && w.strategy == "sync")
+    return bad(d.on_alarm == "redo" ? "sdc.on_alarm" : "sdc.audit_every",
+               "replaying a step is not supported with world.strategy = sync over several sites "
+               "(the gradient all-reduce spans the sites); use warn or stop, or diloco");
   if (c.faults.seed < 0)
     return bad("faults.seed", fmt::format("must be >= 0, got {}", c.faults.seed));
   ATOLL_ASSIGN_OR_RETURN(const std::vector<FaultSpec> faults, ParseFaults(c.faults.inject));

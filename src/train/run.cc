@@ -244,15 +244,19 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
   auto monitor = std::make_unique<SdcMonitor>(o, run.model->layout(), run.site, me.rank(),
                                               me.dp_group(), std::move(replica_ranks), Zero(run));
   if (monitor->active()) run.sdc = std::move(monitor);
+  if (cfg.sdc.on_alarm == "redo" || cfg.sdc.audit_every > 0)
+    run.trace = std::make_unique<StepTrace>();
   FaultInjector* faults = run.faults.get();
   SdcMonitor* sdc = cfg.sdc.guard ? run.sdc.get() : nullptr;
-  if (faults == nullptr && sdc == nullptr) return Status::Ok();
+  StepTrace* trace = run.trace.get();
+  if (faults == nullptr && sdc == nullptr && trace == nullptr) return Status::Ok();
   const bool* in_step = &run.in_step;
-  run.model->set_op_hook([faults, sdc, in_step](const GPT<float>::OpEvent& e) {
+  run.model->set_op_hook([faults, sdc, trace, in_step](const GPT<float>::OpEvent& e) {
     if (!*in_step) return;
     const FaultKind kind = FaultKindOfOp(e.kind);
     if (faults != nullptr) faults->OnOp(kind, e.layer, e.gemm, e.out, e.n);
     if (sdc != nullptr && kind == FaultKind::kActivation) sdc->OnActivation(e.layer, e.out, e.n);
+    if (trace != nullptr) trace->OnOp(kind, e.layer, e.gemm, e.out, e.n);
   });
   return Status::Ok();
 }
@@ -286,6 +290,7 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
   GradientReducer* reducer = run.reducer.get();
 
   model.ZeroGrad();
+  if (run.trace != nullptr) run.trace->Clear();
   run.in_step = true;
   struct InStep {
     bool* on;
@@ -313,6 +318,7 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
     const int64_t j = run.first_micro + op.micro;  // the micro-batch's index in the whole batch
     const int tag = 2 * op.micro;
     if (run.faults != nullptr) run.faults->At(s, j);
+    if (run.trace != nullptr) run.trace->At(j);
     if (op.kind == PipeOp::kForward) {
       if (first || last) {
         for (int w = 0; w < micro; ++w) {

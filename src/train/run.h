@@ -22,6 +22,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/optimizer.h"
+#include "train/sdc/audit.h"
 #include "train/sdc/faults.h"
 #include "train/sdc/monitor.h"
 
@@ -56,12 +57,14 @@ struct Run {
   float loss_scale = 1;     // backward's: 1 / the micro-batches whose mean loss is the objective
   std::unique_ptr<FaultInjector> faults;  // [faults] for this rank; null: none
   std::unique_ptr<SdcMonitor> sdc;        // [sdc] detectors; null: all off
+  std::unique_ptr<StepTrace> trace;       // the step's op fingerprints (audit replay); null: off
   bool in_step = false;  // the model's op hook acts only in a step's passes (not in validation)
 };
 
 // [faults] and [sdc] (train/sdc/): this rank's fault injector (when a fault names it; its record
-// goes to faults_log) and corruption monitor, hooked into the model (the injector first, so the
-// detectors see what it changed).
+// goes to faults_log), corruption monitor and, for audit replays (sdc.on_alarm = redo or
+// sdc.audit_every), step trace, hooked into the model (the injector first, so the detectors see
+// what it changed).
 // What the model's op hook reports, as the fault kind that strikes it.
 FaultKind FaultKindOfOp(GPT<float>::OpKind k);
 // A fresh run (not resumed) starts its fault log empty.

@@ -117,6 +117,98 @@ Status CheckStep(Run& run, int64_t s, StepMetrics* m) {
   return Status::Ok();
 }
 
+// Step s's computation: the forward and backward passes, the losses and the gradient reduction
+// (in the site, then by the strategy), the gradient norm and the optimizer update. Fills m's
+// loss, grad_norm and lr. A non-finite loss or norm is left for the caller to judge.
+Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objective,
+                   std::vector<double>& local_losses, StepMetrics* m) {
+  const Mesh& me = run.mesh;
+  const TrainConfig& tc = run.cfg.train;
+  const size_t n_params = run.model->num_params();
+  try {
+    ATOLL_RETURN_IF_ERROR(ForwardBackward(run, s, &local_losses));
+  } catch (const std::runtime_error& e) {  // a failed tensor-parallel all-reduce
+    return Status::Internal(fmt::format("step {}: {}", s + 1, e.what()));
+  }
+  // Every micro-batch's loss, summed in global order (the last stage's tp rank 0 of replica r
+  // holds micro-batches r*k/D ...).
+  std::vector<double> all_losses(static_cast<size_t>(run.accum), 0.0);
+  if (me.last_stage() && me.tp_rank() == 0)
+    std::copy(local_losses.begin(), local_losses.end(), all_losses.begin() + run.first_micro);
+  if (me.size() > 1) ATOLL_RETURN_IF_ERROR(me.world()->AllReduce(std::span<double>(all_losses)));
+  ATOLL_RETURN_IF_ERROR(strategy.AfterBackward(s, std::span<float>(run.model->grads(), n_params),
+                                               std::span<double>(all_losses)));
+  InjectBufferFaults(run, FaultKind::kGrad, s);
+  if (run.trace != nullptr) {
+    if (Zero(run))
+      run.trace->SetGrads({}, run.reducer->shard_grads(), run.optimizer->size());
+    else
+      run.trace->SetGrads(run.model->layout(), run.model->grads(), n_params);
+  }
+  double loss_sum = 0.0;
+  for (double l : all_losses) loss_sum += l;
+  m->loss = loss_sum / double(objective);
+  ATOLL_ASSIGN_OR_RETURN(const double squared_norm, SquaredGradNorm(run));
+  m->grad_norm = std::sqrt(squared_norm);
+  m->lr = LearningRate(tc, s);
+  const float clip = ClipScale(m->grad_norm, tc.grad_clip);
+  if (run.sdc != nullptr)
+    ATOLL_RETURN_IF_ERROR(run.sdc->BeforeUpdate(s, run.model->params(), n_params));
+  if (Zero(run)) {
+    run.optimizer->Step(run.model->params(), run.reducer->shard_grads(), m->lr, clip);
+    return run.reducer->AllGatherInPlace(run.model->params());
+  }
+  run.optimizer->Step(run.model->params(), run.model->grads(), m->lr, clip);
+  return Status::Ok();
+}
+
+bool Finite(const StepMetrics& m) { return std::isfinite(m.loss) && std::isfinite(m.grad_norm); }
+
+Status Diverged(const StepMetrics& m) {
+  return Status::Internal(
+      fmt::format("training diverged at step {}: loss {}, gradient norm {} (lower train.lr?)",
+                  m.step, m.loss, m.grad_norm));
+}
+
+// The audit replay of step s (train/sdc/audit.h), on every rank of the site alike: rolls back to
+// the pre-step snapshot, computes the step again, compares the two executions and keeps the
+// replay's result. m: the first execution's metrics (its sdc events), replaced by the replay's
+// with the first execution's events and the replay's verdict in front.
+Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objective,
+                  std::vector<double>& local_losses, const StepSnapshot& snapshot, StepMetrics* m) {
+  const StepTrace first = *run.trace;
+  snapshot.Restore(run.model->params(), run.optimizer.get());
+  if (run.sdc != nullptr) run.sdc->RestoreState();
+  StepMetrics again;
+  again.step = m->step;
+  ATOLL_RETURN_IF_ERROR(ComputeStep(run, strategy, s, objective, local_losses, &again));
+  const std::vector<ParamTensor> none;
+  const auto diff = FirstDifference(first, *run.trace, Zero(run) ? none : run.model->layout());
+  ATOLL_ASSIGN_OR_RETURN(std::vector<std::string> verdict,
+                         ShareReplays(run.mesh.world(), run.site, run.mesh.rank(), s, diff));
+  const bool transient = ReplayDiffered(verdict);
+  if (!Finite(again)) return Diverged(again);  // the replay too: not a transient fault
+  if (run.sdc != nullptr) {
+    Status checked = CheckStep(run, s, &again);
+    if (!checked.ok()) return checked;
+    if (!again.sdc.empty()) {
+      if (transient)
+        return Status::Internal(fmt::format(
+            "step {}: the replay of a step that a transient fault corrupted alarmed again ({}): "
+            "a rank that keeps computing wrong results; stopping (leaving a faulty rank out is "
+            "not supported yet)",
+            s + 1, again.sdc.front()));
+      run.sdc->AcceptFlagged();  // reproducible: a genuine spike, part of the run
+    }
+  }
+  std::vector<std::string> events = std::move(m->sdc);
+  events.insert(events.end(), verdict.begin(), verdict.end());
+  events.insert(events.end(), again.sdc.begin(), again.sdc.end());
+  again.sdc = std::move(events);
+  *m = std::move(again);
+  return Status::Ok();
+}
+
 void LogStart(const RunConfig& cfg, const Run& run, int64_t start) {
   const Mesh& me = run.mesh;
   const ParallelConfig& pc = cfg.parallel;
@@ -189,47 +281,35 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   std::vector<double> local_losses(static_cast<size_t>(run.local_accum));
   uint64_t tokens = uint64_t(start) * uint64_t(tc.batch_size) * uint64_t(seq);
   ProgressBar progress(start, tc.steps, stderr);
+  // Audit replays (sdc.on_alarm = redo, sdc.audit_every): the state each step starts from.
+  const bool replays = run.trace != nullptr;
+  StepSnapshot snapshot;
   for (int64_t s = start; s < tc.steps; ++s) {
     const double t0 = NowSeconds();
     InjectBufferFaults(run, FaultKind::kParam, s);
-    try {
-      ATOLL_RETURN_IF_ERROR(ForwardBackward(run, s, &local_losses));
-    } catch (const std::runtime_error& e) {  // a failed tensor-parallel all-reduce
-      return Status::Internal(fmt::format("step {}: {}", s + 1, e.what()));
+    if (replays) {
+      snapshot.Take(run.model->params(), n_params, *run.optimizer);
+      if (run.sdc != nullptr) run.sdc->SaveState();
     }
-    // Every micro-batch's loss, summed in global order (the last stage's tp rank 0 of replica r
-    // holds micro-batches r*k/D ...).
-    std::vector<double> all_losses(static_cast<size_t>(run.accum), 0.0);
-    if (me.last_stage() && me.tp_rank() == 0)
-      std::copy(local_losses.begin(), local_losses.end(), all_losses.begin() + run.first_micro);
-    if (me.size() > 1) ATOLL_RETURN_IF_ERROR(me.world()->AllReduce(std::span<double>(all_losses)));
-    ATOLL_RETURN_IF_ERROR(strategy->AfterBackward(s, std::span<float>(run.model->grads(), n_params),
-                                                  std::span<double>(all_losses)));
-    InjectBufferFaults(run, FaultKind::kGrad, s);
-    double loss_sum = 0.0;
-    for (double l : all_losses) loss_sum += l;
     StepMetrics m;
     m.step = s + 1;
-    m.loss = loss_sum / double(objective);
-    ATOLL_ASSIGN_OR_RETURN(const double squared_norm, SquaredGradNorm(run));
-    m.grad_norm = std::sqrt(squared_norm);
-    m.lr = LearningRate(tc, s);
-    if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
+    ATOLL_RETURN_IF_ERROR(ComputeStep(run, *strategy, s, objective, local_losses, &m));
+    // With replays, a non-finite loss or norm is an alarm like the detectors' (a flipped
+    // exponent can make one): the replay decides whether the run diverged.
+    if (!Finite(m) && !replays) {
       if (leader) progress.Finish();
-      return Status::Internal(
-          fmt::format("training diverged at step {}: loss {}, gradient norm {} (lower train.lr?)",
-                      s + 1, m.loss, m.grad_norm));
-    }
-    const float clip = ClipScale(m.grad_norm, tc.grad_clip);
-    if (run.sdc != nullptr)
-      ATOLL_RETURN_IF_ERROR(run.sdc->BeforeUpdate(s, run.model->params(), n_params));
-    if (Zero(run)) {
-      run.optimizer->Step(run.model->params(), run.reducer->shard_grads(), m.lr, clip);
-      ATOLL_RETURN_IF_ERROR(run.reducer->AllGatherInPlace(run.model->params()));
-    } else {
-      run.optimizer->Step(run.model->params(), run.model->grads(), m.lr, clip);
+      return Diverged(m);
     }
     if (run.sdc != nullptr) ATOLL_RETURN_IF_ERROR(CheckStep(run, s, &m));
+    const bool alarm = !Finite(m) || (!m.sdc.empty() && cfg.sdc.on_alarm == "redo");
+    const bool audit = cfg.sdc.audit_every > 0 && (s + 1) % cfg.sdc.audit_every == 0;
+    if (replays && (alarm || audit)) {
+      Status r = ReplayStep(run, *strategy, s, objective, local_losses, snapshot, &m);
+      if (!r.ok()) {
+        if (leader) progress.Finish();
+        return r;
+      }
+    }
     const bool last = s + 1 == tc.steps;
     ATOLL_RETURN_IF_ERROR(strategy->AfterStep(s + 1, run.model->params(), last));
     const double dt = NowSeconds() - t0;

@@ -6,6 +6,11 @@
 
 namespace atl {
 
+std::string ShortTensorName(const std::string& name) {
+  const std::string prefix = "transformer.";
+  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
+}
+
 std::vector<uint64_t> TensorFingerprints(const std::vector<ParamTensor>& layout,
                                          const float* data) {
   std::vector<uint64_t> out(layout.size());

@@ -11,16 +11,6 @@
 
 namespace atl {
 
-namespace {
-
-// "transformer.h.1.attn.c_attn.weight" -> "h.1.attn.c_attn.weight"
-std::string ShortName(const std::string& name) {
-  const std::string prefix = "transformer.";
-  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
-}
-
-}  // namespace
-
 std::string SdcEvent::ToJson() const {
   nlohmann::ordered_json j;  // the step is the metrics line's
   j["site"] = site;
@@ -32,6 +22,11 @@ std::string SdcEvent::ToJson() const {
                                       : nlohmann::ordered_json(fmt::format("{}", value));
     j["median"] = median;
     j["deviations"] = deviations;
+  } else if (detector == "replay") {
+    j["verdict"] = verdict;
+    if (micro >= 0) j["micro"] = micro;
+    if (layer >= 0) j["layer"] = layer;
+    if (!op.empty()) j["op"] = op;
   } else {
     j["majority"] = has_majority;
   }
@@ -48,6 +43,17 @@ std::string SdcEvent::ToString() const {
         "step {} ({}): guard: {} = {:.6g}, {:.0f} robust deviations from the "
         "median {:.6g}",
         step, where, what, value, deviations, median);
+  }
+  if (detector == "replay") {
+    if (verdict == "reproduced")
+      return fmt::format("step {} ({}): replay: every rank's replay matched its first run bitwise",
+                         step, where);
+    std::string at = op;
+    if (micro >= 0) at += fmt::format(" of micro-batch {}", micro);
+    if (layer >= 0) at += fmt::format(" in block {}", layer);
+    if (!what.empty()) at += fmt::format(" ({})", what);
+    return fmt::format("step {} ({}): replay: a transient fault; first difference: {}", step, where,
+                       at);
   }
   return fmt::format("step {} ({}): fingerprint: {} differs from {}", step, where, what,
                      has_majority ? "the other replicas'" : "the other replica's (no majority)");
@@ -75,7 +81,7 @@ Status SdcMonitor::Compare(int64_t s, const char* what, const float* data,
     e.rank = size_t(mm.replica) < replica_ranks_.size() ? replica_ranks_[size_t(mm.replica)]
                                                         : mm.replica;
     e.detector = "fingerprint";
-    e.what = fmt::format("{}:{}", what, ShortName(layout_[mm.tensor].name));
+    e.what = fmt::format("{}:{}", what, ShortTensorName(layout_[mm.tensor].name));
     e.has_majority = mm.has_majority;
     out->push_back(e);
   }
@@ -123,11 +129,13 @@ StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, do
         rms[t] = std::sqrt(sum / double(p.numel)) / lr;
       }
       for (size_t t = 0; t < layout_.size(); ++t)
-        signals.push_back({"update_rms." + ShortName(layout_[t].name), rms[t]});
+        signals.push_back({"update_rms." + ShortTensorName(layout_[t].name), rms[t]});
     }
     for (size_t l = 0; l < act_max_.size(); ++l)
       if (act_max_[l] > 0) signals.push_back({fmt::format("act_max.{}", l), act_max_[l]});
+    flagged_.clear();
     for (const StepGuard::Outlier& o : guard_.Check(signals)) {
+      flagged_.push_back({o.name, o.value});
       SdcEvent e;
       e.step = s + 1;
       e.site = site_;

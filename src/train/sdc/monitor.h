@@ -36,11 +36,17 @@ namespace atl {
 struct SdcEvent {
   int64_t step = 0;
   int site = 0, rank = -1;  // rank -1: a signal every rank shares (loss, gradient norm)
-  std::string detector;     // "guard", "fingerprint"
+  std::string detector;     // "guard", "fingerprint", "replay" (train/sdc/audit.h)
   std::string what;         // the signal ("loss", "update_rms.h.1.mlp.c_fc.weight", "act_max.2")
                             // or the tensor ("params:h.1.attn.c_attn.weight", "moment_v:wte")
   double value = 0, median = 0, deviations = 0;  // guard (StepGuard::Outlier)
   bool has_majority = true;                      // fingerprint: false when two replicas disagree
+  // replay: "transient" (this rank's replay differed; where: micro, layer, op, what = the
+  // tensor of a differing gradient) or "reproduced" (every rank's replay matched; rank -1)
+  std::string verdict;
+  int64_t micro = -1;
+  int layer = -1;
+  std::string op;
   std::string ToJson() const;
   std::string ToString() const;
 };
@@ -71,6 +77,13 @@ class SdcMonitor {
   StatusOr<std::vector<SdcEvent>> AfterStep(int64_t s, double loss, double grad_norm, double lr,
                                             const float* params, const float* m, const float* v);
 
+  // Audit replay (train/sdc/audit.h): the detectors' state before a step's AfterStep, to go back
+  // to when the step is replayed; and, for a replayed step found reproducible (a genuine spike,
+  // not corruption), the guard signals its last AfterStep flagged join their histories.
+  void SaveState() { saved_guard_ = guard_; }
+  void RestoreState() { guard_ = saved_guard_; }
+  void AcceptFlagged() { guard_.Accept(flagged_); }
+
  private:
   SdcOptions o_;
   std::vector<ParamTensor> layout_;
@@ -81,7 +94,8 @@ class SdcMonitor {
   Status Compare(int64_t s, const char* what, const float* data, std::vector<SdcEvent>* out);
 
   std::vector<int> replica_ranks_;
-  StepGuard guard_;
+  StepGuard guard_, saved_guard_;
+  std::vector<StepGuard::Signal> flagged_;  // by the last AfterStep
   std::vector<float> before_;
   std::vector<SdcEvent> pending_;  // found before the update (ZeRO)
   std::vector<double> act_max_;    // per block, this step

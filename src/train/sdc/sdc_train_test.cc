@@ -64,7 +64,9 @@ TEST_F(SdcTrainTest, InjectedFaultsStrikeTheirStepAndAreLogged) {
     EXPECT_EQ(j["step"], 6);
     EXPECT_EQ(j["bit"], 30);
     EXPECT_EQ(j["kind"], std::string(spec).substr(0, std::string(spec).find(':')));
-    if (std::string(spec).find("micro=1") != std::string::npos) EXPECT_EQ(j["micro"], 1);
+    if (std::string(spec).find("micro=1") != std::string::npos) {
+      EXPECT_EQ(j["micro"], 1);
+    }
     EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 1);
   }
   EXPECT_EQ(LossColumns(Run(no_clip, "clean2")), base);  // nothing left behind

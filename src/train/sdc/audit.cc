@@ -1,0 +1,122 @@
+#include "train/sdc/audit.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "core/hash.h"
+#include "core/log.h"
+#include "train/sdc/fingerprint.h"
+
+namespace atl {
+
+void StepTrace::Clear() {
+  micro_ = -1;
+  ops_.clear();
+  grads_.clear();
+}
+
+void StepTrace::OnOp(FaultKind kind, int layer, int gemm, const float* out, size_t n) {
+  ops_.push_back({micro_, kind, layer, gemm, Hash64(out, n * sizeof(float))});
+}
+
+void StepTrace::SetGrads(const std::vector<ParamTensor>& layout, const float* grads, size_t n) {
+  if (layout.empty())
+    grads_ = {Hash64(grads, n * sizeof(float))};
+  else
+    grads_ = TensorFingerprints(layout, grads);
+}
+
+std::optional<TraceDifference> FirstDifference(const StepTrace& first, const StepTrace& replay,
+                                               const std::vector<ParamTensor>& layout) {
+  const auto& a = first.ops();
+  const auto& b = replay.ops();
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (a[i].hash == b[i].hash) continue;
+    TraceDifference d;
+    d.micro = a[i].micro;
+    d.layer = a[i].layer;
+    d.op = a[i].kind == FaultKind::kActivation
+               ? std::string("activation")
+               : fmt::format("{} {}", FaultKindName(a[i].kind), a[i].gemm);
+    return d;
+  }
+  if (a.size() != b.size()) {  // the same program ran: cannot happen unless memory is corrupt
+    TraceDifference d;
+    d.op = fmt::format("op count ({} then {})", a.size(), b.size());
+    return d;
+  }
+  const auto& g = first.grads();
+  const auto& h = replay.grads();
+  for (size_t t = 0; t < std::min(g.size(), h.size()); ++t) {
+    if (g[t] == h[t]) continue;
+    TraceDifference d;
+    d.op = "grad";
+    d.tensor = t < layout.size() ? ShortTensorName(layout[t].name) : "shard";
+    return d;
+  }
+  return std::nullopt;
+}
+
+StatusOr<std::vector<std::string>> ShareReplays(Communicator* site_world, int site, int rank,
+                                                int64_t s,
+                                                const std::optional<TraceDifference>& mine) {
+  std::vector<std::string> events;
+  if (mine) {
+    SdcEvent e;
+    e.step = s + 1;
+    e.site = site;
+    e.rank = rank;
+    e.detector = "replay";
+    e.verdict = "transient";
+    e.micro = mine->micro;
+    e.layer = mine->layer;
+    e.op = mine->op;
+    e.what = mine->tensor;
+    LogWarning("silent data corruption found by replay: {}", e.ToString());
+    events.push_back(e.ToJson());
+  }
+  if (site_world != nullptr && site_world->size() > 1) {
+    ATOLL_ASSIGN_OR_RETURN(events, ShareEvents(*site_world, events));
+  }
+  if (events.empty()) {
+    SdcEvent e;
+    e.step = s + 1;
+    e.site = site;
+    e.detector = "replay";
+    e.verdict = "reproduced";
+    return std::vector<std::string>{e.ToJson()};
+  }
+  // A rank whose own ops differed is where the fault struck; ranks whose only difference is a
+  // gradient got it through the reduction (unless no rank's ops differed: a fault after it).
+  auto only_grad = [](const std::string& json) {
+    return nlohmann::json::parse(json).value("op", "") == "grad";
+  };
+  if (!std::all_of(events.begin(), events.end(), only_grad))
+    events.erase(std::remove_if(events.begin(), events.end(), only_grad), events.end());
+  return events;
+}
+
+bool ReplayDiffered(const std::vector<std::string>& replay_events) {
+  return std::any_of(replay_events.begin(), replay_events.end(), [](const std::string& json) {
+    return nlohmann::json::parse(json).value("verdict", "") == "transient";
+  });
+}
+
+void StepSnapshot::Take(const float* params, size_t n, const AdamW& optimizer) {
+  params_.assign(params, params + n);
+  const size_t k = optimizer.size();
+  m_.assign(optimizer.m(), optimizer.m() + k);
+  v_.assign(optimizer.v(), optimizer.v() + k);
+  t_ = optimizer.step_count();
+}
+
+void StepSnapshot::Restore(float* params, AdamW* optimizer) const {
+  std::copy(params_.begin(), params_.end(), params);
+  std::copy(m_.begin(), m_.end(), optimizer->m());
+  std::copy(v_.begin(), v_.end(), optimizer->v());
+  optimizer->set_step_count(t_);
+}
+
+}  // namespace atl

@@ -1,0 +1,106 @@
+// Audit replay: atoll is bitwise deterministic, so executing a step a second time from the same
+// state is an exact oracle. Any difference between the two executions is corruption, and the
+// first op whose output differs says where it happened.
+//
+// With sdc.on_alarm = "redo" (or every sdc.audit_every steps), the training loop works like this
+// (train/trainer.cc):
+//   1. Before the update it takes a StepSnapshot: the parameters, the AdamW moments and the step
+//      count (what a step changes). While the step runs, a StepTrace records a fingerprint
+//      (XXH3-64) of every op output the model's hook shows: each block's four GEMM products in
+//      forward and backward and its output, with the micro-batch. At the end it records the
+//      per-tensor fingerprints of the gradients that the update reads.
+//   2. On an alarm from any detector of the site (or a non-finite loss or gradient norm), every
+//      rank of the site rolls back to its snapshot and replays the step with a fresh trace.
+//   3. Each rank compares the two traces (FirstDifference). Suppose a rank's replay differs. Then
+//      the first execution was corrupted by a transient fault; the event names the micro-batch,
+//      layer and op, or for a gradient changed after the backward, the tensor. The replay's
+//      result is kept and the run goes on. The parameters are then exactly those of a run
+//      without the fault. Suppose no rank's replay differs. Then the step is reproducible: a
+//      genuine spike in the data, or a fault that strikes the same way every time.
+// A fault that lands after the reduction on one rank (a gradient) shows only there. A fault in a
+// rank's backward reaches its replicas through the gradient reduction, so their gradients differ
+// too; LocalizeReplays keeps the ranks whose computation differed, not the ones that only
+// received the difference.
+//
+// Not caught by a replay: corruption of state at rest before the snapshot (a parameter or a
+// moment flipped in memory between steps). The replay starts from the same corrupt state and
+// reproduces it; replica fingerprints (train/sdc/fingerprint.h) are what see those.
+//
+// Thread-safety: a StepTrace and a StepSnapshot belong to their rank's training thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+#include "model/config.h"
+#include "train/optimizer.h"
+#include "train/sdc/faults.h"
+#include "train/sdc/monitor.h"
+
+namespace atl {
+
+class StepTrace {
+ public:
+  struct Op {
+    int64_t micro;
+    FaultKind kind;  // kGemmForward, kGemmBackward or kActivation
+    int layer, gemm;
+    uint64_t hash;
+  };
+  void Clear();
+  // The micro-batch the next ops belong to (its index in the whole batch).
+  void At(int64_t micro) { micro_ = micro; }
+  // The model's op hook: fingerprints the op's output.
+  void OnOp(FaultKind kind, int layer, int gemm, const float* out, size_t n);
+  // The gradients the update reads: one fingerprint per tensor of `layout`, or, with ZeRO (where
+  // this rank holds a flat shard of them), `layout` empty and one for the whole shard.
+  void SetGrads(const std::vector<ParamTensor>& layout, const float* grads, size_t n);
+
+  const std::vector<Op>& ops() const { return ops_; }
+  const std::vector<uint64_t>& grads() const { return grads_; }
+
+ private:
+  int64_t micro_ = -1;
+  std::vector<Op> ops_;
+  std::vector<uint64_t> grads_;
+};
+
+// Where a replay first differs from the first execution.
+struct TraceDifference {
+  int64_t micro = -1;  // -1: not an op (a gradient after the backward)
+  int layer = -1;
+  std::string op;      // "gemm_fwd 2", "gemm_bwd 0", "activation" or "grad"
+  std::string tensor;  // op "grad": the first tensor whose gradient differs ("shard" with ZeRO)
+};
+// layout: the tensors SetGrads was given (names the differing gradient). Nothing when the two
+// traces are identical.
+std::optional<TraceDifference> FirstDifference(const StepTrace& first, const StepTrace& replay,
+                                               const std::vector<ParamTensor>& layout);
+
+// The replay's verdict for the site, on every rank of `site_world` alike (collective over it):
+// each rank's first difference (`mine`, nothing when its replay matched) as a "replay" event of
+// step s (0-based), all-gathered. Where some rank's computation differed, the ranks whose only
+// difference is a reduced gradient are dropped (they received it). No difference anywhere: one
+// event with verdict "reproduced" (rank -1). The events as SdcEvent::ToJson writes them.
+StatusOr<std::vector<std::string>> ShareReplays(Communicator* site_world, int site, int rank,
+                                                int64_t s,
+                                                const std::optional<TraceDifference>& mine);
+// Whether ShareReplays found a transient fault (some rank's replay differed).
+bool ReplayDiffered(const std::vector<std::string>& replay_events);
+
+// What an optimizer step changes, kept so that the step can be undone exactly.
+class StepSnapshot {
+ public:
+  void Take(const float* params, size_t n, const AdamW& optimizer);
+  void Restore(float* params, AdamW* optimizer) const;
+
+ private:
+  std::vector<float> params_, m_, v_;
+  int64_t t_ = 0;
+};
+
+}  // namespace atl
