@@ -140,6 +140,7 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
                                                std::span<double>(all_losses)));
   InjectBufferFaults(run, FaultKind::kGrad, s);
   if (run.trace != nullptr) {
+    run.trace->SetLosses(local_losses, run.first_micro);
     if (Zero(run))
       run.trace->SetGrads({}, run.reducer->shard_grads(), run.optimizer->size());
     else
@@ -171,41 +172,55 @@ Status Diverged(const StepMetrics& m) {
 }
 
 // The audit replay of step s (train/sdc/audit.h), on every rank of the site alike: rolls back to
-// the pre-step snapshot, computes the step again, compares the two executions and keeps the
-// replay's result. m: the first execution's metrics (its sdc events), replaced by the replay's
-// with the first execution's events and the replay's verdict in front.
+// the pre-step snapshot and computes the step again; when some rank's two runs differ, a third
+// run decides which one was corrupted. Keeps the result two runs agree on. m: the first run's
+// metrics (its sdc events), replaced by the kept run's, with the first run's events and the
+// verdict in front.
 Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objective,
                   std::vector<double>& local_losses, const StepSnapshot& snapshot, StepMetrics* m) {
-  const StepTrace first = *run.trace;
-  snapshot.Restore(run.model->params(), run.optimizer.get());
-  if (run.sdc != nullptr) run.sdc->RestoreState();
-  StepMetrics again;
-  again.step = m->step;
-  ATOLL_RETURN_IF_ERROR(ComputeStep(run, strategy, s, objective, local_losses, &again));
+  Communicator* site = run.mesh.world();
   const std::vector<ParamTensor> none;
-  const auto diff = FirstDifference(first, *run.trace, Zero(run) ? none : run.model->layout());
+  const std::vector<ParamTensor>& layout = Zero(run) ? none : run.model->layout();
+  auto compute = [&](StepMetrics* out) {
+    snapshot.Restore(run.model->params(), run.optimizer.get());
+    if (run.sdc != nullptr) run.sdc->RestoreState();
+    out->step = m->step;
+    return ComputeStep(run, strategy, s, objective, local_losses, out);
+  };
+  const StepTrace first = *run.trace;
+  StepMetrics kept;
+  ATOLL_RETURN_IF_ERROR(compute(&kept));
+  auto diff = FirstDifference(first, *run.trace, layout);
+  ATOLL_ASSIGN_OR_RETURN(const int64_t differing, CountOnSite(site, diff.has_value()));
+  if (differing > 0) {
+    const StepTrace replay = *run.trace;
+    kept = StepMetrics();
+    ATOLL_RETURN_IF_ERROR(compute(&kept));
+    const bool first_bad = diff && !FirstDifference(replay, *run.trace, layout);
+    const bool replay_bad = diff && !FirstDifference(first, *run.trace, layout);
+    if (diff) diff->run = first_bad ? "first" : "replay";
+    ATOLL_ASSIGN_OR_RETURN(const int64_t split,
+                           CountOnSite(site, diff && !first_bad && !replay_bad));
+    if (split > 0)
+      return Status::Internal(fmt::format(
+          "step {}: three runs of the step gave three different results on {} rank(s) of site "
+          "{}: a rank that keeps computing wrong results; stopping (leaving a faulty rank out is "
+          "not supported yet)",
+          s + 1, split, run.site));
+  }
   ATOLL_ASSIGN_OR_RETURN(std::vector<std::string> verdict,
-                         ShareReplays(run.mesh.world(), run.site, run.mesh.rank(), s, diff));
-  const bool transient = ReplayDiffered(verdict);
-  if (!Finite(again)) return Diverged(again);  // the replay too: not a transient fault
+                         ShareReplays(site, run.site, run.mesh.rank(), s, diff));
+  if (!Finite(kept)) return Diverged(kept);  // two runs agree on it: not a transient fault
   if (run.sdc != nullptr) {
-    Status checked = CheckStep(run, s, &again);
-    if (!checked.ok()) return checked;
-    if (!again.sdc.empty()) {
-      if (transient)
-        return Status::Internal(fmt::format(
-            "step {}: the replay of a step that a transient fault corrupted alarmed again ({}): "
-            "a rank that keeps computing wrong results; stopping (leaving a faulty rank out is "
-            "not supported yet)",
-            s + 1, again.sdc.front()));
-      run.sdc->AcceptFlagged();  // reproducible: a genuine spike, part of the run
-    }
+    ATOLL_RETURN_IF_ERROR(CheckStep(run, s, &kept));
+    // Two runs agree on what the guard flags: a genuine spike, part of the run from now on.
+    if (!kept.sdc.empty() && OnlyGuardEvents(kept.sdc)) run.sdc->AcceptFlagged();
   }
   std::vector<std::string> events = std::move(m->sdc);
   events.insert(events.end(), verdict.begin(), verdict.end());
-  events.insert(events.end(), again.sdc.begin(), again.sdc.end());
-  again.sdc = std::move(events);
-  *m = std::move(again);
+  events.insert(events.end(), kept.sdc.begin(), kept.sdc.end());
+  kept.sdc = std::move(events);
+  *m = std::move(kept);
   return Status::Ok();
 }
 
@@ -301,7 +316,8 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       return Diverged(m);
     }
     if (run.sdc != nullptr) ATOLL_RETURN_IF_ERROR(CheckStep(run, s, &m));
-    const bool alarm = !Finite(m) || (!m.sdc.empty() && cfg.sdc.on_alarm == "redo");
+    // A fingerprint mismatch alone is state at rest: a replay would reproduce it.
+    const bool alarm = !Finite(m) || (HasGuardEvent(m.sdc) && cfg.sdc.on_alarm == "redo");
     const bool audit = cfg.sdc.audit_every > 0 && (s + 1) % cfg.sdc.audit_every == 0;
     if (replays && (alarm || audit)) {
       Status r = ReplayStep(run, *strategy, s, objective, local_losses, snapshot, &m);

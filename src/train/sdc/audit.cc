@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "core/hash.h"
@@ -13,8 +14,15 @@ namespace atl {
 
 void StepTrace::Clear() {
   micro_ = -1;
+  first_micro_ = 0;
   ops_.clear();
   grads_.clear();
+  losses_.clear();
+}
+
+void StepTrace::SetLosses(const std::vector<double>& losses, int64_t first_micro) {
+  losses_ = losses;
+  first_micro_ = first_micro;
 }
 
 void StepTrace::OnOp(FaultKind kind, int layer, int gemm, const float* out, size_t n) {
@@ -47,6 +55,15 @@ std::optional<TraceDifference> FirstDifference(const StepTrace& first, const Ste
     d.op = fmt::format("op count ({} then {})", a.size(), b.size());
     return d;
   }
+  const auto& la = first.losses();
+  const auto& lb = replay.losses();
+  for (size_t j = 0; j < std::min(la.size(), lb.size()); ++j) {
+    if (std::memcmp(&la[j], &lb[j], sizeof(double)) == 0) continue;
+    TraceDifference d;
+    d.micro = first.first_micro() + int64_t(j);
+    d.op = "loss";
+    return d;
+  }
   const auto& g = first.grads();
   const auto& h = replay.grads();
   for (size_t t = 0; t < std::min(g.size(), h.size()); ++t) {
@@ -74,6 +91,7 @@ StatusOr<std::vector<std::string>> ShareReplays(Communicator* site_world, int si
     e.layer = mine->layer;
     e.op = mine->op;
     e.what = mine->tensor;
+    e.run = mine->run;
     LogWarning("silent data corruption found by replay: {}", e.ToString());
     events.push_back(e.ToJson());
   }
@@ -98,10 +116,25 @@ StatusOr<std::vector<std::string>> ShareReplays(Communicator* site_world, int si
   return events;
 }
 
-bool ReplayDiffered(const std::vector<std::string>& replay_events) {
-  return std::any_of(replay_events.begin(), replay_events.end(), [](const std::string& json) {
-    return nlohmann::json::parse(json).value("verdict", "") == "transient";
-  });
+StatusOr<int64_t> CountOnSite(Communicator* site_world, bool mine) {
+  int64_t n = mine ? 1 : 0;
+  if (site_world != nullptr && site_world->size() > 1)
+    ATOLL_RETURN_IF_ERROR(site_world->AllReduce(std::span<int64_t>(&n, 1)));
+  return n;
+}
+
+namespace {
+bool IsGuard(const std::string& json) {
+  return nlohmann::json::parse(json).value("detector", "") == "guard";
+}
+}  // namespace
+
+bool HasGuardEvent(const std::vector<std::string>& events) {
+  return std::any_of(events.begin(), events.end(), IsGuard);
+}
+
+bool OnlyGuardEvents(const std::vector<std::string>& events) {
+  return std::all_of(events.begin(), events.end(), IsGuard);
 }
 
 void StepSnapshot::Take(const float* params, size_t n, const AdamW& optimizer) {

@@ -1,6 +1,6 @@
 // Audit replay: atoll is bitwise deterministic, so executing a step a second time from the same
 // state is an exact oracle. Any difference between the two executions is corruption, and the
-// first op whose output differs says where it happened.
+// first traced op whose output differs says where it happened.
 //
 // With sdc.on_alarm = "redo" (or every sdc.audit_every steps), the training loop works like this
 // (train/trainer.cc):
@@ -11,16 +11,22 @@
 //      per-tensor fingerprints of the gradients that the update reads.
 //   2. On an alarm from any detector of the site (or a non-finite loss or gradient norm), every
 //      rank of the site rolls back to its snapshot and replays the step with a fresh trace.
-//   3. Each rank compares the two traces (FirstDifference). Suppose a rank's replay differs. Then
-//      the first execution was corrupted by a transient fault; the event names the micro-batch,
-//      layer and op, or for a gradient changed after the backward, the tensor. The replay's
-//      result is kept and the run goes on. The parameters are then exactly those of a run
-//      without the fault. Suppose no rank's replay differs. Then the step is reproducible: a
-//      genuine spike in the data, or a fault that strikes the same way every time.
-// A fault that lands after the reduction on one rank (a gradient) shows only there. A fault in a
-// rank's backward reaches its replicas through the gradient reduction, so their gradients differ
-// too; LocalizeReplays keeps the ranks whose computation differed, not the ones that only
-// received the difference.
+//   3. Each rank compares the two traces (FirstDifference). No rank's replay differs: the step is
+//      reproducible (a genuine spike in the data, or a fault that strikes the same way every
+//      time). Some rank's replay differs: one of the two runs was corrupted, and a third run
+//      decides which (the one it does not match, on every rank). The event names the micro-batch,
+//      block and op, the micro-batch's loss, or for a gradient changed after the backward, the
+//      tensor, and which run was corrupted. The run goes on with the result two runs agree on: the
+//      parameters of a run without the fault, bit for bit. Three different results on a rank:
+//      the run stops (a rank that keeps computing wrong results).
+// Traced are the block GEMM products and outputs, each micro-batch's loss and the gradients; a
+// fault elsewhere (a layer norm, attention, the head) is named at the next traced value it
+// changes. A fault that lands after the reduction on one rank (a gradient) shows only there. A
+// fault in a rank's backward reaches its data-parallel replicas through the gradient reduction,
+// so their gradients differ too; ShareReplays keeps the ranks whose computation differed, not the
+// ones that only received the difference. With tensor or pipeline parallelism the ranks that
+// receive a corrupt activation (a tp all-reduce, the next stage) differ in their own ops as well
+// and are named beside the one where it struck.
 //
 // Not caught by a replay: corruption of state at rest before the snapshot (a parameter or a
 // moment flipped in memory between steps). The replay starts from the same corrupt state and
@@ -59,39 +65,51 @@ class StepTrace {
   // The gradients the update reads: one fingerprint per tensor of `layout`, or, with ZeRO (where
   // this rank holds a flat shard of them), `layout` empty and one for the whole shard.
   void SetGrads(const std::vector<ParamTensor>& layout, const float* grads, size_t n);
+  // The losses of this rank's micro-batches (the last pipeline stage's; by local index).
+  void SetLosses(const std::vector<double>& losses, int64_t first_micro);
 
   const std::vector<Op>& ops() const { return ops_; }
   const std::vector<uint64_t>& grads() const { return grads_; }
+  const std::vector<double>& losses() const { return losses_; }
+  int64_t first_micro() const { return first_micro_; }
 
  private:
-  int64_t micro_ = -1;
+  int64_t micro_ = -1, first_micro_ = 0;
   std::vector<Op> ops_;
   std::vector<uint64_t> grads_;
+  std::vector<double> losses_;
 };
 
 // Where a replay first differs from the first execution.
 struct TraceDifference {
   int64_t micro = -1;  // -1: not an op (a gradient after the backward)
   int layer = -1;
-  std::string op;      // "gemm_fwd 2", "gemm_bwd 0", "activation" or "grad"
+  std::string op;      // "gemm_fwd 2", "gemm_bwd 0", "activation", "loss" or "grad"
   std::string tensor;  // op "grad": the first tensor whose gradient differs ("shard" with ZeRO)
+  std::string run;     // the run the third one did not match: "first" or "replay"
 };
 // layout: the tensors SetGrads was given (names the differing gradient). Nothing when the two
 // traces are identical.
 std::optional<TraceDifference> FirstDifference(const StepTrace& first, const StepTrace& replay,
                                                const std::vector<ParamTensor>& layout);
 
+// How many ranks of `site_world` say yes (1 without a site world). Collective over it.
+StatusOr<int64_t> CountOnSite(Communicator* site_world, bool mine);
+
+// Whether a step's events include one of the step guard's (what a replay is for; a fingerprint
+// mismatch is state at rest, which a replay reproduces).
+bool HasGuardEvent(const std::vector<std::string>& events);
+// Whether every one of them is the guard's.
+bool OnlyGuardEvents(const std::vector<std::string>& events);
+
 // The replay's verdict for the site, on every rank of `site_world` alike (collective over it):
-// each rank's first difference (`mine`, nothing when its replay matched) as a "replay" event of
+// each rank's first difference (`mine`, nothing when its runs matched) as a "replay" event of
 // step s (0-based), all-gathered. Where some rank's computation differed, the ranks whose only
 // difference is a reduced gradient are dropped (they received it). No difference anywhere: one
 // event with verdict "reproduced" (rank -1). The events as SdcEvent::ToJson writes them.
 StatusOr<std::vector<std::string>> ShareReplays(Communicator* site_world, int site, int rank,
                                                 int64_t s,
                                                 const std::optional<TraceDifference>& mine);
-// Whether ShareReplays found a transient fault (some rank's replay differed).
-bool ReplayDiffered(const std::vector<std::string>& replay_events);
-
 // What an optimizer step changes, kept so that the step can be undone exactly.
 class StepSnapshot {
  public:

@@ -27,6 +27,10 @@
 // named by two specs flip different elements, and adding a spec moves no other spec's draws.
 // A drawn layer is one this rank holds (pipeline parallel: its stage's blocks).
 //
+// On an audit replay of a step (train/sdc/audit.h) a transient fault does not fire again (it
+// struck once), and a bad core draws afresh (its coins and elements are counted through the
+// step's GEMM calls, which the replay continues): what a flaky core does.
+//
 // Every fault that fires is logged (LogWarning) and appended to the rank's log (DIR/faults.jsonl
 // for rank 0, DIR/faults-rank<r>.jsonl for the others; train/run.h's SetUpSdc removes it at the
 // start of a fresh run) as one JSON object: kind, step, site, rank, micro, layer, gemm, elem,

@@ -27,6 +27,7 @@ std::string SdcEvent::ToJson() const {
     if (micro >= 0) j["micro"] = micro;
     if (layer >= 0) j["layer"] = layer;
     if (!op.empty()) j["op"] = op;
+    if (!run.empty()) j["run"] = run;
   } else {
     j["majority"] = has_majority;
   }
@@ -52,8 +53,9 @@ std::string SdcEvent::ToString() const {
     if (micro >= 0) at += fmt::format(" of micro-batch {}", micro);
     if (layer >= 0) at += fmt::format(" in block {}", layer);
     if (!what.empty()) at += fmt::format(" ({})", what);
-    return fmt::format("step {} ({}): replay: a transient fault; first difference: {}", step, where,
-                       at);
+    return fmt::format(
+        "step {} ({}): replay: a transient fault in the {} run; first difference: {}", step, where,
+        run, at);
   }
   return fmt::format("step {} ({}): fingerprint: {} differs from {}", step, where, what,
                      has_majority ? "the other replicas'" : "the other replica's (no majority)");

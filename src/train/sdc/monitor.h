@@ -22,6 +22,7 @@
 // when fingerprints are on.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -47,6 +48,7 @@ struct SdcEvent {
   int64_t micro = -1;
   int layer = -1;
   std::string op;
+  std::string run;  // transient: the run that was corrupted ("first" or "replay")
   std::string ToJson() const;
   std::string ToString() const;
 };
@@ -81,7 +83,10 @@ class SdcMonitor {
   // to when the step is replayed; and, for a replayed step found reproducible (a genuine spike,
   // not corruption), the guard signals its last AfterStep flagged join their histories.
   void SaveState() { saved_guard_ = guard_; }
-  void RestoreState() { guard_ = saved_guard_; }
+  void RestoreState() {
+    guard_ = saved_guard_;
+    std::fill(act_max_.begin(), act_max_.end(), 0.0);
+  }
   void AcceptFlagged() { guard_.Accept(flagged_); }
 
  private:

@@ -2,8 +2,8 @@
 // faults that the detectors flag are replayed away and the run ends bitwise equal to a clean
 // one, each located to its micro-batch, block and op; sdc.audit_every replays clean steps
 // (reproduced) and finds a flip too small for any detector; a data-parallel replica's fault is
-// located on that replica, not on the replicas that received it through the reduction; a rank
-// that corrupts the replay too stops the run.
+// located on that replica, not on the replicas that received it through the reduction; state at
+// rest (a fingerprint mismatch) is not replayed; a rank that corrupts every run stops the run.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -61,6 +61,7 @@ TEST_F(ReplayTrainTest, TransientFaultsAreReplayedAwayBitwise) {
   };
   for (const auto& [step, e] : replays) {
     EXPECT_EQ(e["verdict"], "transient") << e.dump();
+    EXPECT_EQ(e["run"], "first") << e.dump();  // the third run matched the replay
     EXPECT_EQ(e["site"], 0);
     EXPECT_EQ(e["rank"], 0);
   }
@@ -153,6 +154,34 @@ TEST_F(ReplayTrainTest, AReplicasFaultIsLocatedOnThatReplica) {
     EXPECT_EQ(e["layer"], 1);
     EXPECT_EQ(e["op"], "gemm_bwd 2");
   }
+}
+
+// A replica's parameter flipped in memory between steps (state at rest) is the fingerprints' to
+// see; a replay would start from the same corrupt state, so redo does not replay for it (not at
+// that step, and not at every step after it while the replicas stay apart).
+TEST_F(ReplayTrainTest, FingerprintMismatchesAreNotReplayed) {
+  RunConfig c = cfg_;
+  c.parallel.dp = 3;
+  c.train.batch_size = 6;
+  c.train.threads = 1;
+  c.sdc.on_alarm = "redo";
+  c.faults.inject = "param:step=10,rank=1,elem=0,bit=3";
+  const std::string dir = root_ + "/dp3";
+  const auto statuses = RunInProcessRanks(3, [&](Communicator& comm) -> Status {
+    TrainOptions o;
+    o.out_dir = dir;
+    o.progress = false;
+    o.comm = &comm;
+    return Train(c, o).status();
+  });
+  for (const Status& st : statuses) ASSERT_TRUE(st.ok()) << st.ToString();
+  int fingerprint_steps = 0;
+  for (const auto& m : Metrics(dir)) {
+    if (!m.contains("sdc")) continue;
+    for (const auto& e : m["sdc"]) EXPECT_NE(e["detector"], "replay") << m.dump();
+    fingerprint_steps += m["sdc"][0]["detector"] == "fingerprint";
+  }
+  EXPECT_EQ(fingerprint_steps, 21);  // steps 10..30: replica 1 stays apart
 }
 
 // A bad core corrupts the replay as well: the run stops naming the step instead of taking a
