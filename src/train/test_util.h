@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/inprocess.h"
 #include "core/file.h"
 #include "core/rng.h"
 #include "data/dataset.h"
@@ -65,6 +66,25 @@ class TrainerTest : public ::testing::Test {
     auto r = Train(cfg, o);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return o.out_dir;
+  }
+
+  // Trains on `ranks` in-process ranks into `dir` (emptied first); whether every rank succeeded
+  // (each failure is reported).
+  static bool RunRanks(const RunConfig& cfg, int ranks, const std::string& dir) {
+    std::filesystem::remove_all(dir);
+    const auto statuses = RunInProcessRanks(ranks, [&](Communicator& comm) -> Status {
+      TrainOptions o;
+      o.out_dir = dir;
+      o.progress = false;
+      o.comm = &comm;
+      return Train(cfg, o).status();
+    });
+    bool ok = true;
+    for (const Status& st : statuses) {
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      ok &= st.ok();
+    }
+    return ok;
   }
 
   static std::vector<nlohmann::json> Metrics(const std::string& dir) {

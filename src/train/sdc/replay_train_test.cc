@@ -8,13 +8,10 @@
 
 #include <map>
 
-#include "comm/inprocess.h"
 #include "train/test_util.h"
 
 namespace atl {
 namespace {
-
-namespace fs = std::filesystem;
 
 class ReplayTrainTest : public TrainerTest {
  protected:
@@ -121,17 +118,6 @@ TEST_F(ReplayTrainTest, AuditsReproduceCleanStepsAndFindWhatTheGuardCannot) {
 // replica 0's gradients through the all-reduce, but the replay names only replica 1, where the
 // computation differed; the run ends as the clean dp 2 run does. With ZeRO-1 too.
 TEST_F(ReplayTrainTest, AReplicasFaultIsLocatedOnThatReplica) {
-  auto run = [&](const RunConfig& rc, const std::string& dir) {
-    fs::remove_all(dir);
-    const auto statuses = RunInProcessRanks(2, [&](Communicator& comm) -> Status {
-      TrainOptions o;
-      o.out_dir = dir;
-      o.progress = false;
-      o.comm = &comm;
-      return Train(rc, o).status();
-    });
-    for (const Status& st : statuses) EXPECT_TRUE(st.ok()) << st.ToString();
-  };
   for (bool zero : {false, true}) {
     SCOPED_TRACE(zero ? "zero" : "replicated");
     RunConfig c = cfg_;
@@ -139,10 +125,10 @@ TEST_F(ReplayTrainTest, AReplicasFaultIsLocatedOnThatReplica) {
     c.parallel.zero = zero;
     c.train.threads = 1;
     const std::string clean = root_ + "/dp2clean", dir = root_ + "/dp2faulty";
-    run(c, clean);
+    ASSERT_TRUE(RunRanks(c, 2, clean));
     c.sdc.on_alarm = "redo";
     c.faults.inject = "gemm_bwd:step=15,rank=1,layer=1,gemm=2,bit=30";
-    run(c, dir);
+    ASSERT_TRUE(RunRanks(c, 2, dir));
     EXPECT_EQ(Final(dir), Final(clean));
     const auto replays = Replays(dir);
     ASSERT_EQ(replays.size(), 1u);
@@ -167,14 +153,7 @@ TEST_F(ReplayTrainTest, FingerprintMismatchesAreNotReplayed) {
   c.sdc.on_alarm = "redo";
   c.faults.inject = "param:step=10,rank=1,elem=0,bit=3";
   const std::string dir = root_ + "/dp3";
-  const auto statuses = RunInProcessRanks(3, [&](Communicator& comm) -> Status {
-    TrainOptions o;
-    o.out_dir = dir;
-    o.progress = false;
-    o.comm = &comm;
-    return Train(c, o).status();
-  });
-  for (const Status& st : statuses) ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_TRUE(RunRanks(c, 3, dir));
   int fingerprint_steps = 0;
   for (const auto& m : Metrics(dir)) {
     if (!m.contains("sdc")) continue;

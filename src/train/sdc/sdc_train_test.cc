@@ -5,7 +5,6 @@
 
 #include <algorithm>
 
-#include "comm/inprocess.h"
 #include "train/test_util.h"
 
 namespace atl {
@@ -122,14 +121,7 @@ TEST_F(SdcTrainTest, FingerprintsNameTheCorruptReplica) {
     c.train.threads = 1;
     c.faults.inject = "param:step=10,rank=1,elem=0,bit=3";
     const std::string dir = root_ + (zero ? "/dp3zero" : "/dp3");
-    const auto statuses = RunInProcessRanks(3, [&](Communicator& comm) -> Status {
-      TrainOptions o;
-      o.out_dir = dir;
-      o.progress = false;
-      o.comm = &comm;
-      return Train(c, o).status();
-    });
-    for (const Status& st : statuses) ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_TRUE(RunRanks(c, 3, dir));
     const auto events = Events(dir);
     ASSERT_FALSE(events.empty());
     EXPECT_EQ(events[0]["step"], 10);
