@@ -39,6 +39,13 @@ expect_err "sdc.audit_every: must be >= 0"
 expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set sdc.on_alarm=redo \
   --set world.sites=2 --out "$T/x"
 expect_err "replaying a step is not supported with world.strategy = sync"
+# The campaign: a bad site, bit or step range.
+expect_exit 2 "$ATOLL" sdc-campaign --config configs/tiny.toml --kinds gemm_fwd,cosmic --out "$T/c"
+expect_err "unknown injection site 'cosmic'"
+expect_exit 2 "$ATOLL" sdc-campaign --config configs/tiny.toml --bits 30-33 --out "$T/c"
+expect_err "--bits: '30-33'"
+expect_exit 2 "$ATOLL" sdc-campaign --config configs/tiny.toml --first-step 99 --out "$T/c"
+expect_err "--first-step: 99 is outside"
 # Missing data: a hint to prepare it.
 expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set data.dir="$T/none" --out "$T/x"
 expect_err "atoll data prepare"

@@ -17,5 +17,6 @@ void AddCoordinatorCommand(CLI::App& app);  // coordinator.cc: atoll coordinator
 void AddCertsCommand(CLI::App& app);        // certs.cc:       atoll certs
 void AddLaunchCommand(CLI::App& app);       // launch.cc:      atoll launch
 void AddReplayCommand(CLI::App& app);       // replay.cc:      atoll replay
+void AddSdcCommand(CLI::App& app);          // sdc.cc:         atoll sdc-campaign
 
 }  // namespace atl::cli

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   atl::cli::AddCertsCommand(app);
   atl::cli::AddLaunchCommand(app);
   atl::cli::AddReplayCommand(app);
+  atl::cli::AddSdcCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

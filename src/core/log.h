@@ -23,7 +23,8 @@ void LogInfo(fmt::format_string<Args...> f, Args&&... args) {
 }
 template <class... Args>
 void LogWarning(fmt::format_string<Args...> f, Args&&... args) {
-  LogLine(LogLevel::kWarning, fmt::format(f, std::forward<Args>(args)...));
+  if (GetLogLevel() <= LogLevel::kWarning)
+    LogLine(LogLevel::kWarning, fmt::format(f, std::forward<Args>(args)...));
 }
 template <class... Args>
 void LogError(fmt::format_string<Args...> f, Args&&... args) {

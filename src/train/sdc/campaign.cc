@@ -1,0 +1,378 @@
+// The fault-injection campaign: runs and scoring (train/sdc/campaign.h). The tables are
+// campaign_report.cc's.
+#include "train/sdc/campaign.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "comm/inprocess.h"
+#include "core/file.h"
+#include "core/rng.h"
+#include "model/config.h"
+#include "train/sdc/fingerprint.h"
+#include "train/trainer.h"
+
+namespace atl {
+
+namespace {
+
+// An sdc event as metrics.jsonl holds it (train/sdc/monitor.h SdcEvent::ToJson), with its step.
+struct Event {
+  int64_t step = 0;
+  int rank = -1;
+  std::string detector, verdict, what, op;
+  int64_t micro = -1;
+  int layer = -1;
+};
+
+struct RunRecord {
+  std::vector<Event> events;
+  double val_loss = std::numeric_limits<double>::quiet_NaN();  // the last line's
+  int64_t steps = 0;
+  std::string model;  // the final checkpoint's model.safetensors, bytes
+};
+
+Status TrainIn(const RunConfig& cfg, int ranks, const std::string& dir) {
+  std::filesystem::remove_all(dir);
+  auto train = [&](Communicator* comm) {
+    TrainOptions o;
+    o.out_dir = dir;
+    o.progress = false;
+    o.comm = comm;
+    return Train(cfg, o).status();
+  };
+  if (ranks == 1) return train(nullptr);
+  for (const Status& st :
+       RunInProcessRanks(ranks, [&](Communicator& comm) { return train(&comm); }))
+    if (!st.ok()) return st;
+  return Status::Ok();
+}
+
+StatusOr<RunRecord> ReadRun(const std::string& dir) {
+  RunRecord r;
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) return Status::Corruption(dir + "/metrics.jsonl: not JSON: " + line);
+    r.steps = j.value("step", int64_t(0));
+    if (j.contains("val_loss")) r.val_loss = j["val_loss"].get<double>();
+    if (!j.contains("sdc")) continue;
+    for (const auto& e : j["sdc"]) {
+      Event ev;
+      ev.step = r.steps;
+      ev.rank = e.value("rank", -1);
+      ev.detector = e.value("detector", "");
+      ev.verdict = e.value("verdict", "");
+      ev.what = e.value("what", "");
+      ev.op = e.value("op", "");
+      ev.micro = e.value("micro", int64_t(-1));
+      ev.layer = e.value("layer", -1);
+      r.events.push_back(std::move(ev));
+    }
+  }
+  if (auto m = ReadFile(dir + "/checkpoint/model.safetensors"); m.ok()) r.model = std::move(*m);
+  return r;
+}
+
+// The fired faults of every rank's log.
+std::vector<FaultRecord> ReadFired(const std::string& dir, int ranks) {
+  std::vector<FaultRecord> out;
+  for (int rank = 0; rank < ranks; ++rank) {
+    std::ifstream in(rank == 0 ? dir + "/faults.jsonl"
+                               : fmt::format("{}/faults-rank{}.jsonl", dir, rank));
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded()) continue;
+      FaultRecord f{};
+      f.step = j.value("step", int64_t(0));
+      f.site = j.value("site", 0);
+      f.rank = j.value("rank", 0);
+      f.micro = j.value("micro", int64_t(-1));
+      f.layer = j.value("layer", -1);
+      f.gemm = j.value("gemm", -1);
+      f.elem = j.value("elem", int64_t(0));
+      f.bit = j.value("bit", 0);
+      out.push_back(f);
+    }
+  }
+  return out;
+}
+
+// The tensor of a rank's flat buffer that element `elem` belongs to (empty when the rank's
+// buffer is not the whole model's layout: tensor or pipeline parallel, or a ZeRO shard).
+std::string TensorOf(const RunConfig& cfg, FaultKind kind, int64_t elem) {
+  const ParallelConfig& pc = cfg.parallel;
+  if (pc.tp > 1 || pc.pp > 1 || (pc.zero && pc.dp > 1 && kind != FaultKind::kParam)) return "";
+  for (const ParamTensor& t : ParameterLayout(cfg.model))
+    if (size_t(elem) >= t.offset && size_t(elem) < t.offset + t.numel)
+      return ShortTensorName(t.name);
+  return "";
+}
+
+bool IsCompute(FaultKind k) {
+  return k == FaultKind::kGemmForward || k == FaultKind::kGemmBackward ||
+         k == FaultKind::kActivation;
+}
+
+// Whether event e names the place of the flip o (see campaign.h).
+bool Names(const Event& e, const Outcome& o) {
+  const FaultRecord& t = o.truth;
+  if (e.rank != t.rank) return false;
+  if (e.detector == "replay" && e.verdict == "transient" && e.step == t.step) {
+    if (IsCompute(o.kind)) {
+      const std::string op = o.kind == FaultKind::kActivation
+                                 ? std::string("activation")
+                                 : fmt::format("{} {}", FaultKindName(o.kind), t.gemm);
+      return e.micro == t.micro && e.layer == t.layer && e.op == op;
+    }
+    return o.kind == FaultKind::kGrad && e.op == "grad" &&
+           (o.tensor.empty() || e.what == o.tensor || e.what == "shard");
+  }
+  if (e.detector == "fingerprint" && !o.tensor.empty()) {
+    const std::string buffer =
+        o.kind == FaultKind::kMoment ? fmt::format("moment_{}", o.moment) : std::string("params");
+    // A gradient flip on one replica shows as its parameters after the update.
+    if (o.kind == FaultKind::kGrad && e.step != t.step) return false;
+    return e.what == buffer + ":" + o.tensor;
+  }
+  return false;
+}
+
+void Score(const RunRecord& run, const std::string& clean_model, double clean_val, Outcome* o) {
+  const int64_t t = o->fired ? o->truth.step : std::numeric_limits<int64_t>::max();
+  for (const Event& e : run.events) {
+    if (e.step < t) {
+      ++o->false_positives;
+      continue;
+    }
+    bool detection = true;
+    if (e.detector == "guard")
+      o->guard = true;
+    else if (e.detector == "fingerprint")
+      o->fingerprint = true;
+    else if (e.detector == "replay" && e.verdict == "transient")
+      o->replay = true;
+    else
+      detection = false;
+    if (detection && o->delay < 0) o->delay = e.step - t;
+    if (Names(e, *o)) o->localized = true;
+  }
+  o->clean_steps = std::min(t - 1, run.steps);
+  if (!o->error.empty()) {
+    o->harm = std::numeric_limits<double>::infinity();
+    return;
+  }
+  o->recovered = !run.model.empty() && run.model == clean_model;
+  o->harm = std::isfinite(run.val_loss) ? std::abs(run.val_loss / clean_val - 1)
+                                        : std::numeric_limits<double>::infinity();
+}
+
+int RanksOf(const RunConfig& cfg) {
+  return int(cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp);
+}
+
+}  // namespace
+
+std::string Outcome::ToJson() const {
+  nlohmann::ordered_json j;
+  j["spec"] = spec;
+  j["kind"] = FaultKindName(kind);
+  j["bit"] = bit;
+  j["fired"] = fired;
+  if (fired) {
+    j["step"] = truth.step;
+    j["rank"] = truth.rank;
+    j["micro"] = truth.micro;
+    j["layer"] = truth.layer;
+    j["gemm"] = truth.gemm;
+    j["elem"] = truth.elem;
+  }
+  if (!tensor.empty()) j["tensor"] = tensor;
+  j["guard"] = guard;
+  j["fingerprint"] = fingerprint;
+  j["replay"] = replay;
+  j["delay"] = delay;
+  j["localized"] = localized;
+  j["recovered"] = recovered;
+  j["harm"] = std::isfinite(harm) ? nlohmann::ordered_json(harm) : nlohmann::ordered_json("inf");
+  j["false_positives"] = false_positives;
+  if (!error.empty()) j["error"] = error;
+  return j.dump();
+}
+
+StatusOr<std::vector<FaultKind>> ParseFaultKinds(std::string_view list) {
+  std::vector<FaultKind> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    const std::string_view name = list.substr(pos, comma - pos);
+    pos = comma + 1;
+    if (name.empty()) continue;
+    // A spec of the kind parses (the step is needed by the grammar, not used).
+    auto spec = ParseFaults(fmt::format("{}:step=1", name));
+    if (!spec.ok() || spec->size() != 1)
+      return Status::InvalidArgument(fmt::format(
+          "--kinds: unknown injection site '{}' (gemm_fwd, gemm_bwd, activation, grad, param, "
+          "moment)",
+          name));
+    if ((*spec)[0].kind == FaultKind::kBadCore)
+      return Status::InvalidArgument(
+          "--kinds: bad_core is not a campaign site (one flip per run); inject it with `atoll "
+          "train --inject bad_core:p=...`");
+    out.push_back((*spec)[0].kind);
+  }
+  if (out.empty()) return Status::InvalidArgument("--kinds: no injection site named");
+  return out;
+}
+
+StatusOr<std::vector<int>> ParseBits(std::string_view list) {
+  std::vector<int> out;
+  size_t pos = 0;
+  auto bad = [&](std::string_view item) {
+    return Status::InvalidArgument(
+        fmt::format("--bits: '{}' is not a bit (0..31) or a range (23-31)", item));
+  };
+  while (pos <= list.size()) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    const std::string_view item = list.substr(pos, comma - pos);
+    pos = comma + 1;
+    if (item.empty()) continue;
+    const size_t dash = item.find('-');
+    const std::string lo_text(item.substr(0, dash));
+    const std::string hi_text(dash == std::string_view::npos ? lo_text : item.substr(dash + 1));
+    char* end = nullptr;
+    const long lo = std::strtol(lo_text.c_str(), &end, 10);
+    if (lo_text.empty() || *end != 0) return bad(item);
+    const long hi = std::strtol(hi_text.c_str(), &end, 10);
+    if (hi_text.empty() || *end != 0 || lo < 0 || hi > 31 || lo > hi) return bad(item);
+    for (long b = lo; b <= hi; ++b) out.push_back(int(b));
+  }
+  if (out.empty()) return Status::InvalidArgument("--bits: no bit named");
+  return out;
+}
+
+StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o) {
+  const RunConfig& base = o.cfg;
+  const int64_t steps = base.train.steps;
+  if (o.kinds.empty()) return Status::InvalidArgument("sdc campaign: no injection sites");
+  if (o.injections < 1)
+    return Status::InvalidArgument(fmt::format("--injections: {} is not positive", o.injections));
+  if (o.first_step < 1 || o.first_step > steps)
+    return Status::InvalidArgument(fmt::format(
+        "--first-step: {} is outside the run's steps 1..{} (train.steps)", o.first_step, steps));
+  if (!(o.harm > 0)) return Status::InvalidArgument("--harm: must be positive");
+  if (base.world.sites > 1)
+    return Status::InvalidArgument(
+        "sdc campaign: world.sites > 1 is not supported yet (one site, any dp x tp x pp)");
+  if (base.sdc.on_alarm == "stop")
+    return Status::InvalidArgument(
+        "sdc campaign: sdc.on_alarm = stop ends a run before its events are written; use warn "
+        "or redo");
+  if (base.train.eval_batches < 1)
+    return Status::InvalidArgument(
+        "sdc campaign: train.eval_batches must be positive (harm is measured on validation)");
+  if (!base.faults.inject.empty())
+    return Status::InvalidArgument("sdc campaign: the config already injects faults");
+  ATOLL_RETURN_IF_ERROR(ValidateRunConfig(base));
+  ATOLL_RETURN_IF_ERROR(MakeDirs(o.dir));
+
+  CampaignResult result;
+  result.harm = o.harm;
+  result.ranks = RanksOf(base);
+  const ParallelConfig& pc = base.parallel;
+  result.layout = result.ranks == 1 ? std::string("one process")
+                                    : fmt::format("dp {} x tp {} x pp {}{}", pc.dp, pc.tp, pc.pp,
+                                                  pc.zero ? " (ZeRO-1)" : "");
+  const std::string run_dir = o.dir + "/run";
+
+  // The clean reference (and, when asked, a longer clean run for false positives).
+  ATOLL_RETURN_IF_ERROR(TrainIn(base, result.ranks, run_dir));
+  ATOLL_ASSIGN_OR_RETURN(RunRecord clean, ReadRun(run_dir));
+  if (!std::isfinite(clean.val_loss) || clean.model.empty())
+    return Status::Internal("sdc campaign: the clean run wrote no validation loss or checkpoint");
+  result.clean_val_loss = clean.val_loss;
+  result.clean_run_steps = clean.steps;
+  result.clean_run_events = int64_t(clean.events.size());
+  if (o.clean_steps > 0) {
+    RunConfig long_cfg = base;
+    long_cfg.train.steps = o.clean_steps;
+    long_cfg.train.eval_every = 0;
+    ATOLL_RETURN_IF_ERROR(TrainIn(long_cfg, result.ranks, run_dir));
+    ATOLL_ASSIGN_OR_RETURN(RunRecord long_run, ReadRun(run_dir));
+    result.clean_run_steps += long_run.steps;
+    result.clean_run_events += int64_t(long_run.events.size());
+    if (o.progress)
+      o.progress(
+          0, o.injections,
+          fmt::format("clean run of {} steps: {} events", long_run.steps, long_run.events.size()));
+  }
+
+  std::vector<int> bits = o.bits;
+  if (bits.empty())
+    for (int b = 0; b < 32; ++b) bits.push_back(b);
+  for (int b : bits)
+    if (b < 0 || b > 31) return Status::InvalidArgument(fmt::format("--bits: {} is not 0..31", b));
+  const int64_t n_bits = int64_t(bits.size());
+
+  std::ofstream log(o.dir + "/injections.jsonl", std::ios::trunc);
+  const int64_t span = steps - o.first_step + 1;
+  for (int64_t i = 0; i < o.injections; ++i) {
+    FaultSpec f;
+    f.kind = o.kinds[size_t(i / n_bits) % o.kinds.size()];
+    f.bit = bits[size_t(i % n_bits)];
+    f.step = o.first_step +
+             int64_t(RandomBelow(o.seed, uint64_t(i), RngPurpose::kFault, 1, uint64_t(span)));
+    f.rank = int(RandomBelow(o.seed, uint64_t(i), RngPurpose::kFault, 2, uint64_t(result.ranks)));
+    f.moment = RandomBelow(o.seed, uint64_t(i), RngPurpose::kFault, 3, 2) == 0 ? 'm' : 'v';
+    RunConfig cfg = base;
+    cfg.faults.inject = FormatSpec(f);
+    cfg.faults.seed = int64_t(o.seed * 1000003 + uint64_t(i));
+
+    Outcome out;
+    out.spec = cfg.faults.inject;
+    out.kind = f.kind;
+    out.bit = f.bit;
+    out.moment = f.kind == FaultKind::kMoment ? f.moment : 0;
+    if (Status st = TrainIn(cfg, result.ranks, run_dir); !st.ok()) {
+      if (st.code() == StatusCode::kInvalidArgument) return st;
+      out.error = st.ToString();
+    }
+    const std::vector<FaultRecord> fired = ReadFired(run_dir, result.ranks);
+    if (!fired.empty()) {
+      out.fired = true;
+      out.truth = fired.front();
+      out.truth.kind = f.kind;
+      if (!IsCompute(f.kind)) out.tensor = TensorOf(cfg, f.kind, out.truth.elem);
+    }
+    ATOLL_ASSIGN_OR_RETURN(RunRecord run, ReadRun(run_dir));
+    Score(run, clean.model, clean.val_loss, &out);
+    log << out.ToJson() << "\n";
+    log.flush();
+    if (o.progress) {
+      std::string what = !out.fired           ? "did not fire"
+                         : !out.error.empty() ? "stopped: " + out.error
+                         : out.detected() ? fmt::format("detected after {} step(s){}{}", out.delay,
+                                                        out.localized ? ", localized" : "",
+                                                        out.recovered ? ", recovered" : "")
+                         : out.harm > o.harm ? fmt::format("MISSED, harm {:.3g}", out.harm)
+                                             : fmt::format("missed, harm {:.3g}", out.harm);
+      o.progress(i + 1, o.injections, out.spec + ": " + what);
+    }
+    result.outcomes.push_back(std::move(out));
+  }
+  std::filesystem::remove_all(run_dir);
+  if (!log) return Status::Internal(o.dir + "/injections.jsonl: write failed");
+  ATOLL_RETURN_IF_ERROR(WriteFileAtomic(o.dir + "/bits.csv", CampaignBitsCsv(result)));
+  return result;
+}
+
+}  // namespace atl

@@ -1,0 +1,98 @@
+// The fault-injection campaign (`atoll sdc-campaign`, bench/sdc_bench.sh): many short training
+// runs, each with one bit flip (train/sdc/faults.h) at a drawn injection site, bit, step and rank,
+// scored against the flip's ground truth (the run's faults log) and a clean run of the same
+// config. It answers: which flips do the detectors (train/sdc/monitor.h, audit.h) catch, how fast,
+// do they name the right place, does the run recover bitwise, and do the flips they miss matter?
+//
+// Injection i (0-based) of `injections`: bit bits[i mod B] and site kinds[(i / B) mod K], so
+// every (site, bit) pair is struck equally often when injections is a multiple of B * K; the step
+// is drawn from [first_step, train.steps] and the rank from the site's ranks; layer, GEMM, element
+// (and the moment, m or v) come from faults.seed = seed * 1000003 + i. Every run trains the same
+// config (its sdc settings are the detectors under test; on_alarm = redo replays alarmed steps)
+// in this process, ranks as threads (comm/inprocess.h) when the layout has more than one.
+//
+// Scoring one injection (Outcome):
+//   - detected by a detector: one of its events (in metrics.jsonl) at the flip's step or later;
+//     a replay counts when its verdict is "transient" (it found the corruption). Steps to
+//     detection: the first such event's step minus the flip's.
+//   - localized: an event names the flip's place: a replay event the flip's step, rank,
+//     micro-batch, block and op (gemm_fwd g, gemm_bwd g, activation) or, for a gradient, "grad"
+//     and the tensor; a fingerprint event the rank and the tensor ("params:..." or
+//     "moment_m:..."). The guard's events name signals, not places: they do not localize.
+//   - recovered: the final parameters are bitwise those of the clean run.
+//   - harm: |final validation loss / the clean run's - 1|; harmful above `harm` (0.1%). A run
+//     that stopped (sdc.on_alarm = stop, a diverged or faulty-rank error) has harm +inf.
+//   - false positives: events at steps before the flip, and every event of the clean runs.
+//
+// Thread-safety: RunCampaign uses the process (OpenMP threads, the working directory tree).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "train/config.h"
+#include "train/sdc/faults.h"
+
+namespace atl {
+
+struct CampaignOptions {
+  RunConfig cfg;                 // every run's config; faults.inject is set per injection
+  std::vector<FaultKind> kinds;  // injection sites (not bad_core), in the order they are cycled
+  std::vector<int> bits;         // the bits flipped, cycled (empty: 0..31)
+  int64_t injections = 64;
+  uint64_t seed = 1;
+  int64_t first_step = 10;  // earliest step struck (1-based): past the guard's warm-up
+  int64_t clean_steps = 0;  // a separate clean run of this many steps for false positives
+  double harm = 1e-3;       // relative change of the final validation loss that is harmful
+  std::string dir;          // work directory: injections.jsonl, bits.csv (runs are removed)
+  // Called after each injection with (done, total, the outcome's one-line summary).
+  std::function<void(int64_t, int64_t, const std::string&)> progress;
+};
+
+struct Outcome {
+  std::string spec;  // what was asked (FormatSpec)
+  FaultKind kind = FaultKind::kParam;
+  int bit = 0;
+  bool fired = false;
+  FaultRecord truth{};  // when fired
+  char moment = 0;      // kMoment: 'm' or 'v'
+  std::string tensor;   // flat-buffer kinds: the tensor the element belongs to
+  bool guard = false, fingerprint = false, replay = false;  // detected by
+  int64_t delay = -1;  // steps from the flip to its first detection (-1: none)
+  bool localized = false;
+  bool recovered = false;
+  double harm = 0;
+  int64_t false_positives = 0;  // events before the flip's step
+  int64_t clean_steps = 0;      // steps before the flip's (the FP denominator)
+  std::string error;            // the run stopped: why
+  bool detected() const { return guard || fingerprint || replay; }
+  std::string ToJson() const;
+};
+
+struct CampaignResult {
+  std::vector<Outcome> outcomes;
+  double clean_val_loss = 0;
+  int64_t clean_run_steps = 0, clean_run_events = 0;  // the clean runs' steps and events
+  double harm = 1e-3;
+  int ranks = 1;
+  std::string layout;  // "dp 2", "one process", ...
+};
+
+// Runs the campaign; bad options are kInvalidArgument (the config is checked as `atoll train`
+// checks it). Each outcome is appended to DIR/injections.jsonl as it is scored.
+StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o);
+
+// The tables (markdown): per injection site, per bit, and the goals' lines.
+std::string CampaignTables(const CampaignResult& r);
+// Detection rate per bit as CSV (bit,n,any,guard,fingerprint,replay,harmful_misses), for plots.
+std::string CampaignBitsCsv(const CampaignResult& r);
+
+// "gemm_fwd,grad" -> kinds (bad_core is refused: the campaign injects one flip per run).
+StatusOr<std::vector<FaultKind>> ParseFaultKinds(std::string_view list);
+// "0-31", "23-31", "30,31" -> bits (ranges and single bits, comma-separated).
+StatusOr<std::vector<int>> ParseBits(std::string_view list);
+
+}  // namespace atl
