@@ -344,13 +344,15 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
                                W(ParamKind::kLn1B, l), N, C));
     ATL_OP("matmul fwd", k::MatmulForward(qkv, ln1, W(ParamKind::kAttnW, l),
                                           W(ParamKind::kAttnB, l), N, C, 3 * Cl));
-    Op(OpKind::kGemmForward, l, 0, qkv, N, 3 * Cl);
+    Op(OpKind::kGemmForward, l, 0, qkv, N, 3 * Cl, ln1, W(ParamKind::kAttnW, l),
+       W(ParamKind::kAttnB, l), C);
     ATL_OP("attention fwd", k::AttentionForward(atty, att, qkv, B, T_len, Cl, NHl));
     // residual2 = residual + atty · W_proj + b_proj (the projection lands in residual2 first).
     ATL_OP("matmul fwd",
            k::MatmulForward(res2, atty, W(ParamKind::kAttnProjW, l),
                             add_row_bias ? W(ParamKind::kAttnProjB, l) : nullptr, N, Cl, C));
-    Op(OpKind::kGemmForward, l, 1, res2, N, C);
+    Op(OpKind::kGemmForward, l, 1, res2, N, C, atty, W(ParamKind::kAttnProjW, l),
+       add_row_bias ? W(ParamKind::kAttnProjB, l) : nullptr, Cl);
     ATL_OP("tp all-reduce", TensorAllReduce(res2, NC));
     ATL_OP("residual fwd", k::ResidualForward(res2, residual, res2, NC));
     ATL_OP("layernorm fwd",
@@ -358,12 +360,14 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
                                W(ParamKind::kLn2B, l), N, C));
     ATL_OP("matmul fwd",
            k::MatmulForward(fch, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l), N, C, Fl));
-    Op(OpKind::kGemmForward, l, 2, fch, N, Fl);
+    Op(OpKind::kGemmForward, l, 2, fch, N, Fl, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l),
+       C);
     ATL_OP("gelu fwd", k::GeluForward(fch_gelu, fch, size_t(N) * Fl));
     ATL_OP("matmul fwd",
            k::MatmulForward(res3, fch_gelu, W(ParamKind::kFcProjW, l),
                             add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, N, Fl, C));
-    Op(OpKind::kGemmForward, l, 3, res3, N, C);
+    Op(OpKind::kGemmForward, l, 3, res3, N, C, fch_gelu, W(ParamKind::kFcProjW, l),
+       add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, Fl);
     ATL_OP("tp all-reduce", TensorAllReduce(res3, NC));
     ATL_OP("residual fwd", k::ResidualForward(res3, res2, res3, NC));
     Op(OpKind::kActivation, l, -1, res3, N, C);
@@ -503,12 +507,14 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
     ATL_OP("matmul bwd", k::MatmulBackward(a.dfch_gelu.data(), D(ParamKind::kFcProjW, l),
                                            D(ParamKind::kFcProjB, l), dres, fch_gelu,
                                            W(ParamKind::kFcProjW, l), N, Fl, C));
-    Op(OpKind::kGemmBackward, l, 3, a.dfch_gelu.data(), N, Fl);
+    Op(OpKind::kGemmBackward, l, 3, a.dfch_gelu.data(), N, Fl, dres, W(ParamKind::kFcProjW, l),
+       nullptr, C);
     ATL_OP("gelu bwd", k::GeluBackward(a.dfch.data(), fch, a.dfch_gelu.data(), size_t(N) * Fl));
     ATL_OP("matmul bwd",
            k::MatmulBackward(a.dln.data(), D(ParamKind::kFcW, l), D(ParamKind::kFcB, l),
                              a.dfch.data(), ln2, W(ParamKind::kFcW, l), N, C, Fl));
-    Op(OpKind::kGemmBackward, l, 2, a.dln.data(), N, C);
+    Op(OpKind::kGemmBackward, l, 2, a.dln.data(), N, C, a.dfch.data(), W(ParamKind::kFcW, l),
+       nullptr, Fl);
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln.data(), NC));
     ATL_OP("layernorm bwd",
            k::LayerNormBackward(dres, D(ParamKind::kLn2W, l), D(ParamKind::kLn2B, l), a.dln.data(),
@@ -517,13 +523,15 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
     ATL_OP("matmul bwd", k::MatmulBackward(a.datty.data(), D(ParamKind::kAttnProjW, l),
                                            D(ParamKind::kAttnProjB, l), dres, atty,
                                            W(ParamKind::kAttnProjW, l), N, Cl, C));
-    Op(OpKind::kGemmBackward, l, 1, a.datty.data(), N, Cl);
+    Op(OpKind::kGemmBackward, l, 1, a.datty.data(), N, Cl, dres, W(ParamKind::kAttnProjW, l),
+       nullptr, C);
     ATL_OP("attention bwd", k::AttentionBackward(a.dqkv.data(), a.datt_scratch.data(),
                                                  a.datty.data(), qkv, att, B, T_len, Cl, NHl));
     ATL_OP("matmul bwd",
            k::MatmulBackward(a.dln1.data(), D(ParamKind::kAttnW, l), D(ParamKind::kAttnB, l),
                              a.dqkv.data(), ln1, W(ParamKind::kAttnW, l), N, C, 3 * Cl));
-    Op(OpKind::kGemmBackward, l, 0, a.dln1.data(), N, C);
+    Op(OpKind::kGemmBackward, l, 0, a.dln1.data(), N, C, a.dqkv.data(), W(ParamKind::kAttnW, l),
+       nullptr, 3 * Cl);
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln1.data(), NC));
     ATL_OP("layernorm bwd",
            k::LayerNormBackward(dres, D(ParamKind::kLn1W, l), D(ParamKind::kLn1B, l), a.dln1.data(),

@@ -110,6 +110,9 @@ class GPT {
   // dout · Wᵀ, for the same four GEMMs, in backward order 3, 2, 1, 0), and with each block's
   // output, the residual stream (kActivation, gemm -1). The hook may change *out; what it changes
   // flows on as if the kernel had computed it. Unset (the default): never called.
+  // A GEMM's event also shows its operands (for checksums, train/sdc/checksum.h): forward,
+  // out[rows, cols] = a[rows, inner] · w[inner, cols] + bias[cols] (bias may be null); backward,
+  // out[rows, cols] = a[rows, inner] · wᵀ with w[cols, inner] (the layer's weight), no bias.
   enum class OpKind { kGemmForward, kGemmBackward, kActivation };
   struct OpEvent {
     OpKind kind;
@@ -118,6 +121,10 @@ class GPT {
     T* out;
     size_t n;  // elements of out: rows * cols
     int rows, cols;
+    const T* a = nullptr;  // GEMMs: the operands (activation events: null)
+    const T* w = nullptr;
+    const T* bias = nullptr;
+    int inner = 0;
   };
   void set_op_hook(std::function<void(const OpEvent&)> hook) { op_hook_ = std::move(hook); }
 
@@ -159,8 +166,11 @@ class GPT {
   std::unique_ptr<Activations> acts_;
   std::function<void(int)> backward_hook_;
   std::function<void(const OpEvent&)> op_hook_;
-  void Op(OpKind kind, int layer, int gemm, T* out, int rows, int cols) {
-    if (op_hook_) op_hook_({kind, layer, gemm, out, size_t(rows) * size_t(cols), rows, cols});
+  void Op(OpKind kind, int layer, int gemm, T* out, int rows, int cols, const T* a = nullptr,
+          const T* w = nullptr, const T* bias = nullptr, int inner = 0) {
+    if (op_hook_)
+      op_hook_(
+          {kind, layer, gemm, out, size_t(rows) * size_t(cols), rows, cols, a, w, bias, inner});
   }
   std::function<void(T*, size_t)> tp_all_reduce_;
 };

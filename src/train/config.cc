@@ -205,6 +205,8 @@ std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
       {"sdc", "guard", &c.sdc.guard, "outlier checks on loss, gradient norm, updates, activations"},
       {"sdc", "fingerprints", &c.sdc.fingerprints,
        "compare data-parallel replicas' parameter hashes every step"},
+      {"sdc", "checksums", &c.sdc.checksums,
+       "check every block GEMM's column sums against (1ᵀA)·W, forward and backward"},
       {"sdc", "moments_every", &c.sdc.moments_every,
        "compare the replicas' AdamW moments every N steps (0: never)"},
       {"sdc", "guard_threshold", &c.sdc.guard_threshold,

@@ -122,6 +122,7 @@ struct SdcConfig {
   bool guard = true;            // robust outlier checks on loss, norms, updates, activations
   bool fingerprints = true;     // compare data-parallel replicas' parameter hashes every step
   int64_t moments_every = 10;   // ... and their AdamW moments every N steps (0: never)
+  bool checksums = false;       // GEMM column checksums (train/sdc/checksum.h)
   double guard_threshold = 10;  // an outlier is this many robust deviations off the median
   int64_t guard_window = 32;    // clean steps the guard's medians are over
   // "warn": log and report; "stop": end the run (exit 1); "redo": roll the step back, replay it

@@ -235,6 +235,7 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
   SdcOptions o;
   o.guard = cfg.sdc.guard;
   o.fingerprints = cfg.sdc.fingerprints;
+  o.checksums = cfg.sdc.checksums;
   o.moments_every = cfg.sdc.moments_every;
   o.guard_options.threshold = cfg.sdc.guard_threshold;
   o.guard_options.window = size_t(cfg.sdc.guard_window);
@@ -248,14 +249,18 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
     run.trace = std::make_unique<StepTrace>();
   FaultInjector* faults = run.faults.get();
   SdcMonitor* sdc = cfg.sdc.guard ? run.sdc.get() : nullptr;
+  SdcMonitor* checks = cfg.sdc.checksums ? run.sdc.get() : nullptr;
   StepTrace* trace = run.trace.get();
-  if (faults == nullptr && sdc == nullptr && trace == nullptr) return Status::Ok();
+  if (faults == nullptr && sdc == nullptr && checks == nullptr && trace == nullptr)
+    return Status::Ok();
   const bool* in_step = &run.in_step;
-  run.model->set_op_hook([faults, sdc, trace, in_step](const GPT<float>::OpEvent& e) {
+  run.model->set_op_hook([faults, sdc, checks, trace, in_step](const GPT<float>::OpEvent& e) {
     if (!*in_step) return;
     const FaultKind kind = FaultKindOfOp(e.kind);
     if (faults != nullptr) faults->OnOp(kind, e.layer, e.gemm, e.out, e.n);
     if (sdc != nullptr && kind == FaultKind::kActivation) sdc->OnActivation(e.layer, e.out, e.n);
+    if (checks != nullptr && kind != FaultKind::kActivation)
+      checks->OnGemm(kind, e.layer, e.gemm, e.out, e.a, e.w, e.bias, e.rows, e.inner, e.cols);
     if (trace != nullptr) trace->OnOp(kind, e.layer, e.gemm, e.out, e.n);
   });
   return Status::Ok();
@@ -319,6 +324,7 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
     const int tag = 2 * op.micro;
     if (run.faults != nullptr) run.faults->At(s, j);
     if (run.trace != nullptr) run.trace->At(j);
+    if (run.sdc != nullptr) run.sdc->At(j);
     if (op.kind == PipeOp::kForward) {
       if (first || last) {
         for (int w = 0; w < micro; ++w) {

@@ -317,7 +317,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     }
     if (run.sdc != nullptr) ATOLL_RETURN_IF_ERROR(CheckStep(run, s, &m));
     // A fingerprint mismatch alone is state at rest: a replay would reproduce it.
-    const bool alarm = !Finite(m) || (HasGuardEvent(m.sdc) && cfg.sdc.on_alarm == "redo");
+    const bool alarm = !Finite(m) || (HasComputeAlarm(m.sdc) && cfg.sdc.on_alarm == "redo");
     const bool audit = cfg.sdc.audit_every > 0 && (s + 1) % cfg.sdc.audit_every == 0;
     if (replays && (alarm || audit)) {
       Status r = ReplayStep(run, *strategy, s, objective, local_losses, snapshot, &m);

@@ -124,13 +124,18 @@ StatusOr<int64_t> CountOnSite(Communicator* site_world, bool mine) {
 }
 
 namespace {
-bool IsGuard(const std::string& json) {
-  return nlohmann::json::parse(json).value("detector", "") == "guard";
+std::string DetectorOf(const std::string& json) {
+  return nlohmann::json::parse(json).value("detector", "");
+}
+bool IsGuard(const std::string& json) { return DetectorOf(json) == "guard"; }
+bool IsComputeAlarm(const std::string& json) {
+  const std::string d = DetectorOf(json);
+  return d == "guard" || d == "checksum";
 }
 }  // namespace
 
-bool HasGuardEvent(const std::vector<std::string>& events) {
-  return std::any_of(events.begin(), events.end(), IsGuard);
+bool HasComputeAlarm(const std::vector<std::string>& events) {
+  return std::any_of(events.begin(), events.end(), IsComputeAlarm);
 }
 
 bool OnlyGuardEvents(const std::vector<std::string>& events) {

@@ -96,9 +96,9 @@ std::optional<TraceDifference> FirstDifference(const StepTrace& first, const Ste
 // How many ranks of `site_world` say yes (1 without a site world). Collective over it.
 StatusOr<int64_t> CountOnSite(Communicator* site_world, bool mine);
 
-// Whether a step's events include one of the step guard's (what a replay is for; a fingerprint
-// mismatch is state at rest, which a replay reproduces).
-bool HasGuardEvent(const std::vector<std::string>& events);
+// Whether a step's events include one of the step guard's or the GEMM checksums' (what a replay
+// is for; a fingerprint mismatch is state at rest, which a replay reproduces).
+bool HasComputeAlarm(const std::vector<std::string>& events);
 // Whether every one of them is the guard's.
 bool OnlyGuardEvents(const std::vector<std::string>& events);
 

@@ -127,7 +127,8 @@ bool IsCompute(FaultKind k) {
 bool Names(const Event& e, const Outcome& o) {
   const FaultRecord& t = o.truth;
   if (e.rank != t.rank) return false;
-  if (e.detector == "replay" && e.verdict == "transient" && e.step == t.step) {
+  const bool replay = e.detector == "replay" && e.verdict == "transient";
+  if ((replay || e.detector == "checksum") && e.step == t.step) {
     if (IsCompute(o.kind)) {
       const std::string op = o.kind == FaultKind::kActivation
                                  ? std::string("activation")
@@ -159,6 +160,8 @@ void Score(const RunRecord& run, const std::string& clean_model, double clean_va
       o->guard = true;
     else if (e.detector == "fingerprint")
       o->fingerprint = true;
+    else if (e.detector == "checksum")
+      o->checksum = true;
     else if (e.detector == "replay" && e.verdict == "transient")
       o->replay = true;
     else
@@ -199,6 +202,7 @@ std::string Outcome::ToJson() const {
   if (!tensor.empty()) j["tensor"] = tensor;
   j["guard"] = guard;
   j["fingerprint"] = fingerprint;
+  j["checksum"] = checksum;
   j["replay"] = replay;
   j["delay"] = delay;
   j["localized"] = localized;

@@ -15,9 +15,9 @@
 //   - detected by a detector: one of its events (in metrics.jsonl) at the flip's step or later;
 //     a replay counts when its verdict is "transient" (it found the corruption). Steps to
 //     detection: the first such event's step minus the flip's.
-//   - localized: an event names the flip's place: a replay event the flip's step, rank,
-//     micro-batch, block and op (gemm_fwd g, gemm_bwd g, activation) or, for a gradient, "grad"
-//     and the tensor; a fingerprint event the rank and the tensor ("params:..." or
+//   - localized: an event names the flip's place: a replay or checksum event the flip's step,
+//     rank, micro-batch, block and op (gemm_fwd g, gemm_bwd g, activation) or, for a gradient,
+//     "grad" and the tensor; a fingerprint event the rank and the tensor ("params:..." or
 //     "moment_m:..."). The guard's events name signals, not places: they do not localize.
 //   - recovered: the final parameters are bitwise those of the clean run.
 //   - harm: |final validation loss / the clean run's - 1|; harmful above `harm` (0.1%). A run
@@ -60,7 +60,7 @@ struct Outcome {
   FaultRecord truth{};  // when fired
   char moment = 0;      // kMoment: 'm' or 'v'
   std::string tensor;   // flat-buffer kinds: the tensor the element belongs to
-  bool guard = false, fingerprint = false, replay = false;  // detected by
+  bool guard = false, fingerprint = false, checksum = false, replay = false;  // detected by
   int64_t delay = -1;  // steps from the flip to its first detection (-1: none)
   bool localized = false;
   bool recovered = false;
@@ -68,7 +68,7 @@ struct Outcome {
   int64_t false_positives = 0;  // events before the flip's step
   int64_t clean_steps = 0;      // steps before the flip's (the FP denominator)
   std::string error;            // the run stopped: why
-  bool detected() const { return guard || fingerprint || replay; }
+  bool detected() const { return guard || fingerprint || checksum || replay; }
   std::string ToJson() const;
 };
 
@@ -87,7 +87,8 @@ StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o);
 
 // The tables (markdown): per injection site, per bit, and the goals' lines.
 std::string CampaignTables(const CampaignResult& r);
-// Detection rate per bit as CSV (bit,n,any,guard,fingerprint,replay,harmful_misses), for plots.
+// Detection rate per bit as CSV (bit,n,any,guard,fingerprint,checksum,replay,harmful_misses),
+// for plots.
 std::string CampaignBitsCsv(const CampaignResult& r);
 
 // "gemm_fwd,grad" -> kinds (bad_core is refused: the campaign injects one flip per run).

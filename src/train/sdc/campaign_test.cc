@@ -59,13 +59,13 @@ TEST_F(CampaignTest, ScoresDetectedLocalizedAndRecoveredFlips) {
   EXPECT_FALSE(r->outcomes[2].tensor.empty());  // the gradient's tensor
   EXPECT_EQ(Lines(o.dir + "/injections.jsonl").size(), 3u);
   const std::string tables = CampaignTables(*r);
-  EXPECT_NE(
-      tables.find("| gemm_fwd | 1 | 100% | 100% | 0% | 100% | 100% | 100% | 100% | 0 | 0 | 0 |"),
-      std::string::npos)
+  EXPECT_NE(tables.find(
+                "| gemm_fwd | 1 | 100% | 100% | 0% | 0% | 100% | 100% | 100% | 100% | 0 | 0 | 0 |"),
+            std::string::npos)
       << tables;
   EXPECT_NE(tables.find("| 30 (exp) | 3 | 100% |"), std::string::npos) << tables;
   const std::string csv = *ReadFile(o.dir + "/bits.csv");
-  EXPECT_NE(csv.find("\n30,3,1.0000,1.0000,0.0000,1.0000,0\n"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("\n30,3,1.0000,1.0000,0.0000,0.0000,1.0000,0\n"), std::string::npos) << csv;
 }
 
 // Without replays the same flips are detected but not recovered: the scoring sees the damage

@@ -7,6 +7,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "train/sdc/checksum.h"
 #include "train/sdc/fingerprint.h"
 
 namespace atl {
@@ -21,6 +22,15 @@ std::string SdcEvent::ToJson() const {
     j["value"] = std::isfinite(value) ? nlohmann::ordered_json(value)
                                       : nlohmann::ordered_json(fmt::format("{}", value));
     j["median"] = median;
+    j["deviations"] = deviations;
+  } else if (detector == "checksum") {
+    j["micro"] = micro;
+    j["layer"] = layer;
+    j["op"] = op;
+    j["count"] = count;
+    j["value"] = std::isfinite(value) ? nlohmann::ordered_json(value)
+                                      : nlohmann::ordered_json(fmt::format("{}", value));
+    j["expected"] = median;
     j["deviations"] = deviations;
   } else if (detector == "replay") {
     j["verdict"] = verdict;
@@ -45,6 +55,11 @@ std::string SdcEvent::ToString() const {
         "median {:.6g}",
         step, where, what, value, deviations, median);
   }
+  if (detector == "checksum")
+    return fmt::format(
+        "step {} ({}): checksum: {} of micro-batch {} in block {}: column sum {:.9g}, expected "
+        "{:.9g} ({:.3g} times the rounding bound); {} GEMM(s) of the step failed",
+        step, where, op, micro, layer, value, median, deviations, count);
   if (detector == "replay") {
     if (verdict == "reproduced")
       return fmt::format("step {} ({}): replay: every rank's replay matched its first run bitwise",
@@ -104,6 +119,26 @@ void SdcMonitor::OnActivation(int layer, const float* out, size_t n) {
                                    : std::numeric_limits<double>::infinity();
 }
 
+void SdcMonitor::OnGemm(FaultKind kind, int layer, int gemm, const float* c, const float* a,
+                        const float* w, const float* bias, int rows, int inner, int cols) {
+  if (!o_.checksums || a == nullptr || w == nullptr) return;
+  const ChecksumMismatch mm =
+      CheckGemmColumns(c, a, w, bias, rows, inner, cols, kind == FaultKind::kGemmBackward);
+  if (mm.column < 0) return;
+  if (checksum_.count++ > 0) return;  // the first one names the place
+  checksum_.site = site_;
+  checksum_.rank = rank_;
+  checksum_.detector = "checksum";
+  checksum_.micro = micro_;
+  checksum_.layer = layer;
+  checksum_.op = fmt::format("{} {}", FaultKindName(kind), gemm);
+  checksum_.what = fmt::format("column {}", mm.column);
+  checksum_.value = mm.got;
+  checksum_.median = mm.expected;
+  checksum_.deviations = mm.bound > 0 ? std::abs(mm.got - mm.expected) / mm.bound
+                                      : std::numeric_limits<double>::infinity();
+}
+
 Status SdcMonitor::BeforeUpdate(int64_t s, const float* params, size_t n) {
   if (o_.guard) before_.assign(params, params + n);
   pending_.clear();
@@ -150,6 +185,11 @@ StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, do
       out.push_back(e);
     }
     std::fill(act_max_.begin(), act_max_.end(), 0.0);
+  }
+  if (checksum_.count > 0) {
+    checksum_.step = s + 1;
+    out.push_back(checksum_);
+    checksum_ = {};
   }
   if (fingerprints()) {
     if (zero_) {

@@ -15,6 +15,9 @@
 //     moments, which are not replicated, are not compared. Fingerprints see corruption of what
 //     replicas hold (parameters, moments, a replica's own update); a fault in a computation whose
 //     result is summed over the replicas reaches every replica alike and is the guard's to see.
+//   - checksums (sdc.checksums): every block GEMM's column checksum (train/sdc/checksum.h),
+//     forward and backward, checked right after the GEMM; the first failing GEMM of the step is
+//     reported with its micro-batch, block and op ("gemm_fwd 2"), and how many failed.
 // An event names the step (1-based), site, rank, detector, and what it saw: the tensor or the
 // signal, the value, the median and how many robust deviations (log scale) it was off.
 //
@@ -30,6 +33,7 @@
 #include "comm/communicator.h"
 #include "core/status.h"
 #include "model/config.h"
+#include "train/sdc/faults.h"
 #include "train/sdc/guard.h"
 
 namespace atl {
@@ -37,18 +41,21 @@ namespace atl {
 struct SdcEvent {
   int64_t step = 0;
   int site = 0, rank = -1;  // rank -1: a signal every rank shares (loss, gradient norm)
-  std::string detector;     // "guard", "fingerprint", "replay" (train/sdc/audit.h)
+  std::string detector;     // "guard", "fingerprint", "checksum", "replay" (train/sdc/audit.h)
   std::string what;         // the signal ("loss", "update_rms.h.1.mlp.c_fc.weight", "act_max.2")
                             // or the tensor ("params:h.1.attn.c_attn.weight", "moment_v:wte")
-  double value = 0, median = 0, deviations = 0;  // guard (StepGuard::Outlier)
-  bool has_majority = true;                      // fingerprint: false when two replicas disagree
+  // guard (StepGuard::Outlier); checksum: the column sum (value), the expected one (median) and
+  // |value - median| over the rounding bound (deviations)
+  double value = 0, median = 0, deviations = 0;
+  bool has_majority = true;  // fingerprint: false when two replicas disagree
   // replay: "transient" (this rank's replay differed; where: micro, layer, op, what = the
   // tensor of a differing gradient) or "reproduced" (every rank's replay matched; rank -1)
   std::string verdict;
-  int64_t micro = -1;
+  int64_t micro = -1;  // replay, checksum: where
   int layer = -1;
   std::string op;
-  std::string run;  // transient: the run that was corrupted ("first" or "replay")
+  int64_t count = 0;  // checksum: the GEMMs that failed in the step
+  std::string run;    // transient: the run that was corrupted ("first" or "replay")
   std::string ToJson() const;
   std::string ToString() const;
 };
@@ -56,6 +63,7 @@ struct SdcEvent {
 struct SdcOptions {
   bool guard = true;
   bool fingerprints = true;
+  bool checksums = false;
   int64_t moments_every = 10;
   StepGuard::Options guard_options;
 };
@@ -67,11 +75,18 @@ class SdcMonitor {
   SdcMonitor(SdcOptions o, std::vector<ParamTensor> layout, int site, int rank,
              Communicator* dp_group, std::vector<int> replica_ranks, bool zero);
 
-  bool active() const { return o_.guard || fingerprints(); }
+  bool active() const { return o_.guard || o_.checksums || fingerprints(); }
+  bool checksums() const { return o_.checksums; }
   bool fingerprints() const { return o_.fingerprints && dp_ != nullptr && dp_->size() > 1; }
 
   // The model's op hook, activations only (kind 2): the max |x| of each block's output.
   void OnActivation(int layer, const float* out, size_t n);
+  // The micro-batch the next GEMMs belong to (its index in the whole batch).
+  void At(int64_t micro) { micro_ = micro; }
+  // The model's op hook, GEMMs (checksums on): checks c = a·w (+ bias), or a·wᵀ for kind
+  // kGemmBackward (GPT::OpEvent's operands).
+  void OnGemm(FaultKind kind, int layer, int gemm, const float* c, const float* a, const float* w,
+              const float* bias, int rows, int inner, int cols);
   // Before step s's optimizer update: keeps the parameters to measure the update by (guard) and,
   // with ZeRO, compares the replicas' parameters (collective over the dp group).
   Status BeforeUpdate(int64_t s, const float* params, size_t n);
@@ -86,6 +101,7 @@ class SdcMonitor {
   void RestoreState() {
     guard_ = saved_guard_;
     std::fill(act_max_.begin(), act_max_.end(), 0.0);
+    checksum_ = {};
   }
   void AcceptFlagged() { guard_.Accept(flagged_); }
 
@@ -104,6 +120,8 @@ class SdcMonitor {
   std::vector<float> before_;
   std::vector<SdcEvent> pending_;  // found before the update (ZeRO)
   std::vector<double> act_max_;    // per block, this step
+  int64_t micro_ = -1;
+  SdcEvent checksum_;  // the step's first failing GEMM (count 0: none)
 };
 
 // Every rank's events, on every rank of `group`: each rank's list (one JSON object per entry)

@@ -6,6 +6,7 @@
 // rest (a fingerprint mismatch) is not replayed; a rank that corrupts every run stops the run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "train/test_util.h"
@@ -177,6 +178,59 @@ TEST_F(ReplayTrainTest, ARankThatCorruptsTheReplayTooStopsTheRun) {
   EXPECT_NE(r.status().message().find("keeps computing wrong results"), std::string::npos)
       << r.status().ToString();
   EXPECT_LT(Metrics(o.out_dir).size(), 30u);
+}
+
+}  // namespace
+}  // namespace atl
+
+namespace atl {
+namespace {
+
+// GEMM checksums (sdc.checksums): they change nothing in a clean run and raise nothing; they
+// catch a flip of the lowest exponent bit in the step it strikes, even during the guard's
+// warm-up, name its micro-batch, block and op, and the replay undoes it bitwise.
+TEST_F(ReplayTrainTest, ChecksumsFindSmallGemmFlipsInTheirStep) {
+  const std::string plain = Run(cfg_, "plain");
+  RunConfig c = cfg_;
+  c.sdc.on_alarm = "redo";
+  c.sdc.checksums = true;
+  const std::string clean = Run(c, "clean");
+  EXPECT_EQ(Final(clean), Final(plain));
+  for (const auto& m : Metrics(clean)) EXPECT_FALSE(m.contains("sdc")) << m.dump();
+
+  c.faults.inject =
+      "gemm_fwd:step=3,layer=1,gemm=2,micro=1,bit=23;gemm_bwd:step=14,layer=0,"
+      "gemm=1,bit=24";
+  const std::string dir = Run(c, "faulty");
+  EXPECT_EQ(Final(dir), Final(plain));
+  std::map<int, std::vector<nlohmann::json>> by_step;
+  for (const auto& m : Metrics(dir))
+    if (m.contains("sdc"))
+      for (const auto& e : m["sdc"]) by_step[m["step"].get<int>()].push_back(e);
+  ASSERT_EQ(by_step.size(), 2u);
+  auto checksum = [&](int step) {
+    for (const auto& e : by_step[step])
+      if (e["detector"] == "checksum") return e;
+    ADD_FAILURE() << "no checksum event at step " << step;
+    return nlohmann::json();
+  };
+  const nlohmann::json fwd = checksum(3), bwd = checksum(14);
+  EXPECT_EQ(fwd["op"], "gemm_fwd 2");
+  EXPECT_EQ(fwd["layer"], 1);
+  EXPECT_EQ(fwd["micro"], 1);
+  EXPECT_EQ(fwd["count"], 1);  // the flip does not reach another GEMM's check...
+  EXPECT_EQ(bwd["op"], "gemm_bwd 1");
+  EXPECT_EQ(bwd["layer"], 0);
+  EXPECT_EQ(bwd["micro"], 0);
+  for (int step : {3, 14}) {  // ... and the replay finds the same place
+    const auto& events = by_step[step];
+    ASSERT_FALSE(events.empty());
+    const auto r = std::find_if(events.begin(), events.end(),
+                                [](const auto& e) { return e["detector"] == "replay"; });
+    ASSERT_NE(r, events.end());
+    EXPECT_EQ((*r)["verdict"], "transient");
+    EXPECT_EQ((*r)["op"], checksum(step)["op"]);
+  }
 }
 
 }  // namespace

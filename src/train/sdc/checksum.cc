@@ -1,0 +1,70 @@
+// GEMM column checksums (train/sdc/checksum.h).
+#include "train/sdc/checksum.h"
+
+#include <cmath>
+#include <vector>
+
+namespace atl {
+
+ChecksumMismatch CheckGemmColumns(const float* c, const float* a, const float* w, const float* bias,
+                                  int rows, int inner, int cols, bool w_transposed) {
+  // 1ᵀA and 1ᵀ|A|, and the column sums of C, in double.
+  std::vector<double> sa(size_t(inner), 0.0), abs_sa(size_t(inner), 0.0);
+  std::vector<double> got(size_t(cols), 0.0);
+  for (int i = 0; i < rows; ++i) {
+    const float* ar = a + size_t(i) * size_t(inner);
+    for (int k = 0; k < inner; ++k) {
+      sa[size_t(k)] += double(ar[k]);
+      abs_sa[size_t(k)] += std::abs(double(ar[k]));
+    }
+    const float* cr = c + size_t(i) * size_t(cols);
+    for (int j = 0; j < cols; ++j) got[size_t(j)] += double(cr[j]);
+  }
+  // (1ᵀA)·W and (1ᵀ|A|)·|W|.
+  std::vector<double> want(size_t(cols), 0.0), scale(size_t(cols), 0.0);
+  if (w_transposed) {
+    for (int j = 0; j < cols; ++j) {
+      const float* wr = w + size_t(j) * size_t(inner);
+      double s = 0, m = 0;
+      for (int k = 0; k < inner; ++k) {
+        s += sa[size_t(k)] * double(wr[k]);
+        m += abs_sa[size_t(k)] * std::abs(double(wr[k]));
+      }
+      want[size_t(j)] = s;
+      scale[size_t(j)] = m;
+    }
+  } else {
+    for (int k = 0; k < inner; ++k) {
+      const float* wr = w + size_t(k) * size_t(cols);
+      const double s = sa[size_t(k)], m = abs_sa[size_t(k)];
+      for (int j = 0; j < cols; ++j) {
+        want[size_t(j)] += s * double(wr[j]);
+        scale[size_t(j)] += m * std::abs(double(wr[j]));
+      }
+    }
+  }
+  constexpr double kUnit = 0x1.0p-24;  // float's unit roundoff
+  const double factor = double(inner + 2) * kUnit;
+  ChecksumMismatch out;
+  for (int j = 0; j < cols; ++j) {
+    double e = want[size_t(j)], m = scale[size_t(j)];
+    if (bias != nullptr) {
+      e += double(rows) * double(bias[j]);
+      m += double(rows) * std::abs(double(bias[j]));
+    }
+    const double g = got[size_t(j)];
+    const double bound = factor * m;
+    const bool ok = std::isfinite(g) ? std::abs(g - e) <= bound : !std::isfinite(e);
+    if (ok) continue;
+    if (out.column < 0) {
+      out.column = j;
+      out.got = g;
+      out.expected = e;
+      out.bound = bound;
+    }
+    ++out.columns_off;
+  }
+  return out;
+}
+
+}  // namespace atl

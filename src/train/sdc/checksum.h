@@ -1,0 +1,35 @@
+// GEMM checksums (algorithm-based fault tolerance, Huang & Abraham 1984): for C = A·W (+ 1·bᵀ),
+// the column sums of C must equal (1ᵀA)·W (+ rows·b). Both sides cost a pass over A, C and W
+// (rows·inner + rows·cols + inner·cols multiply-adds, against the GEMM's rows·inner·cols), so a
+// silently wrong element of C is found right after the GEMM that made it, with its column.
+//
+// The two sides differ by float rounding even when C is right. The GEMM's own error bound
+// (Higham, Accuracy and Stability of Numerical Algorithms, §3.5): each element of C is within
+// γ_inner · Σ_k |a_ik| |w_kj| of the exact product, γ_n ≈ n·u, u = 2⁻²⁴; the bias adds one more
+// rounding. Summed over the column's rows:
+//     |Σ_i c_ij - ((1ᵀA)·W)_j - rows·b_j| <= (inner + 2) · u · ((1ᵀ|A|)·|W| + rows·|b|)_j
+// The sums are taken in double, whose own error is below that bound's by 2⁻²⁹. The bound holds
+// for any summation order (blocking, threads, FMA), so a clean GEMM never fails it; it is a
+// worst case, so a flip that moves an element by less than about inner·u times the column's
+// magnitude passes (harmless ones: the low mantissa bits, or a large change to a tiny element).
+//
+// Thread-safety: CheckGemmColumns is a pure function.
+#pragma once
+
+#include <cstdint>
+
+namespace atl {
+
+struct ChecksumMismatch {
+  int64_t column = -1;  // -1: the checksums agree
+  double got = 0, expected = 0, bound = 0;
+  int64_t columns_off = 0;  // how many columns failed
+};
+
+// w_transposed = false: c[rows, cols] = a[rows, inner] · w[inner, cols] + bias[cols] (bias may
+// be null). w_transposed = true: c = a · wᵀ with w[cols, inner] (a backward input gradient). A
+// non-finite column sum fails unless the expected one is non-finite too.
+ChecksumMismatch CheckGemmColumns(const float* c, const float* a, const float* w, const float* bias,
+                                  int rows, int inner, int cols, bool w_transposed);
+
+}  // namespace atl

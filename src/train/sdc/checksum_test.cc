@@ -1,0 +1,96 @@
+// GEMM column checksums (train/sdc/checksum.h) against the model's own GEMM kernels.
+#include "train/sdc/checksum.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/rng.h"
+#include "kernels/ops.h"
+#include "train/sdc/faults.h"
+
+namespace atl {
+namespace {
+
+// Values of mixed magnitude and sign, like activations: normal * 2^(-4..4).
+std::vector<float> Random(size_t n, uint64_t seed) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i)
+    v[i] = RandomNormal(seed, 0, RngPurpose::kTest, i) *
+           std::ldexp(1.0f, int(RandomBelow(seed, 1, RngPurpose::kTest, i, 9)) - 4);
+  return v;
+}
+
+struct Gemm {
+  int rows, inner, cols;
+  std::vector<float> a, w, bias, c;
+  // forward: c[rows, cols] = a[rows, inner] · w[inner, cols] + bias; backward: c = a · wᵀ with
+  // w[cols, inner], through the kernels the model calls.
+  Gemm(int r, int k, int n, bool backward, uint64_t seed)
+      : rows(r),
+        inner(k),
+        cols(n),
+        a(Random(size_t(r) * k, seed)),
+        w(Random(size_t(k) * n, seed + 1)),
+        bias(Random(size_t(n), seed + 2)),
+        c(size_t(r) * n, 0.0f) {
+    if (backward)
+      kernels::MatmulBackward<float>(c.data(), nullptr, nullptr, a.data(), nullptr, w.data(), r, n,
+                                     k);
+    else
+      kernels::MatmulForward<float>(c.data(), a.data(), w.data(), bias.data(), r, k, n);
+  }
+  ChecksumMismatch Check(bool backward) const {
+    return CheckGemmColumns(c.data(), a.data(), w.data(), backward ? nullptr : bias.data(), rows,
+                            inner, cols, backward);
+  }
+};
+
+TEST(ChecksumTest, CleanGemmsPassForwardAndBackward) {
+  // Shapes of the test model, tiny and small (rows = micro-batch x seq_len).
+  const int shapes[][3] = {{32, 16, 48}, {32, 64, 16}, {1024, 192, 576}, {1024, 768, 192}};
+  for (const auto& s : shapes) {
+    for (bool backward : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << s[0] << "x" << s[1] << "x" << s[2] << (backward ? " backward" : " forward"));
+      const Gemm g(s[0], s[1], s[2], backward, uint64_t(s[1] * 7 + backward));
+      const ChecksumMismatch mm = g.Check(backward);
+      EXPECT_EQ(mm.column, -1) << mm.got << " vs " << mm.expected << " bound " << mm.bound;
+    }
+  }
+}
+
+// Every exponent and sign flip of an element of typical size is caught, in its column; the
+// lowest mantissa bits are below float rounding and pass (as they must: a clean GEMM differs from
+// the checksum by as much).
+TEST(ChecksumTest, FindsExponentAndSignFlipsInTheirColumn) {
+  for (bool backward : {false, true}) {
+    Gemm g(64, 96, 80, backward, 11);
+    const size_t elem = 5 * 80 + 37;  // row 5, column 37
+    ASSERT_GT(std::abs(g.c[elem]), 0.05f);
+    for (int bit = 23; bit <= 31; ++bit) {
+      SCOPED_TRACE(::testing::Message() << "bit " << bit << (backward ? " backward" : ""));
+      const float before = FlipBit(&g.c[elem], bit);
+      const ChecksumMismatch mm = g.Check(backward);
+      EXPECT_EQ(mm.column, 37);
+      EXPECT_EQ(mm.columns_off, 1);
+      EXPECT_GT(std::abs(mm.got - mm.expected), mm.bound);
+      g.c[elem] = before;
+    }
+    FlipBit(&g.c[elem], 0);
+    EXPECT_EQ(g.Check(backward).column, -1);
+  }
+}
+
+TEST(ChecksumTest, NonFiniteOutputFails) {
+  Gemm g(16, 32, 8, false, 3);
+  g.c[3 * 8 + 2] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(g.Check(false).column, 2);
+  g.c[3 * 8 + 2] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(g.Check(false).column, 2);
+}
+
+}  // namespace
+}  // namespace atl
