@@ -46,6 +46,8 @@ expect_exit 2 "$ATOLL" sdc-campaign --config configs/tiny.toml --bits 30-33 --ou
 expect_err "--bits: '30-33'"
 expect_exit 2 "$ATOLL" sdc-campaign --config configs/tiny.toml --first-step 99 --out "$T/c"
 expect_err "--first-step: 99 is outside"
+expect_exit 2 "$ATOLL" sdc-campaign --config configs/tiny.toml --clean-steps -1 --out "$T/c"
+expect_err "--clean-steps: -1 is negative"
 # Missing data: a hint to prepare it.
 expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set data.dir="$T/none" --out "$T/x"
 expect_err "atoll data prepare"

@@ -5,12 +5,14 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "comm/inprocess.h"
 #include "core/file.h"
@@ -148,13 +150,48 @@ bool Names(const Event& e, const Outcome& o) {
   return false;
 }
 
-void Score(const RunRecord& run, const std::string& clean_model, double clean_val, Outcome* o) {
-  const int64_t t = o->fired ? o->truth.step : std::numeric_limits<int64_t>::max();
-  for (const Event& e : run.events) {
-    if (e.step < t) {
-      ++o->false_positives;
+// An event's identity, to tell the clean run's own findings (a genuine spike at step k) from the
+// flip's in an injected run, which is the clean run bit for bit wherever the flip changed nothing.
+std::string KeyOf(const Event& e) {
+  return fmt::format("{}|{}|{}|{}|{}|{}", e.step, e.rank, e.detector, e.verdict, e.what, e.op);
+}
+
+std::set<std::string> KeysOf(const std::vector<Event>& events) {
+  std::set<std::string> keys;
+  for (const Event& e : events) keys.insert(KeyOf(e));
+  return keys;
+}
+
+// What the events of steps before `t` found, leaving out those in `known` (there was nothing to
+// find). A "reproduced" verdict counts for a step the guard alarmed in (audits do not count).
+FalseFindings FindingsBefore(const std::vector<Event>& events, int64_t t,
+                             const std::set<std::string>& known = {}) {
+  FalseFindings f;
+  int64_t alarm = 0, verdict = 0;  // the last step counted
+  for (const Event& e : events) {  // in step order
+    if (e.step >= t) break;
+    if (known.count(KeyOf(e)) > 0) continue;
+    if (e.detector == "replay" && e.verdict == "reproduced") {
+      f.reproduced += e.step == alarm;
       continue;
     }
+    const bool is_alarm = e.detector == "guard";
+    int64_t& last = is_alarm ? alarm : verdict;
+    if (e.step == last) continue;
+    last = e.step;
+    ++(is_alarm ? f.alarm_steps : f.verdict_steps);
+  }
+  return f;
+}
+
+// Scores run (with flip o) against the clean run: the clean run's own findings (its keys) are
+// not the flip's.
+void Score(const RunRecord& run, const RunRecord& clean, const std::set<std::string>& clean_keys,
+           Outcome* o) {
+  const int64_t t = o->fired ? o->truth.step : std::numeric_limits<int64_t>::max();
+  o->false_findings = FindingsBefore(run.events, t, clean_keys);
+  for (const Event& e : run.events) {
+    if (e.step < t || clean_keys.count(KeyOf(e)) > 0) continue;
     bool detection = true;
     if (e.detector == "guard")
       o->guard = true;
@@ -169,14 +206,23 @@ void Score(const RunRecord& run, const std::string& clean_model, double clean_va
     if (detection && o->delay < 0) o->delay = e.step - t;
     if (Names(e, *o)) o->localized = true;
   }
-  o->clean_steps = std::min(t - 1, run.steps);
   if (!o->error.empty()) {
     o->harm = std::numeric_limits<double>::infinity();
     return;
   }
-  o->recovered = !run.model.empty() && run.model == clean_model;
-  o->harm = std::isfinite(run.val_loss) ? std::abs(run.val_loss / clean_val - 1)
+  o->recovered = !run.model.empty() && run.model == clean.model;
+  o->harm = std::isfinite(run.val_loss) ? std::abs(run.val_loss / clean.val_loss - 1)
                                         : std::numeric_limits<double>::infinity();
+}
+
+// Appends the metrics lines of dir's run that carry sdc events to `path` (the clean runs' false
+// positives, kept for a look).
+void KeepEventLines(const std::string& dir, const std::string& path) {
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::ofstream out(path, std::ios::app);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.find("\"sdc\"") != std::string::npos) out << line << "\n";
 }
 
 int RanksOf(const RunConfig& cfg) {
@@ -208,7 +254,8 @@ std::string Outcome::ToJson() const {
   j["localized"] = localized;
   j["recovered"] = recovered;
   j["harm"] = std::isfinite(harm) ? nlohmann::ordered_json(harm) : nlohmann::ordered_json("inf");
-  j["false_positives"] = false_positives;
+  j["false_alarm_steps"] = false_findings.alarm_steps;
+  j["false_verdict_steps"] = false_findings.verdict_steps;
   if (!error.empty()) j["error"] = error;
   return j.dump();
 }
@@ -274,6 +321,10 @@ StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o) {
     return Status::InvalidArgument(fmt::format(
         "--first-step: {} is outside the run's steps 1..{} (train.steps)", o.first_step, steps));
   if (!(o.harm > 0)) return Status::InvalidArgument("--harm: must be positive");
+  if (o.clean_steps < 0)
+    return Status::InvalidArgument(fmt::format("--clean-steps: {} is negative", o.clean_steps));
+  if (o.seed > (uint64_t(1) << 40))
+    return Status::InvalidArgument(fmt::format("--seed: {} is above 2^40", o.seed));
   if (base.world.sites > 1)
     return Status::InvalidArgument(
         "sdc campaign: world.sites > 1 is not supported yet (one site, any dp x tp x pp)");
@@ -292,6 +343,8 @@ StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o) {
   CampaignResult result;
   result.harm = o.harm;
   result.ranks = RanksOf(base);
+  result.dp = base.parallel.dp;
+  result.zero = base.parallel.zero && base.parallel.dp > 1;
   const ParallelConfig& pc = base.parallel;
   result.layout = result.ranks == 1 ? std::string("one process")
                                     : fmt::format("dp {} x tp {} x pp {}{}", pc.dp, pc.tp, pc.pp,
@@ -305,7 +358,11 @@ StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o) {
     return Status::Internal("sdc campaign: the clean run wrote no validation loss or checkpoint");
   result.clean_val_loss = clean.val_loss;
   result.clean_run_steps = clean.steps;
-  result.clean_run_events = int64_t(clean.events.size());
+  result.clean_run = FindingsBefore(clean.events, std::numeric_limits<int64_t>::max());
+  const std::set<std::string> clean_keys = KeysOf(clean.events);
+  const std::string clean_log = o.dir + "/clean_events.jsonl";
+  std::remove(clean_log.c_str());
+  KeepEventLines(run_dir, clean_log);
   if (o.clean_steps > 0) {
     RunConfig long_cfg = base;
     long_cfg.train.steps = o.clean_steps;
@@ -313,11 +370,16 @@ StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o) {
     ATOLL_RETURN_IF_ERROR(TrainIn(long_cfg, result.ranks, run_dir));
     ATOLL_ASSIGN_OR_RETURN(RunRecord long_run, ReadRun(run_dir));
     result.clean_run_steps += long_run.steps;
-    result.clean_run_events += int64_t(long_run.events.size());
+    const FalseFindings found =
+        FindingsBefore(long_run.events, std::numeric_limits<int64_t>::max());
+    result.clean_run += found;
+    KeepEventLines(run_dir, clean_log);
     if (o.progress)
       o.progress(
           0, o.injections,
-          fmt::format("clean run of {} steps: {} events", long_run.steps, long_run.events.size()));
+          fmt::format("clean run of {} steps: {} steps with guard alarms ({} reproduced by a "
+                      "replay), {} with corruption found",
+                      long_run.steps, found.alarm_steps, found.reproduced, found.verdict_steps));
   }
 
   std::vector<int> bits = o.bits;
@@ -347,7 +409,10 @@ StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o) {
     out.bit = f.bit;
     out.moment = f.kind == FaultKind::kMoment ? f.moment : 0;
     if (Status st = TrainIn(cfg, result.ranks, run_dir); !st.ok()) {
-      if (st.code() == StatusCode::kInvalidArgument) return st;
+      // Bad input (exit 2) is the campaign's to report; a run that stopped is an outcome.
+      if (st.code() == StatusCode::kInvalidArgument || st.code() == StatusCode::kNotFound ||
+          st.code() == StatusCode::kCorruption)
+        return st;
       out.error = st.ToString();
     }
     const std::vector<FaultRecord> fired = ReadFired(run_dir, result.ranks);
@@ -358,7 +423,7 @@ StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o) {
       if (!IsCompute(f.kind)) out.tensor = TensorOf(cfg, f.kind, out.truth.elem);
     }
     ATOLL_ASSIGN_OR_RETURN(RunRecord run, ReadRun(run_dir));
-    Score(run, clean.model, clean.val_loss, &out);
+    Score(run, clean, clean_keys, &out);
     log << out.ToJson() << "\n";
     log.flush();
     if (o.progress) {

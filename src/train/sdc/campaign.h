@@ -12,8 +12,9 @@
 // in this process, ranks as threads (comm/inprocess.h) when the layout has more than one.
 //
 // Scoring one injection (Outcome):
-//   - detected by a detector: one of its events (in metrics.jsonl) at the flip's step or later;
-//     a replay counts when its verdict is "transient" (it found the corruption). Steps to
+//   - detected by a detector: one of its events (in metrics.jsonl) at the flip's step or later
+//     that the clean run does not have at the same step (a genuine spike both runs see is not the
+//     flip's); a replay counts when its verdict is "transient" (it found the corruption). Steps to
 //     detection: the first such event's step minus the flip's.
 //   - localized: an event names the flip's place: a replay or checksum event the flip's step,
 //     rank, micro-batch, block and op (gemm_fwd g, gemm_bwd g, activation) or, for a gradient,
@@ -22,7 +23,11 @@
 //   - recovered: the final parameters are bitwise those of the clean run.
 //   - harm: |final validation loss / the clean run's - 1|; harmful above `harm` (0.1%). A run
 //     that stopped (sdc.on_alarm = stop, a diverged or faulty-rank error) has harm +inf.
-//   - false positives: events at steps before the flip, and every event of the clean runs.
+//   - false findings (FalseFindings): those of the clean runs (their metrics lines with events
+//     are kept in DIR/clean_events.jsonl). Before its flip an injected run is the clean run bit for
+//     bit: any finding there that the clean run lacks is counted in the outcome (it must be 0).
+//   - stopped: the run ended with an error (a divergence two runs agreed on, a rank computing
+//     three different results); counted apart, neither a detection nor a miss.
 //
 // Thread-safety: RunCampaign uses the process (OpenMP threads, the working directory tree).
 #pragma once
@@ -52,6 +57,19 @@ struct CampaignOptions {
   std::function<void(int64_t, int64_t, const std::string&)> progress;
 };
 
+// Findings on clean steps, counted in steps: alarms (the guard flagged a step) and verdicts of
+// corruption (a fingerprint mismatch, a checksum failure, a replay's "transient"). With
+// on_alarm = redo an alarm whose replay reproduced the step was a genuine spike in the data: the
+// run went on unchanged, at the price of one more execution of the step.
+struct FalseFindings {
+  int64_t alarm_steps = 0, reproduced = 0, verdict_steps = 0;
+  void operator+=(const FalseFindings& o) {
+    alarm_steps += o.alarm_steps;
+    reproduced += o.reproduced;
+    verdict_steps += o.verdict_steps;
+  }
+};
+
 struct Outcome {
   std::string spec;  // what was asked (FormatSpec)
   FaultKind kind = FaultKind::kParam;
@@ -65,9 +83,8 @@ struct Outcome {
   bool localized = false;
   bool recovered = false;
   double harm = 0;
-  int64_t false_positives = 0;  // events before the flip's step
-  int64_t clean_steps = 0;      // steps before the flip's (the FP denominator)
-  std::string error;            // the run stopped: why
+  FalseFindings false_findings;  // at steps before the flip's, not in the clean run (0)
+  std::string error;             // the run stopped: why
   bool detected() const { return guard || fingerprint || checksum || replay; }
   std::string ToJson() const;
 };
@@ -75,9 +92,12 @@ struct Outcome {
 struct CampaignResult {
   std::vector<Outcome> outcomes;
   double clean_val_loss = 0;
-  int64_t clean_run_steps = 0, clean_run_events = 0;  // the clean runs' steps and events
+  int64_t clean_run_steps = 0;  // the clean runs' steps ...
+  FalseFindings clean_run;      // ... and what was found in them
   double harm = 1e-3;
   int ranks = 1;
+  int64_t dp = 1;  // data-parallel replicas (fingerprints need 2)
+  bool zero = false;
   std::string layout;  // "dp 2", "one process", ...
 };
 

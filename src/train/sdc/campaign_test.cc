@@ -53,7 +53,8 @@ TEST_F(CampaignTest, ScoresDetectedLocalizedAndRecoveredFlips) {
     EXPECT_TRUE(out.localized);
     EXPECT_TRUE(out.recovered);
     EXPECT_EQ(out.harm, 0.0);
-    EXPECT_EQ(out.false_positives, 0);
+    EXPECT_EQ(out.false_findings.alarm_steps, 0);  // before the flip: the clean run's
+    EXPECT_EQ(out.false_findings.verdict_steps, 0);
     EXPECT_GE(out.truth.step, 10);
   }
   EXPECT_FALSE(r->outcomes[2].tensor.empty());  // the gradient's tensor

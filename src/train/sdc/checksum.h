@@ -4,14 +4,19 @@
 // silently wrong element of C is found right after the GEMM that made it, with its column.
 //
 // The two sides differ by float rounding even when C is right. The GEMM's own error bound
-// (Higham, Accuracy and Stability of Numerical Algorithms, §3.5): each element of C is within
-// γ_inner · Σ_k |a_ik| |w_kj| of the exact product, γ_n ≈ n·u, u = 2⁻²⁴; the bias adds one more
-// rounding. Summed over the column's rows:
-//     |Σ_i c_ij - ((1ᵀA)·W)_j - rows·b_j| <= (inner + 2) · u · ((1ᵀ|A|)·|W| + rows·|b|)_j
-// The sums are taken in double, whose own error is below that bound's by 2⁻²⁹. The bound holds
-// for any summation order (blocking, threads, FMA), so a clean GEMM never fails it; it is a
-// worst case, so a flip that moves an element by less than about inner·u times the column's
-// magnitude passes (harmless ones: the low mantissa bits, or a large change to a tiny element).
+// (Higham, Accuracy and Stability of Numerical Algorithms, §3.5): each element of C is a sum of
+// n = inner + 1 terms (the bias is one), within γ_n · (Σ_k |a_ik| |w_kj| + |b_j|) of exact,
+// γ_n = n·u / (1 - n·u), u = 2⁻²⁴. Summed over the column's rows:
+//     |Σ_i c_ij - ((1ᵀA)·W)_j - rows·b_j| <= γ_n · ((1ᵀ|A|)·|W| + rows·|b|)_j
+// plus the double sums' own error ((2·rows + inner)·2⁻⁵³ of the same magnitude) and what
+// underflow to subnormals can lose (rows·inner·2⁻¹⁵⁰). The bound holds for any summation order
+// (blocking, threads, FMA), so a clean GEMM never fails it; it is a worst case, so a flip that
+// moves an element by less than about inner·u times the column's magnitude passes (harmless
+// ones: the low mantissa bits, or a large change to a tiny element). The column's magnitude
+// grows with rows, so the same flip is harder to see in a GEMM of more rows: the campaign's
+// numbers are for its model's shapes. A GEMM whose inputs were already corrupt upstream (a value
+// that overflows to inf in a correct product) fails here too: the place named is then the first
+// GEMM the corruption broke, not where it struck.
 //
 // Thread-safety: CheckGemmColumns is a pure function.
 #pragma once
