@@ -326,6 +326,8 @@ void AddTrainCommand(CLI::App& app) {
       "Writes OUT/metrics.jsonl (one JSON object per step), OUT/config.toml (the effective\n"
       "config), OUT/checkpoint (the final checkpoint; its path is printed on stdout) and, with\n"
       "train.checkpoint_every > 0, OUT/checkpoint-<step>. A progress bar goes to stderr.\n"
+      "Silent-data-corruption findings ([sdc]) are also appended to OUT/events.jsonl, one line\n"
+      "each, and the injected flips ([faults], --inject) to OUT/faults.jsonl.\n"
       "Config keys (section.key, all optional; see configs/*.toml):\n"
       "  [model] n_layer n_head n_embd seq_len vocab_size\n"
       "  [train] steps seed batch_size micro_batch_size lr min_lr warmup_steps weight_decay\n"

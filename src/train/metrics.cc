@@ -34,10 +34,14 @@ std::string MetricsJson(const StepMetrics& m) {
 
 MetricsLog::~MetricsLog() {
   if (f_ != nullptr) std::fclose(f_);
+  if (events_ != nullptr) std::fclose(events_);
 }
 
-Status MetricsLog::Open(const std::string& path, int64_t keep_through) {
-  path_ = path;
+namespace {
+
+// Opens a JSON-lines file keyed by "step" for appending, keeping the lines of steps up to
+// keep_through (0: none).
+StatusOr<std::FILE*> OpenSteps(const std::string& path, int64_t keep_through) {
   std::string kept;
   if (keep_through > 0 && FileExists(path)) {
     ATOLL_ASSIGN_OR_RETURN(std::string old, ReadFile(path));
@@ -55,8 +59,21 @@ Status MetricsLog::Open(const std::string& path, int64_t keep_through) {
     }
   }
   ATOLL_RETURN_IF_ERROR(WriteFileAtomic(path, kept));
-  f_ = std::fopen(path.c_str(), "a");
-  if (f_ == nullptr) return Status::IoError(fmt::format("opening {} for appending", path));
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) return Status::IoError(fmt::format("opening {} for appending", path));
+  return f;
+}
+
+}  // namespace
+
+Status MetricsLog::Open(const std::string& path, int64_t keep_through,
+                        const std::string& events_path) {
+  path_ = path;
+  events_path_ = events_path;
+  ATOLL_ASSIGN_OR_RETURN(f_, OpenSteps(path, keep_through));
+  if (!events_path.empty()) {
+    ATOLL_ASSIGN_OR_RETURN(events_, OpenSteps(events_path, keep_through));
+  }
   return Status::Ok();
 }
 
@@ -64,6 +81,19 @@ Status MetricsLog::Append(const StepMetrics& m) {
   const std::string line = MetricsJson(m) + "\n";
   if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
     return Status::IoError(fmt::format("writing {}", path_));
+  if (events_ == nullptr || m.sdc.empty()) return Status::Ok();
+  std::string lines;
+  for (const std::string& e : m.sdc) {
+    nlohmann::ordered_json j;
+    j["step"] = m.step;
+    j["event"] = "sdc";
+    const nlohmann::ordered_json event = nlohmann::ordered_json::parse(e);
+    for (const auto& [k, v] : event.items()) j[k] = v;
+    lines += j.dump() + "\n";
+  }
+  if (std::fwrite(lines.data(), 1, lines.size(), events_) != lines.size() ||
+      std::fflush(events_) != 0)
+    return Status::IoError(fmt::format("writing {}", events_path_));
   return Status::Ok();
 }
 

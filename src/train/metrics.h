@@ -61,13 +61,16 @@ class MetricsLog {
 
   // Opens `path` for appending. Lines of an earlier run whose step is greater than keep_through
   // are dropped first (a resumed run rewrites the steps after its checkpoint); keep_through = 0
-  // starts a new file.
-  Status Open(const std::string& path, int64_t keep_through);
+  // starts a new file. events_path (optional) is the events log, kept the same way: each sdc
+  // event of a step as its own line, {"step": 40, "event": "sdc", "site": 0, "rank": 1,
+  // "detector": ..., ...}, for tools that follow a run's incidents (the live view).
+  Status Open(const std::string& path, int64_t keep_through, const std::string& events_path = "");
   Status Append(const StepMetrics& m);
 
  private:
   std::FILE* f_ = nullptr;
-  std::string path_;
+  std::FILE* events_ = nullptr;
+  std::string path_, events_path_;
 };
 
 class ProgressBar {

@@ -288,7 +288,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   if (leader) {
     ATOLL_RETURN_IF_ERROR(MakeDirs(out));
     ATOLL_RETURN_IF_ERROR(WriteFileAtomic(out + "/config.toml", RunConfigToToml(cfg)));
-    ATOLL_RETURN_IF_ERROR(metrics.Open(out + "/metrics.jsonl", start));
+    ATOLL_RETURN_IF_ERROR(metrics.Open(out + "/metrics.jsonl", start, out + "/events.jsonl"));
     LogStart(cfg, run, start);
   }
 

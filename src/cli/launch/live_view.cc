@@ -59,6 +59,25 @@ SiteRow ReadSiteRow(const std::string& metrics_path) {
   return r;
 }
 
+void ReadSiteEvents(const std::string& events_path, SiteRow* row) {
+  const std::string last = LastLine(events_path);
+  if (last.empty()) return;
+  // Incidents are rare: counting the file's lines is cheap.
+  std::FILE* f = std::fopen(events_path.c_str(), "r");
+  if (f == nullptr) return;
+  int64_t lines = 0;
+  for (int c; (c = std::fgetc(f)) != EOF;) lines += c == '\n';
+  std::fclose(f);
+  row->sdc_events = lines;
+  const nlohmann::json j = nlohmann::json::parse(last, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return;
+  std::string what = j.value("what", "");
+  if (j.contains("op")) what = j.value("op", "") + (what.empty() ? "" : " " + what);
+  if (j.contains("verdict")) what = j.value("verdict", "") + (what.empty() ? "" : ": " + what);
+  row->last_sdc = fmt::format("step {} rank {}: {} {}", j.value("step", int64_t(0)),
+                              j.value("rank", -1), j.value("detector", ""), what);
+}
+
 namespace {
 
 std::string MB(uint64_t bytes) { return fmt::format("{:.1f}", double(bytes) / 1e6); }
@@ -102,8 +121,10 @@ void LiveView::Finish() {
 
 std::vector<SiteRow> LiveView::Rows() const {
   std::vector<SiteRow> rows;
-  for (int s = 0; s < sites_; ++s)
+  for (int s = 0; s < sites_; ++s) {
     rows.push_back(ReadSiteRow(fmt::format("{}/site-{}/metrics.jsonl", dir_, s)));
+    ReadSiteEvents(fmt::format("{}/site-{}/events.jsonl", dir_, s), &rows.back());
+  }
   return rows;
 }
 
@@ -175,6 +196,12 @@ void LiveView::Draw(double now) {
   } else {
     lines.push_back(fmt::format("  {:<6} waiting for the first step", "total"));
   }
+  for (int s = 0; s < sites_; ++s) {
+    const SiteRow& r = rows[size_t(s)];
+    if (r.sdc_events > 0)
+      lines.push_back(fmt::format("  site {}: {} silent-data-corruption event{}, last: {}", s,
+                                  r.sdc_events, r.sdc_events == 1 ? "" : "s", r.last_sdc));
+  }
   std::string out;
   if (drawn_lines_ > 0) out += fmt::format("\x1b[{}A", drawn_lines_);
   for (const auto& l : lines) out += "\x1b[2K" + l + "\n";
@@ -194,8 +221,10 @@ void LiveView::Line(double now) {
                         t.min_step, steps_, t.loss, t.tokens_per_s, t.wan_ms, MB(t.wan_bytes));
     for (int s = 0; s < sites_; ++s) {
       const SiteRow& r = rows[size_t(s)];
-      line += fmt::format(" site {}: {}{}", s, r.has ? std::to_string(r.step) : "-",
-                          Lost(s) ? " (lost)" : "");
+      line += fmt::format(
+          " site {}: {}{}{}", s, r.has ? std::to_string(r.step) : "-", Lost(s) ? " (lost)" : "",
+          r.sdc_events > 0 ? fmt::format(" ({} sdc events, last: {})", r.sdc_events, r.last_sdc)
+                           : "");
     }
     if (!VersusSync(t.sync_bytes, t.wan_bytes).empty())
       line += " | " + VersusSync(t.sync_bytes, t.wan_bytes);

@@ -18,8 +18,12 @@ struct SiteRow {
   int64_t step = 0;
   double loss = 0, tokens_per_s = 0, step_ms = 0, wan_ms = 0;
   uint64_t wan_bytes = 0, sync_bytes = 0;
+  int64_t sdc_events = 0;  // lines of the site's events.jsonl (train/metrics.h)
+  std::string last_sdc;    // the last one, in short
 };
 SiteRow ReadSiteRow(const std::string& metrics_path);
+// Adds the site's silent-data-corruption events (its events.jsonl) to row.
+void ReadSiteEvents(const std::string& events_path, SiteRow* row);
 
 class LiveView {
  public:

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 
 #include "train/test_util.h"
 
@@ -89,6 +90,18 @@ TEST_F(SdcTrainTest, TheGuardFlagsACorruptedGradientAndIsQuietOnCleanRuns) {
   for (const auto& e : events) norm |= e["step"] == 20 && e["what"] == "grad_norm";
   EXPECT_TRUE(norm);
   EXPECT_EQ(events[0]["rank"], -1);  // a signal every rank shares
+  // The events log holds the same findings, a line each, with the step and "event": "sdc"; a
+  // clean run's is empty.
+  std::vector<nlohmann::json> logged;
+  std::ifstream in(dir + "/events.jsonl");
+  for (std::string line; std::getline(in, line);) logged.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(logged.size(), events.size());
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(logged[i]["event"], "sdc");
+    logged[i].erase("event");
+    EXPECT_EQ(logged[i], events[i]);
+  }
+  EXPECT_EQ(Bytes(root_ + "/clean/events.jsonl"), "");
 }
 
 TEST_F(SdcTrainTest, OnAlarmStopEndsTheRunNamingTheStep) {
