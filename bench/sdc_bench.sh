@@ -10,7 +10,7 @@
 #        threads), COST_STEPS (12), COST_REPEAT (2), ATOLL (build/release/atoll), SKIP_COST=1,
 #        SKIP_CAMPAIGN=1.
 # Each campaign is `atoll sdc-campaign` on configs/tiny.toml (sdc.on_alarm = redo: alarmed steps
-# are replayed, localized and undone; guard and fingerprints on, as by default); its tables go
+# are replayed, localized and undone; guard, fingerprints and memory checks on, as by default); its tables go
 # to DIR/campaign-NAME/tables.md and are printed. DIR/sdc_bits.svg plots the detection rate
 # against the bit position (bench/plot_sdc.py). The cost runs configs/small.toml for COST_STEPS steps per mode, the modes
 # interleaved COST_REPEAT times, and prints each mode's median step time over steps 3..COST_STEPS
@@ -85,19 +85,20 @@ mode() {
   else mpirun -n "$dp" --bind-to none -x OMP_NUM_THREADS=1 "${cmd[@]}" >/dev/null 2>"$dir.err"; fi
   median_ms "$dir/metrics.jsonl"
 }
-OFF=(sdc.guard=false sdc.fingerprints=false)
+OFF=(sdc.guard=false sdc.fingerprints=false sdc.memory=false)
 declare -A best
-names=(off guard checksums redo audit dp2-off dp2-fingerprints dp2-all)
+names=(off guard memory checksums redo audit dp2-off dp2-fingerprints dp2-all)
 for ((r = 0; r < COST_REPEAT; r++)); do
   for n in "${names[@]}"; do
     case $n in
       off) ms=$(mode $n 1 "${OFF[@]}") ;;
-      guard) ms=$(mode $n 1 sdc.guard=true sdc.fingerprints=false) ;;
-      checksums) ms=$(mode $n 1 sdc.guard=false sdc.checksums=true) ;;
+      guard) ms=$(mode $n 1 sdc.guard=true sdc.fingerprints=false sdc.memory=false) ;;
+      memory) ms=$(mode $n 1 sdc.guard=false sdc.fingerprints=false sdc.memory=true) ;;
+      checksums) ms=$(mode $n 1 sdc.guard=false sdc.memory=false sdc.checksums=true) ;;
       redo) ms=$(mode $n 1 sdc.on_alarm=redo) ;;
       audit) ms=$(mode $n 1 sdc.on_alarm=redo sdc.audit_every=1) ;;
       dp2-off) ms=$(mode $n 2 "${OFF[@]}") ;;
-      dp2-fingerprints) ms=$(mode $n 2 sdc.guard=false sdc.fingerprints=true) ;;
+      dp2-fingerprints) ms=$(mode $n 2 sdc.guard=false sdc.memory=false sdc.fingerprints=true) ;;
       dp2-all) ms=$(mode $n 2 sdc.on_alarm=redo sdc.checksums=true) ;;
     esac
     if [[ -z ${best[$n]:-} ]] || awk "BEGIN { exit !($ms < ${best[$n]}) }"; then best[$n]=$ms; fi
@@ -114,9 +115,10 @@ row() {  # NAME LAYOUT WHAT BASE
 }
 row off "one process" "no detector" off
 row guard "one process" "step guard" off
+row memory "one process" "memory checks (seal and verify parameters and moments)" off
 row checksums "one process" "GEMM column checksums (forward and backward)" off
-row redo "one process" "guard + snapshot + op trace (replays only on alarm)" off
-row audit "one process" "every step replayed (sdc.audit_every = 1)" off
+row redo "one process" "guard + memory + snapshot + op trace (replays only on alarm)" off
+row audit "one process" "redo + every step replayed (sdc.audit_every = 1)" off
 row dp2-off "dp 2" "no detector" dp2-off
 row dp2-fingerprints "dp 2" "parameter fingerprints every step, moments every 10" dp2-off
-row dp2-all "dp 2" "guard + fingerprints + checksums + snapshot + trace" dp2-off
+row dp2-all "dp 2" "guard + fingerprints + memory + checksums + snapshot + trace" dp2-off

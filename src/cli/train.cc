@@ -341,7 +341,7 @@ void AddTrainCommand(CLI::App& app) {
       "          streaming.alpha async.max_staleness link.latency_ms link.bandwidth_mbps\n"
       "          link.jitter_ms   (several sites: see `atoll launch --help`)\n"
       "  [faults] inject seed   (bit flips on purpose; see --inject)\n"
-      "  [sdc]   guard fingerprints checksums moments_every guard_threshold guard_window\n"
+      "  [sdc]   guard fingerprints memory checksums moments_every guard_threshold guard_window\n"
       "          on_alarm (warn|stop|redo) audit_every\n"
       "Examples:\n"
       "  atoll train --config configs/small.toml --out runs/s1 --set train.steps=200\n"

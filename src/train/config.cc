@@ -205,6 +205,9 @@ std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
       {"sdc", "guard", &c.sdc.guard, "outlier checks on loss, gradient norm, updates, activations"},
       {"sdc", "fingerprints", &c.sdc.fingerprints,
        "compare data-parallel replicas' parameter hashes every step"},
+      {"sdc", "memory", &c.sdc.memory,
+       "hash parameters and moments after each update, check them before the next step, repair "
+       "from a replica"},
       {"sdc", "checksums", &c.sdc.checksums,
        "check every block GEMM's column sums against (1ᵀA)·W, forward and backward"},
       {"sdc", "moments_every", &c.sdc.moments_every,

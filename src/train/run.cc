@@ -236,14 +236,16 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
   o.guard = cfg.sdc.guard;
   o.fingerprints = cfg.sdc.fingerprints;
   o.checksums = cfg.sdc.checksums;
+  o.memory = cfg.sdc.memory;
   o.moments_every = cfg.sdc.moments_every;
   o.guard_options.threshold = cfg.sdc.guard_threshold;
   o.guard_options.window = size_t(cfg.sdc.guard_window);
   std::vector<int> replica_ranks;
   for (int r = 0; r < me.dp(); ++r)
     replica_ranks.push_back(me.RankOf(r, me.tp_rank(), me.pp_rank()));
-  auto monitor = std::make_unique<SdcMonitor>(o, run.model->layout(), run.site, me.rank(),
-                                              me.dp_group(), std::move(replica_ranks), Zero(run));
+  auto monitor =
+      std::make_unique<SdcMonitor>(o, run.model->layout(), run.optimizer->size(), run.site,
+                                   me.rank(), me.dp_group(), std::move(replica_ranks), Zero(run));
   if (monitor->active()) run.sdc = std::move(monitor);
   if (cfg.sdc.on_alarm == "redo" || cfg.sdc.audit_every > 0)
     run.trace = std::make_unique<StepTrace>();

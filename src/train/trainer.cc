@@ -302,6 +302,9 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   for (int64_t s = start; s < tc.steps; ++s) {
     const double t0 = NowSeconds();
     InjectBufferFaults(run, FaultKind::kParam, s);
+    if (run.sdc != nullptr)
+      ATOLL_RETURN_IF_ERROR(run.sdc->CheckAtRest(run.model->params(), n_params, run.optimizer->m(),
+                                                 run.optimizer->v(), run.optimizer->size()));
     if (replays) {
       snapshot.Take(run.model->params(), n_params, *run.optimizer);
       if (run.sdc != nullptr) run.sdc->SaveState();

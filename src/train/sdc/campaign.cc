@@ -140,6 +140,11 @@ bool Names(const Event& e, const Outcome& o) {
     return o.kind == FaultKind::kGrad && e.op == "grad" &&
            (o.tensor.empty() || e.what == o.tensor || e.what == "shard");
   }
+  if (e.detector == "memory") {  // found by its owner at the start of the flip's step
+    const std::string buffer =
+        o.kind == FaultKind::kMoment ? fmt::format("moment_{}", o.moment) : std::string("params");
+    return e.step == t.step && (e.what == buffer + ":" + o.tensor || e.what == buffer + ":shard");
+  }
   if (e.detector == "fingerprint" && !o.tensor.empty()) {
     const std::string buffer =
         o.kind == FaultKind::kMoment ? fmt::format("moment_{}", o.moment) : std::string("params");
@@ -199,6 +204,8 @@ void Score(const RunRecord& run, const RunRecord& clean, const std::set<std::str
       o->fingerprint = true;
     else if (e.detector == "checksum")
       o->checksum = true;
+    else if (e.detector == "memory")
+      o->memory = true;
     else if (e.detector == "replay" && e.verdict == "transient")
       o->replay = true;
     else
@@ -249,6 +256,7 @@ std::string Outcome::ToJson() const {
   j["guard"] = guard;
   j["fingerprint"] = fingerprint;
   j["checksum"] = checksum;
+  j["memory"] = memory;
   j["replay"] = replay;
   j["delay"] = delay;
   j["localized"] = localized;

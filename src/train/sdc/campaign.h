@@ -18,8 +18,8 @@
 //     detection: the first such event's step minus the flip's.
 //   - localized: an event names the flip's place: a replay or checksum event the flip's step,
 //     rank, micro-batch, block and op (gemm_fwd g, gemm_bwd g, activation) or, for a gradient,
-//     "grad" and the tensor; a fingerprint event the rank and the tensor ("params:..." or
-//     "moment_m:..."). The guard's events name signals, not places: they do not localize.
+//     "grad" and the tensor; a fingerprint or memory event the rank and the tensor ("params:..."
+//     or "moment_m:..."). The guard's events name signals, not places: they do not localize.
 //   - recovered: the final parameters are bitwise those of the clean run.
 //   - harm: |final validation loss / the clean run's - 1|; harmful above `harm` (0.1%). A run
 //     that stopped (sdc.on_alarm = stop, a diverged or faulty-rank error) has harm +inf.
@@ -78,14 +78,15 @@ struct Outcome {
   FaultRecord truth{};  // when fired
   char moment = 0;      // kMoment: 'm' or 'v'
   std::string tensor;   // flat-buffer kinds: the tensor the element belongs to
-  bool guard = false, fingerprint = false, checksum = false, replay = false;  // detected by
+  bool guard = false, fingerprint = false, checksum = false, memory = false;  // detected by
+  bool replay = false;
   int64_t delay = -1;  // steps from the flip to its first detection (-1: none)
   bool localized = false;
   bool recovered = false;
   double harm = 0;
   FalseFindings false_findings;  // at steps before the flip's, not in the clean run (0)
   std::string error;             // the run stopped: why
-  bool detected() const { return guard || fingerprint || checksum || replay; }
+  bool detected() const { return guard || fingerprint || checksum || memory || replay; }
   std::string ToJson() const;
 };
 
@@ -107,8 +108,8 @@ StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o);
 
 // The tables (markdown): per injection site, per bit, and the goals' lines.
 std::string CampaignTables(const CampaignResult& r);
-// Detection rate per bit as CSV (bit,n,any,guard,fingerprint,checksum,replay,harmful_misses),
-// for plots.
+// Detection rate per bit as CSV (bit,n,any,guard,fingerprint,checksum,memory,replay,
+// harmful_misses), for plots.
 std::string CampaignBitsCsv(const CampaignResult& r);
 
 // "gemm_fwd,grad" -> kinds (bad_core is refused: the campaign injects one flip per run).

@@ -14,7 +14,7 @@ namespace {
 
 // Counts over a group of outcomes (the fired ones).
 struct Tally {
-  int64_t n = 0, detected = 0, guard = 0, fingerprint = 0, checksum = 0, replay = 0;
+  int64_t n = 0, detected = 0, guard = 0, fingerprint = 0, checksum = 0, memory = 0, replay = 0;
   int64_t within1 = 0;
   int64_t localized = 0, recovered = 0, harmful = 0, harmful_misses = 0, stopped = 0;
   int64_t delay_sum = 0, delay_max = 0;
@@ -25,6 +25,7 @@ struct Tally {
     guard += o.guard;
     fingerprint += o.fingerprint;
     checksum += o.checksum;
+    memory += o.memory;
     replay += o.replay;
     const bool is_harmful = o.harm > harm;
     harmful += is_harmful;
@@ -83,15 +84,15 @@ std::string CampaignTables(const CampaignResult& r) {
       r.outcomes.size(), fired, r.layout, r.clean_val_loss, r.harm * 100);
 
   out +=
-      "| injection site | flips | detected | guard | fingerprint | checksum | replay | within 1 "
-      "step | localized | recovered bitwise | harmful | harmful misses | stopped |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "| injection site | flips | detected | guard | fingerprint | checksum | memory | replay | "
+      "within 1 step | localized | recovered bitwise | harmful | harmful misses | stopped |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   auto row = [&](const std::string& name, const Tally& t) {
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", name,
-                       t.n, Pct(t.detected, t.n), Pct(t.guard, t.n), Pct(t.fingerprint, t.n),
-                       Pct(t.checksum, t.n), Pct(t.replay, t.n), Pct(t.within1, t.n),
-                       Pct(t.localized, t.detected), Pct(t.recovered, t.detected), t.harmful,
-                       t.harmful_misses, t.stopped);
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                       name, t.n, Pct(t.detected, t.n), Pct(t.guard, t.n), Pct(t.fingerprint, t.n),
+                       Pct(t.checksum, t.n), Pct(t.memory, t.n), Pct(t.replay, t.n),
+                       Pct(t.within1, t.n), Pct(t.localized, t.detected),
+                       Pct(t.recovered, t.detected), t.harmful, t.harmful_misses, t.stopped);
   };
   std::vector<FaultKind> kinds;
   for (const Outcome& o : r.outcomes)
@@ -104,16 +105,17 @@ std::string CampaignTables(const CampaignResult& r) {
       "the detected ones).\n\n";
 
   out +=
-      "| bit | flips | detected | guard | fingerprint | checksum | replay | harmful | harmful "
-      "misses |\n"
-      "|---|---|---|---|---|---|---|---|---|\n";
+      "| bit | flips | detected | guard | fingerprint | checksum | memory | replay | harmful | "
+      "harmful misses |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n";
   for (int b = 31; b >= 0; --b) {
     const Tally t = TallyOf(r, [b](const Outcome& o) { return o.bit == b; });
     if (t.n == 0) continue;
     const char* part = b == 31 ? " (sign)" : b >= 23 ? " (exp)" : "";
-    out += fmt::format("| {}{} | {} | {} | {} | {} | {} | {} | {} | {} |\n", b, part, t.n,
+    out += fmt::format("| {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", b, part, t.n,
                        Pct(t.detected, t.n), Pct(t.guard, t.n), Pct(t.fingerprint, t.n),
-                       Pct(t.checksum, t.n), Pct(t.replay, t.n), t.harmful, t.harmful_misses);
+                       Pct(t.checksum, t.n), Pct(t.memory, t.n), Pct(t.replay, t.n), t.harmful,
+                       t.harmful_misses);
   }
 
   const Tally high = TallyOf(r, [](const Outcome& o) { return o.bit >= 23; });
@@ -138,6 +140,11 @@ std::string CampaignTables(const CampaignResult& r) {
                      all.harmful);
   out += fmt::format("| 100% of detections localized (step, rank, tensor or op) | {} |\n",
                      Frac(all.localized, all.detected));
+  int64_t at_rest_memory = 0;
+  for (const Outcome& o : r.outcomes) at_rest_memory += o.fired && !IsTransient(o) && o.memory;
+  out += fmt::format(
+      "| 100% of parameter and moment flips caught by the memory checks | {} |\n",
+      Frac(at_rest_memory, TallyOf(r, [](const Outcome& o) { return !IsTransient(o); }).n));
   out += fmt::format("| 100% of parameter and moment flips caught by fingerprints | {} |\n",
                      r.dp > 1 ? Frac(at_rest_fp, at_rest.n) : std::string("- (dp 1: no replicas)"));
   out += fmt::format(
@@ -158,13 +165,13 @@ std::string CampaignTables(const CampaignResult& r) {
 }
 
 std::string CampaignBitsCsv(const CampaignResult& r) {
-  std::string out = "bit,n,any,guard,fingerprint,checksum,replay,harmful_misses\n";
+  std::string out = "bit,n,any,guard,fingerprint,checksum,memory,replay,harmful_misses\n";
   for (int b = 0; b < 32; ++b) {
     const Tally t = TallyOf(r, [b](const Outcome& o) { return o.bit == b; });
     auto rate = [&](int64_t k) { return t.n > 0 ? double(k) / double(t.n) : 0.0; };
-    out += fmt::format("{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{}\n", b, t.n, rate(t.detected),
-                       rate(t.guard), rate(t.fingerprint), rate(t.checksum), rate(t.replay),
-                       t.harmful_misses);
+    out += fmt::format("{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{}\n", b, t.n,
+                       rate(t.detected), rate(t.guard), rate(t.fingerprint), rate(t.checksum),
+                       rate(t.memory), rate(t.replay), t.harmful_misses);
   }
   return out;
 }

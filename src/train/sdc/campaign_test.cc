@@ -60,13 +60,15 @@ TEST_F(CampaignTest, ScoresDetectedLocalizedAndRecoveredFlips) {
   EXPECT_FALSE(r->outcomes[2].tensor.empty());  // the gradient's tensor
   EXPECT_EQ(Lines(o.dir + "/injections.jsonl").size(), 3u);
   const std::string tables = CampaignTables(*r);
-  EXPECT_NE(tables.find(
-                "| gemm_fwd | 1 | 100% | 100% | 0% | 0% | 100% | 100% | 100% | 100% | 0 | 0 | 0 |"),
-            std::string::npos)
+  EXPECT_NE(
+      tables.find(
+          "| gemm_fwd | 1 | 100% | 100% | 0% | 0% | 0% | 100% | 100% | 100% | 100% | 0 | 0 | 0 |"),
+      std::string::npos)
       << tables;
   EXPECT_NE(tables.find("| 30 (exp) | 3 | 100% |"), std::string::npos) << tables;
   const std::string csv = *ReadFile(o.dir + "/bits.csv");
-  EXPECT_NE(csv.find("\n30,3,1.0000,1.0000,0.0000,0.0000,1.0000,0\n"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("\n30,3,1.0000,1.0000,0.0000,0.0000,0.0000,1.0000,0\n"), std::string::npos)
+      << csv;
 }
 
 // Without replays the same flips are detected but not recovered: the scoring sees the damage
@@ -88,24 +90,30 @@ TEST_F(CampaignTest, WarnOnlyDetectsAndMeasuresTheHarm) {
   EXPECT_GT(out.harm, 0.0);
 }
 
-// Data-parallel replicas: a parameter flipped in one replica's memory is named by the
-// fingerprints (rank and tensor); a replay cannot undo it (state at rest), so it is not
-// recovered.
-TEST_F(CampaignTest, FingerprintsNameAParameterFlipOnItsReplica) {
-  CampaignOptions o = Options("dp2");
-  o.cfg.parallel.dp = 2;
-  o.kinds = {FaultKind::kParam};
-  o.bits = {29};
-  o.injections = 2;
-  auto r = RunCampaign(o);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->ranks, 2);
-  for (const Outcome& out : r->outcomes) {
-    SCOPED_TRACE(out.ToJson());
-    EXPECT_TRUE(out.fired);
-    EXPECT_TRUE(out.fingerprint);
-    EXPECT_TRUE(out.localized);
-    EXPECT_EQ(out.delay, 0);
+// Data-parallel replicas: a parameter flipped in one replica's memory is found by that
+// replica's memory check, named (rank and tensor) and repaired from the other replica, so the run
+// ends bitwise clean; with the memory checks off the fingerprints name it, and nothing repairs it.
+TEST_F(CampaignTest, AParameterFlipOnAReplicaIsNamedAndRepaired) {
+  for (bool memory : {true, false}) {
+    SCOPED_TRACE(memory ? "memory checks" : "fingerprints only");
+    CampaignOptions o = Options(memory ? "dp2" : "dp2-fingerprints");
+    o.cfg.parallel.dp = 2;
+    o.cfg.sdc.memory = memory;
+    o.kinds = {FaultKind::kParam};
+    o.bits = {29};
+    o.injections = 2;
+    auto r = RunCampaign(o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->ranks, 2);
+    for (const Outcome& out : r->outcomes) {
+      SCOPED_TRACE(out.ToJson());
+      EXPECT_TRUE(out.fired);
+      EXPECT_EQ(out.memory, memory);
+      EXPECT_EQ(out.fingerprint, !memory);  // repaired before any replica used it
+      EXPECT_TRUE(out.localized);
+      EXPECT_EQ(out.recovered, memory);
+      EXPECT_EQ(out.delay, 0);
+    }
   }
 }
 

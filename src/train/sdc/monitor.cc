@@ -32,6 +32,9 @@ std::string SdcEvent::ToJson() const {
                                       : nlohmann::ordered_json(fmt::format("{}", value));
     j["expected"] = median;
     j["deviations"] = deviations;
+  } else if (detector == "memory") {
+    j["verdict"] = verdict;
+    if (source >= 0) j["source"] = source;
   } else if (detector == "replay") {
     j["verdict"] = verdict;
     if (micro >= 0) j["micro"] = micro;
@@ -55,6 +58,11 @@ std::string SdcEvent::ToString() const {
         "median {:.6g}",
         step, where, what, value, deviations, median);
   }
+  if (detector == "memory")
+    return fmt::format("step {} ({}): memory: {} changed at rest since the last update; {}", step,
+                       where, what,
+                       source >= 0 ? fmt::format("repaired from rank {}", source)
+                                   : std::string("not repaired (no clean replica holds it)"));
   if (detector == "checksum")
     return fmt::format(
         "step {} ({}): checksum: {} of micro-batch {} in block {}: column sum {:.9g}, expected "
@@ -76,8 +84,8 @@ std::string SdcEvent::ToString() const {
                      has_majority ? "the other replicas'" : "the other replica's (no majority)");
 }
 
-SdcMonitor::SdcMonitor(SdcOptions o, std::vector<ParamTensor> layout, int site, int rank,
-                       Communicator* dp_group, std::vector<int> replica_ranks, bool zero)
+SdcMonitor::SdcMonitor(SdcOptions o, std::vector<ParamTensor> layout, size_t moments_size, int site,
+                       int rank, Communicator* dp_group, std::vector<int> replica_ranks, bool zero)
     : o_(o),
       layout_(std::move(layout)),
       site_(site),
@@ -85,7 +93,8 @@ SdcMonitor::SdcMonitor(SdcOptions o, std::vector<ParamTensor> layout, int site, 
       dp_(dp_group),
       zero_(zero),
       replica_ranks_(std::move(replica_ranks)),
-      guard_(o.guard_options) {}
+      guard_(o.guard_options),
+      seal_(layout_, moments_size, zero) {}
 
 Status SdcMonitor::Compare(int64_t s, const char* what, const float* data,
                            std::vector<SdcEvent>* out) {
@@ -139,6 +148,33 @@ void SdcMonitor::OnGemm(FaultKind kind, int layer, int gemm, const float* c, con
                                       : std::numeric_limits<double>::infinity();
 }
 
+Status SdcMonitor::CheckAtRest(float* params, size_t n, float* m, float* v, size_t k) {
+  if (!o_.memory) return Status::Ok();
+  const std::vector<std::string> changed = seal_.Verify(params, m, v);
+  int source = -1;
+  if (dp_ != nullptr && dp_->size() > 1) {
+    // Parameters are replicated; moments too, unless ZeRO shards them.
+    bool repairable = false;
+    for (const std::string& what : changed) repairable |= !zero_ || what.rfind("params:", 0) == 0;
+    ATOLL_ASSIGN_OR_RETURN(const int root,
+                           RepairFromReplica(*dp_, repairable, params, n, m, v, k, !zero_));
+    if (root >= 0 && repairable)
+      source = size_t(root) < replica_ranks_.size() ? replica_ranks_[size_t(root)] : root;
+  }
+  for (const std::string& what : changed) {
+    SdcEvent e;
+    e.site = site_;
+    e.rank = rank_;
+    e.detector = "memory";
+    e.what = what;
+    const bool repaired = source >= 0 && (!zero_ || what.rfind("params:", 0) == 0);
+    e.verdict = repaired ? "repaired" : "not repaired";
+    e.source = repaired ? source : -1;
+    at_rest_.push_back(e);
+  }
+  return Status::Ok();
+}
+
 Status SdcMonitor::BeforeUpdate(int64_t s, const float* params, size_t n) {
   if (o_.guard) before_.assign(params, params + n);
   pending_.clear();
@@ -150,6 +186,12 @@ StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, do
                                                       double lr, const float* params,
                                                       const float* m, const float* v) {
   std::vector<SdcEvent> out;
+  for (SdcEvent& e : at_rest_) {
+    e.step = s + 1;
+    out.push_back(std::move(e));
+  }
+  at_rest_.clear();
+  if (o_.memory) seal_.Seal(params, m, v);
   if (o_.guard) {
     std::vector<StepGuard::Signal> signals = {{"loss", loss}, {"grad_norm", grad_norm}};
     if (!before_.empty() && lr > 0) {  // lr 0 (min_lr = 0 at the end) moves nothing

@@ -15,6 +15,9 @@
 //     moments, which are not replicated, are not compared. Fingerprints see corruption of what
 //     replicas hold (parameters, moments, a replica's own update); a fault in a computation whose
 //     result is summed over the replicas reaches every replica alike and is the guard's to see.
+//   - memory checks (sdc.memory; train/sdc/memory.h): the rank's parameters and moments are
+//     sealed after each update and checked before the next step (CheckAtRest); a changed
+//     tensor is named, and repaired from a data-parallel replica whose check passed.
 //   - checksums (sdc.checksums): every block GEMM's column checksum (train/sdc/checksum.h),
 //     forward and backward, checked right after the GEMM; the first failing GEMM of the step is
 //     reported with its micro-batch, block and op ("gemm_fwd 2"), and how many failed.
@@ -35,15 +38,17 @@
 #include "model/config.h"
 #include "train/sdc/faults.h"
 #include "train/sdc/guard.h"
+#include "train/sdc/memory.h"
 
 namespace atl {
 
 struct SdcEvent {
   int64_t step = 0;
   int site = 0, rank = -1;  // rank -1: a signal every rank shares (loss, gradient norm)
-  std::string detector;     // "guard", "fingerprint", "checksum", "replay" (train/sdc/audit.h)
-  std::string what;         // the signal ("loss", "update_rms.h.1.mlp.c_fc.weight", "act_max.2")
-                            // or the tensor ("params:h.1.attn.c_attn.weight", "moment_v:wte")
+  // "guard", "fingerprint", "checksum", "memory", "replay" (train/sdc/audit.h)
+  std::string detector;
+  std::string what;  // the signal ("loss", "update_rms.h.1.mlp.c_fc.weight", "act_max.2")
+                     // or the tensor ("params:h.1.attn.c_attn.weight", "moment_v:wte")
   // guard (StepGuard::Outlier); checksum: the column sum (value), the expected one (median) and
   // |value - median| over the rounding bound (deviations)
   double value = 0, median = 0, deviations = 0;
@@ -55,6 +60,7 @@ struct SdcEvent {
   int layer = -1;
   std::string op;
   int64_t count = 0;  // checksum: the GEMMs that failed in the step
+  int source = -1;    // memory, verdict "repaired": the replica (rank in the site) copied from
   std::string run;    // transient: the run that was corrupted ("first" or "replay")
   std::string ToJson() const;
   std::string ToString() const;
@@ -64,6 +70,7 @@ struct SdcOptions {
   bool guard = true;
   bool fingerprints = true;
   bool checksums = false;
+  bool memory = true;
   int64_t moments_every = 10;
   StepGuard::Options guard_options;
 };
@@ -72,10 +79,11 @@ class SdcMonitor {
  public:
   // layout: this rank's tensors (its shard's); dp_group: the data-parallel replicas (null or
   // size 1: no fingerprints) and replica_ranks their ranks in the site, by dp rank; zero: ZeRO-1.
-  SdcMonitor(SdcOptions o, std::vector<ParamTensor> layout, int site, int rank,
+  // moments_size: the AdamW moments' length on this rank (its shard with ZeRO).
+  SdcMonitor(SdcOptions o, std::vector<ParamTensor> layout, size_t moments_size, int site, int rank,
              Communicator* dp_group, std::vector<int> replica_ranks, bool zero);
 
-  bool active() const { return o_.guard || o_.checksums || fingerprints(); }
+  bool active() const { return o_.guard || o_.checksums || o_.memory || fingerprints(); }
   bool checksums() const { return o_.checksums; }
   bool fingerprints() const { return o_.fingerprints && dp_ != nullptr && dp_->size() > 1; }
 
@@ -87,6 +95,11 @@ class SdcMonitor {
   // kGemmBackward (GPT::OpEvent's operands).
   void OnGemm(FaultKind kind, int layer, int gemm, const float* c, const float* a, const float* w,
               const float* bias, int rows, int inner, int cols);
+  // Memory checks, at the start of a step, before anything reads the state: what changed at
+  // rest since the last AfterStep becomes an event of this step, and with data-parallel replicas
+  // is repaired from one whose check passed (collective over the dp group when dp > 1).
+  // n: the parameters' length, k: the moments'.
+  Status CheckAtRest(float* params, size_t n, float* m, float* v, size_t k);
   // Before step s's optimizer update: keeps the parameters to measure the update by (guard) and,
   // with ZeRO, compares the replicas' parameters (collective over the dp group).
   Status BeforeUpdate(int64_t s, const float* params, size_t n);
@@ -122,6 +135,8 @@ class SdcMonitor {
   std::vector<double> act_max_;    // per block, this step
   int64_t micro_ = -1;
   SdcEvent checksum_;  // the step's first failing GEMM (count 0: none)
+  RestSeal seal_;
+  std::vector<SdcEvent> at_rest_;  // found by CheckAtRest, reported by AfterStep
 };
 
 // Every rank's events, on every rank of `group`: each rank's list (one JSON object per entry)

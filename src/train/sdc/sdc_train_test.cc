@@ -133,6 +133,7 @@ TEST_F(SdcTrainTest, FingerprintsNameTheCorruptReplica) {
     c.parallel.dp = 3;
     c.train.threads = 1;
     c.faults.inject = "param:step=10,rank=1,elem=0,bit=3";
+    c.sdc.memory = false;  // (which would find and repair it before the step: below)
     const std::string dir = root_ + (zero ? "/dp3zero" : "/dp3");
     ASSERT_TRUE(RunRanks(c, 3, dir));
     const auto events = Events(dir);
@@ -144,6 +145,54 @@ TEST_F(SdcTrainTest, FingerprintsNameTheCorruptReplica) {
     EXPECT_EQ(events[0]["majority"], true);
     for (const auto& e : events) EXPECT_EQ(e["detector"], "fingerprint") << e.dump();
   }
+}
+
+// Memory checks (sdc.memory, on by default): a parameter or moment flipped at rest, even its
+// lowest bit, is found by its own rank at the start of the step it would first be used in and
+// named with the tensor; a data-parallel replica's copy repairs it, so the run ends bitwise equal
+// to the clean run (ZeRO: parameters repaired, a moment shard only named); alone (dp 1) it is
+// named, not repaired.
+TEST_F(SdcTrainTest, MemoryChecksFindAndRepairStateFlippedAtRest) {
+  for (bool zero : {false, true}) {
+    SCOPED_TRACE(zero ? "zero" : "replicated");
+    RunConfig c = cfg_;
+    c.parallel.zero = zero;
+    c.parallel.dp = 2;
+    c.parallel.reproducible = true;
+    c.train.threads = 1;
+    const std::string clean = root_ + (zero ? "/clean-zero" : "/clean");
+    ASSERT_TRUE(RunRanks(c, 2, clean));
+    EXPECT_TRUE(Events(clean).empty());
+    c.faults.inject = "param:step=6,rank=1,elem=0,bit=0;moment:step=9,rank=0,moment=v,elem=5,bit=2";
+    const std::string dir = root_ + (zero ? "/flipped-zero" : "/flipped");
+    ASSERT_TRUE(RunRanks(c, 2, dir));
+    const auto events = Events(dir);
+    ASSERT_EQ(events.size(), 2u) << events[0].dump();
+    EXPECT_EQ(events[0]["step"], 6);
+    EXPECT_EQ(events[0]["detector"], "memory");
+    EXPECT_EQ(events[0]["rank"], 1);
+    EXPECT_EQ(events[0]["what"], "params:wte.weight");
+    EXPECT_EQ(events[0]["verdict"], "repaired");
+    EXPECT_EQ(events[0]["source"], 0);
+    EXPECT_EQ(events[1]["step"], 9);
+    EXPECT_EQ(events[1]["rank"], 0);
+    EXPECT_EQ(events[1]["what"], zero ? "moment_v:shard" : "moment_v:wte.weight");
+    EXPECT_EQ(events[1]["verdict"], zero ? "not repaired" : "repaired");
+    if (!zero) {
+      EXPECT_EQ(events[1]["source"], 1);
+      EXPECT_EQ(Bytes(dir + "/checkpoint/model.safetensors"),
+                Bytes(clean + "/checkpoint/model.safetensors"));
+      EXPECT_EQ(Bytes(dir + "/checkpoint/optimizer.safetensors"),
+                Bytes(clean + "/checkpoint/optimizer.safetensors"));
+    }
+  }
+  RunConfig one = cfg_;
+  one.faults.inject = "param:step=6,elem=40,bit=1";
+  const auto events = Events(Run(one, "one"));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["detector"], "memory");
+  EXPECT_EQ(events[0]["verdict"], "not repaired");
+  EXPECT_EQ(events[0]["what"], "params:wte.weight");
 }
 
 }  // namespace
