@@ -331,6 +331,9 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     }
     const bool last = s + 1 == tc.steps;
     ATOLL_RETURN_IF_ERROR(strategy->AfterStep(s + 1, run.model->params(), last));
+    // What the next step must find unchanged (the strategy's exchanges may have moved it).
+    if (run.sdc != nullptr)
+      run.sdc->SealAtRest(run.model->params(), run.optimizer->m(), run.optimizer->v());
     const double dt = NowSeconds() - t0;
     tokens += uint64_t(tc.batch_size) * uint64_t(seq);
     m.tokens = tokens;

@@ -9,7 +9,8 @@
 #   3. async (H = 4, int8): finishes with an operation log; `atoll replay` reproduces the final
 #      parameters bitwise; a tampered log is caught (exit 1, naming the update); a run with a site
 #      taken over by a new process (--rejoin) replays bitwise too; a run dir that is not async is
-#      refused (exit 2).
+#      refused (exit 2);
+#   4. the memory checks found nothing in any of these runs.
 # Usage: strategies.sh ATOLL MPIEXEC
 set -euo pipefail
 MPIEXEC=${2:?usage: $0 ATOLL MPIEXEC}
@@ -141,4 +142,13 @@ grep -q "bitwise identical" "$T/out" || fail "replay of a rejoined run: $(cat "$
 # Not an async run.
 expect_exit 2 "$ATOLL" replay --run "$T/d" -q
 expect_err "async"
+# The memory checks (on by default) found nothing in any of these runs: an exchange or a rejoin
+# that replaces parameters between steps is not corruption at rest.
+for run in d r s a ar; do
+  for m in "$T/$run"/site-*/metrics.jsonl; do
+    if grep -q '"detector":"memory"' "$m"; then
+      fail "memory-check events in a clean run ($m): $(grep -m1 '"memory"' "$m")"
+    fi
+  done
+done
 echo "OK"

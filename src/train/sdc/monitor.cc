@@ -191,7 +191,6 @@ StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, do
     out.push_back(std::move(e));
   }
   at_rest_.clear();
-  if (o_.memory) seal_.Seal(params, m, v);
   if (o_.guard) {
     std::vector<StepGuard::Signal> signals = {{"loss", loss}, {"grad_norm", grad_norm}};
     if (!before_.empty() && lr > 0) {  // lr 0 (min_lr = 0 at the end) moves nothing

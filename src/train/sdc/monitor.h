@@ -16,8 +16,8 @@
 //     replicas hold (parameters, moments, a replica's own update); a fault in a computation whose
 //     result is summed over the replicas reaches every replica alike and is the guard's to see.
 //   - memory checks (sdc.memory; train/sdc/memory.h): the rank's parameters and moments are
-//     sealed after each update and checked before the next step (CheckAtRest); a changed
-//     tensor is named, and repaired from a data-parallel replica whose check passed.
+//     sealed at the end of each step (SealAtRest) and checked before the next (CheckAtRest); a
+//     changed tensor is named, and repaired from a data-parallel replica whose check passed.
 //   - checksums (sdc.checksums): every block GEMM's column checksum (train/sdc/checksum.h),
 //     forward and backward, checked right after the GEMM; the first failing GEMM of the step is
 //     reported with its micro-batch, block and op ("gemm_fwd 2"), and how many failed.
@@ -95,11 +95,15 @@ class SdcMonitor {
   // kGemmBackward (GPT::OpEvent's operands).
   void OnGemm(FaultKind kind, int layer, int gemm, const float* c, const float* a, const float* w,
               const float* bias, int rows, int inner, int cols);
-  // Memory checks, at the start of a step, before anything reads the state: what changed at
-  // rest since the last AfterStep becomes an event of this step, and with data-parallel replicas
-  // is repaired from one whose check passed (collective over the dp group when dp > 1).
-  // n: the parameters' length, k: the moments'.
+  // Memory checks: SealAtRest at the end of a step, when nothing will change the parameters
+  // and moments before the next one (after the world strategy's exchanges); CheckAtRest at the
+  // start of a step, before anything reads them: what changed since becomes an event of this step,
+  // and with data-parallel replicas is repaired from one whose check passed (collective over the dp
+  // group when dp > 1). n: the parameters' length, k: the moments'.
   Status CheckAtRest(float* params, size_t n, float* m, float* v, size_t k);
+  void SealAtRest(const float* params, const float* m, const float* v) {
+    if (o_.memory) seal_.Seal(params, m, v);
+  }
   // Before step s's optimizer update: keeps the parameters to measure the update by (guard) and,
   // with ZeRO, compares the replicas' parameters (collective over the dp group).
   Status BeforeUpdate(int64_t s, const float* params, size_t n);
