@@ -109,7 +109,7 @@ Status CheckStep(Run& run, int64_t s, StepMetrics* m) {
   } else {
     m->sdc = std::move(mine);
   }
-  if (!m->sdc.empty() && run.cfg.sdc.on_alarm == "stop")
+  if (!m->sdc.empty() && !OnlyRepaired(m->sdc) && run.cfg.sdc.on_alarm == "stop")
     return Status::Internal(fmt::format(
         "silent data corruption suspected at step {} ({}{}); sdc.on_alarm = stop ends the run",
         s + 1, m->sdc.front(),
@@ -277,6 +277,20 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   sc.resumed = options.resume != nullptr;
   ATOLL_ASSIGN_OR_RETURN(std::unique_ptr<WorldStrategy> strategy, MakeWorldStrategy(sc));
   ATOLL_ASSIGN_OR_RETURN(start, strategy->Start(start, run.model->params()));
+  // The memory checks (train/sdc/memory.h): sealed at the end of each step (and here, before the
+  // first), checked at the start of each and before a checkpoint is written (what they find
+  // there is logged, and reported with the next step).
+  auto seal_at_rest = [&] {
+    if (run.sdc != nullptr)
+      run.sdc->SealAtRest(run.model->params(), run.optimizer->m(), run.optimizer->v());
+  };
+  auto check_at_rest = [&] {
+    return run.sdc == nullptr
+               ? Status::Ok()
+               : run.sdc->CheckAtRest(run.model->params(), n_params, run.optimizer->m(),
+                                      run.optimizer->v(), run.optimizer->size());
+  };
+  seal_at_rest();
   // The objective of a site's replica: the mean loss over the whole batch (sync), or over the
   // site's share of it (the sites train apart between exchanges).
   const int64_t objective = strategy->whole_batch() ? run.accum : run.accum / run.sites;
@@ -302,9 +316,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   for (int64_t s = start; s < tc.steps; ++s) {
     const double t0 = NowSeconds();
     InjectBufferFaults(run, FaultKind::kParam, s);
-    if (run.sdc != nullptr)
-      ATOLL_RETURN_IF_ERROR(run.sdc->CheckAtRest(run.model->params(), n_params, run.optimizer->m(),
-                                                 run.optimizer->v(), run.optimizer->size()));
+    ATOLL_RETURN_IF_ERROR(check_at_rest());
     if (replays) {
       snapshot.Take(run.model->params(), n_params, *run.optimizer);
       if (run.sdc != nullptr) run.sdc->SaveState();
@@ -331,9 +343,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     }
     const bool last = s + 1 == tc.steps;
     ATOLL_RETURN_IF_ERROR(strategy->AfterStep(s + 1, run.model->params(), last));
-    // What the next step must find unchanged (the strategy's exchanges may have moved it).
-    if (run.sdc != nullptr)
-      run.sdc->SealAtRest(run.model->params(), run.optimizer->m(), run.optimizer->v());
+    seal_at_rest();  // after the strategy's exchanges, which may move the parameters
     const double dt = NowSeconds() - t0;
     tokens += uint64_t(tc.batch_size) * uint64_t(seq);
     m.tokens = tokens;
@@ -349,9 +359,11 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       ATOLL_RETURN_IF_ERROR(metrics.Append(m));
       if (options.progress) progress.Update(m);
     }
-    if (tc.checkpoint_every > 0 && (s + 1) % tc.checkpoint_every == 0 && run.site == 0)
+    if (tc.checkpoint_every > 0 && (s + 1) % tc.checkpoint_every == 0 && run.site == 0) {
+      ATOLL_RETURN_IF_ERROR(check_at_rest());
       ATOLL_RETURN_IF_ERROR(
           SaveCheckpoint(run, fmt::format("{}/checkpoint-{}", ck_dir, s + 1), s + 1));
+    }
     if (options.die_after_step == s + 1 && leader) {
       LogWarning("site {}: dying after step {} (fault injection)", run.site, s + 1);
       std::fflush(nullptr);
@@ -368,7 +380,10 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
                  spec);
   if (const std::string summary = strategy->Summary(); !summary.empty()) LogInfo("{}", summary);
   const std::string final_dir = ck_dir + "/checkpoint";
-  if (run.site == 0) ATOLL_RETURN_IF_ERROR(SaveCheckpoint(run, final_dir, tc.steps));
+  if (run.site == 0) {
+    ATOLL_RETURN_IF_ERROR(check_at_rest());
+    ATOLL_RETURN_IF_ERROR(SaveCheckpoint(run, final_dir, tc.steps));
+  }
   return final_dir;
 }
 

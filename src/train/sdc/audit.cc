@@ -134,6 +134,13 @@ bool IsComputeAlarm(const std::string& json) {
 }
 }  // namespace
 
+bool OnlyRepaired(const std::vector<std::string>& events) {
+  return std::all_of(events.begin(), events.end(), [](const std::string& e) {
+    const auto j = nlohmann::json::parse(e);
+    return j.value("detector", "") == "memory" && j.value("verdict", "") == "repaired";
+  });
+}
+
 bool HasComputeAlarm(const std::vector<std::string>& events) {
   return std::any_of(events.begin(), events.end(), IsComputeAlarm);
 }

@@ -99,6 +99,9 @@ StatusOr<int64_t> CountOnSite(Communicator* site_world, bool mine);
 // Whether a step's events include one of the step guard's or the GEMM checksums' (what a replay
 // is for; a fingerprint mismatch is state at rest, which a replay reproduces).
 bool HasComputeAlarm(const std::vector<std::string>& events);
+// Whether every one of them is a memory check's that was repaired (the run is as if clean: not a
+// reason for sdc.on_alarm = stop to end it).
+bool OnlyRepaired(const std::vector<std::string>& events);
 // Whether every one of them is the guard's.
 bool OnlyGuardEvents(const std::vector<std::string>& events);
 

@@ -353,6 +353,7 @@ StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o) {
   result.ranks = RanksOf(base);
   result.dp = base.parallel.dp;
   result.zero = base.parallel.zero && base.parallel.dp > 1;
+  result.memory = base.sdc.memory;
   const ParallelConfig& pc = base.parallel;
   result.layout = result.ranks == 1 ? std::string("one process")
                                     : fmt::format("dp {} x tp {} x pp {}{}", pc.dp, pc.tp, pc.pp,

@@ -99,6 +99,7 @@ struct CampaignResult {
   int ranks = 1;
   int64_t dp = 1;  // data-parallel replicas (fingerprints need 2)
   bool zero = false;
+  bool memory = true;  // sdc.memory
   std::string layout;  // "dp 2", "one process", ...
 };
 

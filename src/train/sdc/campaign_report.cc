@@ -142,9 +142,9 @@ std::string CampaignTables(const CampaignResult& r) {
                      Frac(all.localized, all.detected));
   int64_t at_rest_memory = 0;
   for (const Outcome& o : r.outcomes) at_rest_memory += o.fired && !IsTransient(o) && o.memory;
-  out += fmt::format(
-      "| 100% of parameter and moment flips caught by the memory checks | {} |\n",
-      Frac(at_rest_memory, TallyOf(r, [](const Outcome& o) { return !IsTransient(o); }).n));
+  const Tally at_rest_all = TallyOf(r, [](const Outcome& o) { return !IsTransient(o); });
+  out += fmt::format("| 100% of parameter and moment flips caught by the memory checks | {} |\n",
+                     r.memory ? Frac(at_rest_memory, at_rest_all.n) : std::string("- (off)"));
   out += fmt::format("| 100% of parameter and moment flips caught by fingerprints | {} |\n",
                      r.dp > 1 ? Frac(at_rest_fp, at_rest.n) : std::string("- (dp 1: no replicas)"));
   out += fmt::format(

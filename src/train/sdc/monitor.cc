@@ -7,6 +7,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "core/log.h"
 #include "train/sdc/checksum.h"
 #include "train/sdc/fingerprint.h"
 
@@ -170,6 +171,11 @@ Status SdcMonitor::CheckAtRest(float* params, size_t n, float* m, float* v, size
     const bool repaired = source >= 0 && (!zero_ || what.rfind("params:", 0) == 0);
     e.verdict = repaired ? "repaired" : "not repaired";
     e.source = repaired ? source : -1;
+    LogWarning(
+        "silent data corruption: rank {} of site {}: {} changed at rest since the last "
+        "step; {}",
+        rank_, site_, what,
+        repaired ? fmt::format("repaired from rank {}", source) : "not repaired");
     at_rest_.push_back(e);
   }
   return Status::Ok();

@@ -167,7 +167,7 @@ TEST_F(SdcTrainTest, MemoryChecksFindAndRepairStateFlippedAtRest) {
     const std::string dir = root_ + (zero ? "/flipped-zero" : "/flipped");
     ASSERT_TRUE(RunRanks(c, 2, dir));
     const auto events = Events(dir);
-    ASSERT_EQ(events.size(), 2u) << events[0].dump();
+    ASSERT_EQ(events.size(), 2u) << nlohmann::json(events).dump();
     EXPECT_EQ(events[0]["step"], 6);
     EXPECT_EQ(events[0]["detector"], "memory");
     EXPECT_EQ(events[0]["rank"], 1);
@@ -186,13 +186,26 @@ TEST_F(SdcTrainTest, MemoryChecksFindAndRepairStateFlippedAtRest) {
                 Bytes(clean + "/checkpoint/optimizer.safetensors"));
     }
   }
+  // A repaired flip does not stop a run with on_alarm = stop (it is as if it never happened).
+  RunConfig stop = cfg_;
+  stop.parallel.dp = 2;
+  stop.train.threads = 1;
+  stop.sdc.on_alarm = "stop";
+  stop.faults.inject = "param:step=4,rank=1,elem=9,bit=30";
+  ASSERT_TRUE(RunRanks(stop, 2, root_ + "/stop"));
+  EXPECT_EQ(Events(root_ + "/stop").size(), 1u);
+  // Alone: named, not repaired; the state is sealed before the first step too.
   RunConfig one = cfg_;
-  one.faults.inject = "param:step=6,elem=40,bit=1";
+  one.faults.inject = "param:step=1,elem=3,bit=5;param:step=6,elem=40,bit=1";
   const auto events = Events(Run(one, "one"));
-  ASSERT_EQ(events.size(), 1u);
-  EXPECT_EQ(events[0]["detector"], "memory");
-  EXPECT_EQ(events[0]["verdict"], "not repaired");
-  EXPECT_EQ(events[0]["what"], "params:wte.weight");
+  ASSERT_EQ(events.size(), 2u) << nlohmann::json(events).dump();
+  EXPECT_EQ(events[0]["step"], 1);
+  EXPECT_EQ(events[1]["step"], 6);
+  for (const auto& e : events) {
+    EXPECT_EQ(e["detector"], "memory");
+    EXPECT_EQ(e["verdict"], "not repaired");
+    EXPECT_EQ(e["what"], "params:wte.weight");
+  }
 }
 
 }  // namespace
