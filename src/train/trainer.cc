@@ -331,8 +331,13 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       return Diverged(m);
     }
     if (run.sdc != nullptr) ATOLL_RETURN_IF_ERROR(CheckStep(run, s, &m));
-    // A fingerprint mismatch alone is state at rest: a replay would reproduce it.
-    const bool alarm = !Finite(m) || (HasComputeAlarm(m.sdc) && cfg.sdc.on_alarm == "redo");
+    // A fingerprint mismatch is replayed only when the memory checks passed at the step's start
+    // (they repair what they find): the replicas then held the same bits before the step, and
+    // one of them computed it differently. Without them it may be state at rest, which a replay
+    // would reproduce.
+    const bool replicas_apart = cfg.sdc.memory && HasEvent(m.sdc, "fingerprint");
+    const bool alarm =
+        !Finite(m) || ((HasComputeAlarm(m.sdc) || replicas_apart) && cfg.sdc.on_alarm == "redo");
     const bool audit = cfg.sdc.audit_every > 0 && (s + 1) % cfg.sdc.audit_every == 0;
     if (replays && (alarm || audit)) {
       Status r = ReplayStep(run, *strategy, s, objective, local_losses, snapshot, &m);

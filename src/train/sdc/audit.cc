@@ -134,6 +134,11 @@ bool IsComputeAlarm(const std::string& json) {
 }
 }  // namespace
 
+bool HasEvent(const std::vector<std::string>& events, std::string_view detector) {
+  return std::any_of(events.begin(), events.end(),
+                     [&](const std::string& e) { return DetectorOf(e) == detector; });
+}
+
 bool OnlyRepaired(const std::vector<std::string>& events) {
   return std::all_of(events.begin(), events.end(), [](const std::string& e) {
     const auto j = nlohmann::json::parse(e);

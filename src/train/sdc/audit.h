@@ -30,7 +30,9 @@
 //
 // Not caught by a replay: corruption of state at rest before the snapshot (a parameter or a
 // moment flipped in memory between steps). The replay starts from the same corrupt state and
-// reproduces it; replica fingerprints (train/sdc/fingerprint.h) are what see those.
+// reproduces it; the memory checks (train/sdc/memory.h) find and repair those before the step,
+// and replica fingerprints see them after it. With the memory checks on, a fingerprint mismatch
+// after a step is replayed too: the replicas held the same bits when it started.
 //
 // Thread-safety: a StepTrace and a StepSnapshot belong to their rank's training thread.
 #pragma once
@@ -38,6 +40,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -99,6 +102,8 @@ StatusOr<int64_t> CountOnSite(Communicator* site_world, bool mine);
 // Whether a step's events include one of the step guard's or the GEMM checksums' (what a replay
 // is for; a fingerprint mismatch is state at rest, which a replay reproduces).
 bool HasComputeAlarm(const std::vector<std::string>& events);
+// Whether one of them is the detector's ("fingerprint", ...).
+bool HasEvent(const std::vector<std::string>& events, std::string_view detector);
 // Whether every one of them is a memory check's that was repaired (the run is as if clean: not a
 // reason for sdc.on_alarm = stop to end it).
 bool OnlyRepaired(const std::vector<std::string>& events);

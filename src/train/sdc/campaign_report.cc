@@ -146,7 +146,10 @@ std::string CampaignTables(const CampaignResult& r) {
   out += fmt::format("| 100% of parameter and moment flips caught by the memory checks | {} |\n",
                      r.memory ? Frac(at_rest_memory, at_rest_all.n) : std::string("- (off)"));
   out += fmt::format("| 100% of parameter and moment flips caught by fingerprints | {} |\n",
-                     r.dp > 1 ? Frac(at_rest_fp, at_rest.n) : std::string("- (dp 1: no replicas)"));
+                     r.dp <= 1  ? std::string("- (dp 1: no replicas)")
+                     : r.memory ? fmt::format("- (the memory checks repaired them first; {})",
+                                              Frac(at_rest_fp, at_rest.n))
+                                : Frac(at_rest_fp, at_rest.n));
   out += fmt::format(
       "| 0 false positives in clean steps | {} steps with corruption found (fingerprint, checksum "
       "or a replay's transient verdict) in {} clean steps; {} steps with a guard alarm, {} of them "

@@ -1,5 +1,6 @@
 #include "train/sdc/fingerprint.h"
 
+#include <algorithm>
 #include <map>
 
 #include "core/hash.h"
@@ -13,9 +14,29 @@ std::string ShortTensorName(const std::string& name) {
 
 std::vector<uint64_t> TensorFingerprints(const std::vector<ParamTensor>& layout,
                                          const float* data) {
+  // Pieces of at most kChunk floats, hashed by the threads; a tensor of several pieces gets the
+  // hash of its pieces' hashes (the same value for any thread count).
+  constexpr size_t kChunk = size_t(1) << 20;
+  struct Piece {
+    size_t tensor, offset, numel;
+  };
+  std::vector<Piece> pieces;
+  std::vector<size_t> first(layout.size() + 1, 0);
+  for (size_t t = 0; t < layout.size(); ++t) {
+    first[t] = pieces.size();
+    for (size_t o = 0; o < layout[t].numel || o == 0; o += kChunk)
+      pieces.push_back({t, layout[t].offset + o, std::min(kChunk, layout[t].numel - o)});
+  }
+  first[layout.size()] = pieces.size();
+  std::vector<uint64_t> hashes(pieces.size());
+#pragma omp parallel for schedule(dynamic)
+  for (size_t p = 0; p < pieces.size(); ++p)
+    hashes[p] = Hash64(data + pieces[p].offset, pieces[p].numel * sizeof(float));
   std::vector<uint64_t> out(layout.size());
-  for (size_t t = 0; t < layout.size(); ++t)
-    out[t] = Hash64(data + layout[t].offset, layout[t].numel * sizeof(float));
+  for (size_t t = 0; t < layout.size(); ++t) {
+    const size_t n = first[t + 1] - first[t];
+    out[t] = n == 1 ? hashes[first[t]] : Hash64(hashes.data() + first[t], n * sizeof(uint64_t));
+  }
   return out;
 }
 

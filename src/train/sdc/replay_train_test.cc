@@ -3,7 +3,8 @@
 // one, each located to its micro-batch, block and op; sdc.audit_every replays clean steps
 // (reproduced) and finds a flip too small for any detector; a data-parallel replica's fault is
 // located on that replica, not on the replicas that received it through the reduction; state at
-// rest (a fingerprint mismatch) is not replayed; a rank that corrupts every run stops the run.
+// rest (a fingerprint mismatch without memory checks) is not replayed, a replica that computed a
+// step differently is; a rank that corrupts every run stops the run; GEMM checksums.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -143,9 +144,12 @@ TEST_F(ReplayTrainTest, AReplicasFaultIsLocatedOnThatReplica) {
   }
 }
 
-// A replica's parameter flipped in memory between steps (state at rest) is the fingerprints' to
-// see; a replay would start from the same corrupt state, so redo does not replay for it (not at
-// that step, and not at every step after it while the replicas stay apart).
+// Without memory checks, a replica's parameter flipped in memory between steps (state at rest)
+// is the fingerprints' to see; a replay would start from the same corrupt state, so redo does not
+// replay for it (not at that step, and not at every step after it while the replicas stay apart).
+// With them (the default), a gradient flipped after the reduction on one replica is: the
+// replicas started the step equal, the mismatch after it is replayed, found on that replica and
+// undone, bitwise.
 TEST_F(ReplayTrainTest, FingerprintMismatchesAreNotReplayed) {
   RunConfig c = cfg_;
   c.parallel.dp = 3;
@@ -163,6 +167,28 @@ TEST_F(ReplayTrainTest, FingerprintMismatchesAreNotReplayed) {
     fingerprint_steps += m["sdc"][0]["detector"] == "fingerprint";
   }
   EXPECT_EQ(fingerprint_steps, 21);  // steps 10..30: replica 1 stays apart
+
+  RunConfig plain = cfg_;
+  plain.parallel.dp = 3;
+  plain.train.batch_size = 6;
+  plain.train.threads = 1;
+  const std::string clean = root_ + "/clean";
+  ASSERT_TRUE(RunRanks(plain, 3, clean));
+  RunConfig g = plain;
+  g.sdc.on_alarm = "redo";
+  g.sdc.guard = false;                                    // the fingerprints alone
+  g.faults.inject = "grad:step=12,rank=2,elem=5,bit=12";  // a small change: no guard would see it
+  const std::string flipped = root_ + "/grad";
+  ASSERT_TRUE(RunRanks(g, 3, flipped));
+  EXPECT_EQ(Final(flipped), Final(clean));
+  const auto replays = Replays(flipped);
+  ASSERT_EQ(replays.size(), 1u);
+  const auto& [step, e] = *replays.begin();
+  EXPECT_EQ(step, 12);
+  EXPECT_EQ(e["verdict"], "transient");
+  EXPECT_EQ(e["rank"], 2);
+  EXPECT_EQ(e["op"], "grad");
+  EXPECT_EQ(e["what"], "wte.weight");
 }
 
 // A bad core corrupts the replay as well: the run stops naming the step instead of taking a
