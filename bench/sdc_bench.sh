@@ -7,16 +7,13 @@
 #        CLEAN_STEPS (a clean run for false positives in the "checksums" campaign, 10000),
 #        CAMPAIGNS (default "guard:1 checksums:1:sdc.checksums=true dp2:2:sdc.checksums=true":
 #        NAME:DP[:SET,SET...], the detectors under test and the data-parallel ranks, run as
-#        threads), COST_STEPS (12), COST_REPEAT (2), ATOLL (build/release/atoll), SKIP_COST=1,
-#        SKIP_CAMPAIGN=1.
+#        threads), COST_STEPS (12), ATOLL (build/release/atoll), SKIP_COST=1, SKIP_CAMPAIGN=1.
 # Each campaign is `atoll sdc-campaign` on configs/tiny.toml (sdc.on_alarm = redo: alarmed steps
-# are replayed, localized and undone; guard, fingerprints and memory checks on, as by default); its tables go
-# to DIR/campaign-NAME/tables.md and are printed. DIR/sdc_bits.svg plots the detection rate
-# against the bit position (bench/plot_sdc.py). The cost runs configs/small.toml for COST_STEPS steps per mode, the modes
-# interleaved COST_REPEAT times, and prints each mode's median step time over steps 3..COST_STEPS
-# (the lowest of its repeats) and its ratio to the run with every detector off, measured in the
-# same invocation: one process for the guard and the replay machinery, dp 2 under mpirun (one
-# thread per rank) for the fingerprints.
+# are replayed, localized and undone; guard, fingerprints and memory checks on, as by default);
+# its tables go to DIR/campaign-NAME/tables.md and are printed. DIR/sdc_bits.svg plots the
+# detection rate against the bit position (bench/plot_sdc.py). The cost runs configs/small.toml
+# for COST_STEPS steps with every detector on, in one process and at dp 2, and prints what each
+# detector took per step, timed inside the run, and its share of that run's step time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=""
@@ -32,7 +29,6 @@ STEPS=${STEPS:-24}
 CLEAN_STEPS=${CLEAN_STEPS:-10000}
 CAMPAIGNS=${CAMPAIGNS:-"guard:1 checksums:1:sdc.checksums=true dp2:2:sdc.checksums=true"}
 COST_STEPS=${COST_STEPS:-12}
-COST_REPEAT=${COST_REPEAT:-2}
 ATOLL=${ATOLL:-build/release/atoll}
 OUT=${OUT:-$(mktemp -d /tmp/sdc_bench.XXXXXX)}
 mkdir -p "$OUT"
@@ -69,12 +65,10 @@ if [[ -z ${SKIP_CAMPAIGN:-} ]]; then
 fi
 
 [[ -n ${SKIP_COST:-} ]] && exit 0
-median_ms() {
-  sed -E 's/.*"step_ms":([^,}]*).*/\1/' "$1" | tail -n +3 | sort -g |
-    awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
-# mode NAME DP SETS...: one run of configs/small.toml; prints its median step time.
-mode() {
+# The cost, measured inside each run: every detector times itself (the "sdc cost per step" line
+# that `atoll train` logs at the end), as a share of that run's own step time. Ratios within one
+# run do not move with the load on a shared machine, unlike two runs' step times.
+cost_run() {  # NAME DP SETS...
   local name=$1 dp=$2
   shift 2
   local dir="$OUT/cost-$name" sets=()
@@ -83,42 +77,16 @@ mode() {
     --set train.eval_every=0 --set parallel.dp="$dp" "${sets[@]}" -q --out "$dir")
   if ((dp == 1)); then "${cmd[@]}" >/dev/null 2>"$dir.err"
   else mpirun -n "$dp" --bind-to none -x OMP_NUM_THREADS=1 "${cmd[@]}" >/dev/null 2>"$dir.err"; fi
-  median_ms "$dir/metrics.jsonl"
+  grep -m1 "sdc cost per step" "$dir.err" | sed 's/.*sdc cost per step: //'
 }
-OFF=(sdc.guard=false sdc.fingerprints=false sdc.memory=false)
-declare -A best
-names=(off guard memory checksums redo audit dp2-off dp2-fingerprints dp2-all)
-for ((r = 0; r < COST_REPEAT; r++)); do
-  for n in "${names[@]}"; do
-    case $n in
-      off) ms=$(mode $n 1 "${OFF[@]}") ;;
-      guard) ms=$(mode $n 1 sdc.guard=true sdc.fingerprints=false sdc.memory=false) ;;
-      memory) ms=$(mode $n 1 sdc.guard=false sdc.fingerprints=false sdc.memory=true) ;;
-      checksums) ms=$(mode $n 1 sdc.guard=false sdc.memory=false sdc.checksums=true) ;;
-      redo) ms=$(mode $n 1 sdc.on_alarm=redo) ;;
-      audit) ms=$(mode $n 1 sdc.on_alarm=redo sdc.audit_every=1) ;;
-      dp2-off) ms=$(mode $n 2 "${OFF[@]}") ;;
-      dp2-fingerprints) ms=$(mode $n 2 sdc.guard=false sdc.memory=false sdc.fingerprints=true) ;;
-      dp2-all) ms=$(mode $n 2 sdc.on_alarm=redo sdc.checksums=true) ;;
-    esac
-    if [[ -z ${best[$n]:-} ]] || awk "BEGIN { exit !($ms < ${best[$n]}) }"; then best[$n]=$ms; fi
-  done
-done
 echo
-echo "## detector cost: configs/small.toml, $COST_STEPS steps, lowest of $COST_REPEAT medians"
+echo "## detector cost: configs/small.toml, $COST_STEPS steps, each detector timed inside the run"
 echo
-echo "| mode | layout | what runs | median step (ms) | vs off |"
-echo "|---|---|---|---|---|"
-row() {  # NAME LAYOUT WHAT BASE
-  printf "| %s | %s | %s | %.0f | %+.1f%% |\n" "$1" "$2" "$3" "${best[$1]}" \
-    "$(awk "BEGIN { print (${best[$1]} / ${best[$4]} - 1) * 100 }")"
-}
-row off "one process" "no detector" off
-row guard "one process" "step guard" off
-row memory "one process" "memory checks (seal and verify parameters and moments)" off
-row checksums "one process" "GEMM column checksums (forward and backward)" off
-row redo "one process" "guard + memory + snapshot + op trace (replays only on alarm)" off
-row audit "one process" "redo + every step replayed (sdc.audit_every = 1)" off
-row dp2-off "dp 2" "no detector" dp2-off
-row dp2-fingerprints "dp 2" "parameter fingerprints every step, moments every 10" dp2-off
-row dp2-all "dp 2" "guard + fingerprints + memory + checksums + snapshot + trace" dp2-off
+echo "| run | detectors on | per step: ms (% of the step time) |"
+echo "|---|---|---|"
+echo "| one process | guard, memory, checksums, redo (snapshot + trace) |" \
+  "$(cost_run all 1 sdc.on_alarm=redo sdc.checksums=true) |"
+echo "| one process | the same + sdc.audit_every = 1 (every step replayed) |" \
+  "$(cost_run audit 1 sdc.on_alarm=redo sdc.checksums=true sdc.audit_every=1) |"
+echo "| dp 2 (mpirun, a thread per rank) | the same as the first + fingerprints, moments every step |" \
+  "$(cost_run dp2 2 sdc.on_alarm=redo sdc.checksums=true sdc.moments_every=1) |"

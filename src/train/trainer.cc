@@ -224,6 +224,21 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
   return Status::Ok();
 }
 
+// What each detector cost on this rank, per step and as a share of the step time, measured in
+// this run (bench/sdc_bench.sh reads the line).
+void LogSdcCost(SdcCost c, double trace_s, double snapshot_s, double replays_s, int64_t replayed,
+                double steps_s, int64_t steps) {
+  c.replay = trace_s + snapshot_s;
+  const double per = 1e3 / double(steps);
+  auto part = [&](const char* name, double s) {
+    return fmt::format("{} {:.2f} ms ({:.2f}%)", name, s * per, 100 * s / steps_s);
+  };
+  LogInfo("sdc cost per step: {}, {}, {}, {}, {}; {} replay(s) took {:.2f}% of the run",
+          part("guard", c.guard), part("fingerprints", c.fingerprints), part("memory", c.memory),
+          part("checksums", c.checksums), part("snapshot+trace", c.replay), replayed,
+          100 * replays_s / steps_s);
+}
+
 void LogStart(const RunConfig& cfg, const Run& run, int64_t start) {
   const Mesh& me = run.mesh;
   const ParallelConfig& pc = cfg.parallel;
@@ -313,11 +328,16 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   // Audit replays (sdc.on_alarm = redo, sdc.audit_every): the state each step starts from.
   const bool replays = run.trace != nullptr;
   StepSnapshot snapshot;
+  // What the detectors cost in this run (LogSdcCost): the steps' time, the snapshots', and the
+  // replays' (re-executions of alarmed or audited steps).
+  double steps_s = 0, snapshot_s = 0, replays_s = 0;
+  int64_t replayed = 0;
   for (int64_t s = start; s < tc.steps; ++s) {
     const double t0 = NowSeconds();
     InjectBufferFaults(run, FaultKind::kParam, s);
     ATOLL_RETURN_IF_ERROR(check_at_rest());
     if (replays) {
+      const SdcTimer timer(&snapshot_s);
       snapshot.Take(run.model->params(), n_params, *run.optimizer);
       if (run.sdc != nullptr) run.sdc->SaveState();
     }
@@ -340,7 +360,10 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
         !Finite(m) || ((HasComputeAlarm(m.sdc) || replicas_apart) && cfg.sdc.on_alarm == "redo");
     const bool audit = cfg.sdc.audit_every > 0 && (s + 1) % cfg.sdc.audit_every == 0;
     if (replays && (alarm || audit)) {
+      const double r0 = NowSeconds();
       Status r = ReplayStep(run, *strategy, s, objective, local_losses, snapshot, &m);
+      replays_s += NowSeconds() - r0;
+      ++replayed;
       if (!r.ok()) {
         if (leader) progress.Finish();
         return r;
@@ -350,6 +373,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     ATOLL_RETURN_IF_ERROR(strategy->AfterStep(s + 1, run.model->params(), last));
     seal_at_rest();  // after the strategy's exchanges, which may move the parameters
     const double dt = NowSeconds() - t0;
+    steps_s += dt;
     tokens += uint64_t(tc.batch_size) * uint64_t(seq);
     m.tokens = tokens;
     m.step_ms = dt * 1e3;
@@ -379,6 +403,9 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     LogInfo("data parallel: {:.2f} ms per step waiting for gradient reductions after backward",
             run.comm_wait_s * 1e3 / double(tc.steps - start));
   if (leader && options.progress) progress.Finish();
+  if (leader && run.sdc != nullptr && tc.steps > start)
+    LogSdcCost(run.sdc->cost(), run.trace != nullptr ? run.trace->seconds() : 0.0, snapshot_s,
+               replays_s, replayed, steps_s, tc.steps - start);
   if (run.faults != nullptr)
     for (const std::string& spec : run.faults->Unfired(start))
       LogWarning("fault {} never fired (this rank computed no such step, layer or micro-batch)",

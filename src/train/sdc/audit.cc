@@ -26,10 +26,12 @@ void StepTrace::SetLosses(const std::vector<double>& losses, int64_t first_micro
 }
 
 void StepTrace::OnOp(FaultKind kind, int layer, int gemm, const float* out, size_t n) {
+  const SdcTimer timer(&seconds_);
   ops_.push_back({micro_, kind, layer, gemm, Hash64(out, n * sizeof(float))});
 }
 
 void StepTrace::SetGrads(const std::vector<ParamTensor>& layout, const float* grads, size_t n) {
+  const SdcTimer timer(&seconds_);
   if (layout.empty())
     grads_ = {Hash64(grads, n * sizeof(float))};
   else

@@ -75,9 +75,12 @@ class StepTrace {
   const std::vector<uint64_t>& grads() const { return grads_; }
   const std::vector<double>& losses() const { return losses_; }
   int64_t first_micro() const { return first_micro_; }
+  // Seconds spent hashing so far (not reset by Clear).
+  double seconds() const { return seconds_; }
 
  private:
   int64_t micro_ = -1, first_micro_ = 0;
+  double seconds_ = 0;
   std::vector<Op> ops_;
   std::vector<uint64_t> grads_;
   std::vector<double> losses_;

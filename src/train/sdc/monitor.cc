@@ -99,6 +99,7 @@ SdcMonitor::SdcMonitor(SdcOptions o, std::vector<ParamTensor> layout, size_t mom
 
 Status SdcMonitor::Compare(int64_t s, const char* what, const float* data,
                            std::vector<SdcEvent>* out) {
+  const SdcTimer timer(&cost_.fingerprints);
   ATOLL_ASSIGN_OR_RETURN(auto mismatches,
                          CompareFingerprints(*dp_, TensorFingerprints(layout_, data)));
   for (const FingerprintMismatch& mm : mismatches) {
@@ -117,6 +118,7 @@ Status SdcMonitor::Compare(int64_t s, const char* what, const float* data,
 
 void SdcMonitor::OnActivation(int layer, const float* out, size_t n) {
   if (!o_.guard) return;
+  const SdcTimer timer(&cost_.guard);
   if (act_max_.size() <= size_t(layer)) act_max_.resize(size_t(layer) + 1, 0.0);
   float mx = 0;
   bool finite = true;
@@ -132,6 +134,7 @@ void SdcMonitor::OnActivation(int layer, const float* out, size_t n) {
 void SdcMonitor::OnGemm(FaultKind kind, int layer, int gemm, const float* c, const float* a,
                         const float* w, const float* bias, int rows, int inner, int cols) {
   if (!o_.checksums || a == nullptr || w == nullptr) return;
+  const SdcTimer timer(&cost_.checksums);
   const ChecksumMismatch mm =
       CheckGemmColumns(c, a, w, bias, rows, inner, cols, kind == FaultKind::kGemmBackward);
   if (mm.column < 0) return;
@@ -151,6 +154,7 @@ void SdcMonitor::OnGemm(FaultKind kind, int layer, int gemm, const float* c, con
 
 Status SdcMonitor::CheckAtRest(float* params, size_t n, float* m, float* v, size_t k) {
   if (!o_.memory) return Status::Ok();
+  const SdcTimer timer(&cost_.memory);
   const std::vector<std::string> changed = seal_.Verify(params, m, v);
   int source = -1;
   if (dp_ != nullptr && dp_->size() > 1) {
@@ -182,7 +186,10 @@ Status SdcMonitor::CheckAtRest(float* params, size_t n, float* m, float* v, size
 }
 
 Status SdcMonitor::BeforeUpdate(int64_t s, const float* params, size_t n) {
-  if (o_.guard) before_.assign(params, params + n);
+  if (o_.guard) {
+    const SdcTimer timer(&cost_.guard);
+    before_.assign(params, params + n);
+  }
   pending_.clear();
   if (zero_ && fingerprints()) return Compare(s, "params", params, &pending_);
   return Status::Ok();
@@ -198,6 +205,7 @@ StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, do
   }
   at_rest_.clear();
   if (o_.guard) {
+    const SdcTimer timer(&cost_.guard);
     std::vector<StepGuard::Signal> signals = {{"loss", loss}, {"grad_norm", grad_norm}};
     if (!before_.empty() && lr > 0) {  // lr 0 (min_lr = 0 at the end) moves nothing
       // Each tensor's sum in order on one thread (the same bits for any thread count).

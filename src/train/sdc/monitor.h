@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "model/config.h"
 #include "train/sdc/faults.h"
@@ -64,6 +65,25 @@ struct SdcEvent {
   std::string run;    // transient: the run that was corrupted ("first" or "replay")
   std::string ToJson() const;
   std::string ToString() const;
+};
+
+// Adds the seconds between its construction and its end to *acc.
+class SdcTimer {
+ public:
+  explicit SdcTimer(double* acc) : acc_(acc), t0_(NowSeconds()) {}
+  ~SdcTimer() { *acc_ += NowSeconds() - t0_; }
+  SdcTimer(const SdcTimer&) = delete;
+  SdcTimer& operator=(const SdcTimer&) = delete;
+
+ private:
+  double* acc_;
+  double t0_;
+};
+
+// Seconds each detector has taken on this rank so far (what it costs, measured in the run).
+struct SdcCost {
+  double guard = 0, fingerprints = 0, memory = 0, checksums = 0;
+  double replay = 0;  // audit replay bookkeeping: the snapshot and the op trace (not the replays)
 };
 
 struct SdcOptions {
@@ -102,8 +122,11 @@ class SdcMonitor {
   // group when dp > 1). n: the parameters' length, k: the moments'.
   Status CheckAtRest(float* params, size_t n, float* m, float* v, size_t k);
   void SealAtRest(const float* params, const float* m, const float* v) {
-    if (o_.memory) seal_.Seal(params, m, v);
+    if (!o_.memory) return;
+    const SdcTimer timer(&cost_.memory);
+    seal_.Seal(params, m, v);
   }
+  const SdcCost& cost() const { return cost_; }
   // Before step s's optimizer update: keeps the parameters to measure the update by (guard) and,
   // with ZeRO, compares the replicas' parameters (collective over the dp group).
   Status BeforeUpdate(int64_t s, const float* params, size_t n);
@@ -140,6 +163,7 @@ class SdcMonitor {
   int64_t micro_ = -1;
   SdcEvent checksum_;  // the step's first failing GEMM (count 0: none)
   RestSeal seal_;
+  SdcCost cost_;
   std::vector<SdcEvent> at_rest_;  // found by CheckAtRest, reported by AfterStep
 };
 
