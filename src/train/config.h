@@ -121,7 +121,7 @@ struct FaultsConfig {
 struct SdcConfig {
   bool guard = true;           // robust outlier checks on loss, norms, updates, activations
   bool fingerprints = true;    // compare data-parallel replicas' parameter hashes every step
-  int64_t moments_every = 10;  // ... and their AdamW moments every N steps (0: never)
+  int64_t moments_every = 1;   // ... and their AdamW moments every N steps (0: never)
   bool checksums = false;      // GEMM column checksums (train/sdc/checksum.h)
   bool memory = true;          // seal parameters and moments after each update (train/sdc/memory.h)
   double guard_threshold = 10;  // an outlier is this many robust deviations off the median

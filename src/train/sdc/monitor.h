@@ -91,7 +91,7 @@ struct SdcOptions {
   bool fingerprints = true;
   bool checksums = false;
   bool memory = true;
-  int64_t moments_every = 10;
+  int64_t moments_every = 1;
   StepGuard::Options guard_options;
 };
 
