@@ -27,14 +27,8 @@
 # About an hour on the 2-vCPU VM (each row one run, ~3 minutes; H=1 runs ~2x longer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=""
-while (($#)); do
-  case $1 in
-    --out) OUT=$2; shift 2 ;;
-    -h|--help) source "$(dirname "$0")/world_lib.sh"; bench_help "$0"; exit 0 ;;
-    *) echo "diloco_gap: unknown argument $1 (see --help)" >&2; exit 2 ;;
-  esac
-done
+source bench/bench_lib.sh
+bench_args "$0" "$@"
 STEPS=${STEPS:-300}
 ATOLL=${ATOLL:-build/release/atoll}
 ROWS=${ROWS:-sync alone h1 h1x2 h1_lr h100 h100avg h100avg_lr h100_tuned sync_lr_low sync_lr_high

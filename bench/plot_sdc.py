@@ -8,7 +8,7 @@ import csv
 import sys
 
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
-W, H, L, R, T, B = 720, 360, 60, 150, 30, 50
+W, H, L, R, T, B = 820, 360, 60, 250, 30, 50
 
 
 def main():

@@ -16,14 +16,8 @@
 # detector took per step, timed inside the run, and its share of that run's step time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=""
-while (($#)); do
-  case $1 in
-    --out) OUT=$2; shift 2 ;;
-    -h|--help) source "$(dirname "$0")/world_lib.sh"; bench_help "$0"; exit 0 ;;
-    *) echo "sdc_bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
-  esac
-done
+source bench/bench_lib.sh
+bench_args "$0" "$@"
 INJECTIONS=${INJECTIONS:-192}
 STEPS=${STEPS:-24}
 CLEAN_STEPS=${CLEAN_STEPS:-10000}
@@ -32,8 +26,6 @@ COST_STEPS=${COST_STEPS:-12}
 ATOLL=${ATOLL:-build/release/atoll}
 OUT=${OUT:-$(mktemp -d /tmp/sdc_bench.XXXXXX)}
 mkdir -p "$OUT"
-export OMP_WAIT_POLICY=passive OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1
 [[ -x $ATOLL ]] || { echo "sdc_bench: $ATOLL not built (scripts/build.sh)" >&2; exit 2; }
 [[ -f .cache/data/sotu/train.bin ]] || { echo "sdc_bench: run scripts/demo.sh first (data)" >&2; exit 2; }
 echo "# sdc_bench $(date -u +%F) on $(nproc) CPUs; results in $OUT"

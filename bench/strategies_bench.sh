@@ -23,14 +23,8 @@
 # DIR/strategies.svg (validation loss against cumulative WAN bytes; bench/plot_strategies.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=""
-while (($#)); do
-  case $1 in
-    --out) OUT=$2; shift 2 ;;
-    -h|--help) source "$(dirname "$0")/world_lib.sh"; bench_help "$0"; exit 0 ;;
-    *) echo "strategies_bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
-  esac
-done
+source bench/bench_lib.sh
+bench_args "$0" "$@"
 STEPS=${STEPS:-300}
 SYNC_STEPS=${SYNC_STEPS:-8}
 SITES=${SITES:-4}

@@ -1,13 +1,6 @@
 # Shared by the world benches (strategies_bench.sh, diloco_gap.sh); source it after setting
 # ATOLL (the atoll binary), T (the scratch directory) and BENCH (the name for messages).
-grep -qw avx512f /proc/cpuinfo && export OPENBLAS_CORETYPE=SkylakeX
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-
-# bench_help FILE: the comment block at the top of FILE, without the leading "# ".
-bench_help() {
-  awk 'NR > 1 && !/^#/ { exit } NR > 1' "$1" | sed 's/^# \{0,1\}//'
-}
+source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
 
 # world_run NAME ARGS...: `atoll launch` of configs/small.toml (one rank per site, global batch
 # of 16, no jitter, --insecure, quiet) with ARGS into $T/NAME; output in $T/NAME.out/.err.
