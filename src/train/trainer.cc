@@ -175,9 +175,10 @@ Status Diverged(const StepMetrics& m) {
 // the pre-step snapshot and computes the step again; when some rank's two runs differ, a third
 // run decides which one was corrupted. Keeps the result two runs agree on. m: the first run's
 // metrics (its sdc events), replaced by the kept run's, with the first run's events and the
-// verdict in front.
+// verdict in front. agreed: whether the kept run's replicas agree (no fingerprint mismatch).
 Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objective,
-                  std::vector<double>& local_losses, const StepSnapshot& snapshot, StepMetrics* m) {
+                  std::vector<double>& local_losses, const StepSnapshot& snapshot, StepMetrics* m,
+                  bool* agreed) {
   Communicator* site = run.mesh.world();
   const std::vector<ParamTensor> none;
   const std::vector<ParamTensor>& layout = Zero(run) ? none : run.model->layout();
@@ -214,8 +215,9 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
   if (run.sdc != nullptr) {
     ATOLL_RETURN_IF_ERROR(CheckStep(run, s, &kept));
     // Two runs agree on what the guard flags: a genuine spike, part of the run from now on.
-    if (!kept.sdc.empty() && OnlyGuardEvents(kept.sdc)) run.sdc->AcceptFlagged();
+    if (HasEvent(kept.sdc, "guard") && !HasEvent(kept.sdc, "checksum")) run.sdc->AcceptFlagged();
   }
+  *agreed = !HasEvent(kept.sdc, "fingerprint");
   std::vector<std::string> events = std::move(m->sdc);
   events.insert(events.end(), verdict.begin(), verdict.end());
   events.insert(events.end(), kept.sdc.begin(), kept.sdc.end());
@@ -331,6 +333,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   // What the detectors cost in this run (LogSdcCost): the steps' time, the snapshots', and the
   // replays' (re-executions of alarmed or audited steps).
   double steps_s = 0, snapshot_s = 0, replays_s = 0;
+  bool replicas_agreed = true;  // the data-parallel replicas' fingerprints, after the last step
   int64_t replayed = 0;
   for (int64_t s = start; s < tc.steps; ++s) {
     const double t0 = NowSeconds();
@@ -351,23 +354,28 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       return Diverged(m);
     }
     if (run.sdc != nullptr) ATOLL_RETURN_IF_ERROR(CheckStep(run, s, &m));
-    // A fingerprint mismatch is replayed only when the memory checks passed at the step's start
-    // (they repair what they find): the replicas then held the same bits before the step, and
-    // one of them computed it differently. Without them it may be state at rest, which a replay
-    // would reproduce.
-    const bool replicas_apart = cfg.sdc.memory && HasEvent(m.sdc, "fingerprint");
+    // A fingerprint mismatch is replayed only when the replicas held the same bits at the step's
+    // start: they agreed at the end of the last step and the memory checks found nothing they
+    // could not repair since. Then one of them computed this step differently, which a replay
+    // finds and undoes. Otherwise it may be state at rest, which a replay would reproduce every
+    // step. With ZeRO the replicas are compared before the update: nothing a replay could undo.
+    const bool replicas_apart = cfg.sdc.memory && replicas_agreed && !Zero(run) &&
+                                HasEvent(m.sdc, "fingerprint") && !HasUnrepaired(m.sdc);
     const bool alarm =
         !Finite(m) || ((HasComputeAlarm(m.sdc) || replicas_apart) && cfg.sdc.on_alarm == "redo");
     const bool audit = cfg.sdc.audit_every > 0 && (s + 1) % cfg.sdc.audit_every == 0;
     if (replays && (alarm || audit)) {
       const double r0 = NowSeconds();
-      Status r = ReplayStep(run, *strategy, s, objective, local_losses, snapshot, &m);
+      Status r =
+          ReplayStep(run, *strategy, s, objective, local_losses, snapshot, &m, &replicas_agreed);
       replays_s += NowSeconds() - r0;
       ++replayed;
       if (!r.ok()) {
         if (leader) progress.Finish();
         return r;
       }
+    } else {
+      replicas_agreed = !HasEvent(m.sdc, "fingerprint");
     }
     const bool last = s + 1 == tc.steps;
     ATOLL_RETURN_IF_ERROR(strategy->AfterStep(s + 1, run.model->params(), last));

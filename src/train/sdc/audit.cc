@@ -129,7 +129,6 @@ namespace {
 std::string DetectorOf(const std::string& json) {
   return nlohmann::json::parse(json).value("detector", "");
 }
-bool IsGuard(const std::string& json) { return DetectorOf(json) == "guard"; }
 bool IsComputeAlarm(const std::string& json) {
   const std::string d = DetectorOf(json);
   return d == "guard" || d == "checksum";
@@ -141,6 +140,13 @@ bool HasEvent(const std::vector<std::string>& events, std::string_view detector)
                      [&](const std::string& e) { return DetectorOf(e) == detector; });
 }
 
+bool HasUnrepaired(const std::vector<std::string>& events) {
+  return std::any_of(events.begin(), events.end(), [](const std::string& e) {
+    const auto j = nlohmann::json::parse(e);
+    return j.value("detector", "") == "memory" && j.value("verdict", "") != "repaired";
+  });
+}
+
 bool OnlyRepaired(const std::vector<std::string>& events) {
   return std::all_of(events.begin(), events.end(), [](const std::string& e) {
     const auto j = nlohmann::json::parse(e);
@@ -150,10 +156,6 @@ bool OnlyRepaired(const std::vector<std::string>& events) {
 
 bool HasComputeAlarm(const std::vector<std::string>& events) {
   return std::any_of(events.begin(), events.end(), IsComputeAlarm);
-}
-
-bool OnlyGuardEvents(const std::vector<std::string>& events) {
-  return std::all_of(events.begin(), events.end(), IsGuard);
 }
 
 void StepSnapshot::Take(const float* params, size_t n, const AdamW& optimizer) {

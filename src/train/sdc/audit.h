@@ -107,11 +107,11 @@ StatusOr<int64_t> CountOnSite(Communicator* site_world, bool mine);
 bool HasComputeAlarm(const std::vector<std::string>& events);
 // Whether one of them is the detector's ("fingerprint", ...).
 bool HasEvent(const std::vector<std::string>& events, std::string_view detector);
+// Whether a memory check found state it could not repair (ZeRO moment shard, dp 1).
+bool HasUnrepaired(const std::vector<std::string>& events);
 // Whether every one of them is a memory check's that was repaired (the run is as if clean: not a
 // reason for sdc.on_alarm = stop to end it).
 bool OnlyRepaired(const std::vector<std::string>& events);
-// Whether every one of them is the guard's.
-bool OnlyGuardEvents(const std::vector<std::string>& events);
 
 // The replay's verdict for the site, on every rank of `site_world` alike (collective over it):
 // each rank's first difference (`mine`, nothing when its runs matched) as a "replay" event of
