@@ -57,15 +57,21 @@ class TrainerTest : public ::testing::Test {
     omp_set_num_threads(omp_get_num_procs());
   }
 
-  std::string Run(const RunConfig& cfg, const std::string& name,
-                  const Checkpoint* resume = nullptr) {
+  // Trains into root_/name and returns what Train returned (a run that is meant to fail).
+  StatusOr<std::string> TryRun(const RunConfig& cfg, const std::string& name,
+                               const Checkpoint* resume = nullptr) {
     TrainOptions o;
     o.out_dir = root_ + "/" + name;
     o.resume = resume;
     o.progress = false;
-    auto r = Train(cfg, o);
+    return Train(cfg, o);
+  }
+  // Trains into root_/name, expecting success; returns the directory.
+  std::string Run(const RunConfig& cfg, const std::string& name,
+                  const Checkpoint* resume = nullptr) {
+    auto r = TryRun(cfg, name, resume);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return o.out_dir;
+    return root_ + "/" + name;
   }
 
   // Trains on `ranks` in-process ranks into `dir` (emptied first); whether every rank succeeded

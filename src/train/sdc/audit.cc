@@ -129,9 +129,11 @@ namespace {
 std::string DetectorOf(const std::string& json) {
   return nlohmann::json::parse(json).value("detector", "");
 }
-bool IsComputeAlarm(const std::string& json) {
-  const std::string d = DetectorOf(json);
-  return d == "guard" || d == "checksum";
+// A memory check's finding: whether it was repaired (nothing: another detector's event).
+std::optional<bool> MemoryRepaired(const std::string& json) {
+  const auto j = nlohmann::json::parse(json);
+  if (j.value("detector", "") != "memory") return std::nullopt;
+  return j.value("verdict", "") == "repaired";
 }
 }  // namespace
 
@@ -141,21 +143,17 @@ bool HasEvent(const std::vector<std::string>& events, std::string_view detector)
 }
 
 bool HasUnrepaired(const std::vector<std::string>& events) {
-  return std::any_of(events.begin(), events.end(), [](const std::string& e) {
-    const auto j = nlohmann::json::parse(e);
-    return j.value("detector", "") == "memory" && j.value("verdict", "") != "repaired";
-  });
+  return std::any_of(events.begin(), events.end(),
+                     [](const std::string& e) { return MemoryRepaired(e) == false; });
 }
 
 bool OnlyRepaired(const std::vector<std::string>& events) {
-  return std::all_of(events.begin(), events.end(), [](const std::string& e) {
-    const auto j = nlohmann::json::parse(e);
-    return j.value("detector", "") == "memory" && j.value("verdict", "") == "repaired";
-  });
+  return std::all_of(events.begin(), events.end(),
+                     [](const std::string& e) { return MemoryRepaired(e) == true; });
 }
 
 bool HasComputeAlarm(const std::vector<std::string>& events) {
-  return std::any_of(events.begin(), events.end(), IsComputeAlarm);
+  return HasEvent(events, "guard") || HasEvent(events, "checksum");
 }
 
 void StepSnapshot::Take(const float* params, size_t n, const AdamW& optimizer) {

@@ -125,6 +125,11 @@ bool IsCompute(FaultKind k) {
          k == FaultKind::kActivation;
 }
 
+// The buffer a flat-buffer flip struck, as events name it ("params", "moment_m", "moment_v").
+std::string BufferOf(const Outcome& o) {
+  return o.kind == FaultKind::kMoment ? fmt::format("moment_{}", o.moment) : std::string("params");
+}
+
 // Whether event e names the place of the flip o (see campaign.h).
 bool Names(const Event& e, const Outcome& o) {
   const FaultRecord& t = o.truth;
@@ -140,17 +145,13 @@ bool Names(const Event& e, const Outcome& o) {
     return o.kind == FaultKind::kGrad && e.op == "grad" &&
            (o.tensor.empty() || e.what == o.tensor || e.what == "shard");
   }
-  if (e.detector == "memory") {  // found by its owner at the start of the flip's step
-    const std::string buffer =
-        o.kind == FaultKind::kMoment ? fmt::format("moment_{}", o.moment) : std::string("params");
-    return e.step == t.step && (e.what == buffer + ":" + o.tensor || e.what == buffer + ":shard");
-  }
+  if (e.detector == "memory")  // found by its owner at the start of the flip's step
+    return e.step == t.step &&
+           (e.what == BufferOf(o) + ":" + o.tensor || e.what == BufferOf(o) + ":shard");
   if (e.detector == "fingerprint" && !o.tensor.empty()) {
-    const std::string buffer =
-        o.kind == FaultKind::kMoment ? fmt::format("moment_{}", o.moment) : std::string("params");
     // A gradient flip on one replica shows as its parameters after the update.
     if (o.kind == FaultKind::kGrad && e.step != t.step) return false;
-    return e.what == buffer + ":" + o.tensor;
+    return e.what == BufferOf(o) + ":" + o.tensor;
   }
   return false;
 }

@@ -15,13 +15,16 @@ namespace atl {
 
 std::string SdcEvent::ToJson() const {
   nlohmann::ordered_json j;  // the step is the metrics line's
+  // JSON has no inf or nan: a non-finite value is written as its text.
+  const nlohmann::ordered_json value_json = std::isfinite(value)
+                                                ? nlohmann::ordered_json(value)
+                                                : nlohmann::ordered_json(fmt::format("{}", value));
   j["site"] = site;
   j["rank"] = rank;
   j["detector"] = detector;
   j["what"] = what;
   if (detector == "guard") {
-    j["value"] = std::isfinite(value) ? nlohmann::ordered_json(value)
-                                      : nlohmann::ordered_json(fmt::format("{}", value));
+    j["value"] = value_json;
     j["median"] = median;
     j["deviations"] = deviations;
   } else if (detector == "checksum") {
@@ -29,8 +32,7 @@ std::string SdcEvent::ToJson() const {
     j["layer"] = layer;
     j["op"] = op;
     j["count"] = count;
-    j["value"] = std::isfinite(value) ? nlohmann::ordered_json(value)
-                                      : nlohmann::ordered_json(fmt::format("{}", value));
+    j["value"] = value_json;
     j["expected"] = median;
     j["deviations"] = deviations;
   } else if (detector == "memory") {
@@ -156,11 +158,13 @@ Status SdcMonitor::CheckAtRest(float* params, size_t n, float* m, float* v, size
   if (!o_.memory) return Status::Ok();
   const SdcTimer timer(&cost_.memory);
   const std::vector<std::string> changed = seal_.Verify(params, m, v);
+  // Parameters are replicated; moments too, unless ZeRO shards them.
+  auto replicated = [&](const std::string& what) {
+    return !zero_ || what.rfind("params:", 0) == 0;
+  };
   int source = -1;
   if (dp_ != nullptr && dp_->size() > 1) {
-    // Parameters are replicated; moments too, unless ZeRO shards them.
-    bool repairable = false;
-    for (const std::string& what : changed) repairable |= !zero_ || what.rfind("params:", 0) == 0;
+    const bool repairable = std::any_of(changed.begin(), changed.end(), replicated);
     ATOLL_ASSIGN_OR_RETURN(const int root,
                            RepairFromReplica(*dp_, repairable, params, n, m, v, k, !zero_));
     if (root >= 0 && repairable)
@@ -172,7 +176,7 @@ Status SdcMonitor::CheckAtRest(float* params, size_t n, float* m, float* v, size
     e.rank = rank_;
     e.detector = "memory";
     e.what = what;
-    const bool repaired = source >= 0 && (!zero_ || what.rfind("params:", 0) == 0);
+    const bool repaired = source >= 0 && replicated(what);
     e.verdict = repaired ? "repaired" : "not repaired";
     e.source = repaired ? source : -1;
     LogWarning(

@@ -83,7 +83,6 @@ class SdcTimer {
 // Seconds each detector has taken on this rank so far (what it costs, measured in the run).
 struct SdcCost {
   double guard = 0, fingerprints = 0, memory = 0, checksums = 0;
-  double replay = 0;  // audit replay bookkeeping: the snapshot and the op trace (not the replays)
 };
 
 struct SdcOptions {
@@ -104,7 +103,6 @@ class SdcMonitor {
              Communicator* dp_group, std::vector<int> replica_ranks, bool zero);
 
   bool active() const { return o_.guard || o_.checksums || o_.memory || fingerprints(); }
-  bool checksums() const { return o_.checksums; }
   bool fingerprints() const { return o_.fingerprints && dp_ != nullptr && dp_->size() > 1; }
 
   // The model's op hook, activations only (kind 2): the max |x| of each block's output.

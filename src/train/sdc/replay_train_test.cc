@@ -197,14 +197,11 @@ TEST_F(ReplayTrainTest, ARankThatCorruptsTheReplayTooStopsTheRun) {
   RunConfig c = cfg_;
   c.sdc.on_alarm = "redo";
   c.faults.inject = "bad_core:step=12,p=1";
-  TrainOptions o;
-  o.out_dir = root_ + "/bad_core";
-  o.progress = false;
-  auto r = Train(c, o);
+  auto r = TryRun(c, "bad_core");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("keeps computing wrong results"), std::string::npos)
       << r.status().ToString();
-  EXPECT_LT(Metrics(o.out_dir).size(), 30u);
+  EXPECT_LT(Metrics(root_ + "/bad_core").size(), 30u);
 }
 
 }  // namespace

@@ -42,12 +42,10 @@ TEST_F(SdcTrainTest, InjectedFaultsStrikeTheirStepAndAreLogged) {
     SCOPED_TRACE(spec);
     RunConfig c = no_clip;
     c.faults.inject = spec;
-    TrainOptions o;
-    o.out_dir = root_ + "/faulty";
-    o.progress = false;
-    fs::remove_all(o.out_dir);
-    auto r = Train(c, o);
-    const std::vector<std::string> got = LossColumns(o.out_dir);
+    const std::string dir = root_ + "/faulty";
+    fs::remove_all(dir);
+    auto r = TryRun(c, "faulty");
+    const std::vector<std::string> got = LossColumns(dir);
     // The steps before the fault are the clean run's, bit for bit.
     ASSERT_GE(got.size(), 5u);
     for (size_t i = 0; i < 5; ++i) EXPECT_EQ(got[i], base[i]) << "step " << i + 1;
@@ -59,7 +57,7 @@ TEST_F(SdcTrainTest, InjectedFaultsStrikeTheirStepAndAreLogged) {
           << r.status().ToString();
       EXPECT_GE(got.size(), 5u);
     }
-    const std::string log = Bytes(o.out_dir + "/faults.jsonl");
+    const std::string log = Bytes(dir + "/faults.jsonl");
     const auto j = nlohmann::json::parse(log.substr(0, log.find('\n')));
     EXPECT_EQ(j["step"], 6);
     EXPECT_EQ(j["bit"], 30);
@@ -109,15 +107,12 @@ TEST_F(SdcTrainTest, OnAlarmStopEndsTheRunNamingTheStep) {
   c.train.steps = 30;
   c.sdc.on_alarm = "stop";
   c.faults.inject = "grad:step=20,elem=7,bit=30";
-  TrainOptions o;
-  o.out_dir = root_ + "/stop";
-  o.progress = false;
-  auto r = Train(c, o);
+  auto r = TryRun(c, "stop");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("silent data corruption suspected at step 20"),
             std::string::npos)
       << r.status().ToString();
-  EXPECT_EQ(Metrics(o.out_dir).size(), 19u);  // the alarmed step is not reported as done
+  EXPECT_EQ(Metrics(root_ + "/stop").size(), 19u);  // the alarmed step is not reported as done
 }
 
 // Three data-parallel replicas (in-process ranks): a flipped low mantissa bit of one parameter
