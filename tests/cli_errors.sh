@@ -36,9 +36,11 @@ expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set sdc.on_alarm=panic
 expect_err "sdc.on_alarm"
 expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set sdc.audit_every=-1 --out "$T/x"
 expect_err "sdc.audit_every: must be >= 0"
-expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set sdc.on_alarm=redo \
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --inject wan:step=2 --out "$T/x"
+expect_err "a wan fault needs world.sites > 1"
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --inject wan:step=2,site=1,rank=1 \
   --set world.sites=2 --out "$T/x"
-expect_err "replaying a step is not supported with world.strategy = sync"
+expect_err "rank must be 0"
 # The campaign: a bad site, bit or step range.
 expect_exit 2 "$ATOLL" sdc-campaign --config configs/tiny.toml --kinds gemm_fwd,cosmic --out "$T/c"
 expect_err "unknown injection site 'cosmic'"

@@ -220,6 +220,7 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
       };
       WanEndpoint* ep = link.endpoint.get();
       options.world.wan_bytes = [ep] { return ep->stats().bytes_sent; };
+      options.world.payload_fault = [ep](WanPayloadFault f) { ep->SetPayloadFault(std::move(f)); };
       const std::string& strategy = cfg.world.strategy;
       if (strategy == "diloco" || strategy == "streaming") {
         ExchangeOptions eo;

@@ -159,12 +159,6 @@ Status ValidateRunConfig(const RunConfig& c) {
     return bad("sdc.on_alarm", fmt::format("must be warn, stop or redo, got \"{}\"", d.on_alarm));
   if (d.audit_every < 0)
     return bad("sdc.audit_every", fmt::format("must be >= 0, got {}", d.audit_every));
-  // A replay redoes the step's passes on this site's ranks only; with sync across sites the
-  // gradient all-reduce spans the sites, and they would all have to replay together.
-  if ((d.on_alarm == "redo" || d.audit_every > 0) && w.sites > 1 && w.strategy == "sync")
-    return bad(d.on_alarm == "redo" ? "sdc.on_alarm" : "sdc.audit_every",
-               "replaying a step is not supported with world.strategy = sync over several sites "
-               "(the gradient all-reduce spans the sites); use warn or stop, or diloco");
   if (c.faults.seed < 0)
     return bad("faults.seed", fmt::format("must be >= 0, got {}", c.faults.seed));
   ATOLL_ASSIGN_OR_RETURN(const std::vector<FaultSpec> faults, ParseFaults(c.faults.inject));
@@ -174,6 +168,8 @@ Status ValidateRunConfig(const RunConfig& c) {
                         : f.layer >= m.n_layer                              ? "layer"
                         : f.kind != FaultKind::kBadCore && f.step > t.steps ? "step"
                                                                             : nullptr;
+    if (f.kind == FaultKind::kWan && w.sites < 2)
+      return bad("faults.inject", "a wan fault needs world.sites > 1 (a payload between sites)");
     if (where != nullptr)
       return bad("faults.inject",
                  fmt::format("a {} fault's {} is outside the run (world.sites {}, {} ranks per "

@@ -17,6 +17,7 @@
 #include "parallel/grad_norm.h"
 #include "parallel/pipeline.h"
 #include "train/evaluate.h"
+#include "train/strategies/world_strategy.h"
 
 namespace atl {
 
@@ -227,6 +228,8 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
     ATOLL_ASSIGN_OR_RETURN(std::vector<FaultSpec> specs, ParseFaults(cfg.faults.inject));
     auto f = std::make_unique<FaultInjector>(specs, uint64_t(cfg.faults.seed), run.site, me.rank(),
                                              shard.layer_begin, shard.end(cfg.model), log);
+    if (cfg.world.strategy == "sync" && cfg.world.sites > 1)
+      f->set_wan_chunks(SyncWanChunksPerStep(cfg));
     if (!f->empty()) {
       ATOLL_RETURN_IF_ERROR(MakeDirs(out_dir));
       run.faults = std::move(f);

@@ -171,7 +171,8 @@ Status Diverged(const StepMetrics& m) {
                   m.step, m.loss, m.grad_norm));
 }
 
-// The audit replay of step s (train/sdc/audit.h), on every rank of the site alike: rolls back to
+// The audit replay of step s (train/sdc/audit.h), on every rank of the site alike (with sync
+// across sites: of every site, which decide together through the strategy): rolls back to
 // the pre-step snapshot and computes the step again; when some rank's two runs differ, a third
 // run decides which one was corrupted. Keeps the result two runs agree on. m: the first run's
 // metrics (its sdc events), replaced by the kept run's, with the first run's events and the
@@ -188,11 +189,16 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
     out->step = m->step;
     return ComputeStep(run, strategy, s, objective, local_losses, out);
   };
+  // How many ranks say yes: of the site, or of the world when the sites replay together.
+  auto count = [&](bool mine) -> StatusOr<int64_t> {
+    ATOLL_ASSIGN_OR_RETURN(const int64_t n, CountOnSite(site, mine));
+    return strategy.SumOverSites(n);
+  };
   const StepTrace first = *run.trace;
   StepMetrics kept;
   ATOLL_RETURN_IF_ERROR(compute(&kept));
   auto diff = FirstDifference(first, *run.trace, layout);
-  ATOLL_ASSIGN_OR_RETURN(const int64_t differing, CountOnSite(site, diff.has_value()));
+  ATOLL_ASSIGN_OR_RETURN(const int64_t differing, count(diff.has_value()));
   if (differing > 0) {
     const StepTrace replay = *run.trace;
     kept = StepMetrics();
@@ -200,14 +206,16 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
     const bool first_bad = diff && !FirstDifference(replay, *run.trace, layout);
     const bool replay_bad = diff && !FirstDifference(first, *run.trace, layout);
     if (diff) diff->run = first_bad ? "first" : "replay";
-    ATOLL_ASSIGN_OR_RETURN(const int64_t split,
-                           CountOnSite(site, diff && !first_bad && !replay_bad));
+    ATOLL_ASSIGN_OR_RETURN(const int64_t split, count(diff && !first_bad && !replay_bad));
     if (split > 0)
       return Status::Internal(fmt::format(
-          "step {}: three runs of the step gave three different results on {} rank(s) of site "
-          "{}: a rank that keeps computing wrong results; stopping (leaving a faulty rank out is "
-          "not supported yet)",
-          s + 1, split, run.site));
+          "step {}: three runs of the step gave three different results on {} rank(s){}: a rank "
+          "that keeps computing wrong results; stopping (leaving a faulty rank out is not "
+          "supported yet)",
+          s + 1, split,
+          diff && !first_bad && !replay_bad
+              ? fmt::format(", this one (rank {} of site {}) among them", run.mesh.rank(), run.site)
+              : ""));
   }
   ATOLL_ASSIGN_OR_RETURN(std::vector<std::string> verdict,
                          ShareReplays(site, run.site, run.mesh.rank(), s, diff));
@@ -224,6 +232,34 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
   kept.sdc = std::move(events);
   *m = std::move(kept);
   return Status::Ok();
+}
+
+// Installs the rank's wan faults in the WAN transport (world/wan.h WanPayloadFault) for as long
+// as it lives.
+class PayloadFaultScope {
+ public:
+  PayloadFaultScope() = default;
+  explicit PayloadFaultScope(std::function<void(WanPayloadFault)> set) : set_(std::move(set)) {}
+  PayloadFaultScope(PayloadFaultScope&& o) noexcept : set_(std::move(o.set_)) { o.set_ = nullptr; }
+  PayloadFaultScope& operator=(PayloadFaultScope&&) = delete;
+  ~PayloadFaultScope() {
+    if (set_) set_(nullptr);
+  }
+
+ private:
+  std::function<void(WanPayloadFault)> set_;
+};
+
+StatusOr<PayloadFaultScope> InstallPayloadFault(Run& run, const TrainOptions& options) {
+  FaultInjector* f = run.faults.get();
+  if (f == nullptr || !f->has_wan()) return PayloadFaultScope();
+  if (!options.world.payload_fault)
+    return Status::InvalidArgument(
+        "faults.inject: a wan fault needs the WAN transport between the sites (atoll launch); "
+        "this run's WAN has no payload to corrupt");
+  options.world.payload_fault(
+      [f](int to_site, uint32_t, std::string* payload) { f->OnWanPayload(to_site, payload); });
+  return PayloadFaultScope(options.world.payload_fault);
 }
 
 // What each detector cost on this rank, per step and as a share of the step time, measured in
@@ -292,7 +328,18 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   sc.leader = leader;
   sc.n_params = n_params;
   sc.resumed = options.resume != nullptr;
+  if (run.trace != nullptr)
+    sc.before_wan = [trace = run.trace.get()](std::span<const float> g) {
+      trace->SetSent(g.data(), g.size());
+    };
   ATOLL_ASSIGN_OR_RETURN(std::unique_ptr<WorldStrategy> strategy, MakeWorldStrategy(sc));
+  // The sites of a sync run hold one model: their fingerprints are compared too.
+  if (run.sdc != nullptr && cfg.world.sites > 1 && cfg.world.strategy == "sync")
+    run.sdc->set_sites([s = strategy.get()](const std::vector<uint64_t>& mine) {
+      return s->GatherOverSites(mine);
+    });
+  // wan faults strike in the WAN transport, on the leader's sender threads, until Train returns.
+  ATOLL_ASSIGN_OR_RETURN(const PayloadFaultScope payload_fault, InstallPayloadFault(run, options));
   ATOLL_ASSIGN_OR_RETURN(start, strategy->Start(start, run.model->params()));
   // The memory checks (train/sdc/memory.h): sealed at the end of each step (and here, before the
   // first), checked at the start of each and before a checkpoint is written (what they find
@@ -361,9 +408,13 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     // step. With ZeRO the replicas are compared before the update: nothing a replay could undo.
     const bool replicas_apart = cfg.sdc.memory && replicas_agreed && !Zero(run) &&
                                 HasEvent(m.sdc, "fingerprint") && !HasUnrepaired(m.sdc);
-    const bool alarm =
+    bool alarm =
         !Finite(m) || ((HasComputeAlarm(m.sdc) || replicas_apart) && cfg.sdc.on_alarm == "redo");
     const bool audit = cfg.sdc.audit_every > 0 && (s + 1) % cfg.sdc.audit_every == 0;
+    if (replays) {  // the sites that replay together decide together
+      ATOLL_ASSIGN_OR_RETURN(const int64_t alarms, strategy->SumOverSites(alarm ? 1 : 0));
+      alarm = alarms > 0;
+    }
     if (replays && (alarm || audit)) {
       const double r0 = NowSeconds();
       Status r =

@@ -148,6 +148,14 @@ struct WanStats {
   int64_t operations = 0;
 };
 
+// Fault injection (train/sdc/faults.h, kind wan): called on the sending site for every data
+// chunk (a collective's or a send's, not the transport's control messages) with the site it goes
+// to, its operation (CommOp) and its payload, which it may change. The chunk's checksum is then
+// taken over the changed bytes, so the receiver accepts them: corruption of a payload in the
+// sender's memory before it was checksummed, which the transport cannot see. Runs on the
+// endpoint's sender threads.
+using WanPayloadFault = std::function<void(int to_site, uint32_t op, std::string* payload)>;
+
 class WanEndpoint {
  public:
   // Starts the server on host:port (port 0: any free port). keepalive_s: a peer whose stream
@@ -195,6 +203,9 @@ class WanEndpoint {
   // gives the site a fresh link. Ignored when the site's link is to another address now (a new
   // process took it over). Any thread.
   virtual void PeerLost(int site, const std::string& address, const std::string& why) = 0;
+  // Installs (null: removes) the payload fault of every link of this endpoint (WanPayloadFault).
+  // Any thread; chunks already written are not changed.
+  virtual void SetPayloadFault(WanPayloadFault fault) = 0;
   // The ring order chosen by Connect (site indices; empty before).
   virtual std::vector<int> ring() const = 0;
   virtual WanStats stats() const = 0;

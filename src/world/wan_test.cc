@@ -438,6 +438,46 @@ TEST(Wan, WrongSenderOrVersionPoisonsTheStream) {
   ExpectCorruptAllReduceFails([](wan::Chunk& c) { c.set_version(99); }, "protocol version", false);
 }
 
+// The payload fault (fault injection: a payload corrupted in the sender's memory before it was
+// checksummed) is accepted by the receiver: the checksum cannot see it. In a 2-site ring
+// all-reduce, site 0's first chunk is the reduce-scatter half (its sum reaches both sites), its
+// second the all-gather half (only site 1 takes it). Removing the fault ends it.
+TEST(Wan, PayloadFaultBeforeTheChecksumIsAccepted) {
+  auto w = Start(2);
+  std::atomic<int> chunks{0}, strike{-1};
+  w->eps[0]->SetPayloadFault([&](int to, uint32_t op, std::string* payload) {
+    EXPECT_EQ(to, 1);
+    EXPECT_EQ(op, uint32_t(CommOp::kAllReduce));
+    if (chunks++ != strike.load()) return;
+    float x;
+    std::memcpy(&x, payload->data(), sizeof x);
+    x += 1000;
+    std::memcpy(payload->data(), &x, sizeof x);
+  });
+  auto run = [&](int which) {
+    chunks = 0;
+    strike = which;
+    std::vector<std::vector<float>> out(2);
+    w->Run([&](Communicator& c, int s) {
+      std::vector<float> v(8, float(s + 1));
+      ASSERT_TRUE(c.AllReduce(std::span<float>(v)).ok());
+      out[size_t(s)] = v;
+    });
+    return out;
+  };
+  const auto clean = run(-1);
+  for (const auto& v : clean)
+    for (float x : v) EXPECT_EQ(x, 3.0f);
+  const auto rs = run(0), ag = run(1);
+  EXPECT_EQ(chunks.load(), 2);
+  EXPECT_EQ(rs[0], rs[1]);  // the corrupted sum, on both sites
+  EXPECT_NE(rs[0], clean[0]);
+  EXPECT_EQ(ag[0], clean[0]);  // site 0 kept its own block
+  EXPECT_NE(ag[1], clean[1]);
+  w->eps[0]->SetPayloadFault(nullptr);
+  EXPECT_EQ(run(0), clean);
+}
+
 TEST(Wan, CorruptSendFailsTheReceive) {
   auto w = Start(2);
   HookGuard g([](int, int, wan::Chunk& c) {

@@ -18,6 +18,12 @@ void StepTrace::Clear() {
   ops_.clear();
   grads_.clear();
   losses_.clear();
+  sent_ = 0;
+}
+
+void StepTrace::SetSent(const float* grads, size_t n) {
+  const SdcTimer timer(&seconds_);
+  sent_ = Hash64(grads, n * sizeof(float)) | 1;  // never 0 (none)
 }
 
 void StepTrace::SetLosses(const std::vector<double>& losses, int64_t first_micro) {
@@ -71,7 +77,7 @@ std::optional<TraceDifference> FirstDifference(const StepTrace& first, const Ste
   for (size_t t = 0; t < std::min(g.size(), h.size()); ++t) {
     if (g[t] == h[t]) continue;
     TraceDifference d;
-    d.op = "grad";
+    d.op = first.sent() != 0 && first.sent() == replay.sent() ? "wan" : "grad";
     d.tensor = t < layout.size() ? ShortTensorName(layout[t].name) : "shard";
     return d;
   }

@@ -68,6 +68,9 @@ class StepTrace {
   // The gradients the update reads: one fingerprint per tensor of `layout`, or, with ZeRO (where
   // this rank holds a flat shard of them), `layout` empty and one for the whole shard.
   void SetGrads(const std::vector<ParamTensor>& layout, const float* grads, size_t n);
+  // The site's reduced gradients just before they cross the WAN (world.strategy = sync): a
+  // gradient that differs while these do not came over the WAN.
+  void SetSent(const float* grads, size_t n);
   // The losses of this rank's micro-batches (the last pipeline stage's; by local index).
   void SetLosses(const std::vector<double>& losses, int64_t first_micro);
 
@@ -75,6 +78,7 @@ class StepTrace {
   const std::vector<uint64_t>& grads() const { return grads_; }
   const std::vector<double>& losses() const { return losses_; }
   int64_t first_micro() const { return first_micro_; }
+  uint64_t sent() const { return sent_; }  // SetSent's hash (0: none)
   // Seconds spent hashing so far (not reset by Clear).
   double seconds() const { return seconds_; }
 
@@ -84,14 +88,17 @@ class StepTrace {
   std::vector<Op> ops_;
   std::vector<uint64_t> grads_;
   std::vector<double> losses_;
+  uint64_t sent_ = 0;  // 0: none
 };
 
 // Where a replay first differs from the first execution.
 struct TraceDifference {
   int64_t micro = -1;  // -1: not an op (a gradient after the backward)
   int layer = -1;
-  std::string op;      // "gemm_fwd 2", "gemm_bwd 0", "activation", "loss" or "grad"
-  std::string tensor;  // op "grad": the first tensor whose gradient differs ("shard" with ZeRO)
+  // "gemm_fwd 2", "gemm_bwd 0", "activation", "loss", "grad", or "wan" (a gradient that
+  // differs after the WAN all-reduce though what the site sent did not)
+  std::string op;
+  std::string tensor;  // op "grad", "wan": the first tensor whose gradient differs ("shard": ZeRO)
   std::string run;     // the run the third one did not match: "first" or "replay"
 };
 // layout: the tensors SetGrads was given (names the differing gradient). Nothing when the two

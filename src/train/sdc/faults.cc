@@ -27,7 +27,7 @@ constexpr KindName kKinds[] = {
     {FaultKind::kGemmForward, "gemm_fwd"},  {FaultKind::kGemmBackward, "gemm_bwd"},
     {FaultKind::kActivation, "activation"}, {FaultKind::kGrad, "grad"},
     {FaultKind::kParam, "param"},           {FaultKind::kMoment, "moment"},
-    {FaultKind::kBadCore, "bad_core"},
+    {FaultKind::kBadCore, "bad_core"},      {FaultKind::kWan, "wan"},
 };
 
 std::string_view Trim(std::string_view s) {
@@ -59,7 +59,8 @@ Status ParseOne(std::string_view text, FaultSpec* f) {
     }
   if (!known)
     return err(fmt::format(
-        "unknown kind '{}' (gemm_fwd, gemm_bwd, activation, grad, param, moment, bad_core)", kind));
+        "unknown kind '{}' (gemm_fwd, gemm_bwd, activation, grad, param, moment, bad_core, wan)",
+        kind));
   bool has_step = false, has_moment = false;
   std::string_view rest = colon == std::string_view::npos ? "" : text.substr(colon + 1);
   while (!Trim(rest).empty()) {
@@ -99,6 +100,8 @@ Status ParseOne(std::string_view text, FaultSpec* f) {
       if (v != "m" && v != "v") return err(fmt::format("moment: expected m or v, got '{}'", v));
       f->moment = v[0];
       has_moment = true;
+    } else if (key == "chunk") {
+      ATOLL_RETURN_IF_ERROR(integer(&f->chunk, 0, kBig));
     } else if (key == "p") {
       std::string s(v);
       char* end = nullptr;
@@ -108,7 +111,8 @@ Status ParseOne(std::string_view text, FaultSpec* f) {
       f->p = p;
     } else {
       return err(fmt::format(
-          "unknown key '{}' (step, site, rank, layer, gemm, micro, elem, bit, moment, p)", key));
+          "unknown key '{}' (step, site, rank, layer, gemm, micro, elem, bit, moment, p, chunk)",
+          key));
     }
   }
   const bool op = f->kind == FaultKind::kGemmForward || f->kind == FaultKind::kGemmBackward ||
@@ -125,11 +129,14 @@ Status ParseOne(std::string_view text, FaultSpec* f) {
   if (f->kind == FaultKind::kActivation && f->gemm >= 0)
     return err("gemm does not apply to activation");
   if (has_moment && f->kind != FaultKind::kMoment) return err("moment applies to moment only");
+  if (f->chunk >= 0 && f->kind != FaultKind::kWan) return err("chunk applies to wan only");
+  if (f->kind == FaultKind::kWan && f->rank != 0)
+    return err("a wan fault strikes the site's leader: rank must be 0");
   return Status::Ok();
 }
 
 // Draw slots.
-enum Slot : uint64_t { kLayer = 1, kGemm = 2, kBit = 3, kElem = 4, kCoin = 5 };
+enum Slot : uint64_t { kLayer = 1, kGemm = 2, kBit = 3, kElem = 4, kCoin = 5, kChunk = 6 };
 
 std::string Number(float x) {
   return std::isfinite(x) ? fmt::format("{:.9g}", x) : fmt::format("\"{}\"", x);
@@ -174,6 +181,7 @@ std::string FormatSpec(const FaultSpec& f) {
   if (f.bit >= 0) s += fmt::format(",bit={}", f.bit);
   if (f.kind == FaultKind::kMoment) s += fmt::format(",moment={}", f.moment);
   if (f.kind == FaultKind::kBadCore) s += fmt::format(",p={}", f.p);
+  if (f.chunk >= 0) s += fmt::format(",chunk={}", f.chunk);
   return s;
 }
 
@@ -190,7 +198,7 @@ FaultInjector::FaultInjector(const std::vector<FaultSpec>& specs, uint64_t seed,
       specs_.push_back(specs[i]);
       index_.push_back(i);
     }
-  done_.assign(specs_.size(), false);
+  done_.assign(specs_.size(), 0);
 }
 
 FaultInjector::~FaultInjector() {
@@ -209,19 +217,25 @@ double FaultInjector::Coin(size_t i, uint64_t call) const {
   return double(bits >> 11) * 0x1.0p-53;  // uniform in [0, 1), 53 bits
 }
 
-void FaultInjector::Fire(size_t i, uint64_t call, float* data, size_t n, int layer, int gemm) {
+void FaultInjector::Fire(size_t i, uint64_t call, float* data, size_t n, int layer, int gemm,
+                         int64_t chunk, int to_site) {
   const FaultSpec& f = specs_[i];
   if (n == 0) return;
   const size_t elem = f.elem >= 0 ? size_t(uint64_t(f.elem) % n) : size_t(Draw(i, kElem, call, n));
   const int bit = f.bit >= 0 ? f.bit : int(Draw(i, kBit, call, 32));
+  const std::lock_guard<std::mutex> lk(mu_);
   FaultRecord r{f.kind, step_ + 1, site_, rank_, micro_, layer, gemm, int64_t(elem), bit, 0, 0};
+  r.chunk = chunk;
+  r.to_site = to_site;
   r.before = FlipBit(data + elem, bit);
   r.after = data[elem];
   fired_.push_back(r);
-  LogWarning("fault injected: {} at step {} (site {}, rank {}{}{}), element {} bit {}: {} -> {}",
+  LogWarning("fault injected: {} at step {} (site {}, rank {}{}{}{}), element {} bit {}: {} -> {}",
              FaultKindName(f.kind), r.step, site_, rank_,
              layer >= 0 ? fmt::format(", layer {}", layer) : "",
-             gemm >= 0 ? fmt::format(", gemm {}", gemm) : "", elem, bit, r.before, r.after);
+             gemm >= 0 ? fmt::format(", gemm {}", gemm) : "",
+             chunk >= 0 ? fmt::format(", chunk {} to site {}", chunk, to_site) : "", elem, bit,
+             r.before, r.after);
   if (log_path_.empty()) return;
   if (log_ == nullptr) {
     log_ = std::fopen(log_path_.c_str(), "a");
@@ -234,10 +248,11 @@ void FaultInjector::Fire(size_t i, uint64_t call, float* data, size_t n, int lay
   const std::string line = fmt::format(
       "{{\"kind\":\"{}\",\"step\":{},\"site\":{},\"rank\":{},\"micro\":{},\"layer\":{},"
       "\"gemm\":{},\"elem\":{},\"bit\":{},\"before\":{},\"after\":{},"
-      "\"bits_before\":\"{:08x}\",\"bits_after\":\"{:08x}\"}}\n",
+      "\"bits_before\":\"{:08x}\",\"bits_after\":\"{:08x}\"{}}}\n",
       FaultKindName(f.kind), r.step, site_, rank_, r.micro, layer, gemm, r.elem, bit,
       Number(r.before), Number(r.after), std::bit_cast<uint32_t>(r.before),
-      std::bit_cast<uint32_t>(r.after));
+      std::bit_cast<uint32_t>(r.after),
+      chunk >= 0 ? fmt::format(",\"chunk\":{},\"to_site\":{}", chunk, to_site) : "");
   std::fputs(line.c_str(), log_);
   std::fflush(log_);
 }
@@ -262,7 +277,7 @@ void FaultInjector::OnOp(FaultKind kind, int layer, int gemm, float* out, size_t
         Fire(i, op_calls_, out, n, layer, gemm);
       continue;
     }
-    if (done_[i] || f.kind != kind || step_ + 1 != f.step) continue;
+    if (f.kind != kind || done_[i] || step_ + 1 != f.step) continue;
     const int l = f.layer >= 0 ? f.layer : layer_begin_ + int(Draw(i, kLayer, 0, uint64_t(layers)));
     const int g = !is_gemm ? -1 : f.gemm >= 0 ? f.gemm : int(Draw(i, kGemm, 0, 4));
     if (layer != l || gemm != g) continue;
@@ -275,12 +290,44 @@ void FaultInjector::OnBuffer(FaultKind kind, int64_t s, float* data, size_t n, c
   At(s, -1);
   for (size_t i = 0; i < specs_.size(); ++i) {
     const FaultSpec& f = specs_[i];
-    if (done_[i] || f.kind != kind || s + 1 != f.step) continue;
+    if (f.kind != kind || done_[i] || s + 1 != f.step) continue;
     if (kind == FaultKind::kMoment && f.moment != moment) continue;
     if (n == 0) continue;  // nothing here (an empty ZeRO shard): reported by Unfired
     done_[i] = true;
     Fire(i, 0, data, n, -1, -1);
   }
+}
+
+void FaultInjector::OnWanPayload(int to_site, std::string* payload) {
+  const int64_t s = step_;
+  int64_t chunk;
+  {
+    const std::lock_guard<std::mutex> lk(mu_);
+    if (s != wan_step_) {
+      wan_step_ = s;
+      wan_chunks_ = 0;
+    }
+    chunk = wan_chunks_++;
+  }
+  const size_t words = payload->size() / sizeof(float);
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const FaultSpec& f = specs_[i];
+    if (f.kind != FaultKind::kWan || done_[i] || s + 1 != f.step || words == 0) continue;
+    if (chunk !=
+        (f.chunk >= 0 ? f.chunk : int64_t(Draw(i, kChunk, 0, uint64_t(wan_chunks_per_step_)))))
+      continue;
+    done_[i] = 1;
+    // The payload's bytes need not be aligned for a float: flip a copy.
+    std::vector<float> w(words);
+    std::memcpy(w.data(), payload->data(), words * sizeof(float));
+    Fire(i, 0, w.data(), words, -1, -1, chunk, to_site);
+    std::memcpy(payload->data(), w.data(), words * sizeof(float));
+  }
+}
+
+bool FaultInjector::has_wan() const {
+  return std::any_of(specs_.begin(), specs_.end(),
+                     [](const FaultSpec& f) { return f.kind == FaultKind::kWan; });
 }
 
 std::vector<std::string> FaultInjector::Unfired(int64_t first_step) const {

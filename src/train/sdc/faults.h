@@ -14,13 +14,24 @@
 //   moment       an AdamW moment (moment=m or v) in memory, at the start of the step
 //   bad_core     every GEMM product (forward and backward) of the rank is corrupted with
 //                probability `p` per GEMM call, every step from `step` on (default 1)
+//   wan          a payload the site's leader (rank 0) sends to another site over the WAN
+//                transport, before the transport checksums it (world/wan.h WanPayloadFault),
+//                so the receiver accepts it: the `chunk`-th data chunk (0-based) the site sends
+//                from the start of step `step` on. sync: the step's gradient all-reduce first,
+//                a ring of 1 MiB chunks: the first half of them the reduce-scatter (its sums
+//                reach every site), the second half the all-gather (only the receiver takes
+//                them); then the losses'. Unset, chunk is drawn among the gradient
+//                all-reduce's (set_wan_chunks; SyncWanChunksPerStep). diloco, streaming: the
+//                exchange after the step (drawn in 0..3). Needs the WAN transport (`atoll
+//                launch`, or tests that connect real endpoints).
 // Keys: step (1-based, the step whose computation is corrupted; required except for bad_core),
 // site (0), rank (0: the rank within the site), layer, gemm, micro (the micro-batch's index in the
 // whole batch; default: the rank's first), elem (the element of the target buffer, taken modulo
 // its size), bit (0..31: 31 is the sign, 23..30 the exponent, 0..22 the mantissa), moment (m, v),
-// p. Unset layer, gemm, elem and bit are drawn from [faults] seed, so a campaign names only the
-// kind and the step. `elem` of grad, param and moment indexes this rank's flat buffer (its
-// shard's layout); of a GEMM or activation, the row-major output of the micro-batch.
+// p, chunk (wan). `elem` of wan indexes the chunk's 32-bit words (a float32 with codec none). Unset
+// layer, gemm, elem and bit are drawn from [faults] seed, so a campaign names only the kind and the
+// step. `elem` of grad, param and moment indexes this rank's flat buffer (its shard's layout); of a
+// GEMM or activation, the row-major output of the micro-batch.
 //
 // layer, gemm and micro also narrow a bad_core (a core that corrupts only one GEMM of one block).
 // Draws are keyed by (faults.seed, the spec's place in the whole list, site, rank), so two ranks
@@ -38,11 +49,15 @@
 // in the run's saved config: a resumed run keeps its bad cores (a transient fault of an earlier
 // step does not fire again).
 //
-// Thread-safety: a FaultInjector belongs to its rank's training thread.
+// Thread-safety: a FaultInjector belongs to its rank's training thread, except OnWanPayload,
+// which the WAN transport's sender threads call.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,7 +66,16 @@
 
 namespace atl {
 
-enum class FaultKind { kGemmForward, kGemmBackward, kActivation, kGrad, kParam, kMoment, kBadCore };
+enum class FaultKind {
+  kGemmForward,
+  kGemmBackward,
+  kActivation,
+  kGrad,
+  kParam,
+  kMoment,
+  kBadCore,
+  kWan
+};
 
 struct FaultSpec {
   FaultKind kind = FaultKind::kParam;
@@ -65,6 +89,7 @@ struct FaultSpec {
   int bit = -1;        // -1: drawn
   char moment = 'm';   // 'm' or 'v'
   double p = 0;        // bad_core: probability per GEMM call
+  int64_t chunk = -1;  // wan: the data chunk of the step (-1: drawn in 0..3)
 };
 
 const char* FaultKindName(FaultKind k);
@@ -83,6 +108,8 @@ struct FaultRecord {
   int64_t elem;
   int bit;
   float before, after;
+  int64_t chunk = -1;  // wan: the chunk of the step, and the site it went to
+  int to_site = -1;
 };
 
 // The spec as text (what Unfired reports).
@@ -111,6 +138,13 @@ class FaultInjector {
   void OnOp(FaultKind kind, int layer, int gemm, float* out, size_t n);
   // A flat buffer of kind kGrad, kParam or kMoment ('m' / 'v' for moments) at step s (0-based).
   void OnBuffer(FaultKind kind, int64_t s, float* data, size_t n, char moment = 0);
+  // The WAN transport's payload fault (world/wan.h WanPayloadFault): a data chunk to `to_site`,
+  // sent during the step At last named. Any thread.
+  void OnWanPayload(int to_site, std::string* payload);
+  // Whether a wan fault is among this rank's.
+  bool has_wan() const;
+  // How many chunks a drawn wan chunk is drawn among (default 4).
+  void set_wan_chunks(int64_t n) { wan_chunks_per_step_ = std::max<int64_t>(1, n); }
 
   const std::vector<FaultRecord>& fired() const { return fired_; }
   // The transient faults of this rank that have not fired (at the end of a run: a micro-batch
@@ -123,15 +157,19 @@ class FaultInjector {
   // step; call: the bad core's GEMM call within the step (0 otherwise).
   uint64_t Draw(size_t i, uint64_t slot, uint64_t call, uint64_t n) const;
   double Coin(size_t i, uint64_t call) const;
-  void Fire(size_t i, uint64_t call, float* data, size_t n, int layer, int gemm);
+  void Fire(size_t i, uint64_t call, float* data, size_t n, int layer, int gemm, int64_t chunk = -1,
+            int to_site = -1);
 
   std::vector<FaultSpec> specs_;  // this rank's
   std::vector<size_t> index_;     // ... their places in the whole list
-  std::vector<bool> done_;        // transient faults fire once
+  std::vector<uint8_t> done_;     // transient faults fire once (a byte each: two threads)
   uint64_t seed_;
   int site_, rank_, layer_begin_, layer_end_;
-  int64_t step_ = -1, micro_ = -1;
-  uint64_t op_calls_ = 0;  // bad core: the draw's counter within the step
+  std::atomic<int64_t> step_{-1}, micro_{-1};  // read by OnWanPayload's thread
+  uint64_t op_calls_ = 0;                      // bad core: the draw's counter within the step
+  int64_t wan_step_ = -1, wan_chunks_ = 0;     // OnWanPayload: the chunks of its step so far
+  int64_t wan_chunks_per_step_ = 4;            // a drawn chunk is below this
+  std::mutex mu_;                              // Fire's record and log; OnWanPayload
   std::string log_path_;
   std::FILE* log_ = nullptr;
   std::vector<FaultRecord> fired_;

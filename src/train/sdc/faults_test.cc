@@ -6,6 +6,8 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "model/gpt.h"
@@ -61,6 +63,8 @@ TEST(Faults, RefusesBadSpecsNamingWhatIsWrong) {
       {"activation:step=1,gemm=2", "gemm does not apply"},
       {"param:step=1,bit", "expected key=value"},
       {"param:step=1,moment=v", "moment applies to moment only"},
+      {"grad:step=1,chunk=1", "chunk applies to wan only"},
+      {"wan:step=1,rank=1", "rank must be 0"},
   };
   for (const auto& [text, why] : bad) {
     auto f = ParseFaults(text);
@@ -75,8 +79,12 @@ TEST(Faults, TheConfigRefusesFaultsOutsideTheRun) {
   RunConfig c;
   c.faults.inject = "param:step=1,bit=30";
   EXPECT_TRUE(ValidateRunConfig(c).ok());
-  const char* outside[] = {"param:step=1,site=1", "param:step=1,rank=1", "gemm_fwd:step=1,layer=4",
-                           "param:step=301", "bogus"};
+  const char* outside[] = {"param:step=1,site=1",
+                           "param:step=1,rank=1",
+                           "gemm_fwd:step=1,layer=4",
+                           "param:step=301",
+                           "bogus",
+                           "wan:step=1"};
   for (const char* text : outside) {
     c.faults.inject = text;
     const Status s = ValidateRunConfig(c);
@@ -136,6 +144,54 @@ TEST(Faults, BufferFaultsStrikeTheirStepOnceAndOnlyTheirRank) {
   EXPECT_EQ(inj.fired()[1].elem, 10);
   EXPECT_EQ(inj.fired()[1].before, 2.0f);
   EXPECT_EQ(inj.fired()[1].after, -2.0f);
+}
+
+// A wan fault flips a bit of the chunk it names among those its site sends from the start of its
+// step on (the transport's sender thread calls OnWanPayload), once; a drawn chunk is in 0..3.
+TEST(Faults, AWanFaultFlipsTheNamedChunkOfItsStepOnce) {
+  auto specs =
+      ParseFaults("wan:step=3,site=1,chunk=2,elem=5,bit=31;wan:step=4,site=1,bit=30").value();
+  ASSERT_EQ(specs.size(), 2u);
+  EXPECT_EQ(specs[0].kind, FaultKind::kWan);
+  EXPECT_EQ(specs[0].chunk, 2);
+  EXPECT_EQ(FormatSpec(specs[0]), "wan:step=3,site=1,rank=0,elem=5,bit=31,chunk=2");
+  FaultInjector other(specs, 7, /*site=*/0, /*rank=*/0, 0, 2, "");
+  EXPECT_FALSE(other.has_wan());
+  FaultInjector inj(specs, 7, /*site=*/1, /*rank=*/0, 0, 2, "");
+  ASSERT_TRUE(inj.has_wan());
+  auto payload = [] {
+    std::string p(8 * sizeof(float), '\0');
+    const std::vector<float> ones(8, 1.0f);
+    std::memcpy(p.data(), ones.data(), p.size());
+    return p;
+  };
+  auto word = [](const std::string& p, size_t i) {
+    float x;
+    std::memcpy(&x, p.data() + i * sizeof(float), sizeof x);
+    return x;
+  };
+  std::vector<std::string> sent;
+  for (int64_t s = 0; s < 5; ++s) {
+    inj.At(s, 0);
+    for (int c = 0; c < 4; ++c) {
+      sent.push_back(payload());
+      inj.OnWanPayload(/*to_site=*/0, &sent.back());
+    }
+  }
+  // Step 3 (index 2), its third chunk (2 * 4 + 2), word 5: the sign.
+  EXPECT_EQ(word(sent[10], 5), -1.0f);
+  ASSERT_EQ(inj.fired().size(), 2u);
+  EXPECT_EQ(inj.fired()[0].chunk, 2);
+  EXPECT_EQ(inj.fired()[0].to_site, 0);
+  EXPECT_EQ(inj.fired()[0].step, 3);
+  const int64_t drawn = inj.fired()[1].chunk;
+  ASSERT_GE(drawn, 0);
+  ASSERT_LT(drawn, 4);
+  EXPECT_TRUE(std::isinf(word(sent[size_t(12 + drawn)], size_t(inj.fired()[1].elem))));
+  size_t changed = 0;
+  for (const std::string& p : sent) changed += p != payload();
+  EXPECT_EQ(changed, 2u);
+  EXPECT_TRUE(inj.Unfired().empty());
 }
 
 TEST(Faults, DrawnPlacesDependOnlyOnTheSeed) {

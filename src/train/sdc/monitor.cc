@@ -46,6 +46,7 @@ std::string SdcEvent::ToJson() const {
     if (!run.empty()) j["run"] = run;
   } else {
     j["majority"] = has_majority;
+    if (across_sites) j["across"] = "sites";
   }
   return j.dump();
 }
@@ -83,6 +84,9 @@ std::string SdcEvent::ToString() const {
         "step {} ({}): replay: a transient fault in the {} run; first difference: {}", step, where,
         run, at);
   }
+  if (across_sites)
+    return fmt::format("step {} ({}): fingerprint: {} differs from {}", step, where, what,
+                       has_majority ? "the other sites'" : "the other site's (no majority)");
   return fmt::format("step {} ({}): fingerprint: {} differs from {}", step, where, what,
                      has_majority ? "the other replicas'" : "the other replica's (no majority)");
 }
@@ -114,6 +118,37 @@ Status SdcMonitor::Compare(int64_t s, const char* what, const float* data,
     e.what = fmt::format("{}:{}", what, ShortTensorName(layout_[mm.tensor].name));
     e.has_majority = mm.has_majority;
     out->push_back(e);
+  }
+  return Status::Ok();
+}
+
+Status SdcMonitor::CompareSites(int64_t s,
+                                const std::vector<std::pair<const char*, const float*>>& parts,
+                                std::vector<SdcEvent>* out) {
+  const SdcTimer timer(&cost_.fingerprints);
+  std::vector<uint64_t> mine;
+  for (const auto& part : parts) {
+    const std::vector<uint64_t> h = TensorFingerprints(layout_, part.second);
+    mine.insert(mine.end(), h.begin(), h.end());
+  }
+  ATOLL_ASSIGN_OR_RETURN(const std::vector<std::vector<uint64_t>> all, sites_(mine));
+  const size_t n = layout_.size();
+  for (size_t p = 0; p < parts.size() && !all.empty(); ++p) {
+    std::vector<std::vector<uint64_t>> section;
+    for (const std::vector<uint64_t>& site : all)
+      section.emplace_back(site.begin() + std::ptrdiff_t(p * n),
+                           site.begin() + std::ptrdiff_t(p * n + n));
+    for (const FingerprintMismatch& mm : FindMismatches(section)) {
+      SdcEvent e;
+      e.step = s + 1;
+      e.site = mm.replica;
+      e.rank = rank_;
+      e.detector = "fingerprint";
+      e.what = fmt::format("{}:{}", parts[p].first, ShortTensorName(layout_[mm.tensor].name));
+      e.has_majority = mm.has_majority;
+      e.across_sites = true;
+      out->push_back(e);
+    }
   }
   return Status::Ok();
 }
@@ -195,7 +230,7 @@ Status SdcMonitor::BeforeUpdate(int64_t s, const float* params, size_t n) {
     before_.assign(params, params + n);
   }
   pending_.clear();
-  if (zero_ && fingerprints()) return Compare(s, "params", params, &pending_);
+  if (zero_ && o_.fingerprints && replicas()) return Compare(s, "params", params, &pending_);
   return Status::Ok();
 }
 
@@ -250,17 +285,27 @@ StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, do
     out.push_back(checksum_);
     checksum_ = {};
   }
-  if (fingerprints()) {
+  const bool moments =
+      m != nullptr && v != nullptr && o_.moments_every > 0 && (s + 1) % o_.moments_every == 0;
+  if (o_.fingerprints && replicas()) {
     if (zero_) {
       out.insert(out.end(), pending_.begin(), pending_.end());
       pending_.clear();
     } else {
       ATOLL_RETURN_IF_ERROR(Compare(s, "params", params, &out));
-      if (m != nullptr && v != nullptr && o_.moments_every > 0 && (s + 1) % o_.moments_every == 0) {
+      if (moments) {
         ATOLL_RETURN_IF_ERROR(Compare(s, "moment_m", m, &out));
         ATOLL_RETURN_IF_ERROR(Compare(s, "moment_v", v, &out));
       }
     }
+  }
+  if (o_.fingerprints && sites_ != nullptr) {
+    std::vector<std::pair<const char*, const float*>> parts = {{"params", params}};
+    if (moments && !zero_) {
+      parts.emplace_back("moment_m", m);
+      parts.emplace_back("moment_v", v);
+    }
+    ATOLL_RETURN_IF_ERROR(CompareSites(s, parts, &out));
   }
   return out;
 }

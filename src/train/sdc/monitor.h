@@ -15,6 +15,11 @@
 //     moments, which are not replicated, are not compared. Fingerprints see corruption of what
 //     replicas hold (parameters, moments, a replica's own update); a fault in a computation whose
 //     result is summed over the replicas reaches every replica alike and is the guard's to see.
+//     Across sites (set_sites; world.strategy = sync, where the sites hold one model): the site
+//     leaders' per-tensor hashes of the parameters (and moments, at the same cadence) are
+//     all-gathered over the WAN after every step (8 bytes a tensor); a site outside the majority
+//     is named with the tensor (two sites: both, no majority). This sees what reached one site
+//     only: a WAN payload corrupted in the all-gather half of the ring, or a site's state.
 //   - memory checks (sdc.memory; train/sdc/memory.h): the rank's parameters and moments are
 //     sealed at the end of each step (SealAtRest) and checked before the next (CheckAtRest); a
 //     changed tensor is named, and repaired from a data-parallel replica whose check passed.
@@ -30,7 +35,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -53,7 +60,8 @@ struct SdcEvent {
   // guard (StepGuard::Outlier); checksum: the column sum (value), the expected one (median) and
   // |value - median| over the rounding bound (deviations)
   double value = 0, median = 0, deviations = 0;
-  bool has_majority = true;  // fingerprint: false when two replicas disagree
+  bool has_majority = true;   // fingerprint: false when two replicas disagree
+  bool across_sites = false;  // fingerprint: sites compared (site: the one outside), not replicas
   // replay: "transient" (this rank's replay differed; where: micro, layer, op, what = the
   // tensor of a differing gradient) or "reproduced" (every rank's replay matched; rank -1)
   std::string verdict;
@@ -103,7 +111,12 @@ class SdcMonitor {
              Communicator* dp_group, std::vector<int> replica_ranks, bool zero);
 
   bool active() const { return o_.guard || o_.checksums || o_.memory || fingerprints(); }
-  bool fingerprints() const { return o_.fingerprints && dp_ != nullptr && dp_->size() > 1; }
+  bool fingerprints() const { return o_.fingerprints && (replicas() || sites_ != nullptr); }
+  // Cross-site fingerprints: gather(mine) returns every site's vector, by site, on the leader
+  // (empty elsewhere; WorldStrategy::GatherOverSites). Collective over the sites' leaders.
+  using SitesGather = std::function<StatusOr<std::vector<std::vector<uint64_t>>>(
+      const std::vector<uint64_t>& mine)>;
+  void set_sites(SitesGather gather) { sites_ = std::move(gather); }
 
   // The model's op hook, activations only (kind 2): the max |x| of each block's output.
   void OnActivation(int layer, const float* out, size_t n);
@@ -149,8 +162,13 @@ class SdcMonitor {
   int site_, rank_;
   Communicator* dp_;
   bool zero_;
+  bool replicas() const { return dp_ != nullptr && dp_->size() > 1; }
   // Compares `data`'s fingerprints over the dp group; mismatches become events named `what`.
   Status Compare(int64_t s, const char* what, const float* data, std::vector<SdcEvent>* out);
+  // The cross-site comparison of each (name, buffer) in `parts` (one gather for all of them).
+  Status CompareSites(int64_t s, const std::vector<std::pair<const char*, const float*>>& parts,
+                      std::vector<SdcEvent>* out);
+  SitesGather sites_;
 
   std::vector<int> replica_ranks_;
   StepGuard guard_, saved_guard_;

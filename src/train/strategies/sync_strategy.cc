@@ -3,6 +3,8 @@
 // model and the loss curve is the single-site one up to float rounding. Hierarchical: the site's
 // ranks have summed their gradients already; the leader all-reduces the site's sum with the
 // other leaders (a ring over the WAN, world/wan.h), then broadcasts it to the site's ranks.
+// The sites hold one model, so the corruption detectors compare it across them
+// (GatherOverSites) and replay a step on every site together (SumOverSites).
 #include <fmt/format.h>
 
 #include "core/log.h"
@@ -19,10 +21,13 @@ class SyncStrategy final : public WorldStrategy {
   StatusOr<int64_t> Start(int64_t start, float*) override { return start; }
 
   Status AfterBackward(int64_t step, std::span<float> grads, std::span<double> losses) override {
-    // The coordinator's round: every live site has reached this step.
-    if (c_.leader && c_.world->round)
+    // The coordinator's round: every live site has reached this step (once: an audit replay of
+    // the step, which every site makes together, does not wait for it again).
+    if (c_.leader && c_.world->round && step != rounded_)
       ATOLL_RETURN_IF_ERROR(c_.world->round(step).WithContext(fmt::format("step {}", step + 1)));
+    rounded_ = step;
     wan_s_ = 0;
+    if (c_.before_wan) c_.before_wan(grads);
     ATOLL_RETURN_IF_ERROR(WorldSum(grads));
     ATOLL_RETURN_IF_ERROR(WorldSum(losses));
     ++steps_;
@@ -44,6 +49,25 @@ class SyncStrategy final : public WorldStrategy {
   }
   bool whole_batch() const override { return true; }
 
+  StatusOr<int64_t> SumOverSites(int64_t n) override {
+    ATOLL_RETURN_IF_ERROR(WorldSum(std::span<int64_t>(&n, 1)));
+    return n;
+  }
+
+  StatusOr<std::vector<std::vector<uint64_t>>> GatherOverSites(
+      const std::vector<uint64_t>& mine) override {
+    std::vector<std::vector<uint64_t>> out;
+    if (!c_.leader) return out;
+    const size_t n = mine.size(), sites = size_t(c_.world->wan->size());
+    std::vector<int64_t> all(n * sites);
+    ATOLL_RETURN_IF_ERROR(c_.world->wan->AllGather(mine.data(), all.data(), n, DType::kInt64)
+                              .WithContext("the fingerprints' all-gather across sites"));
+    for (size_t s = 0; s < sites; ++s)
+      out.emplace_back(all.begin() + std::ptrdiff_t(s * n),
+                       all.begin() + std::ptrdiff_t(s * n + n));
+    return out;
+  }
+
  private:
   // The leader sums the site's (already site-reduced) vector with the other sites' over the
   // WAN, then every rank of the site takes the leader's result.
@@ -63,6 +87,7 @@ class SyncStrategy final : public WorldStrategy {
   double wan_s_ = 0;    // this step's time in WAN all-reduces
   double total_s_ = 0;  // ... and the run's
   int64_t steps_ = 0;
+  int64_t rounded_ = -1;  // the last step whose coordinator round was taken
 };
 
 }  // namespace

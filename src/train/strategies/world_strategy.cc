@@ -27,6 +27,12 @@ uint64_t SyncBytesByStep(const RunConfig& cfg, int64_t steps) {
                   double(NumParameters(cfg.model)));
 }
 
+int64_t SyncWanChunksPerStep(const RunConfig& cfg, size_t chunk_bytes) {
+  const int64_t sites = cfg.world.sites, n = int64_t(NumParameters(cfg.model));
+  const int64_t block = (n + sites - 1) / sites, per = int64_t(chunk_bytes / sizeof(float));
+  return 2 * (sites - 1) * ((block + per - 1) / per);
+}
+
 StatusOr<std::unique_ptr<WorldStrategy>> MakeWorldStrategy(const StrategyContext& c) {
   if (c.cfg == nullptr || c.world == nullptr)
     return Status::InvalidArgument("world strategy: no config or world hooks");

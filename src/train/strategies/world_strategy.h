@@ -23,6 +23,11 @@
 //                        step also the end (the final exchange, async's barrier and last pull);
 //   Fill(&metrics)       the step's WAN fields;
 //   Summary()            a line for the log at the end ("" for none).
+// and for the corruption detectors (train/sdc/), where the sites hold one model (sync):
+//   SumOverSites(n)      a count summed over the sites, so that they decide alike whether to replay
+//                        a step (which they then do together: a replayed AfterBackward repeats
+//                        the WAN all-reduce, not the coordinator's round);
+//   GatherOverSites(h)   the leader's fingerprints gathered from every site (cross-site replicas).
 //
 // Thread-safety: one thread calls each object.
 #pragma once
@@ -33,6 +38,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "core/status.h"
@@ -40,6 +46,7 @@
 #include "train/metrics.h"
 #include "world/exchange.h"
 #include "world/ps.h"
+#include "world/wan.h"
 
 namespace atl {
 
@@ -78,6 +85,10 @@ struct WorldHooks {
   // made its last push; may be empty).
   ParameterServer* ps = nullptr;
   std::function<Status()> finish_barrier;
+  // Fault injection (train/sdc/faults.h kind wan): installs (null: removes) the function the WAN
+  // transport calls on every data chunk this site sends, before its checksum
+  // (WanEndpoint::SetPayloadFault). Empty: not available (an in-process WAN).
+  std::function<void(WanPayloadFault)> payload_fault;
 };
 
 // Where a strategy runs: the run's config, the world, the site's ranks.
@@ -88,6 +99,9 @@ struct StrategyContext {
   bool leader = true;                 // rank 0 of the site
   size_t n_params = 0;                // this rank's parameters (the whole model: tp = pp = 1)
   bool resumed = false;               // the run continues from a checkpoint
+  // sync: called with the site's reduced gradients just before they cross the WAN (the audit
+  // replay's trace: a difference that appears only after the WAN came over it). May be empty.
+  std::function<void(std::span<const float>)> before_wan;
 };
 
 class WorldStrategy {
@@ -105,6 +119,16 @@ class WorldStrategy {
   // true: the objective is the mean loss over the whole batch (sync: gradients are summed over
   // the sites); false: over the site's share of it (the sites train apart between exchanges).
   virtual bool whole_batch() const = 0;
+  // n summed over the sites when they hold one model and must decide together (sync), on every
+  // rank; otherwise n. Collective over the world (sync) or nothing.
+  virtual StatusOr<int64_t> SumOverSites(int64_t n) { return n; }
+  // sync, on the leader: every site's `mine` (the same length everywhere), by site. Otherwise, and
+  // on the other ranks: empty (no cross-site replicas). Collective over the sites' leaders.
+  virtual StatusOr<std::vector<std::vector<uint64_t>>> GatherOverSites(
+      const std::vector<uint64_t>& mine) {
+    (void)mine;
+    return std::vector<std::vector<uint64_t>>{};
+  }
 };
 
 // The strategy of cfg.world (one site: none). Bad or missing hooks: kInvalidArgument.
@@ -119,6 +143,11 @@ StatusOr<std::unique_ptr<WorldStrategy>> MakeAsyncStrategy(const StrategyContext
 // all-reduce of the float32 gradient every step: 2 (sites - 1) / sites of it per leader): the
 // low-communication strategies' metrics compare against it.
 uint64_t SyncBytesByStep(const RunConfig& cfg, int64_t steps);
+
+// The data chunks each site's leader sends in one step's gradient all-reduce over the WAN (a ring
+// reduce-scatter then all-gather of the float32 gradients in chunks of chunk_bytes, world/wan.h):
+// 2 (sites - 1) blocks of about params / sites. Where a drawn wan fault strikes (faults.h).
+int64_t SyncWanChunksPerStep(const RunConfig& cfg, size_t chunk_bytes = size_t{1} << 20);
 
 // Inside the site: the leader's `data` to every rank (a no-op for one rank).
 template <class T>

@@ -265,6 +265,17 @@ class WanCore : public std::enable_shared_from_this<WanCore> {
 
   int site() const { return site_; }
   int sites() const { return n_; }
+  // Fault injection (WanEndpoint::SetPayloadFault): the function, or null.
+  void SetPayloadFault(WanPayloadFault fault) {
+    std::lock_guard<std::mutex> lk(fault_mu_);
+    fault_ = fault ? std::make_shared<const WanPayloadFault>(std::move(fault)) : nullptr;
+    fault_set_.store(fault_ != nullptr);
+  }
+  std::shared_ptr<const WanPayloadFault> PayloadFault() const {
+    if (!fault_set_.load(std::memory_order_relaxed)) return nullptr;
+    std::lock_guard<std::mutex> lk(fault_mu_);
+    return fault_;
+  }
   const WanOptions& options() const { return options_; }
   // "site 2 (HOST:PORT)" with the peer's current address ("site 2 (absent)" while it has none).
   std::string PeerName(int p) const {
@@ -407,6 +418,10 @@ class WanCore : public std::enable_shared_from_this<WanCore> {
   mutable std::mutex stats_mu_;
   WanStats stats_;
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0};
+
+  mutable std::mutex fault_mu_;
+  std::shared_ptr<const WanPayloadFault> fault_;
+  std::atomic<bool> fault_set_{false};
 };
 
 // The Communicator over `core`'s links, with the ring chosen at Connect (communicator.cc).

@@ -25,6 +25,7 @@ class WanEndpointImpl final : public WanEndpoint {
   void PeerLost(int site, const std::string& address, const std::string& why) override {
     core_->PeerLost(site, address, why);
   }
+  void SetPayloadFault(WanPayloadFault fault) override { core_->SetPayloadFault(std::move(fault)); }
 
  private:
   std::shared_ptr<WanCore> core_;

@@ -152,6 +152,14 @@ std::string WanCore::WriteItem(Link* l, OutItem& item) {
     if (item.hash_at_write) c.set_checksum(Hash64(item.src, item.src_bytes));
   }
   if (item.data) {
+    // Fault injection: the payload is changed before its checksum is taken, so the checksum
+    // covers the changed bytes and the receiver accepts them.
+    if (auto fault = PayloadFault()) {
+      if (item.src) c.set_payload(item.src, item.src_bytes);
+      item.src = nullptr;
+      (*fault)(l->peer, c.op(), c.mutable_payload());
+      c.set_checksum(Hash64(c.payload().data(), c.payload().size()));
+    }
     if (auto hook = ChunkHook()) {  // tests: the hook sees (and may change) the whole chunk
       if (item.src) c.set_payload(item.src, item.src_bytes);
       item.src = nullptr;

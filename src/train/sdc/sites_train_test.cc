@@ -1,0 +1,158 @@
+// Silent data corruption across sites (world.strategy = sync): two sites of one rank each, their
+// leaders joined by the real WAN transport on loopback (a thread per site). A payload corrupted
+// before the transport checksums it (fault kind wan) is accepted by the receiver; the sites'
+// fingerprints compared over the WAN see what reached one site only, the step guard what reached
+// both, and every site replays the step together, so the run ends bitwise equal to a clean one
+// with the corruption located to the step, the site and the WAN.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "comm/inprocess.h"
+#include "train/test_util.h"
+#include "world/transport/test_world.h"
+
+namespace atl {
+namespace {
+
+class SitesSdcTest : public TrainerTest {
+ protected:
+  void SetUp() override {
+    TrainerTest::SetUp();
+    cfg_.train.steps = 14;
+    cfg_.train.threads = 1;
+    cfg_.train.grad_clip = 0;  // no clipping to hide a flip
+    cfg_.world.sites = 2;
+    cfg_.world.ranks_per_site = 1;
+  }
+
+  // Trains both sites into root_/name/site-N (site 0 writes the checkpoint into root_/name);
+  // returns each site's status.
+  std::vector<Status> RunSites(const RunConfig& cfg, const std::string& name) {
+    auto w = testing_wan::Start(2);
+    if (!w->ok()) return {Status::Unavailable("no WAN")};
+    std::vector<Status> st(2);
+    std::vector<std::thread> threads;
+    for (int s = 0; s < 2; ++s)
+      threads.emplace_back([&, s] {
+        TrainOptions o;
+        o.out_dir = fmt::format("{}/{}/site-{}", root_, name, s);
+        o.checkpoint_dir = root_ + "/" + name;
+        o.progress = false;
+        o.world.site = s;
+        o.world.wan = w->comms[size_t(s)].get();
+        WanEndpoint* ep = w->eps[size_t(s)].get();
+        o.world.payload_fault = [ep](WanPayloadFault f) { ep->SetPayloadFault(std::move(f)); };
+        st[size_t(s)] = Train(cfg, o).status();
+      });
+    for (auto& t : threads) t.join();
+    return st;
+  }
+  std::string Site(const std::string& name, int s) const {
+    return fmt::format("{}/{}/site-{}", root_, name, s);
+  }
+  std::string Final(const std::string& name) const {
+    return Bytes(root_ + "/" + name + "/checkpoint/model.safetensors") +
+           Bytes(root_ + "/" + name + "/checkpoint/optimizer.safetensors");
+  }
+  // The sdc events of a site's metrics at `step`.
+  static std::vector<nlohmann::json> Events(const std::string& dir, int step) {
+    std::vector<nlohmann::json> out;
+    for (const auto& m : Metrics(dir))
+      if (m["step"] == step && m.contains("sdc"))
+        for (const auto& e : m["sdc"]) out.push_back(e);
+    return out;
+  }
+  static int CountEvents(const std::string& dir) {
+    int n = 0;
+    for (const auto& m : Metrics(dir))
+      if (m.contains("sdc")) n += int(m["sdc"].size());
+    return n;
+  }
+};
+
+// A mantissa bit of site 0's all-gather half reaches site 1 only: no guard sees it, the sites'
+// fingerprints do (two sites: no majority), every site replays, site 1's replay names the WAN
+// and the tensor, and the run ends with the clean run's bits.
+TEST_F(SitesSdcTest, APayloadOnlyOneSiteTookIsFoundByFingerprintsAndReplayedAway) {
+  RunConfig clean = cfg_;
+  clean.sdc.on_alarm = "redo";
+  for (const Status& s : RunSites(clean, "clean")) ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(CountEvents(Site("clean", 0)), 0);
+  EXPECT_EQ(CountEvents(Site("clean", 1)), 0);
+
+  RunConfig c = clean;
+  c.sdc.guard = false;
+  c.faults.inject = "wan:step=6,site=0,chunk=1,elem=3,bit=22";
+  for (const Status& s : RunSites(c, "faulty")) ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(Final("faulty"), Final("clean"));
+  EXPECT_EQ(LossColumns(Site("faulty", 1)), LossColumns(Site("clean", 1)));
+
+  for (int s = 0; s < 2; ++s) {
+    int across = 0, wan = 0, reproduced = 0;
+    for (const auto& e : Events(Site("faulty", s), 6)) {
+      if (e["detector"] == "fingerprint") {
+        EXPECT_EQ(e["across"], "sites") << e.dump();
+        EXPECT_FALSE(e["majority"].get<bool>());
+        ++across;
+      }
+      if (e["detector"] == "replay" && e["verdict"] == "transient") {
+        EXPECT_EQ(e["site"], 1) << e.dump();  // the site that took the payload
+        EXPECT_EQ(e["op"], "wan");
+        EXPECT_EQ(e["run"], "first");
+        EXPECT_FALSE(e["what"].get<std::string>().empty());
+        ++wan;
+      }
+      if (e["detector"] == "replay" && e["verdict"] == "reproduced") ++reproduced;
+    }
+    EXPECT_GE(across, 2) << "site " << s;  // both sites named, for a tensor at least
+    EXPECT_EQ(wan, s == 1 ? 1 : 0) << "site " << s;
+    EXPECT_EQ(reproduced, s == 0 ? 1 : 0) << "site " << s;  // site 0's own runs agreed
+    EXPECT_EQ(CountEvents(Site("faulty", s)), int(Events(Site("faulty", s), 6).size()));
+  }
+}
+
+// An exponent bit of site 0's reduce-scatter half reaches both sites through the sum: their
+// fingerprints agree, the guard sees it, both sites replay and both name the WAN.
+TEST_F(SitesSdcTest, APayloadSummedIntoBothSitesIsFoundByTheGuardAndReplayedAway) {
+  RunConfig clean = cfg_;
+  clean.sdc.on_alarm = "redo";
+  for (const Status& s : RunSites(clean, "clean")) ASSERT_TRUE(s.ok()) << s.ToString();
+  RunConfig c = clean;
+  c.faults.inject = "wan:step=9,site=0,chunk=0,elem=1,bit=30";
+  for (const Status& s : RunSites(c, "faulty")) ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(Final("faulty"), Final("clean"));
+  for (int s = 0; s < 2; ++s) {
+    bool guard = false, fingerprint = false, wan = false;
+    for (const auto& e : Events(Site("faulty", s), 9)) {
+      guard |= e["detector"] == "guard";
+      fingerprint |= e["detector"] == "fingerprint";
+      wan |= e["detector"] == "replay" && e["op"] == "wan" && e["site"] == s;
+    }
+    EXPECT_TRUE(guard) << "site " << s;
+    EXPECT_FALSE(fingerprint) << "site " << s;
+    EXPECT_TRUE(wan) << "site " << s;
+  }
+}
+
+// Without the WAN transport (an in-process WAN) a wan fault cannot strike: refused up front.
+TEST_F(SitesSdcTest, AWanFaultNeedsTheTransport) {
+  RunConfig c = cfg_;
+  c.faults.inject = "wan:step=2,site=0;wan:step=2,site=1";
+  const auto st = RunInProcessRanks(2, [&](Communicator& wan) -> Status {
+    TrainOptions o;
+    o.out_dir = fmt::format("{}/x/site-{}", root_, wan.rank());
+    o.progress = false;
+    o.world.site = wan.rank();
+    o.world.wan = &wan;
+    return Train(c, o).status();
+  });
+  for (const Status& s : st) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("a wan fault needs the WAN transport"), std::string::npos)
+        << s.ToString();
+  }
+}
+
+}  // namespace
+}  // namespace atl
