@@ -7,7 +7,11 @@
 #        CLEAN_STEPS (a clean run for false positives in the "checksums" campaign, 10000),
 #        CAMPAIGNS (default "guard:1 checksums:1:sdc.checksums=true dp2:2:sdc.checksums=true":
 #        NAME:DP[:SET,SET...], the detectors under test and the data-parallel ranks, run as
-#        threads), COST_STEPS (12), ATOLL (build/release/atoll), SKIP_COST=1, SKIP_CAMPAIGN=1.
+#        threads; a NAME beginning with "sites" also injects wan payload flips, at
+#        SITES_INJECTIONS, default 224: 7 sites x 32 bits), COST_STEPS (12),
+#        ATOLL (build/release/atoll), SKIP_COST=1, SKIP_CAMPAIGN=1.
+# Add "sites2:1:world.sites=2,world.ranks_per_site=1,sdc.checksums=true" to CAMPAIGNS for two
+# sync sites in one process, their leaders joined by the WAN transport on loopback.
 # Each campaign is `atoll sdc-campaign` on configs/tiny.toml (sdc.on_alarm = redo: alarmed steps
 # are replayed, localized and undone; guard, fingerprints and memory checks on, as by default);
 # its tables go to DIR/campaign-NAME/tables.md and are printed. DIR/sdc_bits.svg plots the
@@ -39,15 +43,20 @@ if [[ -z ${SKIP_CAMPAIGN:-} ]]; then
     extra=()
     IFS=, read -ra kv <<<"${sets:-}"
     for s in "${kv[@]}"; do extra+=(--set "$s"); done
+    n=$INJECTIONS
+    if [[ $name == sites* ]]; then
+      extra+=(--kinds gemm_fwd,gemm_bwd,activation,grad,param,moment,wan)
+      n=${SITES_INJECTIONS:-224}
+    fi
     dir="$OUT/campaign-$name"
     echo
     note=""
     ((clean > 0)) && note=", and a clean run of $clean steps"
-    echo "## campaign $name: configs/tiny.toml, dp $dp${sets:+, $sets}, $INJECTIONS injections" \
+    echo "## campaign $name: configs/tiny.toml, dp $dp${sets:+, $sets}, $n injections" \
       "of $STEPS steps$note"
     echo
     "$ATOLL" sdc-campaign --config configs/tiny.toml --set train.steps="$STEPS" \
-      --set parallel.dp="$dp" "${extra[@]}" --injections "$INJECTIONS" --clean-steps "$clean" \
+      --set parallel.dp="$dp" "${extra[@]}" --injections "$n" --clean-steps "$clean" \
       --out "$dir" 2>"$dir.err" || { tail -5 "$dir.err" >&2; exit 1; }
     plots+=("$dir/bits.csv" "$name")
   done

@@ -76,7 +76,9 @@ void AddSdcCommand(CLI::App& app) {
       "Trains the config once clean, then once per injection with one bit flip ([faults], see\n"
       "`atoll train --help`): injection i flips bit i mod B of the B --bits at site i / B of\n"
       "--kinds (cycling), at a drawn step from --first-step on, on a drawn rank (the\n"
-      "parallel.dp x tp x pp ranks run as threads of this process). Each run's sdc events are\n"
+      "parallel.dp x tp x pp ranks run as threads of this process; with world.sites > 1, a\n"
+      "drawn site too: the sites of a sync world run as threads, their leaders joined by the\n"
+      "WAN transport on loopback, and --kinds may add wan). Each run's sdc events are\n"
       "scored against the flip: detected (by which detector, how many steps later), localized\n"
       "(the event names the rank, micro-batch, block and op, or the tensor), recovered (final\n"
       "parameters bitwise those of the clean run) and harm (the final validation loss's\n"
@@ -89,7 +91,9 @@ void AddSdcCommand(CLI::App& app) {
       "  atoll sdc-campaign --config configs/tiny.toml --out runs/sdc --injections 192\n"
       "  atoll sdc-campaign --config configs/tiny.toml --set parallel.dp=2 --out runs/sdc-dp2\n"
       "  atoll sdc-campaign --config configs/tiny.toml --set sdc.on_alarm=warn --kinds grad \\\n"
-      "      --injections 32 --out runs/sdc-guard");
+      "      --injections 32 --out runs/sdc-guard\n"
+      "  atoll sdc-campaign --config configs/tiny.toml --set world.sites=2 \\\n"
+      "      --set world.ranks_per_site=1 --kinds grad,param,wan --out runs/sdc-sites");
   cmd->add_option("--config", args->config, "TOML config file (e.g. configs/tiny.toml)")
       ->required()
       ->check(CLI::ExistingFile);
@@ -99,7 +103,7 @@ void AddSdcCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--kinds", args->kinds,
                   "Injection sites, comma-separated: gemm_fwd, gemm_bwd, activation, grad, "
-                  "param, moment")
+                  "param, moment, wan (world.sites > 1)")
       ->capture_default_str();
   cmd->add_option("--bits", args->bits,
                   "Bits flipped, cycled: ranges and bits, comma-separated (31 sign, 23-30 "

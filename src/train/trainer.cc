@@ -136,6 +136,7 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
   if (me.last_stage() && me.tp_rank() == 0)
     std::copy(local_losses.begin(), local_losses.end(), all_losses.begin() + run.first_micro);
   if (me.size() > 1) ATOLL_RETURN_IF_ERROR(me.world()->AllReduce(std::span<double>(all_losses)));
+  if (run.faults != nullptr) run.faults->AtWan(s);
   ATOLL_RETURN_IF_ERROR(strategy.AfterBackward(s, std::span<float>(run.model->grads(), n_params),
                                                std::span<double>(all_losses)));
   InjectBufferFaults(run, FaultKind::kGrad, s);
@@ -335,9 +336,13 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   ATOLL_ASSIGN_OR_RETURN(std::unique_ptr<WorldStrategy> strategy, MakeWorldStrategy(sc));
   // The sites of a sync run hold one model: their fingerprints are compared too.
   if (run.sdc != nullptr && cfg.world.sites > 1 && cfg.world.strategy == "sync")
-    run.sdc->set_sites([s = strategy.get()](const std::vector<uint64_t>& mine) {
-      return s->GatherOverSites(mine);
-    });
+    run.sdc->set_sites(
+        [s = strategy.get()](const std::vector<uint64_t>& mine) {
+          return s->GatherOverSites(mine);
+        },
+        [s = strategy.get()](bool corrupt, float* p, size_t n, float* m, float* v, size_t k) {
+          return s->RepairAcrossSites(corrupt, p, n, m, v, k);
+        });
   // wan faults strike in the WAN transport, on the leader's sender threads, until Train returns.
   ATOLL_ASSIGN_OR_RETURN(const PayloadFaultScope payload_fault, InstallPayloadFault(run, options));
   ATOLL_ASSIGN_OR_RETURN(start, strategy->Start(start, run.model->params()));
@@ -447,10 +452,11 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       ATOLL_RETURN_IF_ERROR(metrics.Append(m));
       if (options.progress) progress.Update(m);
     }
-    if (tc.checkpoint_every > 0 && (s + 1) % tc.checkpoint_every == 0 && run.site == 0) {
-      ATOLL_RETURN_IF_ERROR(check_at_rest());
-      ATOLL_RETURN_IF_ERROR(
-          SaveCheckpoint(run, fmt::format("{}/checkpoint-{}", ck_dir, s + 1), s + 1));
+    if (tc.checkpoint_every > 0 && (s + 1) % tc.checkpoint_every == 0) {
+      ATOLL_RETURN_IF_ERROR(check_at_rest());  // on every site: it may repair across them
+      if (run.site == 0)
+        ATOLL_RETURN_IF_ERROR(
+            SaveCheckpoint(run, fmt::format("{}/checkpoint-{}", ck_dir, s + 1), s + 1));
     }
     if (options.die_after_step == s + 1 && leader) {
       LogWarning("site {}: dying after step {} (fault injection)", run.site, s + 1);
@@ -471,10 +477,8 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
                  spec);
   if (const std::string summary = strategy->Summary(); !summary.empty()) LogInfo("{}", summary);
   const std::string final_dir = ck_dir + "/checkpoint";
-  if (run.site == 0) {
-    ATOLL_RETURN_IF_ERROR(check_at_rest());
-    ATOLL_RETURN_IF_ERROR(SaveCheckpoint(run, final_dir, tc.steps));
-  }
+  ATOLL_RETURN_IF_ERROR(check_at_rest());
+  if (run.site == 0) ATOLL_RETURN_IF_ERROR(SaveCheckpoint(run, final_dir, tc.steps));
   return final_dir;
 }
 

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,10 +15,10 @@
 #include <optional>
 #include <set>
 
-#include "comm/inprocess.h"
 #include "core/file.h"
 #include "core/rng.h"
 #include "model/config.h"
+#include "train/local_world.h"
 #include "train/sdc/fingerprint.h"
 #include "train/trainer.h"
 
@@ -28,11 +29,16 @@ namespace {
 // An sdc event as metrics.jsonl holds it (train/sdc/monitor.h SdcEvent::ToJson), with its step.
 struct Event {
   int64_t step = 0;
-  int rank = -1;
+  int site = 0, rank = -1;
   std::string detector, verdict, what, op;
   int64_t micro = -1;
   int layer = -1;
 };
+
+// Ranks per site.
+int RanksOf(const RunConfig& cfg) {
+  return int(cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp);
+}
 
 struct RunRecord {
   std::vector<Event> events;
@@ -41,55 +47,57 @@ struct RunRecord {
   std::string model;  // the final checkpoint's model.safetensors, bytes
 };
 
-Status TrainIn(const RunConfig& cfg, int ranks, const std::string& dir) {
-  std::filesystem::remove_all(dir);
-  auto train = [&](Communicator* comm) {
-    TrainOptions o;
-    o.out_dir = dir;
-    o.progress = false;
-    o.comm = comm;
-    return Train(cfg, o).status();
-  };
-  if (ranks == 1) return train(nullptr);
-  for (const Status& st :
-       RunInProcessRanks(ranks, [&](Communicator& comm) { return train(&comm); }))
-    if (!st.ok()) return st;
-  return Status::Ok();
+// An event of a metrics line of step `step`.
+Event EventOf(int64_t step, const nlohmann::json& e) {
+  Event ev;
+  ev.step = step;
+  ev.site = e.value("site", 0);
+  ev.rank = e.value("rank", -1);
+  ev.detector = e.value("detector", "");
+  ev.verdict = e.value("verdict", "");
+  ev.what = e.value("what", "");
+  ev.op = e.value("op", "");
+  ev.micro = e.value("micro", int64_t(-1));
+  ev.layer = e.value("layer", -1);
+  return ev;
 }
 
-StatusOr<RunRecord> ReadRun(const std::string& dir) {
+// Every site's events (in step order, a finding several sites report once), site 0's steps and
+// validation loss, and the checkpoint.
+StatusOr<RunRecord> ReadRun(const RunConfig& cfg, const std::string& dir) {
   RunRecord r;
-  std::ifstream in(dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded()) return Status::Corruption(dir + "/metrics.jsonl: not JSON: " + line);
-    r.steps = j.value("step", int64_t(0));
-    if (j.contains("val_loss")) r.val_loss = j["val_loss"].get<double>();
-    if (!j.contains("sdc")) continue;
-    for (const auto& e : j["sdc"]) {
-      Event ev;
-      ev.step = r.steps;
-      ev.rank = e.value("rank", -1);
-      ev.detector = e.value("detector", "");
-      ev.verdict = e.value("verdict", "");
-      ev.what = e.value("what", "");
-      ev.op = e.value("op", "");
-      ev.micro = e.value("micro", int64_t(-1));
-      ev.layer = e.value("layer", -1);
-      r.events.push_back(std::move(ev));
+  std::set<std::string> seen;
+  for (int site = 0; site < int(cfg.world.sites); ++site) {
+    const std::string path = LocalSiteDir(cfg, dir, site) + "/metrics.jsonl";
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded()) return Status::Corruption(path + ": not JSON: " + line);
+      const int64_t step = j.value("step", int64_t(0));
+      if (site == 0) r.steps = step;
+      if (site == 0 && j.contains("val_loss")) r.val_loss = j["val_loss"].get<double>();
+      if (!j.contains("sdc")) continue;
+      for (const auto& e : j["sdc"])
+        if (seen.insert(fmt::format("{}|{}", step, e.dump())).second)
+          r.events.push_back(EventOf(step, e));
     }
   }
+  std::stable_sort(r.events.begin(), r.events.end(),
+                   [](const Event& a, const Event& b) { return a.step < b.step; });
   if (auto m = ReadFile(dir + "/checkpoint/model.safetensors"); m.ok()) r.model = std::move(*m);
   return r;
 }
 
-// The fired faults of every rank's log.
-std::vector<FaultRecord> ReadFired(const std::string& dir, int ranks) {
+// The fired faults of every rank's log, site by site.
+std::vector<FaultRecord> ReadFired(const RunConfig& cfg, const std::string& dir) {
   std::vector<FaultRecord> out;
-  for (int rank = 0; rank < ranks; ++rank) {
-    std::ifstream in(rank == 0 ? dir + "/faults.jsonl"
-                               : fmt::format("{}/faults-rank{}.jsonl", dir, rank));
+  const int ranks = RanksOf(cfg);
+  for (int i = 0; i < ranks * int(cfg.world.sites); ++i) {
+    const std::string site_dir = LocalSiteDir(cfg, dir, i / ranks);
+    const int rank = i % ranks;
+    std::ifstream in(rank == 0 ? site_dir + "/faults.jsonl"
+                               : fmt::format("{}/faults-rank{}.jsonl", site_dir, rank));
     std::string line;
     while (std::getline(in, line)) {
       const auto j = nlohmann::json::parse(line, nullptr, false);
@@ -103,6 +111,8 @@ std::vector<FaultRecord> ReadFired(const std::string& dir, int ranks) {
       f.gemm = j.value("gemm", -1);
       f.elem = j.value("elem", int64_t(0));
       f.bit = j.value("bit", 0);
+      f.chunk = j.value("chunk", int64_t(-1));
+      f.to_site = j.value("to_site", -1);
       out.push_back(f);
     }
   }
@@ -133,8 +143,11 @@ std::string BufferOf(const Outcome& o) {
 // Whether event e names the place of the flip o (see campaign.h).
 bool Names(const Event& e, const Outcome& o) {
   const FaultRecord& t = o.truth;
-  if (e.rank != t.rank) return false;
   const bool replay = e.detector == "replay" && e.verdict == "transient";
+  // A payload is found where it arrived: the replay names the site that took it and the WAN.
+  if (o.kind == FaultKind::kWan)
+    return replay && e.step == t.step && e.site == t.to_site && e.op == "wan";
+  if (e.site != t.site || e.rank != t.rank) return false;
   if ((replay || e.detector == "checksum") && e.step == t.step) {
     if (IsCompute(o.kind)) {
       const std::string op = o.kind == FaultKind::kActivation
@@ -159,7 +172,8 @@ bool Names(const Event& e, const Outcome& o) {
 // An event's identity, to tell the clean run's own findings (a genuine spike at step k) from the
 // flip's in an injected run, which is the clean run bit for bit wherever the flip changed nothing.
 std::string KeyOf(const Event& e) {
-  return fmt::format("{}|{}|{}|{}|{}|{}", e.step, e.rank, e.detector, e.verdict, e.what, e.op);
+  return fmt::format("{}|{}|{}|{}|{}|{}|{}", e.step, e.site, e.rank, e.detector, e.verdict, e.what,
+                     e.op);
 }
 
 std::set<std::string> KeysOf(const std::vector<Event>& events) {
@@ -233,10 +247,6 @@ void KeepEventLines(const std::string& dir, const std::string& path) {
     if (line.find("\"sdc\"") != std::string::npos) out << line << "\n";
 }
 
-int RanksOf(const RunConfig& cfg) {
-  return int(cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp);
-}
-
 }  // namespace
 
 std::string Outcome::ToJson() const {
@@ -247,7 +257,12 @@ std::string Outcome::ToJson() const {
   j["fired"] = fired;
   if (fired) {
     j["step"] = truth.step;
+    j["site"] = truth.site;
     j["rank"] = truth.rank;
+    if (truth.chunk >= 0) {
+      j["chunk"] = truth.chunk;
+      j["to_site"] = truth.to_site;
+    }
     j["micro"] = truth.micro;
     j["layer"] = truth.layer;
     j["gemm"] = truth.gemm;
@@ -282,7 +297,7 @@ StatusOr<std::vector<FaultKind>> ParseFaultKinds(std::string_view list) {
     if (!spec.ok() || spec->size() != 1)
       return Status::InvalidArgument(fmt::format(
           "--kinds: unknown injection site '{}' (gemm_fwd, gemm_bwd, activation, grad, param, "
-          "moment)",
+          "moment, wan)",
           name));
     if ((*spec)[0].kind == FaultKind::kBadCore)
       return Status::InvalidArgument(
@@ -334,9 +349,13 @@ StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o) {
     return Status::InvalidArgument(fmt::format("--clean-steps: {} is negative", o.clean_steps));
   if (o.seed > (uint64_t(1) << 40))
     return Status::InvalidArgument(fmt::format("--seed: {} is above 2^40", o.seed));
-  if (base.world.sites > 1)
+  const int sites = int(base.world.sites);
+  if (sites > 1 && base.world.strategy != "sync")
     return Status::InvalidArgument(
-        "sdc campaign: world.sites > 1 is not supported yet (one site, any dp x tp x pp)");
+        "sdc campaign: several sites need world.strategy = sync (the sites run in this process, "
+        "without a coordinator)");
+  if (sites == 1 && std::find(o.kinds.begin(), o.kinds.end(), FaultKind::kWan) != o.kinds.end())
+    return Status::InvalidArgument("--kinds: wan needs world.sites > 1 (a payload between sites)");
   if (base.sdc.on_alarm == "stop")
     return Status::InvalidArgument(
         "sdc campaign: sdc.on_alarm = stop ends a run before its events are written; use warn "
@@ -359,11 +378,13 @@ StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o) {
   result.layout = result.ranks == 1 ? std::string("one process")
                                     : fmt::format("dp {} x tp {} x pp {}{}", pc.dp, pc.tp, pc.pp,
                                                   pc.zero ? " (ZeRO-1)" : "");
+  if (sites > 1)
+    result.layout = fmt::format("{} sites (sync, WAN on loopback) of {}", sites, result.layout);
   const std::string run_dir = o.dir + "/run";
 
   // The clean reference (and, when asked, a longer clean run for false positives).
-  ATOLL_RETURN_IF_ERROR(TrainIn(base, result.ranks, run_dir));
-  ATOLL_ASSIGN_OR_RETURN(RunRecord clean, ReadRun(run_dir));
+  ATOLL_RETURN_IF_ERROR(TrainLocalWorld(base, run_dir));
+  ATOLL_ASSIGN_OR_RETURN(RunRecord clean, ReadRun(base, run_dir));
   if (!std::isfinite(clean.val_loss) || clean.model.empty())
     return Status::Internal("sdc campaign: the clean run wrote no validation loss or checkpoint");
   result.clean_val_loss = clean.val_loss;
@@ -372,18 +393,18 @@ StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o) {
   const std::set<std::string> clean_keys = KeysOf(clean.events);
   const std::string clean_log = o.dir + "/clean_events.jsonl";
   std::remove(clean_log.c_str());
-  KeepEventLines(run_dir, clean_log);
+  for (int s = 0; s < sites; ++s) KeepEventLines(LocalSiteDir(base, run_dir, s), clean_log);
   if (o.clean_steps > 0) {
     RunConfig long_cfg = base;
     long_cfg.train.steps = o.clean_steps;
     long_cfg.train.eval_every = 0;
-    ATOLL_RETURN_IF_ERROR(TrainIn(long_cfg, result.ranks, run_dir));
-    ATOLL_ASSIGN_OR_RETURN(RunRecord long_run, ReadRun(run_dir));
+    ATOLL_RETURN_IF_ERROR(TrainLocalWorld(long_cfg, run_dir));
+    ATOLL_ASSIGN_OR_RETURN(RunRecord long_run, ReadRun(long_cfg, run_dir));
     result.clean_run_steps += long_run.steps;
     const FalseFindings found =
         FindingsBefore(long_run.events, std::numeric_limits<int64_t>::max());
     result.clean_run += found;
-    KeepEventLines(run_dir, clean_log);
+    for (int s = 0; s < sites; ++s) KeepEventLines(LocalSiteDir(base, run_dir, s), clean_log);
     if (o.progress)
       o.progress(
           0, o.injections,
@@ -407,7 +428,11 @@ StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o) {
     f.bit = bits[size_t(i % n_bits)];
     f.step = o.first_step +
              int64_t(RandomBelow(o.seed, uint64_t(i), RngPurpose::kFault, 1, uint64_t(span)));
-    f.rank = int(RandomBelow(o.seed, uint64_t(i), RngPurpose::kFault, 2, uint64_t(result.ranks)));
+    f.rank =
+        f.kind == FaultKind::kWan  // the leader sends the site's payloads
+            ? 0
+            : int(RandomBelow(o.seed, uint64_t(i), RngPurpose::kFault, 2, uint64_t(result.ranks)));
+    f.site = int(RandomBelow(o.seed, uint64_t(i), RngPurpose::kFault, 4, uint64_t(sites)));
     f.moment = RandomBelow(o.seed, uint64_t(i), RngPurpose::kFault, 3, 2) == 0 ? 'm' : 'v';
     RunConfig cfg = base;
     cfg.faults.inject = FormatSpec(f);
@@ -418,21 +443,21 @@ StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o) {
     out.kind = f.kind;
     out.bit = f.bit;
     out.moment = f.kind == FaultKind::kMoment ? f.moment : 0;
-    if (Status st = TrainIn(cfg, result.ranks, run_dir); !st.ok()) {
+    if (Status st = TrainLocalWorld(cfg, run_dir); !st.ok()) {
       // Bad input (exit 2) is the campaign's to report; a run that stopped is an outcome.
       if (st.code() == StatusCode::kInvalidArgument || st.code() == StatusCode::kNotFound ||
           st.code() == StatusCode::kCorruption)
         return st;
       out.error = st.ToString();
     }
-    const std::vector<FaultRecord> fired = ReadFired(run_dir, result.ranks);
+    const std::vector<FaultRecord> fired = ReadFired(cfg, run_dir);
     if (!fired.empty()) {
       out.fired = true;
       out.truth = fired.front();
       out.truth.kind = f.kind;
       if (!IsCompute(f.kind)) out.tensor = TensorOf(cfg, f.kind, out.truth.elem);
     }
-    ATOLL_ASSIGN_OR_RETURN(RunRecord run, ReadRun(run_dir));
+    ATOLL_ASSIGN_OR_RETURN(RunRecord run, ReadRun(cfg, run_dir));
     Score(run, clean, clean_keys, &out);
     log << out.ToJson() << "\n";
     log.flush();

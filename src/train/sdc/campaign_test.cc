@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "train/test_util.h"
 
@@ -69,6 +70,42 @@ TEST_F(CampaignTest, ScoresDetectedLocalizedAndRecoveredFlips) {
   const std::string csv = *ReadFile(o.dir + "/bits.csv");
   EXPECT_NE(csv.find("\n30,3,1.0000,1.0000,0.0000,0.0000,0.0000,1.0000,0\n"), std::string::npos)
       << csv;
+}
+
+// Two sites (sync, the WAN on loopback): a payload flip in either half of the ring is caught in
+// its step (the all-gather half by the sites' fingerprints, an exponent in the reduce-scatter
+// half by the guard), localized to the site that took it and the WAN, and recovered bitwise.
+TEST_F(CampaignTest, TwoSitesWanPayloadFlipsAreFoundAndRecovered) {
+  CampaignOptions o = Options("sites");
+  o.cfg.world.sites = 2;
+  o.cfg.world.ranks_per_site = 1;
+  o.cfg.train.threads = 1;
+  o.kinds = {FaultKind::kWan, FaultKind::kParam};
+  o.bits = {30};
+  o.injections = 6;
+  auto r = RunCampaign(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->outcomes.size(), 6u);
+  std::set<int> sites;
+  for (const Outcome& out : r->outcomes) {
+    SCOPED_TRACE(out.ToJson());
+    ASSERT_TRUE(out.fired);
+    EXPECT_TRUE(out.detected());
+    EXPECT_EQ(out.delay, 0);
+    EXPECT_TRUE(out.localized);
+    EXPECT_TRUE(out.recovered);
+    sites.insert(out.truth.site);
+    if (out.kind == FaultKind::kWan) {
+      EXPECT_TRUE(out.replay);
+      EXPECT_GE(out.truth.chunk, 0);
+      EXPECT_EQ(out.truth.to_site, 1 - out.truth.site);
+    }
+  }
+  EXPECT_EQ(sites.size(), 2u);  // both sites struck
+  EXPECT_NE(CampaignTables(*r).find("2 sites (sync, WAN on loopback)"), std::string::npos);
+  // Only sync runs in one process.
+  o.cfg.world.strategy = "diloco";
+  EXPECT_EQ(RunCampaign(o).status().code(), StatusCode::kInvalidArgument);
 }
 
 // Without replays the same flips are detected but not recovered: the scoring sees the damage

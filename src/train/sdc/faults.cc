@@ -298,15 +298,17 @@ void FaultInjector::OnBuffer(FaultKind kind, int64_t s, float* data, size_t n, c
   }
 }
 
+void FaultInjector::AtWan(int64_t s) {
+  const std::lock_guard<std::mutex> lk(mu_);
+  wan_step_ = s;
+  wan_chunks_ = 0;
+}
+
 void FaultInjector::OnWanPayload(int to_site, std::string* payload) {
-  const int64_t s = step_;
-  int64_t chunk;
+  int64_t s, chunk;
   {
     const std::lock_guard<std::mutex> lk(mu_);
-    if (s != wan_step_) {
-      wan_step_ = s;
-      wan_chunks_ = 0;
-    }
+    s = wan_step_;
     chunk = wan_chunks_++;
   }
   const size_t words = payload->size() / sizeof(float);

@@ -17,12 +17,13 @@
 //   wan          a payload the site's leader (rank 0) sends to another site over the WAN
 //                transport, before the transport checksums it (world/wan.h WanPayloadFault),
 //                so the receiver accepts it: the `chunk`-th data chunk (0-based) the site sends
-//                from the start of step `step` on. sync: the step's gradient all-reduce first,
+//                from the start of step `step`'s WAN work on (AtWan: after its backward pass).
+//                sync: the step's gradient all-reduce first,
 //                a ring of 1 MiB chunks: the first half of them the reduce-scatter (its sums
 //                reach every site), the second half the all-gather (only the receiver takes
-//                them); then the losses'. Unset, chunk is drawn among the gradient
-//                all-reduce's (set_wan_chunks; SyncWanChunksPerStep). diloco, streaming: the
-//                exchange after the step (drawn in 0..3). Needs the WAN transport (`atoll
+//                them); then the losses', then the detectors'. Unset, chunk is drawn among the
+//                gradient all-reduce's (set_wan_chunks; SyncWanChunksPerStep). diloco, streaming:
+//                the exchange after the step (drawn in 0..3). Needs the WAN transport (`atoll
 //                launch`, or tests that connect real endpoints).
 // Keys: step (1-based, the step whose computation is corrupted; required except for bad_core),
 // site (0), rank (0: the rank within the site), layer, gemm, micro (the micro-batch's index in the
@@ -138,6 +139,8 @@ class FaultInjector {
   void OnOp(FaultKind kind, int layer, int gemm, float* out, size_t n);
   // A flat buffer of kind kGrad, kParam or kMoment ('m' / 'v' for moments) at step s (0-based).
   void OnBuffer(FaultKind kind, int64_t s, float* data, size_t n, char moment = 0);
+  // Step s's WAN work begins (after its backward pass): wan faults count their chunks from here.
+  void AtWan(int64_t s);
   // The WAN transport's payload fault (world/wan.h WanPayloadFault): a data chunk to `to_site`,
   // sent during the step At last named. Any thread.
   void OnWanPayload(int to_site, std::string* payload);
@@ -167,7 +170,7 @@ class FaultInjector {
   int site_, rank_, layer_begin_, layer_end_;
   std::atomic<int64_t> step_{-1}, micro_{-1};  // read by OnWanPayload's thread
   uint64_t op_calls_ = 0;                      // bad core: the draw's counter within the step
-  int64_t wan_step_ = -1, wan_chunks_ = 0;     // OnWanPayload: the chunks of its step so far
+  int64_t wan_step_ = -1, wan_chunks_ = 0;     // AtWan's step, and its chunks so far (mu_)
   int64_t wan_chunks_per_step_ = 4;            // a drawn chunk is below this
   std::mutex mu_;                              // Fire's record and log; OnWanPayload
   std::string log_path_;

@@ -147,7 +147,7 @@ TEST(Faults, BufferFaultsStrikeTheirStepOnceAndOnlyTheirRank) {
 }
 
 // A wan fault flips a bit of the chunk it names among those its site sends from the start of its
-// step on (the transport's sender thread calls OnWanPayload), once; a drawn chunk is in 0..3.
+// step's WAN work on (the transport's sender thread calls OnWanPayload), once; a drawn chunk is in 0..3.
 TEST(Faults, AWanFaultFlipsTheNamedChunkOfItsStepOnce) {
   auto specs =
       ParseFaults("wan:step=3,site=1,chunk=2,elem=5,bit=31;wan:step=4,site=1,bit=30").value();
@@ -173,6 +173,7 @@ TEST(Faults, AWanFaultFlipsTheNamedChunkOfItsStepOnce) {
   std::vector<std::string> sent;
   for (int64_t s = 0; s < 5; ++s) {
     inj.At(s, 0);
+    inj.AtWan(s);
     for (int c = 0; c < 4; ++c) {
       sent.push_back(payload());
       inj.OnWanPayload(/*to_site=*/0, &sent.back());

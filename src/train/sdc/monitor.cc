@@ -38,6 +38,7 @@ std::string SdcEvent::ToJson() const {
   } else if (detector == "memory") {
     j["verdict"] = verdict;
     if (source >= 0) j["source"] = source;
+    if (source_site >= 0) j["source_site"] = source_site;
   } else if (detector == "replay") {
     j["verdict"] = verdict;
     if (micro >= 0) j["micro"] = micro;
@@ -63,10 +64,11 @@ std::string SdcEvent::ToString() const {
         step, where, what, value, deviations, median);
   }
   if (detector == "memory")
-    return fmt::format("step {} ({}): memory: {} changed at rest since the last update; {}", step,
-                       where, what,
-                       source >= 0 ? fmt::format("repaired from rank {}", source)
-                                   : std::string("not repaired (no clean replica holds it)"));
+    return fmt::format(
+        "step {} ({}): memory: {} changed at rest since the last update; {}", step, where, what,
+        source >= 0        ? fmt::format("repaired from rank {}", source)
+        : source_site >= 0 ? fmt::format("repaired from site {}", source_site)
+                           : std::string("not repaired (no clean replica holds it)"));
   if (detector == "checksum")
     return fmt::format(
         "step {} ({}): checksum: {} of micro-batch {} in block {}: column sum {:.9g}, expected "
@@ -205,20 +207,32 @@ Status SdcMonitor::CheckAtRest(float* params, size_t n, float* m, float* v, size
     if (root >= 0 && repairable)
       source = size_t(root) < replica_ranks_.size() ? replica_ranks_[size_t(root)] : root;
   }
+  // What no replica could repair, another site may (sync: the sites hold one model).
+  int source_site = -1;
+  if (sites_repair_ != nullptr) {
+    const bool left = std::any_of(changed.begin(), changed.end(), [&](const std::string& what) {
+      return source < 0 || !replicated(what);
+    });
+    ATOLL_ASSIGN_OR_RETURN(const int root, sites_repair_(left, params, n, m, v, k));
+    if (left) source_site = root;
+  }
   for (const std::string& what : changed) {
     SdcEvent e;
     e.site = site_;
     e.rank = rank_;
     e.detector = "memory";
     e.what = what;
-    const bool repaired = source >= 0 && replicated(what);
-    e.verdict = repaired ? "repaired" : "not repaired";
-    e.source = repaired ? source : -1;
+    const bool by_replica = source >= 0 && replicated(what);
+    e.verdict = by_replica || source_site >= 0 ? "repaired" : "not repaired";
+    e.source = by_replica ? source : -1;
+    e.source_site = by_replica ? -1 : source_site;
     LogWarning(
         "silent data corruption: rank {} of site {}: {} changed at rest since the last "
         "step; {}",
         rank_, site_, what,
-        repaired ? fmt::format("repaired from rank {}", source) : "not repaired");
+        by_replica         ? fmt::format("repaired from rank {}", source)
+        : source_site >= 0 ? fmt::format("repaired from site {}", source_site)
+                           : std::string("not repaired"));
     at_rest_.push_back(e);
   }
   return Status::Ok();

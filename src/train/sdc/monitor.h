@@ -22,7 +22,8 @@
 //     only: a WAN payload corrupted in the all-gather half of the ring, or a site's state.
 //   - memory checks (sdc.memory; train/sdc/memory.h): the rank's parameters and moments are
 //     sealed at the end of each step (SealAtRest) and checked before the next (CheckAtRest); a
-//     changed tensor is named, and repaired from a data-parallel replica whose check passed.
+//     changed tensor is named, and repaired from a data-parallel replica whose check passed, or
+//     (sync across sites, set_sites) from another site's copy.
 //   - checksums (sdc.checksums): every block GEMM's column checksum (train/sdc/checksum.h),
 //     forward and backward, checked right after the GEMM; the first failing GEMM of the step is
 //     reported with its micro-batch, block and op ("gemm_fwd 2"), and how many failed.
@@ -68,9 +69,10 @@ struct SdcEvent {
   int64_t micro = -1;  // replay, checksum: where
   int layer = -1;
   std::string op;
-  int64_t count = 0;  // checksum: the GEMMs that failed in the step
-  int source = -1;    // memory, verdict "repaired": the replica (rank in the site) copied from
-  std::string run;    // transient: the run that was corrupted ("first" or "replay")
+  int64_t count = 0;     // checksum: the GEMMs that failed in the step
+  int source = -1;       // memory, verdict "repaired": the replica (rank in the site) copied from
+  int source_site = -1;  // ... or the site (the same rank there), when no replica could
+  std::string run;       // transient: the run that was corrupted ("first" or "replay")
   std::string ToJson() const;
   std::string ToString() const;
 };
@@ -116,7 +118,15 @@ class SdcMonitor {
   // (empty elsewhere; WorldStrategy::GatherOverSites). Collective over the sites' leaders.
   using SitesGather = std::function<StatusOr<std::vector<std::vector<uint64_t>>>(
       const std::vector<uint64_t>& mine)>;
-  void set_sites(SitesGather gather) { sites_ = std::move(gather); }
+  // ... and state at rest that no data-parallel replica could repair, copied from another site
+  // (WorldStrategy::RepairAcrossSites: returns the site copied from, -1 for none). Collective
+  // over the world.
+  using SitesRepair = std::function<StatusOr<int>(bool corrupt, float* params, size_t n, float* m,
+                                                  float* v, size_t k)>;
+  void set_sites(SitesGather gather, SitesRepair repair) {
+    sites_ = std::move(gather);
+    sites_repair_ = std::move(repair);
+  }
 
   // The model's op hook, activations only (kind 2): the max |x| of each block's output.
   void OnActivation(int layer, const float* out, size_t n);
@@ -169,6 +179,7 @@ class SdcMonitor {
   Status CompareSites(int64_t s, const std::vector<std::pair<const char*, const float*>>& parts,
                       std::vector<SdcEvent>* out);
   SitesGather sites_;
+  SitesRepair sites_repair_;
 
   std::vector<int> replica_ranks_;
   StepGuard guard_, saved_guard_;

@@ -6,11 +6,9 @@
 // with the corruption located to the step, the site and the WAN.
 #include <gtest/gtest.h>
 
-#include <thread>
-
 #include "comm/inprocess.h"
+#include "train/local_world.h"
 #include "train/test_util.h"
-#include "world/transport/test_world.h"
 
 namespace atl {
 namespace {
@@ -26,27 +24,9 @@ class SitesSdcTest : public TrainerTest {
     cfg_.world.ranks_per_site = 1;
   }
 
-  // Trains both sites into root_/name/site-N (site 0 writes the checkpoint into root_/name);
-  // returns each site's status.
-  std::vector<Status> RunSites(const RunConfig& cfg, const std::string& name) {
-    auto w = testing_wan::Start(2);
-    if (!w->ok()) return {Status::Unavailable("no WAN")};
-    std::vector<Status> st(2);
-    std::vector<std::thread> threads;
-    for (int s = 0; s < 2; ++s)
-      threads.emplace_back([&, s] {
-        TrainOptions o;
-        o.out_dir = fmt::format("{}/{}/site-{}", root_, name, s);
-        o.checkpoint_dir = root_ + "/" + name;
-        o.progress = false;
-        o.world.site = s;
-        o.world.wan = w->comms[size_t(s)].get();
-        WanEndpoint* ep = w->eps[size_t(s)].get();
-        o.world.payload_fault = [ep](WanPayloadFault f) { ep->SetPayloadFault(std::move(f)); };
-        st[size_t(s)] = Train(cfg, o).status();
-      });
-    for (auto& t : threads) t.join();
-    return st;
+  // Trains both sites into root_/name/site-N (site 0 writes the checkpoint into root_/name).
+  Status RunSites(const RunConfig& cfg, const std::string& name) {
+    return TrainLocalWorld(cfg, root_ + "/" + name);
   }
   std::string Site(const std::string& name, int s) const {
     return fmt::format("{}/{}/site-{}", root_, name, s);
@@ -77,14 +57,16 @@ class SitesSdcTest : public TrainerTest {
 TEST_F(SitesSdcTest, APayloadOnlyOneSiteTookIsFoundByFingerprintsAndReplayedAway) {
   RunConfig clean = cfg_;
   clean.sdc.on_alarm = "redo";
-  for (const Status& s : RunSites(clean, "clean")) ASSERT_TRUE(s.ok()) << s.ToString();
+  const Status clean_run = RunSites(clean, "clean");
+  ASSERT_TRUE(clean_run.ok()) << clean_run.ToString();
   EXPECT_EQ(CountEvents(Site("clean", 0)), 0);
   EXPECT_EQ(CountEvents(Site("clean", 1)), 0);
 
   RunConfig c = clean;
   c.sdc.guard = false;
   c.faults.inject = "wan:step=6,site=0,chunk=1,elem=3,bit=22";
-  for (const Status& s : RunSites(c, "faulty")) ASSERT_TRUE(s.ok()) << s.ToString();
+  const Status faulty_run = RunSites(c, "faulty");
+  ASSERT_TRUE(faulty_run.ok()) << faulty_run.ToString();
   EXPECT_EQ(Final("faulty"), Final("clean"));
   EXPECT_EQ(LossColumns(Site("faulty", 1)), LossColumns(Site("clean", 1)));
 
@@ -117,10 +99,12 @@ TEST_F(SitesSdcTest, APayloadOnlyOneSiteTookIsFoundByFingerprintsAndReplayedAway
 TEST_F(SitesSdcTest, APayloadSummedIntoBothSitesIsFoundByTheGuardAndReplayedAway) {
   RunConfig clean = cfg_;
   clean.sdc.on_alarm = "redo";
-  for (const Status& s : RunSites(clean, "clean")) ASSERT_TRUE(s.ok()) << s.ToString();
+  const Status clean_run = RunSites(clean, "clean");
+  ASSERT_TRUE(clean_run.ok()) << clean_run.ToString();
   RunConfig c = clean;
   c.faults.inject = "wan:step=9,site=0,chunk=0,elem=1,bit=30";
-  for (const Status& s : RunSites(c, "faulty")) ASSERT_TRUE(s.ok()) << s.ToString();
+  const Status faulty_run = RunSites(c, "faulty");
+  ASSERT_TRUE(faulty_run.ok()) << faulty_run.ToString();
   EXPECT_EQ(Final("faulty"), Final("clean"));
   for (int s = 0; s < 2; ++s) {
     bool guard = false, fingerprint = false, wan = false;
@@ -133,6 +117,28 @@ TEST_F(SitesSdcTest, APayloadSummedIntoBothSitesIsFoundByTheGuardAndReplayedAway
     EXPECT_FALSE(fingerprint) << "site " << s;
     EXPECT_TRUE(wan) << "site " << s;
   }
+}
+
+// A parameter flipped in the memory of a site with one replica is repaired from the other site
+// before the step reads it: named by its site, and the run ends with the clean run's bits.
+TEST_F(SitesSdcTest, StateAtRestIsRepairedFromAnotherSite) {
+  RunConfig clean = cfg_;
+  const Status clean_run = RunSites(clean, "clean");
+  ASSERT_TRUE(clean_run.ok()) << clean_run.ToString();
+  RunConfig c = clean;
+  c.faults.inject = "param:step=7,site=1,elem=100,bit=30;moment:step=9,site=0,moment=v,bit=29";
+  const Status faulty_run = RunSites(c, "faulty");
+  ASSERT_TRUE(faulty_run.ok()) << faulty_run.ToString();
+  EXPECT_EQ(Final("faulty"), Final("clean"));
+  auto repaired = [&](int site, int step) {
+    for (const auto& e : Events(Site("faulty", site), step))
+      if (e["detector"] == "memory" && e["verdict"] == "repaired" &&
+          e.value("source_site", -1) == 1 - site)
+        return true;
+    return false;
+  };
+  EXPECT_TRUE(repaired(1, 7));
+  EXPECT_TRUE(repaired(0, 9));
 }
 
 // Without the WAN transport (an in-process WAN) a wan fault cannot strike: refused up front.

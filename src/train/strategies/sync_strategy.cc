@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "train/sdc/memory.h"
 #include "train/strategies/world_strategy.h"
 
 namespace atl {
@@ -52,6 +53,25 @@ class SyncStrategy final : public WorldStrategy {
   StatusOr<int64_t> SumOverSites(int64_t n) override {
     ATOLL_RETURN_IF_ERROR(WorldSum(std::span<int64_t>(&n, 1)));
     return n;
+  }
+
+  StatusOr<int> RepairAcrossSites(bool corrupt, float* params, size_t n, float* m, float* v,
+                                  size_t k) override {
+    int64_t site_corrupt = corrupt ? 1 : 0, root = -1;
+    if (c_.site_comm != nullptr && c_.site_comm->size() > 1)
+      ATOLL_RETURN_IF_ERROR(c_.site_comm->AllReduce(std::span<int64_t>(&site_corrupt, 1)));
+    if (c_.leader) {
+      ATOLL_ASSIGN_OR_RETURN(const int r, RepairFromReplica(*c_.world->wan, site_corrupt > 0,
+                                                            params, n, m, v, k, true));
+      root = r;
+    }
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&root, 1)));
+    if (root >= 0) {
+      ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params, n)));
+      ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(m, k)));
+      ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(v, k)));
+    }
+    return int(root);
   }
 
   StatusOr<std::vector<std::vector<uint64_t>>> GatherOverSites(

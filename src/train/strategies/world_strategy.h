@@ -27,7 +27,9 @@
 //   SumOverSites(n)      a count summed over the sites, so that they decide alike whether to replay
 //                        a step (which they then do together: a replayed AfterBackward repeats
 //                        the WAN all-reduce, not the coordinator's round);
-//   GatherOverSites(h)   the leader's fingerprints gathered from every site (cross-site replicas).
+//   GatherOverSites(h)   the leader's fingerprints gathered from every site (cross-site replicas);
+//   RepairAcrossSites    state at rest a site's memory check could not repair, copied from a site
+//                        whose check passed.
 //
 // Thread-safety: one thread calls each object.
 #pragma once
@@ -128,6 +130,16 @@ class WorldStrategy {
       const std::vector<uint64_t>& mine) {
     (void)mine;
     return std::vector<std::vector<uint64_t>>{};
+  }
+  // sync: when some site's memory check left state it could not repair (`corrupt`: this rank's
+  // verdict), every rank of every site takes the parameters and moments of the lowest site with
+  // none (train/sdc/memory.h RepairFromReplica over the sites' leaders, then inside each site);
+  // returns that site, or -1 (nothing to repair, no clean site, or not sync). Collective over
+  // the world (sync).
+  virtual StatusOr<int> RepairAcrossSites(bool corrupt, float* params, size_t n, float* m, float* v,
+                                          size_t k) {
+    (void)corrupt, (void)params, (void)n, (void)m, (void)v, (void)k;
+    return -1;
   }
 };
 
