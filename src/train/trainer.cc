@@ -220,6 +220,15 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
   }
   ATOLL_ASSIGN_OR_RETURN(std::vector<std::string> verdict,
                          ShareReplays(site, run.site, run.mesh.rank(), s, diff));
+  // Where some site computed the step differently, the other sites' sums differ after the WAN
+  // because they received it: not a payload of their own.
+  ATOLL_ASSIGN_OR_RETURN(const int64_t computed, count(diff && diff->op != "wan"));
+  if (computed > 0)
+    verdict.erase(std::remove_if(verdict.begin(), verdict.end(),
+                                 [](const std::string& e) {
+                                   return e.find("\"op\":\"wan\"") != std::string::npos;
+                                 }),
+                  verdict.end());
   if (!Finite(kept)) return Diverged(kept);  // two runs agree on it: not a transient fault
   if (run.sdc != nullptr) {
     ATOLL_RETURN_IF_ERROR(CheckStep(run, s, &kept));
@@ -330,8 +339,8 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   sc.n_params = n_params;
   sc.resumed = options.resume != nullptr;
   if (run.trace != nullptr)
-    sc.before_wan = [trace = run.trace.get()](std::span<const float> g) {
-      trace->SetSent(g.data(), g.size());
+    sc.on_wan = [trace = run.trace.get()](std::span<const float> g, bool after) {
+      trace->SetWan(g.data(), g.size(), after);
     };
   ATOLL_ASSIGN_OR_RETURN(std::unique_ptr<WorldStrategy> strategy, MakeWorldStrategy(sc));
   // The sites of a sync run hold one model: their fingerprints are compared too.

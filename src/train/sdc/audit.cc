@@ -18,12 +18,12 @@ void StepTrace::Clear() {
   ops_.clear();
   grads_.clear();
   losses_.clear();
-  sent_ = 0;
+  sent_ = received_ = 0;
 }
 
-void StepTrace::SetSent(const float* grads, size_t n) {
+void StepTrace::SetWan(const float* grads, size_t n, bool after) {
   const SdcTimer timer(&seconds_);
-  sent_ = Hash64(grads, n * sizeof(float)) | 1;  // never 0 (none)
+  (after ? received_ : sent_) = Hash64(grads, n * sizeof(float)) | 1;  // never 0 (none)
 }
 
 void StepTrace::SetLosses(const std::vector<double>& losses, int64_t first_micro) {
@@ -77,7 +77,10 @@ std::optional<TraceDifference> FirstDifference(const StepTrace& first, const Ste
   for (size_t t = 0; t < std::min(g.size(), h.size()); ++t) {
     if (g[t] == h[t]) continue;
     TraceDifference d;
-    d.op = first.sent() != 0 && first.sent() == replay.sent() ? "wan" : "grad";
+    // Across the WAN: what the site sent matched, the sum it got back did not.
+    const bool wan =
+        first.sent() != 0 && first.sent() == replay.sent() && first.received() != replay.received();
+    d.op = wan ? "wan" : "grad";
     d.tensor = t < layout.size() ? ShortTensorName(layout[t].name) : "shard";
     return d;
   }

@@ -68,9 +68,10 @@ class StepTrace {
   // The gradients the update reads: one fingerprint per tensor of `layout`, or, with ZeRO (where
   // this rank holds a flat shard of them), `layout` empty and one for the whole shard.
   void SetGrads(const std::vector<ParamTensor>& layout, const float* grads, size_t n);
-  // The site's reduced gradients just before they cross the WAN (world.strategy = sync): a
-  // gradient that differs while these do not came over the WAN.
-  void SetSent(const float* grads, size_t n);
+  // The site's reduced gradients just before they cross the WAN (world.strategy = sync), and
+  // the sum that came back (after): a sum that differs while what was sent does not came over
+  // the WAN.
+  void SetWan(const float* grads, size_t n, bool after);
   // The losses of this rank's micro-batches (the last pipeline stage's; by local index).
   void SetLosses(const std::vector<double>& losses, int64_t first_micro);
 
@@ -78,7 +79,8 @@ class StepTrace {
   const std::vector<uint64_t>& grads() const { return grads_; }
   const std::vector<double>& losses() const { return losses_; }
   int64_t first_micro() const { return first_micro_; }
-  uint64_t sent() const { return sent_; }  // SetSent's hash (0: none)
+  uint64_t sent() const { return sent_; }  // SetWan's hashes (0: none)
+  uint64_t received() const { return received_; }
   // Seconds spent hashing so far (not reset by Clear).
   double seconds() const { return seconds_; }
 
@@ -88,7 +90,7 @@ class StepTrace {
   std::vector<Op> ops_;
   std::vector<uint64_t> grads_;
   std::vector<double> losses_;
-  uint64_t sent_ = 0;  // 0: none
+  uint64_t sent_ = 0, received_ = 0;  // 0: none
 };
 
 // Where a replay first differs from the first execution.

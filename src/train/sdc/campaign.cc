@@ -33,6 +33,7 @@ struct Event {
   std::string detector, verdict, what, op;
   int64_t micro = -1;
   int layer = -1;
+  bool majority = true;  // fingerprint: false when it names every replica or site (no majority)
 };
 
 // Ranks per site.
@@ -59,6 +60,7 @@ Event EventOf(int64_t step, const nlohmann::json& e) {
   ev.op = e.value("op", "");
   ev.micro = e.value("micro", int64_t(-1));
   ev.layer = e.value("layer", -1);
+  ev.majority = e.value("majority", true);
   return ev;
 }
 
@@ -161,7 +163,8 @@ bool Names(const Event& e, const Outcome& o) {
   if (e.detector == "memory")  // found by its owner at the start of the flip's step
     return e.step == t.step &&
            (e.what == BufferOf(o) + ":" + o.tensor || e.what == BufferOf(o) + ":shard");
-  if (e.detector == "fingerprint" && !o.tensor.empty()) {
+  // Two replicas (or sites) that disagree are both named: that names no place.
+  if (e.detector == "fingerprint" && !o.tensor.empty() && e.majority) {
     // A gradient flip on one replica shows as its parameters after the update.
     if (o.kind == FaultKind::kGrad && e.step != t.step) return false;
     return e.what == BufferOf(o) + ":" + o.tensor;
@@ -455,7 +458,8 @@ StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o) {
       out.fired = true;
       out.truth = fired.front();
       out.truth.kind = f.kind;
-      if (!IsCompute(f.kind)) out.tensor = TensorOf(cfg, f.kind, out.truth.elem);
+      if (!IsCompute(f.kind) && f.kind != FaultKind::kWan)  // a wan elem is a chunk's word
+        out.tensor = TensorOf(cfg, f.kind, out.truth.elem);
     }
     ATOLL_ASSIGN_OR_RETURN(RunRecord run, ReadRun(cfg, run_dir));
     Score(run, clean, clean_keys, &out);

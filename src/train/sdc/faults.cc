@@ -305,20 +305,24 @@ void FaultInjector::AtWan(int64_t s) {
 }
 
 void FaultInjector::OnWanPayload(int to_site, std::string* payload) {
-  int64_t s, chunk;
+  const size_t words = payload->size() / sizeof(float);
+  if (words == 0) return;  // an empty chunk (a barrier's token) is not a payload
+  std::vector<size_t> strike;
+  int64_t chunk;
   {
     const std::lock_guard<std::mutex> lk(mu_);
-    s = wan_step_;
+    const int64_t s = wan_step_;
     chunk = wan_chunks_++;
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      const FaultSpec& f = specs_[i];
+      if (f.kind != FaultKind::kWan || done_[i] || s + 1 != f.step) continue;
+      const uint64_t per_step = uint64_t(wan_chunks_per_step_);
+      if (chunk != (f.chunk >= 0 ? f.chunk : int64_t(Draw(i, kChunk, 0, per_step)))) continue;
+      done_[i] = 1;
+      strike.push_back(i);
+    }
   }
-  const size_t words = payload->size() / sizeof(float);
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    const FaultSpec& f = specs_[i];
-    if (f.kind != FaultKind::kWan || done_[i] || s + 1 != f.step || words == 0) continue;
-    if (chunk !=
-        (f.chunk >= 0 ? f.chunk : int64_t(Draw(i, kChunk, 0, uint64_t(wan_chunks_per_step_)))))
-      continue;
-    done_[i] = 1;
+  for (size_t i : strike) {
     // The payload's bytes need not be aligned for a float: flip a copy.
     std::vector<float> w(words);
     std::memcpy(w.data(), payload->data(), words * sizeof(float));

@@ -20,11 +20,11 @@
 //                from the start of step `step`'s WAN work on (AtWan: after its backward pass).
 //                sync: the step's gradient all-reduce first,
 //                a ring of 1 MiB chunks: the first half of them the reduce-scatter (its sums
-//                reach every site), the second half the all-gather (only the receiver takes
-//                them); then the losses', then the detectors'. Unset, chunk is drawn among the
-//                gradient all-reduce's (set_wan_chunks; SyncWanChunksPerStep). diloco, streaming:
-//                the exchange after the step (drawn in 0..3). Needs the WAN transport (`atoll
-//                launch`, or tests that connect real endpoints).
+//                reach every site), the second half the all-gather (with two sites only the
+//                receiver takes them); then the losses', then the detectors'. Unset, chunk is drawn
+//                among the gradient all-reduce's (set_wan_chunks; SyncWanChunksPerStep). diloco,
+//                streaming: the exchange after the step (drawn in 0..3). Needs the WAN transport
+//                (`atoll launch`, or tests that connect real endpoints).
 // Keys: step (1-based, the step whose computation is corrupted; required except for bad_core),
 // site (0), rank (0: the rank within the site), layer, gemm, micro (the micro-batch's index in the
 // whole batch; default: the rank's first), elem (the element of the target buffer, taken modulo

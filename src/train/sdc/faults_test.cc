@@ -147,7 +147,8 @@ TEST(Faults, BufferFaultsStrikeTheirStepOnceAndOnlyTheirRank) {
 }
 
 // A wan fault flips a bit of the chunk it names among those its site sends from the start of its
-// step's WAN work on (the transport's sender thread calls OnWanPayload), once; a drawn chunk is in 0..3.
+// step's WAN work on (the transport's sender thread calls OnWanPayload), once; a drawn chunk is in
+// 0..3.
 TEST(Faults, AWanFaultFlipsTheNamedChunkOfItsStepOnce) {
   auto specs =
       ParseFaults("wan:step=3,site=1,chunk=2,elem=5,bit=31;wan:step=4,site=1,bit=30").value();

@@ -119,6 +119,30 @@ TEST_F(SitesSdcTest, APayloadSummedIntoBothSitesIsFoundByTheGuardAndReplayedAway
   }
 }
 
+// A gradient flipped on one site after the WAN sum is that site's own: the replay names "grad"
+// there, not the WAN, and the run ends with the clean run's bits.
+TEST_F(SitesSdcTest, AGradientFlippedAfterTheWanIsNotBlamedOnIt) {
+  RunConfig clean = cfg_;
+  clean.sdc.on_alarm = "redo";
+  const Status clean_run = RunSites(clean, "clean");
+  ASSERT_TRUE(clean_run.ok()) << clean_run.ToString();
+  RunConfig c = clean;
+  c.sdc.guard = false;
+  c.faults.inject = "grad:step=5,site=1,elem=40,bit=22";
+  const Status faulty_run = RunSites(c, "faulty");
+  ASSERT_TRUE(faulty_run.ok()) << faulty_run.ToString();
+  EXPECT_EQ(Final("faulty"), Final("clean"));
+  int grad = 0;
+  for (int s = 0; s < 2; ++s)
+    for (const auto& e : Events(Site("faulty", s), 5))
+      if (e["detector"] == "replay" && e["verdict"] == "transient") {
+        EXPECT_EQ(e["op"], "grad") << e.dump();
+        EXPECT_EQ(e["site"], 1) << e.dump();
+        ++grad;
+      }
+  EXPECT_EQ(grad, 1);
+}
+
 // A parameter flipped in the memory of a site with one replica is repaired from the other site
 // before the step reads it: named by its site, and the run ends with the clean run's bits.
 TEST_F(SitesSdcTest, StateAtRestIsRepairedFromAnotherSite) {

@@ -28,8 +28,9 @@ class SyncStrategy final : public WorldStrategy {
       ATOLL_RETURN_IF_ERROR(c_.world->round(step).WithContext(fmt::format("step {}", step + 1)));
     rounded_ = step;
     wan_s_ = 0;
-    if (c_.before_wan) c_.before_wan(grads);
+    if (c_.on_wan) c_.on_wan(grads, false);
     ATOLL_RETURN_IF_ERROR(WorldSum(grads));
+    if (c_.on_wan) c_.on_wan(grads, true);
     ATOLL_RETURN_IF_ERROR(WorldSum(losses));
     ++steps_;
     return Status::Ok();

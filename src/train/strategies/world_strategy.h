@@ -101,9 +101,10 @@ struct StrategyContext {
   bool leader = true;                 // rank 0 of the site
   size_t n_params = 0;                // this rank's parameters (the whole model: tp = pp = 1)
   bool resumed = false;               // the run continues from a checkpoint
-  // sync: called with the site's reduced gradients just before they cross the WAN (the audit
-  // replay's trace: a difference that appears only after the WAN came over it). May be empty.
-  std::function<void(std::span<const float>)> before_wan;
+  // sync: called with the site's reduced gradients just before they cross the WAN (after: false)
+  // and with the world's sum just after (after: true): the audit replay's trace, where a
+  // difference that appears across the WAN came over it. May be empty.
+  std::function<void(std::span<const float>, bool after)> on_wan;
 };
 
 class WorldStrategy {
