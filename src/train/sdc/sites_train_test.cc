@@ -28,6 +28,23 @@ class SitesSdcTest : public TrainerTest {
   Status RunSites(const RunConfig& cfg, const std::string& name) {
     return TrainLocalWorld(cfg, root_ + "/" + name);
   }
+  // Trains cfg_ clean (into "clean") and with `inject` (into "faulty"), with sdc.on_alarm =
+  // redo or warn and the faulty run's guard on or off; true when both succeed and end with the
+  // same bits.
+  bool CleanAndFaulty(const std::string& inject, bool redo, bool guard) {
+    RunConfig clean = cfg_;
+    if (redo) clean.sdc.on_alarm = "redo";
+    RunConfig faulty = clean;
+    faulty.faults.inject = inject;
+    faulty.sdc.guard = guard;
+    for (const Status& st : {RunSites(clean, "clean"), RunSites(faulty, "faulty")})
+      if (!st.ok()) {
+        ADD_FAILURE() << st.ToString();
+        return false;
+      }
+    EXPECT_EQ(Final("faulty"), Final("clean"));
+    return Final("faulty") == Final("clean");
+  }
   std::string Site(const std::string& name, int s) const {
     return fmt::format("{}/{}/site-{}", root_, name, s);
   }
@@ -55,19 +72,10 @@ class SitesSdcTest : public TrainerTest {
 // fingerprints do (two sites: no majority), every site replays, site 1's replay names the WAN
 // and the tensor, and the run ends with the clean run's bits.
 TEST_F(SitesSdcTest, APayloadOnlyOneSiteTookIsFoundByFingerprintsAndReplayedAway) {
-  RunConfig clean = cfg_;
-  clean.sdc.on_alarm = "redo";
-  const Status clean_run = RunSites(clean, "clean");
-  ASSERT_TRUE(clean_run.ok()) << clean_run.ToString();
+  ASSERT_TRUE(
+      CleanAndFaulty("wan:step=6,site=0,chunk=1,elem=3,bit=22", /*redo=*/true, /*guard=*/false));
   EXPECT_EQ(CountEvents(Site("clean", 0)), 0);
   EXPECT_EQ(CountEvents(Site("clean", 1)), 0);
-
-  RunConfig c = clean;
-  c.sdc.guard = false;
-  c.faults.inject = "wan:step=6,site=0,chunk=1,elem=3,bit=22";
-  const Status faulty_run = RunSites(c, "faulty");
-  ASSERT_TRUE(faulty_run.ok()) << faulty_run.ToString();
-  EXPECT_EQ(Final("faulty"), Final("clean"));
   EXPECT_EQ(LossColumns(Site("faulty", 1)), LossColumns(Site("clean", 1)));
 
   for (int s = 0; s < 2; ++s) {
@@ -97,15 +105,8 @@ TEST_F(SitesSdcTest, APayloadOnlyOneSiteTookIsFoundByFingerprintsAndReplayedAway
 // An exponent bit of site 0's reduce-scatter half reaches both sites through the sum: their
 // fingerprints agree, the guard sees it, both sites replay and both name the WAN.
 TEST_F(SitesSdcTest, APayloadSummedIntoBothSitesIsFoundByTheGuardAndReplayedAway) {
-  RunConfig clean = cfg_;
-  clean.sdc.on_alarm = "redo";
-  const Status clean_run = RunSites(clean, "clean");
-  ASSERT_TRUE(clean_run.ok()) << clean_run.ToString();
-  RunConfig c = clean;
-  c.faults.inject = "wan:step=9,site=0,chunk=0,elem=1,bit=30";
-  const Status faulty_run = RunSites(c, "faulty");
-  ASSERT_TRUE(faulty_run.ok()) << faulty_run.ToString();
-  EXPECT_EQ(Final("faulty"), Final("clean"));
+  ASSERT_TRUE(
+      CleanAndFaulty("wan:step=9,site=0,chunk=0,elem=1,bit=30", /*redo=*/true, /*guard=*/true));
   for (int s = 0; s < 2; ++s) {
     bool guard = false, fingerprint = false, wan = false;
     for (const auto& e : Events(Site("faulty", s), 9)) {
@@ -122,16 +123,7 @@ TEST_F(SitesSdcTest, APayloadSummedIntoBothSitesIsFoundByTheGuardAndReplayedAway
 // A gradient flipped on one site after the WAN sum is that site's own: the replay names "grad"
 // there, not the WAN, and the run ends with the clean run's bits.
 TEST_F(SitesSdcTest, AGradientFlippedAfterTheWanIsNotBlamedOnIt) {
-  RunConfig clean = cfg_;
-  clean.sdc.on_alarm = "redo";
-  const Status clean_run = RunSites(clean, "clean");
-  ASSERT_TRUE(clean_run.ok()) << clean_run.ToString();
-  RunConfig c = clean;
-  c.sdc.guard = false;
-  c.faults.inject = "grad:step=5,site=1,elem=40,bit=22";
-  const Status faulty_run = RunSites(c, "faulty");
-  ASSERT_TRUE(faulty_run.ok()) << faulty_run.ToString();
-  EXPECT_EQ(Final("faulty"), Final("clean"));
+  ASSERT_TRUE(CleanAndFaulty("grad:step=5,site=1,elem=40,bit=22", /*redo=*/true, /*guard=*/false));
   int grad = 0;
   for (int s = 0; s < 2; ++s)
     for (const auto& e : Events(Site("faulty", s), 5))
@@ -146,14 +138,9 @@ TEST_F(SitesSdcTest, AGradientFlippedAfterTheWanIsNotBlamedOnIt) {
 // A parameter flipped in the memory of a site with one replica is repaired from the other site
 // before the step reads it: named by its site, and the run ends with the clean run's bits.
 TEST_F(SitesSdcTest, StateAtRestIsRepairedFromAnotherSite) {
-  RunConfig clean = cfg_;
-  const Status clean_run = RunSites(clean, "clean");
-  ASSERT_TRUE(clean_run.ok()) << clean_run.ToString();
-  RunConfig c = clean;
-  c.faults.inject = "param:step=7,site=1,elem=100,bit=30;moment:step=9,site=0,moment=v,bit=29";
-  const Status faulty_run = RunSites(c, "faulty");
-  ASSERT_TRUE(faulty_run.ok()) << faulty_run.ToString();
-  EXPECT_EQ(Final("faulty"), Final("clean"));
+  ASSERT_TRUE(
+      CleanAndFaulty("param:step=7,site=1,elem=100,bit=30;moment:step=9,site=0,moment=v,bit=29",
+                     /*redo=*/false, /*guard=*/true));
   auto repaired = [&](int site, int step) {
     for (const auto& e : Events(Site("faulty", site), step))
       if (e["detector"] == "memory" && e["verdict"] == "repaired" &&
