@@ -261,6 +261,15 @@ class PayloadFaultScope {
 };
 
 StatusOr<PayloadFaultScope> InstallPayloadFault(Run& run, const TrainOptions& options) {
+  // Every site decides from the whole list (the same config everywhere), so none is left
+  // waiting for a site that refused.
+  ATOLL_ASSIGN_OR_RETURN(const std::vector<FaultSpec> specs, ParseFaults(run.cfg.faults.inject));
+  const bool any_wan = std::any_of(specs.begin(), specs.end(),
+                                   [](const FaultSpec& x) { return x.kind == FaultKind::kWan; });
+  if (any_wan && options.world.wan != nullptr && !options.world.payload_fault)
+    return Status::InvalidArgument(
+        "faults.inject: a wan fault needs the WAN transport between the sites (atoll launch); "
+        "this run's WAN has no payload to corrupt");
   FaultInjector* f = run.faults.get();
   if (f == nullptr || !f->has_wan()) return PayloadFaultScope();
   if (!options.world.payload_fault)
