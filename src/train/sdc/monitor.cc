@@ -105,52 +105,43 @@ SdcMonitor::SdcMonitor(SdcOptions o, std::vector<ParamTensor> layout, size_t mom
       guard_(o.guard_options),
       seal_(layout_, moments_size, zero) {}
 
-Status SdcMonitor::Compare(int64_t s, const char* what, const float* data,
-                           std::vector<SdcEvent>* out) {
-  const SdcTimer timer(&cost_.fingerprints);
-  ATOLL_ASSIGN_OR_RETURN(auto mismatches,
-                         CompareFingerprints(*dp_, TensorFingerprints(layout_, data)));
+void SdcMonitor::AddMismatches(int64_t s, const char* what,
+                               const std::vector<FingerprintMismatch>& mismatches,
+                               bool across_sites, std::vector<SdcEvent>* out) const {
   for (const FingerprintMismatch& mm : mismatches) {
     SdcEvent e;
     e.step = s + 1;
-    e.site = site_;
-    e.rank = size_t(mm.replica) < replica_ranks_.size() ? replica_ranks_[size_t(mm.replica)]
-                                                        : mm.replica;
+    // A replica is named by its rank in this site; a site by its index, at this rank.
+    e.site = across_sites ? mm.replica : site_;
+    e.rank = across_sites                                 ? rank_
+             : size_t(mm.replica) < replica_ranks_.size() ? replica_ranks_[size_t(mm.replica)]
+                                                          : mm.replica;
     e.detector = "fingerprint";
     e.what = fmt::format("{}:{}", what, ShortTensorName(layout_[mm.tensor].name));
     e.has_majority = mm.has_majority;
+    e.across_sites = across_sites;
     out->push_back(e);
   }
+}
+
+Status SdcMonitor::Compare(int64_t s, const Hashed& buffer, std::vector<SdcEvent>* out) {
+  ATOLL_ASSIGN_OR_RETURN(auto mismatches, CompareFingerprints(*dp_, buffer.second));
+  AddMismatches(s, buffer.first, mismatches, false, out);
   return Status::Ok();
 }
 
-Status SdcMonitor::CompareSites(int64_t s,
-                                const std::vector<std::pair<const char*, const float*>>& parts,
+Status SdcMonitor::CompareSites(int64_t s, const std::vector<Hashed>& buffers,
                                 std::vector<SdcEvent>* out) {
-  const SdcTimer timer(&cost_.fingerprints);
   std::vector<uint64_t> mine;
-  for (const auto& part : parts) {
-    const std::vector<uint64_t> h = TensorFingerprints(layout_, part.second);
-    mine.insert(mine.end(), h.begin(), h.end());
-  }
+  for (const Hashed& b : buffers) mine.insert(mine.end(), b.second.begin(), b.second.end());
   ATOLL_ASSIGN_OR_RETURN(const std::vector<std::vector<uint64_t>> all, sites_(mine));
   const size_t n = layout_.size();
-  for (size_t p = 0; p < parts.size() && !all.empty(); ++p) {
+  for (size_t p = 0; p < buffers.size() && !all.empty(); ++p) {
     std::vector<std::vector<uint64_t>> section;
     for (const std::vector<uint64_t>& site : all)
       section.emplace_back(site.begin() + std::ptrdiff_t(p * n),
                            site.begin() + std::ptrdiff_t(p * n + n));
-    for (const FingerprintMismatch& mm : FindMismatches(section)) {
-      SdcEvent e;
-      e.step = s + 1;
-      e.site = mm.replica;
-      e.rank = rank_;
-      e.detector = "fingerprint";
-      e.what = fmt::format("{}:{}", parts[p].first, ShortTensorName(layout_[mm.tensor].name));
-      e.has_majority = mm.has_majority;
-      e.across_sites = true;
-      out->push_back(e);
-    }
+    AddMismatches(s, buffers[p].first, FindMismatches(section), true, out);
   }
   return Status::Ok();
 }
@@ -244,7 +235,10 @@ Status SdcMonitor::BeforeUpdate(int64_t s, const float* params, size_t n) {
     before_.assign(params, params + n);
   }
   pending_.clear();
-  if (zero_ && o_.fingerprints && replicas()) return Compare(s, "params", params, &pending_);
+  if (zero_ && o_.fingerprints && replicas()) {
+    const SdcTimer timer(&cost_.fingerprints);
+    return Compare(s, {"params", TensorFingerprints(layout_, params)}, &pending_);
+  }
   return Status::Ok();
 }
 
@@ -301,25 +295,24 @@ StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, do
   }
   const bool moments =
       m != nullptr && v != nullptr && o_.moments_every > 0 && (s + 1) % o_.moments_every == 0;
-  if (o_.fingerprints && replicas()) {
-    if (zero_) {
-      out.insert(out.end(), pending_.begin(), pending_.end());
-      pending_.clear();
-    } else {
-      ATOLL_RETURN_IF_ERROR(Compare(s, "params", params, &out));
-      if (moments) {
-        ATOLL_RETURN_IF_ERROR(Compare(s, "moment_m", m, &out));
-        ATOLL_RETURN_IF_ERROR(Compare(s, "moment_v", v, &out));
-      }
-    }
+  if (o_.fingerprints && replicas() && zero_) {  // compared before the update
+    out.insert(out.end(), pending_.begin(), pending_.end());
+    pending_.clear();
   }
-  if (o_.fingerprints && sites_ != nullptr) {
-    std::vector<std::pair<const char*, const float*>> parts = {{"params", params}};
+  // Each buffer is hashed once, for the replicas and the sites alike.
+  const bool by_replicas = o_.fingerprints && replicas() && !zero_;
+  const bool by_sites = o_.fingerprints && sites_ != nullptr;
+  if (by_replicas || by_sites) {
+    const SdcTimer timer(&cost_.fingerprints);
+    std::vector<Hashed> buffers;
+    buffers.emplace_back("params", TensorFingerprints(layout_, params));
     if (moments && !zero_) {
-      parts.emplace_back("moment_m", m);
-      parts.emplace_back("moment_v", v);
+      buffers.emplace_back("moment_m", TensorFingerprints(layout_, m));
+      buffers.emplace_back("moment_v", TensorFingerprints(layout_, v));
     }
-    ATOLL_RETURN_IF_ERROR(CompareSites(s, parts, &out));
+    if (by_replicas)
+      for (const Hashed& b : buffers) ATOLL_RETURN_IF_ERROR(Compare(s, b, &out));
+    if (by_sites) ATOLL_RETURN_IF_ERROR(CompareSites(s, buffers, &out));
   }
   return out;
 }

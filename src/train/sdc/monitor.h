@@ -46,6 +46,7 @@
 #include "core/status.h"
 #include "model/config.h"
 #include "train/sdc/faults.h"
+#include "train/sdc/fingerprint.h"
 #include "train/sdc/guard.h"
 #include "train/sdc/memory.h"
 
@@ -173,11 +174,16 @@ class SdcMonitor {
   Communicator* dp_;
   bool zero_;
   bool replicas() const { return dp_ != nullptr && dp_->size() > 1; }
-  // Compares `data`'s fingerprints over the dp group; mismatches become events named `what`.
-  Status Compare(int64_t s, const char* what, const float* data, std::vector<SdcEvent>* out);
-  // The cross-site comparison of each (name, buffer) in `parts` (one gather for all of them).
-  Status CompareSites(int64_t s, const std::vector<std::pair<const char*, const float*>>& parts,
-                      std::vector<SdcEvent>* out);
+  // A buffer's per-tensor fingerprints, with the name its events give it ("params", ...).
+  using Hashed = std::pair<const char*, std::vector<uint64_t>>;
+  // Compares a buffer's fingerprints over the dp group; mismatches become events.
+  Status Compare(int64_t s, const Hashed& buffer, std::vector<SdcEvent>* out);
+  // The cross-site comparison of every buffer (one gather for all of them).
+  Status CompareSites(int64_t s, const std::vector<Hashed>& buffers, std::vector<SdcEvent>* out);
+  // The events of `mismatches` in buffer `what`: among the dp replicas, or the sites.
+  void AddMismatches(int64_t s, const char* what,
+                     const std::vector<FingerprintMismatch>& mismatches, bool across_sites,
+                     std::vector<SdcEvent>* out) const;
   SitesGather sites_;
   SitesRepair sites_repair_;
 
