@@ -382,8 +382,9 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option(
       "--inject", args->inject,
       "Flip a bit on purpose (silent-data-corruption experiments; repeatable; added to [faults] "
-      "inject): KIND:KEY=VALUE,... with KIND gemm_fwd, gemm_bwd, activation, grad, param, moment "
-      "or bad_core and keys step, site, rank, layer, gemm, micro, elem, bit, moment, p; unset "
+      "inject): KIND:KEY=VALUE,... with KIND gemm_fwd, gemm_bwd, activation, grad, param, moment, "
+      "bad_core or wan and keys step, site, rank, layer, gemm, micro, elem, bit, moment, p, "
+      "stuck, chunk; unset "
       "layer/gemm/elem/bit are drawn from faults.seed. E.g. --inject param:step=5,bit=30 "
       "--inject gemm_fwd:step=9,layer=1,gemm=2. Each flip is logged to DIR/faults.jsonl");
   cmd->callback([args] { ExitIfError(RunTrain(*args)); });

@@ -119,11 +119,11 @@ struct FaultsConfig {
 
 // [sdc]: silent-data-corruption detectors (train/sdc/monitor.h).
 struct SdcConfig {
-  bool guard = true;           // robust outlier checks on loss, norms, updates, activations
-  bool fingerprints = true;    // compare data-parallel replicas' parameter hashes every step
-  int64_t moments_every = 1;   // ... and their AdamW moments every N steps (0: never)
-  bool checksums = false;      // GEMM column checksums (train/sdc/checksum.h)
-  bool memory = true;          // seal parameters and moments after each update (train/sdc/memory.h)
+  bool guard = true;          // robust outlier checks on loss, norms, updates, activations
+  bool fingerprints = true;   // compare data-parallel replicas' parameter hashes every step
+  int64_t moments_every = 1;  // ... and their AdamW moments every N steps (0: never)
+  bool checksums = false;     // GEMM column checksums (train/sdc/checksum.h)
+  bool memory = true;         // seal parameters and moments after each update (train/sdc/memory.h)
   double guard_threshold = 10;  // an outlier is this many robust deviations off the median
   int64_t guard_window = 32;    // clean steps the guard's medians are over
   // "warn": log and report; "stop": end the run (exit 1); "redo": roll the step back, replay it

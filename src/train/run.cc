@@ -259,15 +259,22 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
   if (faults == nullptr && sdc == nullptr && checks == nullptr && trace == nullptr)
     return Status::Ok();
   const bool* in_step = &run.in_step;
-  run.model->set_op_hook([faults, sdc, checks, trace, in_step](const GPT<float>::OpEvent& e) {
-    if (!*in_step) return;
-    const FaultKind kind = FaultKindOfOp(e.kind);
-    if (faults != nullptr) faults->OnOp(kind, e.layer, e.gemm, e.out, e.n);
-    if (sdc != nullptr && kind == FaultKind::kActivation) sdc->OnActivation(e.layer, e.out, e.n);
-    if (checks != nullptr && kind != FaultKind::kActivation)
-      checks->OnGemm(kind, e.layer, e.gemm, e.out, e.a, e.w, e.bias, e.rows, e.inner, e.cols);
-    if (trace != nullptr) trace->OnOp(kind, e.layer, e.gemm, e.out, e.n);
-  });
+  const bool* replica_pass = &run.replica_pass;
+  run.model->set_op_hook(
+      [faults, sdc, checks, trace, in_step, replica_pass](const GPT<float>::OpEvent& e) {
+        if (!*in_step) return;
+        const FaultKind kind = FaultKindOfOp(e.kind);
+        if (faults != nullptr) faults->OnOp(kind, e.layer, e.gemm, e.out, e.n);
+        if (*replica_pass) {
+          if (trace != nullptr) trace->OnOp(kind, e.layer, e.gemm, e.out, e.n);
+          return;
+        }
+        if (sdc != nullptr && kind == FaultKind::kActivation)
+          sdc->OnActivation(e.layer, e.out, e.n);
+        if (checks != nullptr && kind != FaultKind::kActivation)
+          checks->OnGemm(kind, e.layer, e.gemm, e.out, e.a, e.w, e.bias, e.rows, e.inner, e.cols);
+        if (trace != nullptr) trace->OnOp(kind, e.layer, e.gemm, e.out, e.n);
+      });
   return Status::Ok();
 }
 
@@ -362,7 +369,8 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
       buf.assign(model.input_grad(), model.input_grad() + acts);
       bwd_sends[size_t(op.slot)] = pp->ISend(std::span<const float>(buf), stage - 1, tag + 1);
     }
-    if (reproducible && i != last_backward) ATOLL_RETURN_IF_ERROR(reducer->Add(model.grads()));
+    if (reproducible && reducer != nullptr && i != last_backward)
+      ATOLL_RETURN_IF_ERROR(reducer->Add(model.grads()));
   }
   for (CommHandle& h : fwd_sends) ATOLL_RETURN_IF_ERROR(h.Wait());
   for (CommHandle& h : bwd_sends) ATOLL_RETURN_IF_ERROR(h.Wait());
@@ -381,6 +389,21 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
   if (embed != nullptr && reproducible)
     ATOLL_RETURN_IF_ERROR(embed->AllReduce(std::span<float>(model.grads(), wte)));
   return Status::Ok();
+}
+
+Status ReplicaPass(Run& run, int64_t s, int replica) {
+  const int64_t own_first = run.first_micro;
+  const int64_t first = (int64_t(run.site) * run.mesh.dp() + replica) * run.local_accum;
+  std::unique_ptr<GradientReducer> reducer = std::move(run.reducer);  // no reduction
+  run.first_micro = first;
+  run.replica_pass = true;
+  std::vector<double> losses(static_cast<size_t>(run.local_accum));
+  const Status st = ForwardBackward(run, s, &losses);
+  run.replica_pass = false;
+  run.first_micro = own_first;
+  run.reducer = std::move(reducer);
+  if (st.ok() && run.trace != nullptr) run.trace->SetLosses(losses, first);
+  return st;
 }
 
 namespace {

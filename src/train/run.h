@@ -59,6 +59,7 @@ struct Run {
   std::unique_ptr<SdcMonitor> sdc;        // [sdc] detectors; null: all off
   std::unique_ptr<StepTrace> trace;       // the step's op fingerprints (audit replay); null: off
   bool in_step = false;  // the model's op hook acts only in a step's passes (not in validation)
+  bool replica_pass = false;  // ReplicaPass: the hook feeds the trace and the faults only
 };
 
 // [faults] and [sdc] (train/sdc/): this rank's fault injector (when a fault names it; its record
@@ -90,6 +91,12 @@ Status ResumeRun(const Checkpoint& ck, const std::string& path, Run& run);
 // stage's pipeline schedule, and the gradient reduction inside the site. Fills the losses of
 // this replica's micro-batches (last stage).
 Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses);
+// The peer check of an audit replay (train/sdc/peers.h): recomputes the forward and backward
+// passes of data-parallel replica `replica`'s micro-batches of step s on this rank, from the
+// parameters it holds, without any reduction, into run.trace (its ops and losses; not its
+// gradients). The detectors do not see it; the faults strike it as any computation of the rank.
+// Leaves the model's gradients those of the replica's micro-batches. REQUIRES: tp = pp = 1.
+Status ReplicaPass(Run& run, int64_t s, int replica);
 // The squared global gradient norm: every element of the whole model once (NormRanges), of the
 // reduced gradients (data-parallel replica 0's copy, or with ZeRO each replica's owned pieces),
 // summed over the world. Reproducible mode sums in integers (ExactSquareSum), so the value does

@@ -27,6 +27,7 @@
 #include "train/optimizer.h"
 #include "train/run.h"
 #include "train/schedule.h"
+#include "train/sdc/peers.h"
 #include "train/strategies/world_strategy.h"
 
 namespace atl {
@@ -172,15 +173,42 @@ Status Diverged(const StepMetrics& m) {
                   m.step, m.loss, m.grad_norm));
 }
 
+// The peer check of step s (train/sdc/peers.h), when every rank's replay matched its first run:
+// this rank recomputes its neighbouring replicas' micro-batches from the state the step started
+// from (`before`), then goes back to the state the step ended in. Collective over the dp group.
+StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepSnapshot& before) {
+  const Mesh& me = run.mesh;
+  const int dp = me.dp(), d = me.dp_rank();
+  StepSnapshot after;
+  after.Take(run.model->params(), run.model->num_params(), *run.optimizer);
+  const StepTrace own = *run.trace;
+  before.Restore(run.model->params(), run.optimizer.get());
+  ATOLL_RETURN_IF_ERROR(ReplicaPass(run, s, (d + 1) % dp));
+  const StepTrace next = *run.trace;
+  StepTrace prev;
+  if (dp > 2) {
+    ATOLL_RETURN_IF_ERROR(ReplicaPass(run, s, (d + dp - 1) % dp));
+    prev = *run.trace;
+  }
+  after.Restore(run.model->params(), run.optimizer.get());
+  *run.trace = own;
+  std::vector<int64_t> first(static_cast<size_t>(dp));
+  for (int r = 0; r < dp; ++r) first[size_t(r)] = (int64_t(run.site) * dp + r) * run.local_accum;
+  return SharePeerCheck(*me.dp_group(), own, next, prev, first, run.site, s);
+}
+
 // The audit replay of step s (train/sdc/audit.h), on every rank of the site alike (with sync
 // across sites: of every site, which decide together through the strategy): rolls back to
 // the pre-step snapshot and computes the step again; when some rank's two runs differ, a third
 // run decides which one was corrupted. Keeps the result two runs agree on. m: the first run's
 // metrics (its sdc events), replaced by the kept run's, with the first run's events and the
 // verdict in front. agreed: whether the kept run's replicas agree (no fingerprint mismatch).
+// When every replay matched and the site's replicas each hold the whole model, other ranks'
+// executions decide between the data and a rank that repeats its fault (CheckOnPeers); faulty:
+// whether they named a rank of any site.
 Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objective,
                   std::vector<double>& local_losses, const StepSnapshot& snapshot, StepMetrics* m,
-                  bool* agreed) {
+                  bool* agreed, bool* faulty) {
   Communicator* site = run.mesh.world();
   const std::vector<ParamTensor> none;
   const std::vector<ParamTensor>& layout = Zero(run) ? none : run.model->layout();
@@ -218,8 +246,15 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
               ? fmt::format(", this one (rank {} of site {}) among them", run.mesh.rank(), run.site)
               : ""));
   }
+  std::vector<std::string> peers;
+  if (differing == 0 && run.mesh.dp() > 1 && run.mesh.tp() == 1 && run.mesh.pp() == 1) {
+    ATOLL_ASSIGN_OR_RETURN(peers, CheckOnPeers(run, s, snapshot));
+  }
   ATOLL_ASSIGN_OR_RETURN(std::vector<std::string> verdict,
                          ShareReplays(site, run.site, run.mesh.rank(), s, diff));
+  if (!peers.empty()) verdict = std::move(peers);  // in place of "reproduced"
+  ATOLL_ASSIGN_OR_RETURN(const int64_t faulty_ranks, count(HasFaultyRank(verdict)));
+  *faulty = faulty_ranks > 0;
   // Where some site computed the step differently, the other sites' sums differ after the WAN
   // because they received it: not a payload of their own.
   ATOLL_ASSIGN_OR_RETURN(const int64_t computed, count(diff && diff->op != "wan"));
@@ -438,10 +473,11 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       ATOLL_ASSIGN_OR_RETURN(const int64_t alarms, strategy->SumOverSites(alarm ? 1 : 0));
       alarm = alarms > 0;
     }
+    bool faulty = false;  // a rank that repeats its fault, named by the peer check
     if (replays && (alarm || audit)) {
       const double r0 = NowSeconds();
-      Status r =
-          ReplayStep(run, *strategy, s, objective, local_losses, snapshot, &m, &replicas_agreed);
+      Status r = ReplayStep(run, *strategy, s, objective, local_losses, snapshot, &m,
+                            &replicas_agreed, &faulty);
       replays_s += NowSeconds() - r0;
       ++replayed;
       if (!r.ok()) {
@@ -469,6 +505,16 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     if (leader) {
       ATOLL_RETURN_IF_ERROR(metrics.Append(m));
       if (options.progress) progress.Update(m);
+    }
+    if (faulty) {  // on every rank of every site alike, the step's line written
+      if (leader) progress.Finish();
+      const auto e = std::find_if(m.sdc.begin(), m.sdc.end(),
+                                  [](const std::string& x) { return HasFaultyRank({x}); });
+      return Status::Internal(fmt::format(
+          "step {}: a rank computes wrong results that its own replay repeats ({}); stopping: "
+          "restart from the last checkpoint without its host (a running world cannot leave a "
+          "rank out yet)",
+          s + 1, e != m.sdc.end() ? *e : std::string("other site")));
     }
     if (tc.checkpoint_every > 0 && (s + 1) % tc.checkpoint_every == 0) {
       ATOLL_RETURN_IF_ERROR(check_at_rest());  // on every site: it may repair across them

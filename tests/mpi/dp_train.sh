@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Data-parallel training end to end under mpirun, on configs/tiny.toml (20 steps, batch 4).
-# Usage: dp_train.sh ATOLL MPIEXEC equivalence|reproducible
+# Usage: dp_train.sh ATOLL MPIEXEC equivalence|reproducible|faulty_rank
 #  equivalence:  dp2 (micro 2) and dp4 (micro 1) give the single-process loss and validation
 #                curves within 1e-5 relative; only rank 0 writes; the manifest records the mesh;
 #                a world size that is not dp*tp*pp, and tp/pp > 1, are exit-2 errors.
+#  faulty_rank:  dp 3, a stuck core on rank 1: the audit's peer check names rank 1, the run
+#                stops with exit 1.
 #  reproducible: parallel.reproducible = true gives bitwise-identical final model and optimizer
 #                files for dp 1, 2 and 4 (with and without ZeRO-1), and a dp2 checkpoint resumed
 #                on dp4 ends on the same bits.
 set -euo pipefail
-MPIEXEC=${2:?usage: $0 ATOLL MPIEXEC equivalence|reproducible}
-MODE=${3:?usage: $0 ATOLL MPIEXEC equivalence|reproducible}
+MPIEXEC=${2:?usage: $0 ATOLL MPIEXEC equivalence|reproducible|faulty_rank}
+MODE=${3:?usage: $0 ATOLL MPIEXEC equivalence|reproducible|faulty_rank}
 source "$(dirname "$0")/../e2e_lib.sh"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 
@@ -58,6 +60,22 @@ reproducible)
       same_files "$T/r1/checkpoint/$f" "$T/$run/checkpoint/$f"
     done
   done
+  ;;
+faulty_rank)
+  # A stuck core on rank 1 (the same wrong GEMM product whenever it computes it): its own
+  # replay repeats it; the other two replicas' executions of its micro-batches name it, and
+  # every rank stops (exit 1) after the step's metrics line.
+  expect_exit 1 "$MPIEXEC" -n 3 "$ATOLL" train --config configs/tiny.toml --set data.dir="$DATA" \
+    -q --set parallel.dp=3 --set train.batch_size=6 --set train.micro_batch_size=1 \
+    --set sdc.audit_every=1 --out "$T/faulty" \
+    --inject bad_core:step=4,rank=1,layer=1,gemm=2,p=1,bit=26,stuck=1
+  expect_err "computes wrong results that its own replay repeats"
+  last=$(tail -n 1 "$T/faulty/metrics.jsonl")
+  [[ $last == *'"step":4,'* ]] || fail "the last metrics line is not step 4: $last"
+  [[ $last == *'"verdict":"faulty_rank"'*'"rank":1'* || $last == *'"rank":1'*'"verdict":"faulty_rank"'* ]] ||
+    fail "step 4 does not name rank 1 faulty: $last"
+  [[ $(grep -c '"peers":"agree"' "$T/faulty/metrics.jsonl") == 3 ]] ||
+    fail "steps 1-3 were not confirmed by the other ranks"
   ;;
 *) fail "unknown mode $MODE" ;;
 esac

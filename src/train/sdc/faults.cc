@@ -61,7 +61,7 @@ Status ParseOne(std::string_view text, FaultSpec* f) {
     return err(fmt::format(
         "unknown kind '{}' (gemm_fwd, gemm_bwd, activation, grad, param, moment, bad_core, wan)",
         kind));
-  bool has_step = false, has_moment = false;
+  bool has_step = false, has_moment = false, has_stuck = false;
   std::string_view rest = colon == std::string_view::npos ? "" : text.substr(colon + 1);
   while (!Trim(rest).empty()) {
     const size_t comma = rest.find(',');
@@ -100,6 +100,11 @@ Status ParseOne(std::string_view text, FaultSpec* f) {
       if (v != "m" && v != "v") return err(fmt::format("moment: expected m or v, got '{}'", v));
       f->moment = v[0];
       has_moment = true;
+    } else if (key == "stuck") {
+      int stuck = 0;
+      ATOLL_RETURN_IF_ERROR(integer(&stuck, 0, 1));
+      f->stuck = stuck == 1;
+      has_stuck = true;
     } else if (key == "chunk") {
       ATOLL_RETURN_IF_ERROR(integer(&f->chunk, 0, kBig));
     } else if (key == "p") {
@@ -111,7 +116,8 @@ Status ParseOne(std::string_view text, FaultSpec* f) {
       f->p = p;
     } else {
       return err(fmt::format(
-          "unknown key '{}' (step, site, rank, layer, gemm, micro, elem, bit, moment, p, chunk)",
+          "unknown key '{}' (step, site, rank, layer, gemm, micro, elem, bit, moment, p, stuck, "
+          "chunk)",
           key));
     }
   }
@@ -123,6 +129,7 @@ Status ParseOne(std::string_view text, FaultSpec* f) {
   } else {
     if (!has_step) return err("step is required (the 1-based step to corrupt)");
     if (f->p != 0) return err("p applies to bad_core only");
+    if (has_stuck) return err("stuck applies to bad_core only");
   }
   if (!op && (f->layer >= 0 || f->gemm >= 0 || f->micro >= 0))
     return err("layer, gemm and micro apply to gemm_fwd, gemm_bwd, activation and bad_core");
@@ -181,6 +188,7 @@ std::string FormatSpec(const FaultSpec& f) {
   if (f.bit >= 0) s += fmt::format(",bit={}", f.bit);
   if (f.kind == FaultKind::kMoment) s += fmt::format(",moment={}", f.moment);
   if (f.kind == FaultKind::kBadCore) s += fmt::format(",p={}", f.p);
+  if (f.stuck) s += ",stuck=1";
   if (f.chunk >= 0) s += fmt::format(",chunk={}", f.chunk);
   return s;
 }
@@ -273,8 +281,15 @@ void FaultInjector::OnOp(FaultKind kind, int layer, int gemm, float* out, size_t
         (f.micro >= 0 && f.micro != micro_))
       continue;
     if (f.kind == FaultKind::kBadCore) {
-      if (is_gemm && step_ + 1 >= f.step && Coin(i, op_calls_) < f.p)
-        Fire(i, op_calls_, out, n, layer, gemm);
+      if (!is_gemm || step_ + 1 < f.step) continue;
+      // A stuck core's draws are keyed by what it computes, a flaky one's by its call count.
+      uint64_t call = op_calls_;
+      if (f.stuck) {
+        const uint64_t what[4] = {uint64_t(micro_.load()), uint64_t(kind), uint64_t(layer),
+                                  uint64_t(gemm)};
+        call = Hash64(what, sizeof(what)) | (uint64_t(1) << 63);
+      }
+      if (Coin(i, call) < f.p) Fire(i, call, out, n, layer, gemm);
       continue;
     }
     if (f.kind != kind || done_[i] || step_ + 1 != f.step) continue;

@@ -13,7 +13,10 @@
 //   param        a parameter in memory, at the start of the step (before its forward)
 //   moment       an AdamW moment (moment=m or v) in memory, at the start of the step
 //   bad_core     every GEMM product (forward and backward) of the rank is corrupted with
-//                probability `p` per GEMM call, every step from `step` on (default 1)
+//                probability `p` per GEMM call, every step from `step` on (default 1). A flaky
+//                core by default; `stuck=1`: a defective one, which corrupts the same GEMM of the
+//                same micro-batch the same way every time it computes it (a replay on the rank
+//                repeats the fault; only another rank's execution differs: train/sdc/peers.h)
 //   wan          a payload the site's leader (rank 0) sends to another site over the WAN
 //                transport, before the transport checksums it (world/wan.h WanPayloadFault),
 //                so the receiver accepts it: the `chunk`-th data chunk (0-based) the site sends
@@ -29,10 +32,10 @@
 // site (0), rank (0: the rank within the site), layer, gemm, micro (the micro-batch's index in the
 // whole batch; default: the rank's first), elem (the element of the target buffer, taken modulo
 // its size), bit (0..31: 31 is the sign, 23..30 the exponent, 0..22 the mantissa), moment (m, v),
-// p, chunk (wan). `elem` of wan indexes the chunk's 32-bit words (a float32 with codec none). Unset
-// layer, gemm, elem and bit are drawn from [faults] seed, so a campaign names only the kind and the
-// step. `elem` of grad, param and moment indexes this rank's flat buffer (its shard's layout); of a
-// GEMM or activation, the row-major output of the micro-batch.
+// p, stuck (bad_core), chunk (wan). `elem` of wan indexes the chunk's 32-bit words (a float32 with
+// codec none). Unset layer, gemm, elem and bit are drawn from [faults] seed, so a campaign names
+// only the kind and the step. `elem` of grad, param and moment indexes this rank's flat buffer (its
+// shard's layout); of a GEMM or activation, the row-major output of the micro-batch.
 //
 // layer, gemm and micro also narrow a bad_core (a core that corrupts only one GEMM of one block).
 // Draws are keyed by (faults.seed, the spec's place in the whole list, site, rank), so two ranks
@@ -41,7 +44,8 @@
 //
 // On an audit replay of a step (train/sdc/audit.h) a transient fault does not fire again (it
 // struck once), and a bad core draws afresh (its coins and elements are counted through the
-// step's GEMM calls, which the replay continues): what a flaky core does.
+// step's GEMM calls, which the replay continues): what a flaky core does. A stuck one keys them
+// by the micro-batch and the GEMM instead, and strikes the replay as it struck the first run.
 //
 // Every fault that fires is logged (LogWarning) and appended to the rank's log (DIR/faults.jsonl
 // for rank 0, DIR/faults-rank<r>.jsonl for the others; train/run.h's SetUpSdc removes it at the
@@ -90,6 +94,7 @@ struct FaultSpec {
   int bit = -1;        // -1: drawn
   char moment = 'm';   // 'm' or 'v'
   double p = 0;        // bad_core: probability per GEMM call
+  bool stuck = false;  // bad_core: the same corruption whenever it computes the same thing
   int64_t chunk = -1;  // wan: the data chunk of the step (-1: drawn in 0..3)
 };
 

@@ -58,6 +58,8 @@ TEST(Faults, RefusesBadSpecsNamingWhatIsWrong) {
       {"param:step=2,layer=1", "layer, gemm and micro apply to"},
       {"grad:step=2,p=0.5", "p applies to bad_core only"},
       {"bad_core:rank=0", "bad_core needs p"},
+      {"grad:step=2,stuck=1", "stuck applies to bad_core only"},
+      {"bad_core:p=1,stuck=2", "stuck: 2 is out of range"},
       {"bad_core:p=1.5", "expected a probability"},
       {"moment:step=1,moment=w", "expected m or v"},
       {"activation:step=1,gemm=2", "gemm does not apply"},
@@ -318,6 +320,38 @@ TEST(Faults, ABadCoreCorruptsGemmsWithItsProbability) {
     } else {
       EXPECT_GT(double(inj.fired().size()), 0.15 * calls);
       EXPECT_LT(double(inj.fired().size()), 0.35 * calls);
+    }
+  }
+}
+
+// A stuck core strikes the same element and bit whenever it computes the same micro-batch of
+// the same step again (a replay repeats it); a flaky one draws afresh. Another micro-batch: other
+// draws.
+TEST(Faults, AStuckCoreRepeatsItsFaultAndAFlakyOneDoesNot) {
+  for (const bool stuck : {true, false}) {
+    SCOPED_TRACE(stuck ? "stuck" : "flaky");
+    TinyModel t;
+    FaultInjector inj(
+        ParseFaults(fmt::format("bad_core:p=1,layer=1,gemm=2,step=3{}", stuck ? ",stuck=1" : ""))
+            .value(),
+        4, 0, 0, 0, 2, "");
+    t.model.set_op_hook([&](const GPT<float>::OpEvent& e) {
+      inj.OnOp(FaultKindOfOp(e.kind), e.layer, e.gemm, e.out, e.n);
+    });
+    for (int run = 0; run < 2; ++run) {  // the step, then its replay
+      inj.At(2, 5);
+      t.Step();
+    }
+    inj.At(2, 6);  // another micro-batch of the step
+    t.Step();
+    const auto& f = inj.fired();
+    ASSERT_EQ(f.size(), 6u);  // forward and backward GEMM 2 of block 1, three times
+    for (int k = 0; k < 2; ++k) {
+      const bool same =
+          f[size_t(k)].elem == f[size_t(k) + 2].elem && f[size_t(k)].bit == f[size_t(k) + 2].bit;
+      EXPECT_EQ(same, stuck) << "GEMM " << k;
+      EXPECT_FALSE(f[size_t(k)].elem == f[size_t(k) + 4].elem &&
+                   f[size_t(k)].bit == f[size_t(k) + 4].bit);
     }
   }
 }

@@ -45,6 +45,11 @@ std::string SdcEvent::ToJson() const {
     if (layer >= 0) j["layer"] = layer;
     if (!op.empty()) j["op"] = op;
     if (!run.empty()) j["run"] = run;
+    if (peer >= 0) {
+      j["peer"] = peer;
+      j["majority"] = has_majority;
+    }
+    if (peers_agree) j["peers"] = "agree";
   } else {
     j["majority"] = has_majority;
     if (across_sites) j["across"] = "sites";
@@ -76,11 +81,20 @@ std::string SdcEvent::ToString() const {
         step, where, op, micro, layer, value, median, deviations, count);
   if (detector == "replay") {
     if (verdict == "reproduced")
-      return fmt::format("step {} ({}): replay: every rank's replay matched its first run bitwise",
-                         step, where);
+      return fmt::format(
+          "step {} ({}): replay: every rank's replay matched its first run bitwise{}", step, where,
+          peers_agree ? ", and other ranks' executions of its micro-batches too" : "");
     std::string at = op;
     if (micro >= 0) at += fmt::format(" of micro-batch {}", micro);
     if (layer >= 0) at += fmt::format(" in block {}", layer);
+    if (verdict == "faulty_rank")
+      return fmt::format(
+          "step {} ({}): replay: {} computes wrong results: its own replay repeated them, "
+          "another rank's execution differs; first difference: {} ({})",
+          step, where,
+          has_majority ? fmt::format("rank {}", rank)
+                       : fmt::format("rank {} or rank {} (no third execution decides)", rank, peer),
+          at, what);
     if (!what.empty()) at += fmt::format(" ({})", what);
     return fmt::format(
         "step {} ({}): replay: a transient fault in the {} run; first difference: {}", step, where,

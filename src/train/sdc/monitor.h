@@ -65,7 +65,9 @@ struct SdcEvent {
   bool has_majority = true;   // fingerprint: false when two replicas disagree
   bool across_sites = false;  // fingerprint: sites compared (site: the one outside), not replicas
   // replay: "transient" (this rank's replay differed; where: micro, layer, op, what = the
-  // tensor of a differing gradient) or "reproduced" (every rank's replay matched; rank -1)
+  // tensor of a differing gradient), "reproduced" (every rank's replay matched; rank -1) or
+  // "faulty_rank" (another rank's execution of the same micro-batches differed; train/sdc/peers.h:
+  // peer, has_majority, what = whose micro-batches, and where)
   std::string verdict;
   int64_t micro = -1;  // replay, checksum: where
   int layer = -1;
@@ -74,6 +76,8 @@ struct SdcEvent {
   int source = -1;       // memory, verdict "repaired": the replica (rank in the site) copied from
   int source_site = -1;  // ... or the site (the same rank there), when no replica could
   std::string run;       // transient: the run that was corrupted ("first" or "replay")
+  int peer = -1;         // faulty_rank: a rank that disagreed with it (no majority: the other)
+  bool peers_agree = false;  // reproduced: other ranks' executions agreed too (peers.h)
   std::string ToJson() const;
   std::string ToString() const;
 };

@@ -1,0 +1,163 @@
+#include "train/sdc/peers.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <span>
+
+#include "core/log.h"
+#include "train/sdc/monitor.h"
+
+namespace atl {
+
+std::vector<uint64_t> TraceWords(const StepTrace& t) {
+  std::vector<uint64_t> w;
+  w.reserve(t.ops().size() + t.losses().size());
+  for (const StepTrace::Op& op : t.ops()) w.push_back(op.hash);
+  for (double l : t.losses()) w.push_back(std::bit_cast<uint64_t>(l));
+  return w;
+}
+
+namespace {
+
+// Where execution `bad` of replica x's micro-batches first differs from `good`.
+void NameDifference(const std::vector<uint64_t>& bad, const std::vector<uint64_t>& good,
+                    const StepTrace& layout, int64_t first_micro, SdcEvent* e) {
+  size_t i = 0;
+  while (i < std::min(bad.size(), good.size()) && bad[i] == good[i]) ++i;
+  const auto& ops = layout.ops();
+  if (i < ops.size()) {
+    const StepTrace::Op& op = ops[i];
+    e->micro = op.micro - layout.first_micro() + first_micro;
+    e->layer = op.layer;
+    e->op = op.kind == FaultKind::kActivation
+                ? std::string("activation")
+                : fmt::format("{} {}", FaultKindName(op.kind), op.gemm);
+    return;
+  }
+  e->micro = first_micro + int64_t(i - ops.size());
+  e->op = "loss";
+}
+
+}  // namespace
+
+std::vector<std::string> PeerVerdict(const std::vector<std::vector<uint64_t>>& own,
+                                     const std::vector<std::vector<uint64_t>>& next,
+                                     const std::vector<std::vector<uint64_t>>& prev,
+                                     const StepTrace& layout,
+                                     const std::vector<int64_t>& first_micro, int site, int64_t s,
+                                     bool log) {
+  const int dp = int(own.size());
+  std::vector<SdcEvent> found;
+  auto faulty = [&](int rank, int peer, bool majority, int x, const std::vector<uint64_t>& bad,
+                    const std::vector<uint64_t>& good) {
+    for (const SdcEvent& f : found)
+      if (f.rank == rank || (!majority && f.rank == peer)) return;  // named already
+    SdcEvent e;
+    e.step = s + 1;
+    e.site = site;
+    e.rank = rank;
+    e.peer = peer;
+    e.has_majority = majority;
+    e.detector = "replay";
+    e.verdict = "faulty_rank";
+    e.what = fmt::format("micro-batches of rank {}", x);
+    NameDifference(bad, good, layout, first_micro[size_t(x)], &e);
+    found.push_back(e);
+  };
+  // First the ranks that computed their own micro-batches wrong (named where they did), then
+  // those that computed a neighbour's wrong.
+  for (const bool own_pass : {true, false}) {
+    for (int x = 0; x < dp; ++x) {
+      const int a = (x + dp - 1) % dp, b = (x + 1) % dp;
+      const auto& mine = own[size_t(x)];
+      const auto& by_a = next[size_t(a)];  // replica a's execution of x's micro-batches
+      if (dp == 2) {
+        if (mine != by_a) faulty(x, a, false, x, mine, by_a);
+        continue;
+      }
+      const auto& by_b = prev[size_t(b)];  // replica b's
+      const bool agree_a = mine == by_a, agree_b = mine == by_b;
+      if (agree_a && agree_b) continue;
+      if (own_pass) {
+        if (by_a == by_b) faulty(x, a, true, x, mine, by_a);  // the other two agree
+        continue;
+      }
+      if (agree_a)
+        faulty(b, x, true, x, by_b, mine);
+      else if (agree_b)
+        faulty(a, x, true, x, by_a, mine);
+      else if (by_a != by_b)
+        faulty(x, a, false, x, mine, by_a);  // three results: more than one rank is faulty
+    }
+  }
+  std::vector<std::string> events;
+  for (const SdcEvent& e : found) {
+    if (log) LogWarning("silent data corruption found by replay on another rank: {}", e.ToString());
+    events.push_back(e.ToJson());
+  }
+  if (events.empty()) {
+    SdcEvent e;
+    e.step = s + 1;
+    e.site = site;
+    e.detector = "replay";
+    e.verdict = "reproduced";
+    e.peers_agree = true;
+    events.push_back(e.ToJson());
+  }
+  return events;
+}
+
+StatusOr<std::vector<std::string>> SharePeerCheck(Communicator& dp_group, const StepTrace& own,
+                                                  const StepTrace& next, const StepTrace& prev,
+                                                  const std::vector<int64_t>& first_micro, int site,
+                                                  int64_t s) {
+  const int dp = dp_group.size();
+  const std::vector<uint64_t> mine = TraceWords(own);
+  const size_t n = mine.size();
+  // The same program on every replica: the same number of words (else memory is corrupt).
+  std::vector<int64_t> sizes(size_t(dp), 0);
+  const int64_t my_size = int64_t(n);
+  ATOLL_RETURN_IF_ERROR(
+      dp_group.AllGather(std::span<const int64_t>(&my_size, 1), std::span<int64_t>(sizes)));
+  if (std::any_of(sizes.begin(), sizes.end(), [&](int64_t x) { return x != my_size; }))
+    return Status::Internal(fmt::format(
+        "step {}: the replicas traced different numbers of ops ({} here); cannot compare their "
+        "executions",
+        s + 1, my_size));
+  std::vector<uint64_t> send;
+  send.reserve(3 * n);
+  send.insert(send.end(), mine.begin(), mine.end());
+  for (const StepTrace* t : {&next, &prev}) {
+    std::vector<uint64_t> w = dp > 2 || t == &next ? TraceWords(*t) : std::vector<uint64_t>(n);
+    if (w.size() != n)
+      return Status::Internal(fmt::format(
+          "step {}: another replica's micro-batches traced {} words, this rank's own {}", s + 1,
+          w.size(), n));
+    send.insert(send.end(), w.begin(), w.end());
+  }
+  std::vector<uint64_t> all(send.size() * size_t(dp));
+  // (64-bit words: int64 on the wire)
+  ATOLL_RETURN_IF_ERROR(dp_group.AllGather(send.data(), all.data(), send.size(), DType::kInt64));
+  const size_t replicas = static_cast<size_t>(dp);
+  std::vector<std::vector<uint64_t>> o(replicas), nx(replicas), pv(replicas);
+  for (int r = 0; r < dp; ++r) {
+    const auto base = all.begin() + ptrdiff_t(size_t(r) * 3 * n);
+    o[size_t(r)].assign(base, base + ptrdiff_t(n));
+    nx[size_t(r)].assign(base + ptrdiff_t(n), base + ptrdiff_t(2 * n));
+    pv[size_t(r)].assign(base + ptrdiff_t(2 * n), base + ptrdiff_t(3 * n));
+  }
+  return PeerVerdict(o, nx, pv, own, first_micro, site, s, dp_group.rank() == 0);
+}
+
+bool HasFaultyRank(const std::vector<std::string>& events) {
+  return std::any_of(events.begin(), events.end(), [](const std::string& e) {
+    const auto j = nlohmann::json::parse(e);
+    return j.value("detector", "") == "replay" && j.value("verdict", "") == "faulty_rank";
+  });
+}
+
+}  // namespace atl

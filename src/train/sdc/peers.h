@@ -1,0 +1,63 @@
+// The peer check of an audit replay (train/sdc/audit.h): a step whose replay matched its first
+// run on every rank is either what the data makes it, or the work of a rank that computes the
+// same wrong value every time (a defective unit, not a marginal one). Only another rank's
+// execution tells the two apart.
+//
+// Each data-parallel replica of the site recomputes the forward and backward passes of its
+// neighbours' micro-batches from the same pre-step state (train/run.h ReplicaPass): the next
+// replica's, and with three or more replicas the previous one's too. The traces are compared
+// bitwise: every traced op's fingerprint (StepTrace::ops) and each micro-batch's loss.
+//   - All executions agree: the step is what the data makes it (a genuine spike). The replay's
+//     "reproduced" event carries peers "agree".
+//   - dp >= 3: each replica's micro-batches have three executions, its own and its two
+//     neighbours'. The one outside the majority names the faulty rank (verdict "faulty_rank"),
+//     whether it computed its own micro-batches or a neighbour's; `peer` is a rank that
+//     disagreed with it. The event names the micro-batch, block and op where the faulty
+//     execution first differed from the majority's.
+//   - dp 2: two executions disagree and no third decides: the event names both ranks (rank and
+//     peer, majority false).
+// A rank named faulty stops the run (train/trainer.cc): its results cannot be trusted, and
+// leaving it out needs a world that can shrink.
+//
+// Only pure data parallelism within a site (tp = pp = 1, where every rank holds the whole model
+// and its micro-batches need no other rank).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+#include "train/sdc/audit.h"
+
+namespace atl {
+
+// One execution of one replica's micro-batches, as comparable words: every traced op's
+// fingerprint in order, then each micro-batch's loss, bit for bit.
+std::vector<uint64_t> TraceWords(const StepTrace& t);
+
+// The verdict from every replica's three traces' words, by dp rank: own[x] its own execution,
+// next[x] its execution of replica x+1's micro-batches, prev[x] of replica x-1's (dp >= 3).
+// layout: this rank's own trace (the ops' kinds, blocks and micro-batches, the same on every
+// replica); first_micro[x]: replica x's first micro-batch in the whole batch. Events as
+// SdcEvent::ToJson writes them: the faulty ranks' ("faulty_rank"), or one "reproduced" with
+// peers "agree". log: warn of each faulty rank.
+std::vector<std::string> PeerVerdict(const std::vector<std::vector<uint64_t>>& own,
+                                     const std::vector<std::vector<uint64_t>>& next,
+                                     const std::vector<std::vector<uint64_t>>& prev,
+                                     const StepTrace& layout,
+                                     const std::vector<int64_t>& first_micro, int site, int64_t s,
+                                     bool log = false);
+
+// Collective over dp_group (the site's replicas, dp >= 2): all-gathers every replica's traces
+// (own, next, prev: prev ignored at dp 2) and returns PeerVerdict, the same on every rank.
+StatusOr<std::vector<std::string>> SharePeerCheck(Communicator& dp_group, const StepTrace& own,
+                                                  const StepTrace& next, const StepTrace& prev,
+                                                  const std::vector<int64_t>& first_micro, int site,
+                                                  int64_t s);
+
+// Whether one of the events is a replay's "faulty_rank" verdict.
+bool HasFaultyRank(const std::vector<std::string>& events);
+
+}  // namespace atl

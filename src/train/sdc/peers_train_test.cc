@@ -1,0 +1,225 @@
+// The peer check of an audit replay (train/sdc/peers.h): the verdict from the replicas' traces,
+// and in real data-parallel runs (in-process ranks): clean steps are confirmed by other ranks and
+// the run ends bitwise as without audits; a stuck core, which its own replay repeats, is named by
+// the other ranks (dp 3: the rank; dp 2: both ranks) and stops the run.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "comm/inprocess.h"
+#include "train/sdc/peers.h"
+#include "train/test_util.h"
+
+namespace atl {
+namespace {
+
+// A trace of two micro-batches (first_micro, first_micro + 1), two ops each, whose op `bad` (0..3;
+// -1: none) computed something else.
+StepTrace Trace(int64_t first_micro, int bad = -1) {
+  StepTrace t;
+  for (int i = 0; i < 4; ++i) {
+    t.At(first_micro + i / 2);
+    const float out[2] = {float(i % 2), i == bad ? 9.f : 1.f};
+    t.OnOp(i % 2 == 0 ? FaultKind::kGemmForward : FaultKind::kActivation, 1, 2, out, 2);
+  }
+  t.SetLosses({2.5, 2.25}, first_micro);
+  return t;
+}
+
+std::vector<nlohmann::json> Parse(const std::vector<std::string>& events) {
+  std::vector<nlohmann::json> out;
+  for (const std::string& e : events) out.push_back(nlohmann::json::parse(e));
+  return out;
+}
+
+TEST(PeerVerdict, TheExecutionOutsideTheMajorityNamesItsRank) {
+  const std::vector<int64_t> first = {0, 2, 4};
+  auto words = [&](int replica, int bad = -1) {
+    return TraceWords(Trace(first[size_t(replica)], bad));
+  };
+  // own[x], next[x] (x's execution of x+1's micro-batches), prev[x] (of x-1's).
+  std::vector<std::vector<uint64_t>> own = {words(0), words(1), words(2)};
+  std::vector<std::vector<uint64_t>> next = {words(1), words(2), words(0)};
+  std::vector<std::vector<uint64_t>> prev = {words(2), words(0), words(1)};
+  const StepTrace layout = Trace(0);  // rank 0's own
+
+  auto agree = Parse(PeerVerdict(own, next, prev, layout, first, 0, 6));
+  ASSERT_EQ(agree.size(), 1u);
+  EXPECT_EQ(agree[0]["verdict"], "reproduced");
+  EXPECT_EQ(agree[0]["peers"], "agree");
+  EXPECT_EQ(agree[0]["rank"], -1);
+
+  // Rank 1 computes wrong wherever it computes: its own micro-batches (op 3: micro 3's
+  // activation) and its neighbours' (rank 0's at op 1, rank 2's at op 2).
+  own[1] = words(1, 3);
+  next[1] = words(2, 2);
+  prev[1] = words(0, 1);
+  auto one = Parse(PeerVerdict(own, next, prev, layout, first, 1, 6));
+  ASSERT_EQ(one.size(), 1u) << one[0].dump();
+  EXPECT_EQ(one[0]["verdict"], "faulty_rank");
+  EXPECT_EQ(one[0]["detector"], "replay");
+  EXPECT_EQ(one[0]["site"], 1);
+  EXPECT_EQ(one[0]["rank"], 1);
+  EXPECT_EQ(one[0]["majority"], true);
+  EXPECT_EQ(one[0]["peer"], 0);  // rank 0's execution of its micro-batches disagreed
+  // Named where it first computed its own micro-batches wrong: op 3, micro-batch 3.
+  EXPECT_EQ(one[0]["micro"], 3);
+  EXPECT_EQ(one[0]["layer"], 1);
+  EXPECT_EQ(one[0]["op"], "activation");
+  EXPECT_EQ(one[0]["what"], "micro-batches of rank 1");
+
+  // Rank 1 wrong on rank 0's micro-batches only: named where (op 1 of micro-batch 0), with rank 0,
+  // whose execution it disagreed with.
+  own[1] = words(1);
+  next[1] = words(2);
+  one = Parse(PeerVerdict(own, next, prev, layout, first, 0, 6));
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0]["rank"], 1);
+  EXPECT_EQ(one[0]["peer"], 0);
+  EXPECT_EQ(one[0]["micro"], 0);
+  EXPECT_EQ(one[0]["op"], "activation");
+  EXPECT_EQ(one[0]["what"], "micro-batches of rank 0");
+
+  // A loss that differs and nothing else: op "loss" of its micro-batch.
+  prev[1] = words(0);
+  std::vector<uint64_t> loss = words(1);
+  loss.back() ^= 1;
+  next[0] = loss;  // rank 0's execution of rank 1's second micro-batch
+  one = Parse(PeerVerdict(own, next, prev, layout, first, 0, 6));
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0]["rank"], 0);
+  EXPECT_EQ(one[0]["op"], "loss");
+  EXPECT_EQ(one[0]["micro"], 3);
+
+  // Three different executions of one replica's micro-batches: no majority.
+  next[0] = words(1, 0);
+  prev[2] = words(1, 2);
+  own[1] = words(1, 1);
+  one = Parse(PeerVerdict(own, next, prev, layout, first, 0, 6));
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0]["majority"], false);
+  EXPECT_EQ(one[0]["rank"], 1);
+}
+
+TEST(PeerVerdict, TwoReplicasThatDisagreeAreBothNamed) {
+  const std::vector<int64_t> first = {0, 2};
+  std::vector<std::vector<uint64_t>> own = {TraceWords(Trace(0)), TraceWords(Trace(2, 0))};
+  std::vector<std::vector<uint64_t>> next = {TraceWords(Trace(2)), TraceWords(Trace(0))};
+  const std::vector<std::vector<uint64_t>> prev(2);
+  const auto v = Parse(PeerVerdict(own, next, prev, Trace(0), first, 0, 3));
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0]["verdict"], "faulty_rank");
+  EXPECT_EQ(v[0]["majority"], false);
+  EXPECT_EQ(std::set<int>({v[0]["rank"].get<int>(), v[0]["peer"].get<int>()}),
+            std::set<int>({0, 1}));
+  EXPECT_EQ(v[0]["micro"], 2);
+  EXPECT_EQ(v[0]["op"], "gemm_fwd 2");
+}
+
+class PeersTrainTest : public TrainerTest {
+ protected:
+  void SetUp() override {
+    TrainerTest::SetUp();
+    cfg_.train.steps = 8;
+    cfg_.train.threads = 1;
+    cfg_.train.grad_clip = 0;
+  }
+  static std::string Final(const std::string& dir) {
+    return Bytes(dir + "/checkpoint/model.safetensors") +
+           Bytes(dir + "/checkpoint/optimizer.safetensors");
+  }
+  // The replay events of the run in dir, by step.
+  static std::vector<std::pair<int, nlohmann::json>> Replays(const std::string& dir) {
+    std::vector<std::pair<int, nlohmann::json>> out;
+    for (const auto& m : Metrics(dir))
+      if (m.contains("sdc"))
+        for (const auto& e : m["sdc"])
+          if (e["detector"] == "replay") out.emplace_back(m["step"].get<int>(), e);
+    return out;
+  }
+  // Trains on `ranks` in-process ranks into dir; every rank's status.
+  static std::vector<Status> Statuses(const RunConfig& cfg, int ranks, const std::string& dir) {
+    std::filesystem::remove_all(dir);
+    return RunInProcessRanks(ranks, [&](Communicator& comm) -> Status {
+      TrainOptions o;
+      o.out_dir = dir;
+      o.progress = false;
+      o.comm = &comm;
+      return Train(cfg, o).status();
+    });
+  }
+};
+
+// Audits of clean steps at dp 2 and dp 3 (with ZeRO-1 too): every one reproduced and confirmed by
+// the other ranks, and the recomputations leave nothing behind: the run ends bitwise as the
+// same run without audits.
+TEST_F(PeersTrainTest, CleanStepsAreConfirmedByOtherRanksAndChangeNothing) {
+  for (const auto& [dp, zero] : {std::pair{2, false}, std::pair{2, true}, std::pair{3, false}}) {
+    SCOPED_TRACE(fmt::format("dp {}{}", dp, zero ? " zero" : ""));
+    RunConfig c = cfg_;
+    c.parallel.dp = dp;
+    c.parallel.zero = zero;
+    c.train.batch_size = 2 * dp;
+    const std::string plain = root_ + "/plain", audited = root_ + "/audited";
+    ASSERT_TRUE(RunRanks(c, dp, plain));
+    c.sdc.audit_every = 3;
+    ASSERT_TRUE(RunRanks(c, dp, audited));
+    EXPECT_EQ(Final(audited), Final(plain));
+    EXPECT_EQ(LossColumns(audited), LossColumns(plain));
+    const auto replays = Replays(audited);
+    ASSERT_EQ(replays.size(), 2u);  // steps 3 and 6
+    for (const auto& [step, e] : replays) {
+      EXPECT_EQ(step % 3, 0);
+      EXPECT_EQ(e["verdict"], "reproduced") << e.dump();
+      EXPECT_EQ(e["peers"], "agree") << e.dump();
+    }
+  }
+}
+
+// A stuck core on rank 1 from step 5 (forward and backward GEMM 2 of block 1, the same flip
+// whenever it computes the same micro-batch): its own replay repeats it, so the replay alone
+// reports "reproduced". With three replicas the other two name rank 1 where it first differed,
+// and every rank stops at that step with the line written.
+TEST_F(PeersTrainTest, AStuckCoreIsNamedByTheOtherRanksAndStopsTheRun) {
+  RunConfig c = cfg_;
+  c.parallel.dp = 3;
+  c.train.batch_size = 6;
+  c.sdc.audit_every = 1;
+  c.faults.inject = "bad_core:step=5,rank=1,layer=1,gemm=2,p=1,bit=27,stuck=1";
+  const std::string dir = root_ + "/dp3";
+  for (const Status& st : Statuses(c, 3, dir)) {
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("computes wrong results"), std::string::npos) << st.ToString();
+  }
+  const auto metrics = Metrics(dir);
+  ASSERT_EQ(metrics.size(), 5u);
+  const auto replays = Replays(dir);
+  ASSERT_EQ(replays.size(), 5u);
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(replays[size_t(k)].second["peers"], "agree");
+  const auto& [step, e] = replays.back();
+  EXPECT_EQ(step, 5);
+  EXPECT_EQ(e["verdict"], "faulty_rank") << e.dump();
+  EXPECT_EQ(e["rank"], 1);
+  EXPECT_EQ(e["majority"], true);
+  EXPECT_EQ(e["layer"], 1);
+  EXPECT_EQ(e["op"], "gemm_fwd 2");
+  EXPECT_EQ(e["micro"], 1);  // its own (one micro-batch per replica)
+  EXPECT_EQ(e["what"], "micro-batches of rank 1");
+
+  // Two replicas: no majority, both named.
+  c.parallel.dp = 2;
+  c.train.batch_size = 4;
+  const std::string two = root_ + "/dp2";
+  for (const Status& st : Statuses(c, 2, two)) EXPECT_FALSE(st.ok());
+  const auto r2 = Replays(two);
+  ASSERT_FALSE(r2.empty());
+  EXPECT_EQ(r2.back().first, 5);
+  EXPECT_EQ(r2.back().second["verdict"], "faulty_rank");
+  EXPECT_EQ(r2.back().second["majority"], false);
+  EXPECT_EQ(
+      std::set<int>({r2.back().second["rank"].get<int>(), r2.back().second["peer"].get<int>()}),
+      std::set<int>({0, 1}));
+}
+
+}  // namespace
+}  // namespace atl
