@@ -370,7 +370,7 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
        add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, Fl);
     ATL_OP("tp all-reduce", TensorAllReduce(res3, NC));
     ATL_OP("residual fwd", k::ResidualForward(res3, res2, res3, NC));
-    Op(OpKind::kActivation, l, -1, res3, N, C);
+    Op(OpKind::kActivation, l, -1, res3, N, C, res2);  // a: what mlp.c_proj was added to
     residual = res3;
   }
   S.B = B;

@@ -113,6 +113,8 @@ class GPT {
   // A GEMM's event also shows its operands (for checksums, train/sdc/checksum.h): forward,
   // out[rows, cols] = a[rows, inner] · w[inner, cols] + bias[cols] (bias may be null); backward,
   // out[rows, cols] = a[rows, inner] · wᵀ with w[cols, inner] (the layer's weight), no bias.
+  // A block output's event shows in `a` the residual stream that mlp.c_proj's product (after
+  // its tensor-parallel all-reduce) was added to: out = a + that product.
   enum class OpKind { kGemmForward, kGemmBackward, kActivation };
   struct OpEvent {
     OpKind kind;
@@ -121,7 +123,7 @@ class GPT {
     T* out;
     size_t n;  // elements of out: rows * cols
     int rows, cols;
-    const T* a = nullptr;  // GEMMs: the operands (activation events: null)
+    const T* a = nullptr;  // GEMMs: the operands (activation events: a, the residual input)
     const T* w = nullptr;
     const T* bias = nullptr;
     int inner = 0;

@@ -239,6 +239,7 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
   o.guard = cfg.sdc.guard;
   o.fingerprints = cfg.sdc.fingerprints;
   o.checksums = cfg.sdc.checksums;
+  o.residual = cfg.sdc.checksums && me.tp() == 1;
   o.memory = cfg.sdc.memory;
   o.moments_every = cfg.sdc.moments_every;
   o.guard_options.threshold = cfg.sdc.guard_threshold;
@@ -271,6 +272,8 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
         }
         if (sdc != nullptr && kind == FaultKind::kActivation)
           sdc->OnActivation(e.layer, e.out, e.n);
+        if (checks != nullptr && kind == FaultKind::kActivation)
+          checks->OnResidual(e.layer, e.out, e.a, e.rows, e.cols);
         if (checks != nullptr && kind != FaultKind::kActivation)
           checks->OnGemm(kind, e.layer, e.gemm, e.out, e.a, e.w, e.bias, e.rows, e.inner, e.cols);
         if (trace != nullptr) trace->OnOp(kind, e.layer, e.gemm, e.out, e.n);

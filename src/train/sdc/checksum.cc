@@ -7,7 +7,8 @@
 namespace atl {
 
 ChecksumMismatch CheckGemmColumns(const float* c, const float* a, const float* w, const float* bias,
-                                  int rows, int inner, int cols, bool w_transposed) {
+                                  int rows, int inner, int cols, bool w_transposed,
+                                  std::vector<double>* column_sums) {
   // 1ᵀA and 1ᵀ|A|, and the column sums of C, in double.
   std::vector<double> sa(size_t(inner), 0.0), abs_sa(size_t(inner), 0.0);
   std::vector<double> got(size_t(cols), 0.0);
@@ -69,7 +70,42 @@ ChecksumMismatch CheckGemmColumns(const float* c, const float* a, const float* w
     }
     ++out.columns_off;
   }
+  if (column_sums != nullptr) *column_sums = std::move(got);
   return out;
+}
+
+ChecksumMismatch CheckResidualColumns(const float* out, const float* x,
+                                      const std::vector<double>& y_sums, int rows, int cols) {
+  std::vector<double> got(size_t(cols), 0.0), xs(size_t(cols), 0.0), mag(size_t(cols), 0.0);
+  for (int i = 0; i < rows; ++i) {
+    const float* o = out + size_t(i) * size_t(cols);
+    const float* xr = x + size_t(i) * size_t(cols);
+    for (int j = 0; j < cols; ++j) {
+      got[size_t(j)] += double(o[j]);
+      xs[size_t(j)] += double(xr[j]);
+      mag[size_t(j)] += std::abs(double(o[j])) + std::abs(double(xr[j]));
+    }
+  }
+  constexpr double kUnit = 0x1.0p-24;
+  // One rounding per element (u·|out| <= u·(|out| + |x|)), and the three double sums' (each
+  // within rows·2⁻⁵³ of its magnitude; y's below |out| + |x| as y = out - x up to the rounding).
+  const double factor = kUnit + 3.0 * (rows + 1) * 0x1.0p-53;
+  ChecksumMismatch r;
+  for (int j = 0; j < cols; ++j) {
+    const double e = xs[size_t(j)] + y_sums[size_t(j)];
+    const double g = got[size_t(j)];
+    const double bound = factor * mag[size_t(j)] + double(rows) * 0x1.0p-149;
+    const bool ok = std::isfinite(g) ? std::abs(g - e) <= bound : !std::isfinite(e);
+    if (ok) continue;
+    if (r.column < 0) {
+      r.column = j;
+      r.got = g;
+      r.expected = e;
+      r.bound = bound;
+    }
+    ++r.columns_off;
+  }
+  return r;
 }
 
 }  // namespace atl

@@ -18,10 +18,11 @@
 // that overflows to inf in a correct product) fails here too: the place named is then the first
 // GEMM the corruption broke, not where it struck.
 //
-// Thread-safety: CheckGemmColumns is a pure function.
+// Thread-safety: pure functions.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace atl {
 
@@ -34,7 +35,20 @@ struct ChecksumMismatch {
 // w_transposed = false: c[rows, cols] = a[rows, inner] · w[inner, cols] + bias[cols] (bias may
 // be null). w_transposed = true: c = a · wᵀ with w[cols, inner] (a backward input gradient). A
 // non-finite column sum fails unless the expected one is non-finite too.
+// column_sums (may be null): receives C's column sums, in double.
 ChecksumMismatch CheckGemmColumns(const float* c, const float* a, const float* w, const float* bias,
-                                  int rows, int inner, int cols, bool w_transposed);
+                                  int rows, int inner, int cols, bool w_transposed,
+                                  std::vector<double>* column_sums = nullptr);
+
+// The residual add's checksum: out[rows, cols] = fl(x + y) elementwise, where x is known and only
+// y's column sums are (y_sums: the GEMM's whose product was added, CheckGemmColumns's
+// column_sums, already checked). Each rounded add is within u·|out| of exact (u = 2⁻²⁴), so
+//     |Σ_i out_ij - Σ_i x_ij - y_sums_j| <= u·Σ_i |out_ij|
+// plus the double sums' own error. The bound is that of one add, not of a GEMM's inner products,
+// so it is far tighter than CheckGemmColumns's: any flip that moves an element of the block's
+// output by more than about rows·u times its column's mean magnitude fails it (every exponent
+// and sign flip of any element that is not tiny next to its column).
+ChecksumMismatch CheckResidualColumns(const float* out, const float* x,
+                                      const std::vector<double>& y_sums, int rows, int cols);
 
 }  // namespace atl

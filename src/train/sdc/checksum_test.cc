@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <limits>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/rng.h"
@@ -93,6 +96,40 @@ TEST(ChecksumTest, NonFiniteOutputFails) {
   EXPECT_EQ(g.Check(false).column, 2);
   g.c[3 * 8 + 2] = std::numeric_limits<float>::infinity();
   EXPECT_EQ(g.Check(false).column, 2);
+}
+
+// The residual add's checksum: a block output made by the model's kernel, x + a GEMM's product
+// (whose column sums CheckGemmColumns returns), passes at the shapes of tiny and small; a flip of
+// any exponent or sign bit of a median-sized element fails in its column, down to the lowest
+// exponent bit (the GEMM's own bound is about inner times wider).
+TEST(ChecksumTest, TheResidualAddFindsEveryExponentFlipOfAnOrdinaryElement) {
+  for (const auto& [rows, inner, cols] : {std::tuple{32, 64, 16}, std::tuple{1024, 768, 192}}) {
+    SCOPED_TRACE(::testing::Message() << rows << "x" << inner << "x" << cols);
+    Gemm g(rows, inner, cols, false, 5);
+    std::vector<double> sums;
+    ASSERT_EQ(g.Check(false).column, -1);
+    CheckGemmColumns(g.c.data(), g.a.data(), g.w.data(), g.bias.data(), rows, inner, cols, false,
+                     &sums);
+    ASSERT_EQ(sums.size(), size_t(cols));
+    const std::vector<float> x = Random(size_t(rows) * cols, 9);
+    std::vector<float> out(x.size());
+    kernels::ResidualForward<float>(out.data(), x.data(), g.c.data(), out.size());
+    EXPECT_EQ(CheckResidualColumns(out.data(), x.data(), sums, rows, cols).column, -1);
+    // An element of median magnitude in column 7.
+    std::vector<std::pair<float, size_t>> col;
+    for (int i = 0; i < rows; ++i)
+      col.emplace_back(std::abs(out[size_t(i) * cols + 7]), size_t(i) * cols + 7);
+    std::nth_element(col.begin(), col.begin() + rows / 2, col.end());
+    const size_t elem = col[size_t(rows / 2)].second;
+    for (int bit = 23; bit <= 31; ++bit) {
+      SCOPED_TRACE(::testing::Message() << "bit " << bit);
+      const float before = FlipBit(&out[elem], bit);
+      const ChecksumMismatch mm = CheckResidualColumns(out.data(), x.data(), sums, rows, cols);
+      EXPECT_EQ(mm.column, 7);
+      EXPECT_EQ(mm.columns_off, 1);
+      out[elem] = before;
+    }
+  }
 }
 
 }  // namespace

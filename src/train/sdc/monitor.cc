@@ -179,8 +179,24 @@ void SdcMonitor::OnGemm(FaultKind kind, int layer, int gemm, const float* c, con
                         const float* w, const float* bias, int rows, int inner, int cols) {
   if (!o_.checksums || a == nullptr || w == nullptr) return;
   const SdcTimer timer(&cost_.checksums);
+  // mlp.c_proj's product is added to the residual stream next: keep its column sums.
+  const bool keep = o_.residual && kind == FaultKind::kGemmForward && gemm == 3;
   const ChecksumMismatch mm =
-      CheckGemmColumns(c, a, w, bias, rows, inner, cols, kind == FaultKind::kGemmBackward);
+      CheckGemmColumns(c, a, w, bias, rows, inner, cols, kind == FaultKind::kGemmBackward,
+                       keep ? &proj_sums_ : nullptr);
+  if (keep) proj_layer_ = layer;
+  Mismatch(mm, layer, fmt::format("{} {}", FaultKindName(kind), gemm));
+}
+
+void SdcMonitor::OnResidual(int layer, const float* out, const float* x, int rows, int cols) {
+  if (!o_.residual || x == nullptr || proj_layer_ != layer || proj_sums_.size() != size_t(cols))
+    return;
+  const SdcTimer timer(&cost_.checksums);
+  proj_layer_ = -1;
+  Mismatch(CheckResidualColumns(out, x, proj_sums_, rows, cols), layer, "activation");
+}
+
+void SdcMonitor::Mismatch(const ChecksumMismatch& mm, int layer, std::string op) {
   if (mm.column < 0) return;
   if (checksum_.count++ > 0) return;  // the first one names the place
   checksum_.site = site_;
@@ -188,7 +204,7 @@ void SdcMonitor::OnGemm(FaultKind kind, int layer, int gemm, const float* c, con
   checksum_.detector = "checksum";
   checksum_.micro = micro_;
   checksum_.layer = layer;
-  checksum_.op = fmt::format("{} {}", FaultKindName(kind), gemm);
+  checksum_.op = std::move(op);
   checksum_.what = fmt::format("column {}", mm.column);
   checksum_.value = mm.got;
   checksum_.median = mm.expected;

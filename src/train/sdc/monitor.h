@@ -25,8 +25,10 @@
 //     changed tensor is named, and repaired from a data-parallel replica whose check passed, or
 //     (sync across sites, set_sites) from another site's copy.
 //   - checksums (sdc.checksums): every block GEMM's column checksum (train/sdc/checksum.h),
-//     forward and backward, checked right after the GEMM; the first failing GEMM of the step is
-//     reported with its micro-batch, block and op ("gemm_fwd 2"), and how many failed.
+//     forward and backward, checked right after the GEMM, and (tp = 1) each block's output
+//     against the residual add that made it (CheckResidualColumns); the first failure of the
+//     step is reported with its micro-batch, block and op ("gemm_fwd 2", "activation"), and how
+//     many failed.
 // An event names the step (1-based), site, rank, detector, and what it saw: the tensor or the
 // signal, the value, the median and how many robust deviations (log scale) it was off.
 //
@@ -45,6 +47,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "model/config.h"
+#include "train/sdc/checksum.h"
 #include "train/sdc/faults.h"
 #include "train/sdc/fingerprint.h"
 #include "train/sdc/guard.h"
@@ -104,6 +107,9 @@ struct SdcOptions {
   bool guard = true;
   bool fingerprints = true;
   bool checksums = false;
+  // With checksums: each block's output checked against the residual add that made it (tp = 1:
+  // with tensor parallelism mlp.c_proj's product is a partial sum until its all-reduce).
+  bool residual = false;
   bool memory = true;
   int64_t moments_every = 1;
   StepGuard::Options guard_options;
@@ -141,6 +147,9 @@ class SdcMonitor {
   // kGemmBackward (GPT::OpEvent's operands).
   void OnGemm(FaultKind kind, int layer, int gemm, const float* c, const float* a, const float* w,
               const float* bias, int rows, int inner, int cols);
+  // The model's op hook, block outputs (checksums and residual on): out[rows, cols] = x + the
+  // block's mlp.c_proj product, whose column sums its OnGemm kept (CheckResidualColumns).
+  void OnResidual(int layer, const float* out, const float* x, int rows, int cols);
   // Memory checks: SealAtRest at the end of a step, when nothing will change the parameters
   // and moments before the next one (after the world strategy's exchanges); CheckAtRest at the
   // start of a step, before anything reads them: what changed since becomes an event of this step,
@@ -198,7 +207,11 @@ class SdcMonitor {
   std::vector<SdcEvent> pending_;  // found before the update (ZeRO)
   std::vector<double> act_max_;    // per block, this step
   int64_t micro_ = -1;
-  SdcEvent checksum_;  // the step's first failing GEMM (count 0: none)
+  // A failed checksum of block `layer`'s op: the step's first names the place, the others count.
+  void Mismatch(const ChecksumMismatch& mm, int layer, std::string op);
+  SdcEvent checksum_;              // the step's first failing GEMM or residual add (count 0: none)
+  std::vector<double> proj_sums_;  // the last mlp.c_proj product's column sums (residual)
+  int proj_layer_ = -1;            // ... its block (-1: none since the last block output)
   RestSeal seal_;
   SdcCost cost_;
   std::vector<SdcEvent> at_rest_;  // found by CheckAtRest, reported by AfterStep

@@ -211,8 +211,9 @@ namespace atl {
 namespace {
 
 // GEMM checksums (sdc.checksums): they change nothing in a clean run and raise nothing; they
-// catch a flip of the lowest exponent bit in the step it strikes, even during the guard's
-// warm-up, name its micro-batch, block and op, and the replay undoes it bitwise.
+// catch a flip of the lowest exponent bit of a GEMM product or a block output (the residual
+// add's checksum) in the step it strikes, even during the guard's warm-up, name its micro-batch,
+// block and op, and the replay undoes it bitwise.
 TEST_F(ReplayTrainTest, ChecksumsFindSmallGemmFlipsInTheirStep) {
   const std::string plain = Run(cfg_, "plain");
   RunConfig c = cfg_;
@@ -224,14 +225,14 @@ TEST_F(ReplayTrainTest, ChecksumsFindSmallGemmFlipsInTheirStep) {
 
   c.faults.inject =
       "gemm_fwd:step=3,layer=1,gemm=2,micro=1,bit=23;gemm_bwd:step=14,layer=0,"
-      "gemm=1,bit=24";
+      "gemm=1,bit=24;activation:step=20,layer=0,micro=1,bit=23";
   const std::string dir = Run(c, "faulty");
   EXPECT_EQ(Final(dir), Final(plain));
   std::map<int, std::vector<nlohmann::json>> by_step;
   for (const auto& m : Metrics(dir))
     if (m.contains("sdc"))
       for (const auto& e : m["sdc"]) by_step[m["step"].get<int>()].push_back(e);
-  ASSERT_EQ(by_step.size(), 2u);
+  ASSERT_EQ(by_step.size(), 3u);
   auto checksum = [&](int step) {
     for (const auto& e : by_step[step])
       if (e["detector"] == "checksum") return e;
@@ -246,7 +247,12 @@ TEST_F(ReplayTrainTest, ChecksumsFindSmallGemmFlipsInTheirStep) {
   EXPECT_EQ(bwd["op"], "gemm_bwd 1");
   EXPECT_EQ(bwd["layer"], 0);
   EXPECT_EQ(bwd["micro"], 0);
-  for (int step : {3, 14}) {  // ... and the replay finds the same place
+  // A block output's lowest exponent bit: the residual add's checksum.
+  const nlohmann::json act = checksum(20);
+  EXPECT_EQ(act["op"], "activation");
+  EXPECT_EQ(act["layer"], 0);
+  EXPECT_EQ(act["micro"], 1);
+  for (int step : {3, 14, 20}) {  // ... and the replay finds the same place
     const auto& events = by_step[step];
     ASSERT_FALSE(events.empty());
     const auto r = std::find_if(events.begin(), events.end(),
