@@ -250,7 +250,9 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
   auto monitor =
       std::make_unique<SdcMonitor>(o, run.model->layout(), run.optimizer->size(), run.site,
                                    me.rank(), me.dp_group(), std::move(replica_ranks), Zero(run));
-  if (monitor->active()) run.sdc = std::move(monitor);
+  // Sync sites compare fingerprints over the WAN even with one replica each (set_sites, later).
+  const bool across_sites = cfg.world.sites > 1 && cfg.world.strategy == "sync";
+  if (monitor->active() || (cfg.sdc.fingerprints && across_sites)) run.sdc = std::move(monitor);
   if (cfg.sdc.on_alarm == "redo" || cfg.sdc.audit_every > 0)
     run.trace = std::make_unique<StepTrace>();
   FaultInjector* faults = run.faults.get();

@@ -102,6 +102,21 @@ TEST_F(SitesSdcTest, APayloadOnlyOneSiteTookIsFoundByFingerprintsAndReplayedAway
   }
 }
 
+// The sites' fingerprints on their own (every other detector off, one replica per site): the
+// same payload is still found, on both sites, in its step.
+TEST_F(SitesSdcTest, FingerprintsAloneCompareTheSites) {
+  RunConfig c = cfg_;
+  c.sdc.guard = c.sdc.memory = false;
+  c.faults.inject = "wan:step=6,site=0,chunk=1,elem=3,bit=22";
+  ASSERT_TRUE(RunSites(c, "fingerprints").ok());
+  for (int s = 0; s < 2; ++s) {
+    const auto events = Events(Site("fingerprints", s), 6);
+    ASSERT_FALSE(events.empty()) << "site " << s;
+    EXPECT_EQ(events[0]["detector"], "fingerprint") << events[0].dump();
+    EXPECT_EQ(events[0]["across"], "sites") << events[0].dump();
+  }
+}
+
 // An exponent bit of site 0's reduce-scatter half reaches both sites through the sum: their
 // fingerprints agree, the guard sees it, both sites replay and both name the WAN.
 TEST_F(SitesSdcTest, APayloadSummedIntoBothSitesIsFoundByTheGuardAndReplayedAway) {
