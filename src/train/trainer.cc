@@ -16,8 +16,10 @@
 #include <vector>
 
 #include "core/file.h"
+#include "core/hash.h"
 #include "core/log.h"
 #include "data/dataset.h"
+#include "kernels/ops.h"
 #include "model/gpt.h"
 #include "parallel/data_parallel.h"
 #include "parallel/grad_norm.h"
@@ -174,27 +176,71 @@ Status Diverged(const StepMetrics& m) {
 }
 
 // The peer check of step s (train/sdc/peers.h), when every rank's replay matched its first run:
-// this rank recomputes its neighbouring replicas' micro-batches from the state the step started
-// from (`before`), then goes back to the state the step ended in. Collective over the dp group.
-StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepSnapshot& before) {
+// this rank recomputes its neighbouring replicas' micro-batches from the parameters the step
+// started from (`before`), then goes back to the ones it ended with. A rank named for a
+// neighbour's micro-batches, which it ran once, runs them again: only a repeated result names it
+// faulty; another is a transient fault of the check ("transient", run "peer check"; the step
+// stands). The events, the same on every rank; faulty: whether one names a faulty rank.
+// Collective over the dp group.
+StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepSnapshot& before,
+                                                bool* faulty) {
   const Mesh& me = run.mesh;
   const int dp = me.dp(), d = me.dp_rank();
-  StepSnapshot after;
-  after.Take(run.model->params(), run.model->num_params(), *run.optimizer);
+  const size_t n_params = run.model->num_params();
+  const std::vector<float> after(run.model->params(), run.model->params() + n_params);
   const StepTrace own = *run.trace;
-  before.Restore(run.model->params(), run.optimizer.get());
-  ATOLL_RETURN_IF_ERROR(ReplicaPass(run, s, (d + 1) % dp));
+  before.RestoreParams(run.model->params());
+  const int next_replica = (d + 1) % dp, prev_replica = (d + dp - 1) % dp;
+  ATOLL_RETURN_IF_ERROR(ReplicaPass(run, s, next_replica));
   const StepTrace next = *run.trace;
   StepTrace prev;
   if (dp > 2) {
-    ATOLL_RETURN_IF_ERROR(ReplicaPass(run, s, (d + dp - 1) % dp));
+    ATOLL_RETURN_IF_ERROR(ReplicaPass(run, s, prev_replica));
     prev = *run.trace;
   }
-  after.Restore(run.model->params(), run.optimizer.get());
-  *run.trace = own;
   std::vector<int64_t> first(static_cast<size_t>(dp));
   for (int r = 0; r < dp; ++r) first[size_t(r)] = (int64_t(run.site) * dp + r) * run.local_accum;
-  return SharePeerCheck(*me.dp_group(), own, next, prev, first, run.site, s);
+  const std::string backend = kernels::InitBackend().blas_core + " " + __VERSION__;
+  bool comparable = true;
+  ATOLL_ASSIGN_OR_RETURN(std::vector<PeerFinding> found,
+                         SharePeerCheck(*me.dp_group(), own, next, prev, first, run.site, s,
+                                        Hash64(before.params().data(), n_params * sizeof(float)),
+                                        Hash64(backend.data(), backend.size()), &comparable));
+  if (!comparable && me.rank() == 0)
+    LogWarning(
+        "step {}: the replicas started from different parameters or run different kernels; "
+        "no peer check",
+        s + 1);
+  // The confirmations: 1 repeated, 0 not, -1 not asked.
+  int again = -1;
+  for (const PeerFinding& f : found)
+    if (f.recomputer == d) again = f.data_of;
+  const bool confirm = std::any_of(found.begin(), found.end(),
+                                   [](const PeerFinding& f) { return f.recomputer >= 0; });
+  if (confirm) {
+    int64_t repeated = -1;
+    if (again >= 0) {
+      ATOLL_RETURN_IF_ERROR(ReplicaPass(run, s, again));
+      const StepTrace& earlier = again == next_replica ? next : prev;
+      repeated = TraceWords(*run.trace) == TraceWords(earlier) ? 1 : 0;
+    }
+    std::vector<int64_t> all(static_cast<size_t>(dp));
+    ATOLL_RETURN_IF_ERROR(
+        me.dp_group()->AllGather(std::span<const int64_t>(&repeated, 1), std::span<int64_t>(all)));
+    for (PeerFinding& f : found)
+      if (f.recomputer >= 0 && all[size_t(f.recomputer)] == 0) {
+        f.event.verdict = "transient";  // the recomputer's second run differed from its first
+        f.event.rank = f.recomputer;
+        f.event.peer = -1;
+        f.event.run = "peer check";
+      }
+  }
+  std::copy(after.begin(), after.end(), run.model->params());
+  *run.trace = own;
+  *faulty = std::any_of(found.begin(), found.end(),
+                        [](const PeerFinding& f) { return f.event.verdict == "faulty_rank"; });
+  if (!comparable) return std::vector<std::string>();
+  return PeerEvents(found, run.site, s, me.rank() == 0);
 }
 
 // The audit replay of step s (train/sdc/audit.h), on every rank of the site alike (with sync
@@ -247,13 +293,14 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
               : ""));
   }
   std::vector<std::string> peers;
+  bool named = false;
   if (differing == 0 && run.mesh.dp() > 1 && run.mesh.tp() == 1 && run.mesh.pp() == 1) {
-    ATOLL_ASSIGN_OR_RETURN(peers, CheckOnPeers(run, s, snapshot));
+    ATOLL_ASSIGN_OR_RETURN(peers, CheckOnPeers(run, s, snapshot, &named));
   }
   ATOLL_ASSIGN_OR_RETURN(std::vector<std::string> verdict,
                          ShareReplays(site, run.site, run.mesh.rank(), s, diff));
   if (!peers.empty()) verdict = std::move(peers);  // in place of "reproduced"
-  ATOLL_ASSIGN_OR_RETURN(const int64_t faulty_ranks, count(HasFaultyRank(verdict)));
+  ATOLL_ASSIGN_OR_RETURN(const int64_t faulty_ranks, count(named));
   *faulty = faulty_ranks > 0;
   // Where some site computed the step differently, the other sites' sums differ after the WAN
   // because they received it: not a payload of their own.
@@ -264,6 +311,13 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
                                    return e.find("\"op\":\"wan\"") != std::string::npos;
                                  }),
                   verdict.end());
+  if (*faulty) {  // the step is not trusted: its line with the verdicts, then the run stops
+    std::vector<std::string> events = std::move(m->sdc);
+    events.insert(events.end(), verdict.begin(), verdict.end());
+    kept.sdc = std::move(events);
+    *m = std::move(kept);
+    return Status::Ok();
+  }
   if (!Finite(kept)) return Diverged(kept);  // two runs agree on it: not a transient fault
   if (run.sdc != nullptr) {
     ATOLL_RETURN_IF_ERROR(CheckStep(run, s, &kept));
@@ -497,6 +551,19 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     m.step_ms = dt * 1e3;
     m.tokens_per_s = double(tc.batch_size) * seq / dt;
     strategy->Fill(&m);
+    if (faulty) {  // on every rank of every site alike, the step's line written
+      if (leader) {
+        ATOLL_RETURN_IF_ERROR(metrics.Append(m));
+        progress.Finish();
+      }
+      const auto e = std::find_if(m.sdc.begin(), m.sdc.end(),
+                                  [](const std::string& x) { return HasFaultyRank({x}); });
+      return Status::Internal(fmt::format(
+          "step {}: a rank computes wrong results that its own replay repeats ({}); stopping: "
+          "restart without its host from a checkpoint written no later than the last step the "
+          "other ranks confirmed (a running world cannot leave a rank out yet)",
+          s + 1, e != m.sdc.end() ? *e : std::string("on another site")));
+    }
     if (run.num_val_windows > 0 && run.site == 0 &&
         (last || (tc.eval_every > 0 && (s + 1) % tc.eval_every == 0))) {
       ATOLL_ASSIGN_OR_RETURN(const double val_loss, Validate(run));
@@ -505,16 +572,6 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     if (leader) {
       ATOLL_RETURN_IF_ERROR(metrics.Append(m));
       if (options.progress) progress.Update(m);
-    }
-    if (faulty) {  // on every rank of every site alike, the step's line written
-      if (leader) progress.Finish();
-      const auto e = std::find_if(m.sdc.begin(), m.sdc.end(),
-                                  [](const std::string& x) { return HasFaultyRank({x}); });
-      return Status::Internal(fmt::format(
-          "step {}: a rank computes wrong results that its own replay repeats ({}); stopping: "
-          "restart from the last checkpoint without its host (a running world cannot leave a "
-          "rank out yet)",
-          s + 1, e != m.sdc.end() ? *e : std::string("other site")));
     }
     if (tc.checkpoint_every > 0 && (s + 1) % tc.checkpoint_every == 0) {
       ATOLL_RETURN_IF_ERROR(check_at_rest());  // on every site: it may repair across them

@@ -72,7 +72,7 @@ faulty_rank)
   expect_err "computes wrong results that its own replay repeats"
   last=$(tail -n 1 "$T/faulty/metrics.jsonl")
   [[ $last == *'"step":4,'* ]] || fail "the last metrics line is not step 4: $last"
-  [[ $last == *'"verdict":"faulty_rank"'*'"rank":1'* || $last == *'"rank":1'*'"verdict":"faulty_rank"'* ]] ||
+  [[ $last == *'"rank":1,"detector":"replay","what":"micro-batches of rank 1","verdict":"faulty_rank"'* ]] ||
     fail "step 4 does not name rank 1 faulty: $last"
   [[ $(grep -c '"peers":"agree"' "$T/faulty/metrics.jsonl") == 3 ]] ||
     fail "steps 1-3 were not confirmed by the other ranks"

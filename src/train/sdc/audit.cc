@@ -173,6 +173,10 @@ void StepSnapshot::Take(const float* params, size_t n, const AdamW& optimizer) {
   t_ = optimizer.step_count();
 }
 
+void StepSnapshot::RestoreParams(float* params) const {
+  std::copy(params_.begin(), params_.end(), params);
+}
+
 void StepSnapshot::Restore(float* params, AdamW* optimizer) const {
   std::copy(params_.begin(), params_.end(), params);
   std::copy(m_.begin(), m_.end(), optimizer->m());

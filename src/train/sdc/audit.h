@@ -135,6 +135,9 @@ class StepSnapshot {
  public:
   void Take(const float* params, size_t n, const AdamW& optimizer);
   void Restore(float* params, AdamW* optimizer) const;
+  // Only the parameters (what a forward and backward pass reads).
+  void RestoreParams(float* params) const;
+  const std::vector<float>& params() const { return params_; }
 
  private:
   std::vector<float> params_, m_, v_;

@@ -44,19 +44,19 @@ void NameDifference(const std::vector<uint64_t>& bad, const std::vector<uint64_t
 
 }  // namespace
 
-std::vector<std::string> PeerVerdict(const std::vector<std::vector<uint64_t>>& own,
+std::vector<PeerFinding> PeerVerdict(const std::vector<std::vector<uint64_t>>& own,
                                      const std::vector<std::vector<uint64_t>>& next,
                                      const std::vector<std::vector<uint64_t>>& prev,
                                      const StepTrace& layout,
-                                     const std::vector<int64_t>& first_micro, int site, int64_t s,
-                                     bool log) {
+                                     const std::vector<int64_t>& first_micro, int site, int64_t s) {
   const int dp = int(own.size());
-  std::vector<SdcEvent> found;
-  auto faulty = [&](int rank, int peer, bool majority, int x, const std::vector<uint64_t>& bad,
-                    const std::vector<uint64_t>& good) {
-    for (const SdcEvent& f : found)
-      if (f.rank == rank || (!majority && f.rank == peer)) return;  // named already
-    SdcEvent e;
+  std::vector<PeerFinding> found;
+  auto faulty = [&](int rank, int peer, bool majority, int x, int recomputer,
+                    const std::vector<uint64_t>& bad, const std::vector<uint64_t>& good) {
+    for (const PeerFinding& f : found)
+      if (f.event.rank == rank || (dp == 2 && f.event.rank == peer)) return;  // named already
+    PeerFinding f;
+    SdcEvent& e = f.event;
     e.step = s + 1;
     e.site = site;
     e.rank = rank;
@@ -66,7 +66,9 @@ std::vector<std::string> PeerVerdict(const std::vector<std::vector<uint64_t>>& o
     e.verdict = "faulty_rank";
     e.what = fmt::format("micro-batches of rank {}", x);
     NameDifference(bad, good, layout, first_micro[size_t(x)], &e);
-    found.push_back(e);
+    f.data_of = x;
+    f.recomputer = recomputer;
+    found.push_back(f);
   };
   // First the ranks that computed their own micro-batches wrong (named where they did), then
   // those that computed a neighbour's wrong.
@@ -76,30 +78,39 @@ std::vector<std::string> PeerVerdict(const std::vector<std::vector<uint64_t>>& o
       const auto& mine = own[size_t(x)];
       const auto& by_a = next[size_t(a)];  // replica a's execution of x's micro-batches
       if (dp == 2) {
-        if (mine != by_a) faulty(x, a, false, x, mine, by_a);
+        if (mine != by_a) faulty(x, a, false, x, a, mine, by_a);
         continue;
       }
       const auto& by_b = prev[size_t(b)];  // replica b's
       const bool agree_a = mine == by_a, agree_b = mine == by_b;
       if (agree_a && agree_b) continue;
       if (own_pass) {
-        if (by_a == by_b) faulty(x, a, true, x, mine, by_a);  // the other two agree
+        if (by_a == by_b) faulty(x, a, true, x, -1, mine, by_a);  // the other two agree
         continue;
       }
       if (agree_a)
-        faulty(b, x, true, x, by_b, mine);
+        faulty(b, x, true, x, b, by_b, mine);
       else if (agree_b)
-        faulty(a, x, true, x, by_a, mine);
+        faulty(a, x, true, x, a, by_a, mine);
       else if (by_a != by_b)
-        faulty(x, a, false, x, mine, by_a);  // three results: more than one rank is faulty
+        faulty(x, a, false, x, -1, mine, by_a);  // three results: more than one rank is faulty
     }
   }
+  return found;
+}
+
+std::vector<std::string> PeerEvents(const std::vector<PeerFinding>& findings, int site, int64_t s,
+                                    bool log) {
   std::vector<std::string> events;
-  for (const SdcEvent& e : found) {
-    if (log) LogWarning("silent data corruption found by replay on another rank: {}", e.ToString());
-    events.push_back(e.ToJson());
+  bool named = false;
+  for (const PeerFinding& f : findings) {
+    if (log)
+      LogWarning("silent data corruption found by another rank's execution: {}",
+                 f.event.ToString());
+    events.push_back(f.event.ToJson());
+    named |= f.event.verdict == "faulty_rank";
   }
-  if (events.empty()) {
+  if (!named) {
     SdcEvent e;
     e.step = s + 1;
     e.site = site;
@@ -111,46 +122,53 @@ std::vector<std::string> PeerVerdict(const std::vector<std::vector<uint64_t>>& o
   return events;
 }
 
-StatusOr<std::vector<std::string>> SharePeerCheck(Communicator& dp_group, const StepTrace& own,
+StatusOr<std::vector<PeerFinding>> SharePeerCheck(Communicator& dp_group, const StepTrace& own,
                                                   const StepTrace& next, const StepTrace& prev,
                                                   const std::vector<int64_t>& first_micro, int site,
-                                                  int64_t s) {
+                                                  int64_t s, uint64_t state, uint64_t backend,
+                                                  bool* comparable) {
   const int dp = dp_group.size();
   const std::vector<uint64_t> mine = TraceWords(own);
+  const std::vector<uint64_t> after = TraceWords(next);
+  const std::vector<uint64_t> before = dp > 2 ? TraceWords(prev) : std::vector<uint64_t>();
+  // First what makes the executions comparable, on every rank before anyone returns: the same
+  // program (the same number of words, else memory is corrupt), the same starting parameters
+  // and the same kernels. (64-bit words: int64 on the wire.)
+  const uint64_t head[5] = {mine.size(), after.size(), dp > 2 ? before.size() : mine.size(), state,
+                            backend};
+  std::vector<uint64_t> heads(5 * size_t(dp));
+  ATOLL_RETURN_IF_ERROR(dp_group.AllGather(head, heads.data(), 5, DType::kInt64));
   const size_t n = mine.size();
-  // The same program on every replica: the same number of words (else memory is corrupt).
-  std::vector<int64_t> sizes(size_t(dp), 0);
-  const int64_t my_size = int64_t(n);
-  ATOLL_RETURN_IF_ERROR(
-      dp_group.AllGather(std::span<const int64_t>(&my_size, 1), std::span<int64_t>(sizes)));
-  if (std::any_of(sizes.begin(), sizes.end(), [&](int64_t x) { return x != my_size; }))
-    return Status::Internal(fmt::format(
-        "step {}: the replicas traced different numbers of ops ({} here); cannot compare their "
-        "executions",
-        s + 1, my_size));
+  *comparable = true;
+  for (int r = 0; r < dp; ++r) {
+    const uint64_t* h = heads.data() + 5 * size_t(r);
+    if (h[0] != n || h[1] != n || h[2] != n)
+      return Status::Internal(fmt::format(
+          "step {}: the replicas traced different numbers of ops ({} here, {}/{}/{} on replica "
+          "{}); cannot compare their executions",
+          s + 1, n, h[0], h[1], h[2], r));
+    *comparable &= h[3] == state && h[4] == backend;
+  }
+  if (!*comparable) return std::vector<PeerFinding>();
   std::vector<uint64_t> send;
   send.reserve(3 * n);
   send.insert(send.end(), mine.begin(), mine.end());
-  for (const StepTrace* t : {&next, &prev}) {
-    std::vector<uint64_t> w = dp > 2 || t == &next ? TraceWords(*t) : std::vector<uint64_t>(n);
-    if (w.size() != n)
-      return Status::Internal(fmt::format(
-          "step {}: another replica's micro-batches traced {} words, this rank's own {}", s + 1,
-          w.size(), n));
-    send.insert(send.end(), w.begin(), w.end());
-  }
+  send.insert(send.end(), after.begin(), after.end());
+  if (dp > 2)
+    send.insert(send.end(), before.begin(), before.end());
+  else
+    send.resize(3 * n, 0);
   std::vector<uint64_t> all(send.size() * size_t(dp));
-  // (64-bit words: int64 on the wire)
   ATOLL_RETURN_IF_ERROR(dp_group.AllGather(send.data(), all.data(), send.size(), DType::kInt64));
   const size_t replicas = static_cast<size_t>(dp);
   std::vector<std::vector<uint64_t>> o(replicas), nx(replicas), pv(replicas);
-  for (int r = 0; r < dp; ++r) {
-    const auto base = all.begin() + ptrdiff_t(size_t(r) * 3 * n);
-    o[size_t(r)].assign(base, base + ptrdiff_t(n));
-    nx[size_t(r)].assign(base + ptrdiff_t(n), base + ptrdiff_t(2 * n));
-    pv[size_t(r)].assign(base + ptrdiff_t(2 * n), base + ptrdiff_t(3 * n));
+  for (size_t r = 0; r < replicas; ++r) {
+    const auto base = all.begin() + ptrdiff_t(r * 3 * n);
+    o[r].assign(base, base + ptrdiff_t(n));
+    nx[r].assign(base + ptrdiff_t(n), base + ptrdiff_t(2 * n));
+    pv[r].assign(base + ptrdiff_t(2 * n), base + ptrdiff_t(3 * n));
   }
-  return PeerVerdict(o, nx, pv, own, first_micro, site, s, dp_group.rank() == 0);
+  return PeerVerdict(o, nx, pv, own, first_micro, site, s);
 }
 
 bool HasFaultyRank(const std::vector<std::string>& events) {

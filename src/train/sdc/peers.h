@@ -37,25 +37,41 @@ namespace atl {
 // fingerprint in order, then each micro-batch's loss, bit for bit.
 std::vector<uint64_t> TraceWords(const StepTrace& t);
 
+// A rank the executions name: event (verdict "faulty_rank": rank, peer, majority, where, what),
+// whose micro-batches it computed (data_of), and the rank whose single execution of them the
+// verdict rests on (recomputer; -1: none, the rank's own twice-run result is the odd one out),
+// which must compute them again and repeat its result before the verdict stands.
+struct PeerFinding {
+  SdcEvent event;
+  int data_of = -1;
+  int recomputer = -1;
+};
+
 // The verdict from every replica's three traces' words, by dp rank: own[x] its own execution,
 // next[x] its execution of replica x+1's micro-batches, prev[x] of replica x-1's (dp >= 3).
 // layout: this rank's own trace (the ops' kinds, blocks and micro-batches, the same on every
-// replica); first_micro[x]: replica x's first micro-batch in the whole batch. Events as
-// SdcEvent::ToJson writes them: the faulty ranks' ("faulty_rank"), or one "reproduced" with
-// peers "agree". log: warn of each faulty rank.
-std::vector<std::string> PeerVerdict(const std::vector<std::vector<uint64_t>>& own,
+// replica); first_micro[x]: replica x's first micro-batch in the whole batch. Empty: all agree.
+std::vector<PeerFinding> PeerVerdict(const std::vector<std::vector<uint64_t>>& own,
                                      const std::vector<std::vector<uint64_t>>& next,
                                      const std::vector<std::vector<uint64_t>>& prev,
                                      const StepTrace& layout,
-                                     const std::vector<int64_t>& first_micro, int site, int64_t s,
-                                     bool log = false);
+                                     const std::vector<int64_t>& first_micro, int site, int64_t s);
+
+// The step's peer-check events, as SdcEvent::ToJson writes them: each finding's, then, unless
+// one names a faulty rank, a "reproduced" one with peers "agree". log: warn of each finding.
+std::vector<std::string> PeerEvents(const std::vector<PeerFinding>& findings, int site, int64_t s,
+                                    bool log);
 
 // Collective over dp_group (the site's replicas, dp >= 2): all-gathers every replica's traces
-// (own, next, prev: prev ignored at dp 2) and returns PeerVerdict, the same on every rank.
-StatusOr<std::vector<std::string>> SharePeerCheck(Communicator& dp_group, const StepTrace& own,
+// (own, next, prev: prev ignored at dp 2) and returns PeerVerdict, the same on every rank. The
+// replicas must have started the step from the same parameters (state: their hash) on the same
+// kernels (backend: a hash of the build and the BLAS kernel family); where they did not, their
+// executions cannot be compared: *comparable is false and nothing is found.
+StatusOr<std::vector<PeerFinding>> SharePeerCheck(Communicator& dp_group, const StepTrace& own,
                                                   const StepTrace& next, const StepTrace& prev,
                                                   const std::vector<int64_t>& first_micro, int site,
-                                                  int64_t s);
+                                                  int64_t s, uint64_t state, uint64_t backend,
+                                                  bool* comparable);
 
 // Whether one of the events is a replay's "faulty_rank" verdict.
 bool HasFaultyRank(const std::vector<std::string>& events);

@@ -26,9 +26,16 @@ StepTrace Trace(int64_t first_micro, int bad = -1) {
   return t;
 }
 
-std::vector<nlohmann::json> Parse(const std::vector<std::string>& events) {
+// PeerVerdict's events, parsed.
+std::vector<nlohmann::json> Verdict(const std::vector<std::vector<uint64_t>>& own,
+                                    const std::vector<std::vector<uint64_t>>& next,
+                                    const std::vector<std::vector<uint64_t>>& prev,
+                                    const StepTrace& layout, const std::vector<int64_t>& first,
+                                    int site) {
   std::vector<nlohmann::json> out;
-  for (const std::string& e : events) out.push_back(nlohmann::json::parse(e));
+  for (const std::string& e :
+       PeerEvents(PeerVerdict(own, next, prev, layout, first, site, 6), site, 6, false))
+    out.push_back(nlohmann::json::parse(e));
   return out;
 }
 
@@ -43,7 +50,7 @@ TEST(PeerVerdict, TheExecutionOutsideTheMajorityNamesItsRank) {
   std::vector<std::vector<uint64_t>> prev = {words(2), words(0), words(1)};
   const StepTrace layout = Trace(0);  // rank 0's own
 
-  auto agree = Parse(PeerVerdict(own, next, prev, layout, first, 0, 6));
+  auto agree = Verdict(own, next, prev, layout, first, 0);
   ASSERT_EQ(agree.size(), 1u);
   EXPECT_EQ(agree[0]["verdict"], "reproduced");
   EXPECT_EQ(agree[0]["peers"], "agree");
@@ -54,7 +61,7 @@ TEST(PeerVerdict, TheExecutionOutsideTheMajorityNamesItsRank) {
   own[1] = words(1, 3);
   next[1] = words(2, 2);
   prev[1] = words(0, 1);
-  auto one = Parse(PeerVerdict(own, next, prev, layout, first, 1, 6));
+  auto one = Verdict(own, next, prev, layout, first, 1);
   ASSERT_EQ(one.size(), 1u) << one[0].dump();
   EXPECT_EQ(one[0]["verdict"], "faulty_rank");
   EXPECT_EQ(one[0]["detector"], "replay");
@@ -72,20 +79,25 @@ TEST(PeerVerdict, TheExecutionOutsideTheMajorityNamesItsRank) {
   // whose execution it disagreed with.
   own[1] = words(1);
   next[1] = words(2);
-  one = Parse(PeerVerdict(own, next, prev, layout, first, 0, 6));
+  one = Verdict(own, next, prev, layout, first, 0);
   ASSERT_EQ(one.size(), 1u);
   EXPECT_EQ(one[0]["rank"], 1);
   EXPECT_EQ(one[0]["peer"], 0);
   EXPECT_EQ(one[0]["micro"], 0);
   EXPECT_EQ(one[0]["op"], "activation");
   EXPECT_EQ(one[0]["what"], "micro-batches of rank 0");
+  // Rank 1 ran rank 0's micro-batches once: it must repeat that before the verdict stands.
+  const auto found = PeerVerdict(own, next, prev, layout, first, 0, 6);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].recomputer, 1);
+  EXPECT_EQ(found[0].data_of, 0);
 
   // A loss that differs and nothing else: op "loss" of its micro-batch.
   prev[1] = words(0);
   std::vector<uint64_t> loss = words(1);
   loss.back() ^= 1;
   next[0] = loss;  // rank 0's execution of rank 1's second micro-batch
-  one = Parse(PeerVerdict(own, next, prev, layout, first, 0, 6));
+  one = Verdict(own, next, prev, layout, first, 0);
   ASSERT_EQ(one.size(), 1u);
   EXPECT_EQ(one[0]["rank"], 0);
   EXPECT_EQ(one[0]["op"], "loss");
@@ -95,7 +107,7 @@ TEST(PeerVerdict, TheExecutionOutsideTheMajorityNamesItsRank) {
   next[0] = words(1, 0);
   prev[2] = words(1, 2);
   own[1] = words(1, 1);
-  one = Parse(PeerVerdict(own, next, prev, layout, first, 0, 6));
+  one = Verdict(own, next, prev, layout, first, 0);
   ASSERT_EQ(one.size(), 1u);
   EXPECT_EQ(one[0]["majority"], false);
   EXPECT_EQ(one[0]["rank"], 1);
@@ -106,7 +118,7 @@ TEST(PeerVerdict, TwoReplicasThatDisagreeAreBothNamed) {
   std::vector<std::vector<uint64_t>> own = {TraceWords(Trace(0)), TraceWords(Trace(2, 0))};
   std::vector<std::vector<uint64_t>> next = {TraceWords(Trace(2)), TraceWords(Trace(0))};
   const std::vector<std::vector<uint64_t>> prev(2);
-  const auto v = Parse(PeerVerdict(own, next, prev, Trace(0), first, 0, 3));
+  const auto v = Verdict(own, next, prev, Trace(0), first, 0);
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0]["verdict"], "faulty_rank");
   EXPECT_EQ(v[0]["majority"], false);
@@ -150,15 +162,17 @@ class PeersTrainTest : public TrainerTest {
   }
 };
 
-// Audits of clean steps at dp 2 and dp 3 (with ZeRO-1 too): every one reproduced and confirmed by
-// the other ranks, and the recomputations leave nothing behind: the run ends bitwise as the
-// same run without audits.
+// Audits of clean steps at dp 2 and dp 3 (with ZeRO-1 and the reproducible reduction too): every
+// one reproduced and confirmed by the other ranks, and the recomputations leave nothing behind: the
+// run ends bitwise as the same run without audits.
 TEST_F(PeersTrainTest, CleanStepsAreConfirmedByOtherRanksAndChangeNothing) {
-  for (const auto& [dp, zero] : {std::pair{2, false}, std::pair{2, true}, std::pair{3, false}}) {
-    SCOPED_TRACE(fmt::format("dp {}{}", dp, zero ? " zero" : ""));
+  for (const auto& [dp, zero, exact] : {std::tuple{2, false, false}, std::tuple{2, true, false},
+                                        std::tuple{2, false, true}, std::tuple{3, false, false}}) {
+    SCOPED_TRACE(fmt::format("dp {}{}{}", dp, zero ? " zero" : "", exact ? " reproducible" : ""));
     RunConfig c = cfg_;
     c.parallel.dp = dp;
     c.parallel.zero = zero;
+    c.parallel.reproducible = exact;
     c.train.batch_size = 2 * dp;
     const std::string plain = root_ + "/plain", audited = root_ + "/audited";
     ASSERT_TRUE(RunRanks(c, dp, plain));
@@ -174,6 +188,36 @@ TEST_F(PeersTrainTest, CleanStepsAreConfirmedByOtherRanksAndChangeNothing) {
       EXPECT_EQ(e["peers"], "agree") << e.dump();
     }
   }
+}
+
+// A transient fault that strikes only the peer check (rank 2's execution of rank 1's
+// micro-batch): rank 2 runs it again, gets the majority's result, and is not named faulty; the
+// event says so ("transient", run "peer check"), and the step stands: the run ends as a clean one.
+TEST_F(PeersTrainTest, AFaultInThePeerCheckItselfIsTransient) {
+  RunConfig c = cfg_;
+  c.parallel.dp = 3;
+  c.train.batch_size = 6;  // one micro-batch per replica: rank r's is micro-batch r
+  c.sdc.audit_every = 1;
+  const std::string clean = root_ + "/clean", dir = root_ + "/faulty";
+  ASSERT_TRUE(RunRanks(c, 3, clean));
+  c.faults.inject = "gemm_fwd:step=4,rank=2,layer=1,gemm=2,micro=1,bit=27";
+  ASSERT_TRUE(RunRanks(c, 3, dir));
+  EXPECT_EQ(Final(dir), Final(clean));
+  int transient = 0;
+  for (const auto& [step, e] : Replays(dir)) {
+    if (e["verdict"] == "reproduced") {
+      EXPECT_EQ(e["peers"], "agree") << e.dump();
+      continue;
+    }
+    EXPECT_EQ(step, 4);
+    EXPECT_EQ(e["verdict"], "transient") << e.dump();
+    EXPECT_EQ(e["run"], "peer check");
+    EXPECT_EQ(e["rank"], 2);
+    EXPECT_EQ(e["micro"], 1);
+    EXPECT_EQ(e["op"], "gemm_fwd 2");
+    ++transient;
+  }
+  EXPECT_EQ(transient, 1);
 }
 
 // A stuck core on rank 1 from step 5 (forward and backward GEMM 2 of block 1, the same flip

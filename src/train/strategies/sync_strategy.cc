@@ -46,8 +46,10 @@ class SyncStrategy final : public WorldStrategy {
 
   std::string Summary() const override {
     if (!c_.leader || steps_ == 0) return "";
-    return fmt::format("site {}: {:.1f} ms per step in the WAN all-reduce across {} sites",
-                       c_.world->site, total_s_ * 1e3 / double(steps_), c_.cfg->world.sites);
+    // steps_ counts executions: an audit replay runs the all-reduce again.
+    return fmt::format(
+        "site {}: {:.1f} ms per gradient all-reduce over the WAN across {} sites ({})",
+        c_.world->site, total_s_ * 1e3 / double(steps_), c_.cfg->world.sites, steps_);
   }
   bool whole_batch() const override { return true; }
 
