@@ -5,6 +5,23 @@
 #include <vector>
 
 namespace atl {
+namespace {
+
+// Column j's sum g against the expected e: outside the bound (or non-finite where e is not), it
+// fails; the first failing column is kept, and every one counted.
+void Compare(int j, double g, double e, double bound, ChecksumMismatch* out) {
+  const bool ok = std::isfinite(g) ? std::abs(g - e) <= bound : !std::isfinite(e);
+  if (ok) return;
+  if (out->column < 0) {
+    out->column = j;
+    out->got = g;
+    out->expected = e;
+    out->bound = bound;
+  }
+  ++out->columns_off;
+}
+
+}  // namespace
 
 ChecksumMismatch CheckGemmColumns(const float* c, const float* a, const float* w, const float* bias,
                                   int rows, int inner, int cols, bool w_transposed,
@@ -58,17 +75,7 @@ ChecksumMismatch CheckGemmColumns(const float* c, const float* a, const float* w
       e += double(rows) * double(bias[j]);
       m += double(rows) * std::abs(double(bias[j]));
     }
-    const double g = got[size_t(j)];
-    const double bound = factor * m + underflow;
-    const bool ok = std::isfinite(g) ? std::abs(g - e) <= bound : !std::isfinite(e);
-    if (ok) continue;
-    if (out.column < 0) {
-      out.column = j;
-      out.got = g;
-      out.expected = e;
-      out.bound = bound;
-    }
-    ++out.columns_off;
+    Compare(j, got[size_t(j)], e, factor * m + underflow, &out);
   }
   if (column_sums != nullptr) *column_sums = std::move(got);
   return out;
@@ -92,18 +99,8 @@ ChecksumMismatch CheckResidualColumns(const float* out, const float* x,
   const double factor = kUnit + 3.0 * (rows + 1) * 0x1.0p-53;
   ChecksumMismatch r;
   for (int j = 0; j < cols; ++j) {
-    const double e = xs[size_t(j)] + y_sums[size_t(j)];
-    const double g = got[size_t(j)];
-    const double bound = factor * mag[size_t(j)] + double(rows) * 0x1.0p-149;
-    const bool ok = std::isfinite(g) ? std::abs(g - e) <= bound : !std::isfinite(e);
-    if (ok) continue;
-    if (r.column < 0) {
-      r.column = j;
-      r.got = g;
-      r.expected = e;
-      r.bound = bound;
-    }
-    ++r.columns_off;
+    Compare(j, got[size_t(j)], xs[size_t(j)] + y_sums[size_t(j)],
+            factor * mag[size_t(j)] + double(rows) * 0x1.0p-149, &r);
   }
   return r;
 }
