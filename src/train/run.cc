@@ -274,10 +274,12 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
         }
         if (sdc != nullptr && kind == FaultKind::kActivation)
           sdc->OnActivation(e.layer, e.out, e.n);
-        if (checks != nullptr && kind == FaultKind::kActivation)
-          checks->OnResidual(e.layer, e.out, e.a, e.rows, e.cols);
-        if (checks != nullptr && kind != FaultKind::kActivation)
-          checks->OnGemm(kind, e.layer, e.gemm, e.out, e.a, e.w, e.bias, e.rows, e.inner, e.cols);
+        if (checks != nullptr) {
+          if (kind == FaultKind::kActivation)
+            checks->OnResidual(e.layer, e.out, e.a, e.rows, e.cols);
+          else
+            checks->OnGemm(kind, e.layer, e.gemm, e.out, e.a, e.w, e.bias, e.rows, e.inner, e.cols);
+        }
         if (trace != nullptr) trace->OnOp(kind, e.layer, e.gemm, e.out, e.n);
       });
   return Status::Ok();
@@ -398,7 +400,7 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
 
 Status ReplicaPass(Run& run, int64_t s, int replica) {
   const int64_t own_first = run.first_micro;
-  const int64_t first = (int64_t(run.site) * run.mesh.dp() + replica) * run.local_accum;
+  const int64_t first = FirstMicro(run, replica);
   std::unique_ptr<GradientReducer> reducer = std::move(run.reducer);  // no reduction
   run.first_micro = first;
   run.replica_pass = true;

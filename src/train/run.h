@@ -91,6 +91,11 @@ Status ResumeRun(const Checkpoint& ck, const std::string& path, Run& run);
 // stage's pipeline schedule, and the gradient reduction inside the site. Fills the losses of
 // this replica's micro-batches (last stage).
 Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses);
+// Data-parallel replica `replica`'s first micro-batch of a step, in the whole batch (the replicas
+// of every site, site-major).
+inline int64_t FirstMicro(const Run& run, int replica) {
+  return (int64_t(run.site) * run.mesh.dp() + replica) * run.local_accum;
+}
 // The peer check of an audit replay (train/sdc/peers.h): recomputes the forward and backward
 // passes of data-parallel replica `replica`'s micro-batches of step s on this rank, from the
 // parameters it holds, without any reduction, into run.trace (its ops and losses; not its

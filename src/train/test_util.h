@@ -74,19 +74,22 @@ class TrainerTest : public ::testing::Test {
     return root_ + "/" + name;
   }
 
-  // Trains on `ranks` in-process ranks into `dir` (emptied first); whether every rank succeeded
-  // (each failure is reported).
-  static bool RunRanks(const RunConfig& cfg, int ranks, const std::string& dir) {
+  // Trains on `ranks` in-process ranks into `dir` (emptied first); every rank's status.
+  static std::vector<Status> RankStatuses(const RunConfig& cfg, int ranks, const std::string& dir) {
     std::filesystem::remove_all(dir);
-    const auto statuses = RunInProcessRanks(ranks, [&](Communicator& comm) -> Status {
+    return RunInProcessRanks(ranks, [&](Communicator& comm) -> Status {
       TrainOptions o;
       o.out_dir = dir;
       o.progress = false;
       o.comm = &comm;
       return Train(cfg, o).status();
     });
+  }
+  // Trains on `ranks` in-process ranks into `dir` (emptied first); whether every rank succeeded
+  // (each failure is reported).
+  static bool RunRanks(const RunConfig& cfg, int ranks, const std::string& dir) {
     bool ok = true;
-    for (const Status& st : statuses) {
+    for (const Status& st : RankStatuses(cfg, ranks, dir)) {
       EXPECT_TRUE(st.ok()) << st.ToString();
       ok &= st.ok();
     }

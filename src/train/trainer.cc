@@ -59,7 +59,7 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
   run.site = options.world.site;
   // Replicas: the dp replicas of every site, site-major.
   run.local_accum = run.accum / (pc.dp * run.sites);
-  run.first_micro = (int64_t(run.site) * pc.dp + me.dp_rank()) * run.local_accum;
+  run.first_micro = FirstMicro(run, me.dp_rank());
   run.schedule = MakePipeSchedule(schedule_kind, me.pp(), me.pp_rank(), int(run.local_accum));
   const ModelShard shard = ShardOf(cfg, me.tp_rank(), me.pp_rank());
   run.model = std::make_unique<GPT<float>>(cfg.model, int(tc.micro_batch_size), shard,
@@ -199,7 +199,7 @@ StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepS
     prev = *run.trace;
   }
   std::vector<int64_t> first(static_cast<size_t>(dp));
-  for (int r = 0; r < dp; ++r) first[size_t(r)] = (int64_t(run.site) * dp + r) * run.local_accum;
+  for (int r = 0; r < dp; ++r) first[size_t(r)] = FirstMicro(run, r);
   const std::string backend = kernels::InitBackend().blas_core + " " + __VERSION__;
   bool comparable = true;
   ATOLL_ASSIGN_OR_RETURN(std::vector<PeerFinding> found,

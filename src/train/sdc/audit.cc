@@ -53,9 +53,7 @@ std::optional<TraceDifference> FirstDifference(const StepTrace& first, const Ste
     TraceDifference d;
     d.micro = a[i].micro;
     d.layer = a[i].layer;
-    d.op = a[i].kind == FaultKind::kActivation
-               ? std::string("activation")
-               : fmt::format("{} {}", FaultKindName(a[i].kind), a[i].gemm);
+    d.op = OpName(a[i].kind, a[i].gemm);
     return d;
   }
   if (a.size() != b.size()) {  // the same program ran: cannot happen unless memory is corrupt

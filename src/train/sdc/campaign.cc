@@ -152,10 +152,7 @@ bool Names(const Event& e, const Outcome& o) {
   if (e.site != t.site || e.rank != t.rank) return false;
   if ((replay || e.detector == "checksum") && e.step == t.step) {
     if (IsCompute(o.kind)) {
-      const std::string op = o.kind == FaultKind::kActivation
-                                 ? std::string("activation")
-                                 : fmt::format("{} {}", FaultKindName(o.kind), t.gemm);
-      return e.micro == t.micro && e.layer == t.layer && e.op == op;
+      return e.micro == t.micro && e.layer == t.layer && e.op == OpName(o.kind, t.gemm);
     }
     return o.kind == FaultKind::kGrad && e.op == "grad" &&
            (o.tensor.empty() || e.what == o.tensor || e.what == "shard");

@@ -177,6 +177,11 @@ float FlipBit(float* x, int bit) {
   return old;
 }
 
+std::string OpName(FaultKind k, int gemm) {
+  return k == FaultKind::kActivation ? std::string("activation")
+                                     : fmt::format("{} {}", FaultKindName(k), gemm);
+}
+
 std::string FormatSpec(const FaultSpec& f) {
   std::string s = fmt::format("{}:", FaultKindName(f.kind));
   if (f.kind != FaultKind::kBadCore || f.step != 1) s += fmt::format("step={},", f.step);

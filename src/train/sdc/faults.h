@@ -99,6 +99,9 @@ struct FaultSpec {
 };
 
 const char* FaultKindName(FaultKind k);
+// How events name a traced op of kind k (kGemmForward, kGemmBackward, kActivation): "gemm_fwd 2",
+// "gemm_bwd 0", "activation".
+std::string OpName(FaultKind k, int gemm);
 
 // Parses `text` (specs joined by ';'; empty: none). Errors are kInvalidArgument naming the spec
 // and the key ("faults.inject: 'param:step=x': step: expected an integer").

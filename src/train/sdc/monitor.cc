@@ -185,7 +185,7 @@ void SdcMonitor::OnGemm(FaultKind kind, int layer, int gemm, const float* c, con
       CheckGemmColumns(c, a, w, bias, rows, inner, cols, kind == FaultKind::kGemmBackward,
                        keep ? &proj_sums_ : nullptr);
   if (keep) proj_layer_ = layer;
-  Mismatch(mm, layer, fmt::format("{} {}", FaultKindName(kind), gemm));
+  Mismatch(mm, layer, OpName(kind, gemm));
 }
 
 void SdcMonitor::OnResidual(int layer, const float* out, const float* x, int rows, int cols) {
@@ -193,7 +193,8 @@ void SdcMonitor::OnResidual(int layer, const float* out, const float* x, int row
     return;
   const SdcTimer timer(&cost_.checksums);
   proj_layer_ = -1;
-  Mismatch(CheckResidualColumns(out, x, proj_sums_, rows, cols), layer, "activation");
+  Mismatch(CheckResidualColumns(out, x, proj_sums_, rows, cols), layer,
+           OpName(FaultKind::kActivation, -1));
 }
 
 void SdcMonitor::Mismatch(const ChecksumMismatch& mm, int layer, std::string op) {

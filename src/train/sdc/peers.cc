@@ -33,9 +33,7 @@ void NameDifference(const std::vector<uint64_t>& bad, const std::vector<uint64_t
     const StepTrace::Op& op = ops[i];
     e->micro = op.micro - layout.first_micro() + first_micro;
     e->layer = op.layer;
-    e->op = op.kind == FaultKind::kActivation
-                ? std::string("activation")
-                : fmt::format("{} {}", FaultKindName(op.kind), op.gemm);
+    e->op = OpName(op.kind, op.gemm);
     return;
   }
   e->micro = first_micro + int64_t(i - ops.size());

@@ -6,7 +6,6 @@
 
 #include <set>
 
-#include "comm/inprocess.h"
 #include "train/sdc/peers.h"
 #include "train/test_util.h"
 
@@ -149,17 +148,6 @@ class PeersTrainTest : public TrainerTest {
           if (e["detector"] == "replay") out.emplace_back(m["step"].get<int>(), e);
     return out;
   }
-  // Trains on `ranks` in-process ranks into dir; every rank's status.
-  static std::vector<Status> Statuses(const RunConfig& cfg, int ranks, const std::string& dir) {
-    std::filesystem::remove_all(dir);
-    return RunInProcessRanks(ranks, [&](Communicator& comm) -> Status {
-      TrainOptions o;
-      o.out_dir = dir;
-      o.progress = false;
-      o.comm = &comm;
-      return Train(cfg, o).status();
-    });
-  }
 };
 
 // Audits of clean steps at dp 2 and dp 3 (with ZeRO-1 and the reproducible reduction too): every
@@ -231,7 +219,7 @@ TEST_F(PeersTrainTest, AStuckCoreIsNamedByTheOtherRanksAndStopsTheRun) {
   c.sdc.audit_every = 1;
   c.faults.inject = "bad_core:step=5,rank=1,layer=1,gemm=2,p=1,bit=27,stuck=1";
   const std::string dir = root_ + "/dp3";
-  for (const Status& st : Statuses(c, 3, dir)) {
+  for (const Status& st : RankStatuses(c, 3, dir)) {
     EXPECT_FALSE(st.ok());
     EXPECT_NE(st.message().find("computes wrong results"), std::string::npos) << st.ToString();
   }
@@ -254,7 +242,7 @@ TEST_F(PeersTrainTest, AStuckCoreIsNamedByTheOtherRanksAndStopsTheRun) {
   c.parallel.dp = 2;
   c.train.batch_size = 4;
   const std::string two = root_ + "/dp2";
-  for (const Status& st : Statuses(c, 2, two)) EXPECT_FALSE(st.ok());
+  for (const Status& st : RankStatuses(c, 2, two)) EXPECT_FALSE(st.ok());
   const auto r2 = Replays(two);
   ASSERT_FALSE(r2.empty());
   EXPECT_EQ(r2.back().first, 5);
