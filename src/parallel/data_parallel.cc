@@ -100,7 +100,21 @@ GradientReducer::GradientReducer(Communicator* comm, const std::vector<ParamTens
   }
 }
 
+std::vector<size_t> GradientReducer::Cuts() const {
+  std::vector<size_t> cuts;
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const GradBucket& b = buckets_[i];
+    cuts.push_back(b.begin);
+    cuts.push_back(b.end);
+    if (sharded())
+      for (int r = 1; r < ranks_; ++r)
+        cuts.push_back(std::min(b.end, b.begin + size_t(r) * splits_[i].piece));
+  }
+  return cuts;
+}
+
 void GradientReducer::Begin() {
+  if (checksum_ != nullptr) checksum_->Begin();
   std::fill(started_.begin(), started_.end(), false);
   hook_status_ = Status::Ok();
 }
@@ -113,6 +127,13 @@ void GradientReducer::Launch(size_t i, float* grads) {
   if (reproducible_) {
     Status s = AddRange(grads, b.begin, b.end, acc_.data() + sp.acc);
     if (!s.ok() && hook_status_.ok()) hook_status_ = s;
+  }
+  // This replica's contribution, before the reduction starts to change it.
+  if (checksum_ != nullptr) {
+    if (reproducible_)
+      checksum_->PredictFixed(acc_.data() + sp.acc, b.begin, b.end, kFixedUnscale);
+    else
+      checksum_->Predict(grads, b.begin, b.end);
   }
   if (comm_ == nullptr || comm_->size() == 1 || len == 0) return;
   if (!sharded()) {
@@ -225,6 +246,7 @@ Status GradientReducer::Finish(float* grads) {
       }
     }
   }
+  if (first.ok() && checksum_ != nullptr) first = checksum_->Reduce(comm_);
   last_wait_s_ = NowSeconds() - t0;
   return first;
 }

@@ -55,6 +55,7 @@
 #include "comm/communicator.h"
 #include "core/status.h"
 #include "model/config.h"
+#include "parallel/grad_checksum.h"
 
 namespace atl {
 
@@ -126,6 +127,13 @@ class GradientReducer {
   // (normal mode) or zeros (reproducible mode). Errors name the bucket.
   Status Finish(float* grads);
 
+  // Checksums carried through the reduction (parallel/grad_checksum.h; null: none): each bucket's
+  // contribution is recorded just before its reduction starts, and Finish sums the records over
+  // the group. The checksum's segments must have the edges Cuts() gives.
+  void set_checksum(GradChecksum* c) { checksum_ = c; }
+  // The edges the checksum's segments need: every bucket's, and with ZeRO every rank's pieces'.
+  std::vector<size_t> Cuts() const;
+
   // Seconds Finish spent waiting (communication not hidden behind backward), last step.
   double last_wait_s() const { return last_wait_s_; }
 
@@ -173,6 +181,7 @@ class GradientReducer {
   bool sharded() const { return ranks_ > 1; }
 
   Communicator* comm_;
+  GradChecksum* checksum_ = nullptr;
   bool reproducible_;
   bool zero_;
   int64_t micro_batches_;

@@ -255,6 +255,14 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
   if (monitor->active() || (cfg.sdc.fingerprints && across_sites)) run.sdc = std::move(monitor);
   if (cfg.sdc.on_alarm == "redo" || cfg.sdc.audit_every > 0)
     run.trace = std::make_unique<StepTrace>();
+  if (cfg.sdc.checksums && run.sdc != nullptr) {
+    // Segments never straddle a tensor (an event names it) nor a bucket or a ZeRO piece.
+    std::vector<size_t> cuts = run.reducer != nullptr ? run.reducer->Cuts() : std::vector<size_t>{};
+    for (const ParamTensor& t : run.model->layout()) cuts.push_back(t.offset);
+    run.grad_sums = std::make_unique<GradChecksum>(run.model->num_params(), kGradChecksumChunk,
+                                                   std::move(cuts));
+    if (run.reducer != nullptr) run.reducer->set_checksum(run.grad_sums.get());
+  }
   FaultInjector* faults = run.faults.get();
   SdcMonitor* sdc = cfg.sdc.guard ? run.sdc.get() : nullptr;
   SdcMonitor* checks = cfg.sdc.checksums ? run.sdc.get() : nullptr;
@@ -300,6 +308,27 @@ void InjectBufferFaults(Run& run, FaultKind where, int64_t s) {
   f->OnBuffer(FaultKind::kMoment, s, run.optimizer->v(), run.optimizer->size(), 'v');
 }
 
+void CheckReducedGradient(Run& run) {
+  const GradChecksum* sums = run.grad_sums.get();
+  if (sums == nullptr || run.sdc == nullptr) return;
+  GradChecksum::Mismatch mm;
+  const int replicas = run.mesh.dp();
+  // Pipeline stages in the reproducible mode add the tied wte's two halves after the reduction.
+  const size_t from = run.mesh.embed_group() != nullptr && run.cfg.parallel.reproducible
+                          ? run.model->layout().front().numel
+                          : 0;
+  if (Zero(run)) {
+    const float* shard = run.reducer->shard_grads();
+    for (const OwnedRange& o : run.reducer->owned()) {
+      const size_t b = std::max(o.local_begin, from), e = o.local_begin + o.length;
+      if (b < e) sums->Check(shard + o.shard_begin + (b - o.local_begin), b, e, replicas, &mm);
+    }
+  } else {
+    sums->Check(run.model->grads() + from, from, run.model->num_params(), replicas, &mm);
+  }
+  run.sdc->OnReducedGradient(mm, sums->seconds());
+}
+
 Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
   const RunConfig& cfg = run.cfg;
   const Mesh& mesh = run.mesh;
@@ -315,6 +344,9 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
 
   model.ZeroGrad();
   if (run.trace != nullptr) run.trace->Clear();
+  // One process in the normal mode has no reducer: the checksum records the whole gradient.
+  GradChecksum* sums = reducer == nullptr && !run.replica_pass ? run.grad_sums.get() : nullptr;
+  if (sums != nullptr) sums->Begin();
   run.in_step = true;
   struct InStep {
     bool* on;
@@ -395,6 +427,7 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
   }
   if (embed != nullptr && reproducible)
     ATOLL_RETURN_IF_ERROR(embed->AllReduce(std::span<float>(model.grads(), wte)));
+  if (sums != nullptr) sums->Predict(model.grads(), 0, model.num_params());
   return Status::Ok();
 }
 

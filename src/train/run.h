@@ -55,9 +55,10 @@ struct Run {
   double comm_wait_s = 0;   // in GradientReducer::Finish: communication not hidden by backward
   int sites = 1, site = 0;  // several sites: this site's replicas follow the other sites'
   float loss_scale = 1;     // backward's: 1 / the micro-batches whose mean loss is the objective
-  std::unique_ptr<FaultInjector> faults;  // [faults] for this rank; null: none
-  std::unique_ptr<SdcMonitor> sdc;        // [sdc] detectors; null: all off
-  std::unique_ptr<StepTrace> trace;       // the step's op fingerprints (audit replay); null: off
+  std::unique_ptr<FaultInjector> faults;    // [faults] for this rank; null: none
+  std::unique_ptr<SdcMonitor> sdc;          // [sdc] detectors; null: all off
+  std::unique_ptr<StepTrace> trace;         // the step's op fingerprints (audit replay); null: off
+  std::unique_ptr<GradChecksum> grad_sums;  // sdc.checksums: through the reduction; null: off
   bool in_step = false;  // the model's op hook acts only in a step's passes (not in validation)
   bool replica_pass = false;  // ReplicaPass: the hook feeds the trace and the faults only
 };
@@ -73,6 +74,10 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh);
 // Injects the faults of step s (0-based) that strike a flat buffer: the parameters and moments
 // at the start of the step (where = kParam), or the reduced gradients (kGrad).
 void InjectBufferFaults(Run& run, FaultKind where, int64_t s);
+
+// The reduced gradient against the checksums the replicas put into the reduction (sdc.checksums,
+// parallel/grad_checksum.h), read where the optimizer will read it; a failure goes to run.sdc.
+void CheckReducedGradient(Run& run);
 
 // ZeRO-1: the optimizer state is sharded over the data-parallel replicas.
 bool Zero(const Run& run);

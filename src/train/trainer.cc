@@ -140,9 +140,15 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
     std::copy(local_losses.begin(), local_losses.end(), all_losses.begin() + run.first_micro);
   if (me.size() > 1) ATOLL_RETURN_IF_ERROR(me.world()->AllReduce(std::span<double>(all_losses)));
   if (run.faults != nullptr) run.faults->AtWan(s);
+  // The reduced gradient's checksums, where the optimizer reads it; with sync across sites the
+  // WAN sums it again (covered by the WAN's own checksums and the cross-site fingerprints), so
+  // there it is checked as the site reduced it.
+  const bool over_wan = run.sites > 1 && strategy.whole_batch();
+  if (over_wan) CheckReducedGradient(run);
   ATOLL_RETURN_IF_ERROR(strategy.AfterBackward(s, std::span<float>(run.model->grads(), n_params),
                                                std::span<double>(all_losses)));
   InjectBufferFaults(run, FaultKind::kGrad, s);
+  if (!over_wan) CheckReducedGradient(run);
   if (run.trace != nullptr) {
     run.trace->SetLosses(local_losses, run.first_micro);
     if (Zero(run))

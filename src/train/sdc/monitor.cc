@@ -199,18 +199,36 @@ void SdcMonitor::OnResidual(int layer, const float* out, const float* x, int row
 
 void SdcMonitor::Mismatch(const ChecksumMismatch& mm, int layer, std::string op) {
   if (mm.column < 0) return;
-  if (checksum_.count++ > 0) return;  // the first one names the place
+  Failed(micro_, layer, std::move(op), fmt::format("column {}", mm.column), mm.got, mm.expected,
+         mm.bound, 1);
+}
+
+void SdcMonitor::Failed(int64_t micro, int layer, std::string op, std::string what, double got,
+                        double expected, double bound, int64_t count) {
+  if ((checksum_.count += count) > count) return;  // the step's first failure names the place
   checksum_.site = site_;
   checksum_.rank = rank_;
   checksum_.detector = "checksum";
-  checksum_.micro = micro_;
+  checksum_.micro = micro;
   checksum_.layer = layer;
   checksum_.op = std::move(op);
-  checksum_.what = fmt::format("column {}", mm.column);
-  checksum_.value = mm.got;
-  checksum_.median = mm.expected;
-  checksum_.deviations = mm.bound > 0 ? std::abs(mm.got - mm.expected) / mm.bound
-                                      : std::numeric_limits<double>::infinity();
+  checksum_.what = std::move(what);
+  checksum_.value = got;
+  checksum_.median = expected;
+  checksum_.deviations =
+      bound > 0 ? std::abs(got - expected) / bound : std::numeric_limits<double>::infinity();
+}
+
+void SdcMonitor::OnReducedGradient(const GradChecksum::Mismatch& mm, double seconds) {
+  cost_.checksums += seconds - grad_seconds_;
+  grad_seconds_ = seconds;
+  if (mm.count == 0) return;
+  const ParamTensor* t = nullptr;
+  for (const ParamTensor& p : layout_)
+    if (mm.begin >= p.offset && mm.begin < p.offset + p.numel) t = &p;
+  Failed(-1, t != nullptr ? t->layer : -1, "grad",
+         t != nullptr ? ShortTensorName(t->name) : "shard", mm.got, mm.expected, mm.bound,
+         mm.count);
 }
 
 Status SdcMonitor::CheckAtRest(float* params, size_t n, float* m, float* v, size_t k) {

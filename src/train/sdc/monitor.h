@@ -28,7 +28,9 @@
 //     forward and backward, checked right after the GEMM, and (tp = 1) each block's output
 //     against the residual add that made it (CheckResidualColumns); the first failure of the
 //     step is reported with its micro-batch, block and op ("gemm_fwd 2", "activation"), and how
-//     many failed.
+//     many failed. And the reduced gradient's segment sums against what the replicas put into
+//     the reduction (parallel/grad_checksum.h; op "grad", what: the tensor), where the
+//     optimizer reads it.
 // An event names the step (1-based), site, rank, detector, and what it saw: the tensor or the
 // signal, the value, the median and how many robust deviations (log scale) it was off.
 //
@@ -47,6 +49,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "model/config.h"
+#include "parallel/grad_checksum.h"
 #include "train/sdc/checksum.h"
 #include "train/sdc/faults.h"
 #include "train/sdc/fingerprint.h"
@@ -150,6 +153,10 @@ class SdcMonitor {
   // The model's op hook, block outputs (checksums and residual on): out[rows, cols] = x + the
   // block's mlp.c_proj product, whose column sums its OnGemm kept (CheckResidualColumns).
   void OnResidual(int layer, const float* out, const float* x, int rows, int cols);
+  // The reduced gradient's checksum (parallel/grad_checksum.h), checked where the optimizer reads
+  // it: a failure is the step's checksum event with op "grad" and the tensor (what). seconds:
+  // the checksum's total so far (its cost).
+  void OnReducedGradient(const GradChecksum::Mismatch& mm, double seconds);
   // Memory checks: SealAtRest at the end of a step, when nothing will change the parameters
   // and moments before the next one (after the world strategy's exchanges); CheckAtRest at the
   // start of a step, before anything reads them: what changed since becomes an event of this step,
@@ -209,6 +216,10 @@ class SdcMonitor {
   int64_t micro_ = -1;
   // A failed checksum of block `layer`'s op: the step's first names the place, the others count.
   void Mismatch(const ChecksumMismatch& mm, int layer, std::string op);
+  // count failures of the step; the first one names the place.
+  void Failed(int64_t micro, int layer, std::string op, std::string what, double got,
+              double expected, double bound, int64_t count);
+  double grad_seconds_ = 0;        // the gradient checksum's seconds already counted
   SdcEvent checksum_;              // the step's first failing GEMM or residual add (count 0: none)
   std::vector<double> proj_sums_;  // the last mlp.c_proj product's column sums (residual)
   int proj_layer_ = -1;            // ... its block (-1: none since the last block output)

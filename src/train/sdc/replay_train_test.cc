@@ -211,9 +211,10 @@ namespace atl {
 namespace {
 
 // GEMM checksums (sdc.checksums): they change nothing in a clean run and raise nothing; they
-// catch a flip of the lowest exponent bit of a GEMM product or a block output (the residual
-// add's checksum) in the step it strikes, even during the guard's warm-up, name its micro-batch,
-// block and op, and the replay undoes it bitwise.
+// catch a flip of the lowest exponent bit of a GEMM product, a block output (the residual add's
+// checksum) or the reduced gradient (its segment sums) in the step it strikes, even during the
+// guard's warm-up, name its micro-batch, block and op (or the gradient's tensor), and the replay
+// undoes it bitwise.
 TEST_F(ReplayTrainTest, ChecksumsFindSmallGemmFlipsInTheirStep) {
   const std::string plain = Run(cfg_, "plain");
   RunConfig c = cfg_;
@@ -223,16 +224,18 @@ TEST_F(ReplayTrainTest, ChecksumsFindSmallGemmFlipsInTheirStep) {
   EXPECT_EQ(Final(clean), Final(plain));
   for (const auto& m : Metrics(clean)) EXPECT_FALSE(m.contains("sdc")) << m.dump();
 
+  // Element 7 is in wte, 1100 in wpe: a gradient flip names its tensor.
   c.faults.inject =
-      "gemm_fwd:step=3,layer=1,gemm=2,micro=1,bit=23;gemm_bwd:step=14,layer=0,"
-      "gemm=1,bit=24;activation:step=20,layer=0,micro=1,bit=23";
+      "gemm_fwd:step=3,layer=1,gemm=2,micro=1,bit=23;grad:step=8,elem=7,bit=23;gemm_bwd:step=14,"
+      "layer=0,gemm=1,bit=24;activation:step=20,layer=0,micro=1,bit=23;grad:step=26,elem=1100,"
+      "bit=31";
   const std::string dir = Run(c, "faulty");
   EXPECT_EQ(Final(dir), Final(plain));
   std::map<int, std::vector<nlohmann::json>> by_step;
   for (const auto& m : Metrics(dir))
     if (m.contains("sdc"))
       for (const auto& e : m["sdc"]) by_step[m["step"].get<int>()].push_back(e);
-  ASSERT_EQ(by_step.size(), 3u);
+  ASSERT_EQ(by_step.size(), 5u);
   auto checksum = [&](int step) {
     for (const auto& e : by_step[step])
       if (e["detector"] == "checksum") return e;
@@ -252,7 +255,14 @@ TEST_F(ReplayTrainTest, ChecksumsFindSmallGemmFlipsInTheirStep) {
   EXPECT_EQ(act["op"], "activation");
   EXPECT_EQ(act["layer"], 0);
   EXPECT_EQ(act["micro"], 1);
-  for (int step : {3, 14, 20}) {  // ... and the replay finds the same place
+  // The reduced gradient's checksum: the tensor, no micro-batch.
+  const nlohmann::json g1 = checksum(8), g2 = checksum(26);
+  EXPECT_EQ(g1["op"], "grad");
+  EXPECT_EQ(g1["what"], "wte.weight");
+  EXPECT_EQ(g1["micro"], -1);
+  EXPECT_EQ(g2["op"], "grad");
+  EXPECT_EQ(g2["what"], "wpe.weight");
+  for (int step : {3, 8, 14, 20, 26}) {  // ... and the replay finds the same place
     const auto& events = by_step[step];
     ASSERT_FALSE(events.empty());
     const auto r = std::find_if(events.begin(), events.end(),
@@ -261,6 +271,35 @@ TEST_F(ReplayTrainTest, ChecksumsFindSmallGemmFlipsInTheirStep) {
     EXPECT_EQ((*r)["verdict"], "transient");
     EXPECT_EQ((*r)["op"], checksum(step)["op"]);
   }
+}
+
+// The gradient checksum carried through the data-parallel reduction: with ZeRO in the
+// reproducible mode (a fixed-point reduce-scatter), a clean run raises nothing; a flip of one
+// replica's reduced shard is found on that replica in its step and replayed away bitwise.
+TEST_F(ReplayTrainTest, TheGradientChecksumFollowsTheReduction) {
+  RunConfig c = cfg_;
+  c.parallel.dp = 2;
+  c.parallel.zero = true;
+  c.parallel.reproducible = true;
+  c.sdc.on_alarm = "redo";
+  c.sdc.checksums = true;
+  c.train.threads = 1;
+  const std::string clean = root_ + "/dp2clean", dir = root_ + "/dp2faulty";
+  ASSERT_TRUE(RunRanks(c, 2, clean));
+  for (const auto& m : Metrics(clean)) EXPECT_FALSE(m.contains("sdc")) << m.dump();
+  c.faults.inject = "grad:step=10,rank=1,elem=100,bit=24";
+  ASSERT_TRUE(RunRanks(c, 2, dir));
+  EXPECT_EQ(Final(dir), Final(clean));
+  int found = 0;
+  for (const auto& m : Metrics(dir))
+    if (m.contains("sdc"))
+      for (const auto& e : m["sdc"]) {
+        EXPECT_EQ(m["step"], 10) << e.dump();
+        EXPECT_EQ(e["rank"], 1) << e.dump();
+        EXPECT_EQ(e["op"], "grad") << e.dump();
+        found += e["detector"] == "checksum";
+      }
+  EXPECT_EQ(found, 1);
 }
 
 }  // namespace
