@@ -35,16 +35,17 @@ float ClipScale(double norm, double max_norm) {
   return float(max_norm / (norm + 1e-6));
 }
 
-void AdamW::AddSegment(size_t begin, size_t end, size_t shift, bool decay) {
+void AdamW::AddSegment(size_t begin, size_t end, size_t shift, bool decay, size_t tensor) {
   if (begin >= end) return;
+  owned_numel_[tensor] += end - begin;
   if (!segments_.empty()) {
     Segment& last = segments_.back();
-    if (last.end == begin && last.shift == shift && last.decay == decay) {
+    if (last.end == begin && last.shift == shift && last.tensor == tensor) {
       last.end = end;
       return;
     }
   }
-  segments_.push_back({begin, end, shift, decay});
+  segments_.push_back({begin, end, shift, decay, tensor});
 }
 
 namespace {
@@ -66,6 +67,8 @@ AdamW::AdamW(const std::vector<ParamTensor>& layout, Hyper hyper,
   for (const auto& t : layout) tensors.push_back(&t);
   std::sort(tensors.begin(), tensors.end(),
             [](const ParamTensor* a, const ParamTensor* b) { return a->offset < b->offset; });
+  owned_numel_.assign(layout.size(), 0);
+  update_sq_.assign(layout.size(), 0.0);
   size_t state = 0;
   for (const auto& [local_begin, length] : owned) {
     const size_t local_end = local_begin + length;
@@ -79,12 +82,27 @@ AdamW::AdamW(const std::vector<ParamTensor>& layout, Hyper hyper,
       const size_t b = std::max(local_begin, t.offset);
       const size_t e = std::min(local_end, t.offset + t.numel);
       const size_t shift = local_begin - state;  // local = state + shift, modulo 2^64
-      AddSegment(b - shift, e - shift, shift, DecaysWeight(t) && hyper.weight_decay != 0.0);
+      AddSegment(b - shift, e - shift, shift, DecaysWeight(t) && hyper.weight_decay != 0.0,
+                 size_t(&t - layout.data()));
     }
     state += length;
   }
   m_.assign(state, 0.0f);
   v_.assign(state, 0.0f);
+  // Each chunk's pieces of segments, for the update's squares.
+  const size_t chunks = (state + kChunk - 1) / kChunk;
+  chunk_first_.assign(chunks, 0);
+  slot_begin_.assign(chunks + 1, 0);
+  for (size_t c = 0; c < chunks; ++c) {
+    const size_t cb = c * kChunk, ce = std::min(state, cb + kChunk);
+    auto seg = std::upper_bound(segments_.begin(), segments_.end(), cb,
+                                [](size_t x, const Segment& s) { return x < s.end; });
+    chunk_first_[c] = size_t(seg - segments_.begin());
+    size_t pieces = 0;
+    for (; seg != segments_.end() && seg->begin < ce; ++seg) ++pieces;
+    slot_begin_[c + 1] = slot_begin_[c] + pieces;
+  }
+  slots_.assign(slot_begin_.back(), 0.0);
 }
 
 void AdamW::Step(float* params, const float* grads, double lr, float grad_scale) {
@@ -102,13 +120,15 @@ void AdamW::Step(float* params, const float* grads, double lr, float grad_scale)
   const size_t chunks = (n + kChunk - 1) / kChunk;
   const Segment* segments = segments_.data();
   const Segment* segments_end = segments + segments_.size();
+  double* slots = slots_.data();
 #pragma omp parallel for schedule(static)
   for (size_t c = 0; c < chunks; ++c) {
     const size_t cb = c * kChunk, ce = std::min(n, cb + kChunk);
-    // The first segment that ends after cb, then each one that starts before ce.
-    const Segment* seg = std::upper_bound(segments, segments_end, cb,
-                                          [](size_t x, const Segment& s) { return x < s.end; });
-    for (; seg != segments_end && seg->begin < ce; ++seg) {
+    // The chunk's first segment (the first that ends after cb), then each one that starts
+    // before ce.
+    const Segment* seg = segments + chunk_first_[c];
+    double* slot = slots + slot_begin_[c];
+    for (; seg != segments_end && seg->begin < ce; ++seg, ++slot) {
       const size_t b = std::max(cb, seg->begin), e = std::min(ce, seg->end);
       const float keep = seg->decay ? decay_factor : 1.0f;
       // State element b + k is parameter b + k + shift (unsigned arithmetic: shift may wrap).
@@ -117,14 +137,26 @@ void AdamW::Step(float* params, const float* grads, double lr, float grad_scale)
       float* ms = m + b;
       float* vs = v + b;
       float* ps = params + (b + seg->shift);
+      float squares = 0;  // of the update (a guard signal: float accumulation is plenty)
+#pragma omp simd reduction(+ : squares)
       for (size_t k = 0; k < len; ++k) {
         const float g = gs[k] * grad_scale;
         ms[k] = beta1 * ms[k] + one_minus_beta1 * g;
         vs[k] = beta2 * vs[k] + one_minus_beta2 * (g * g);
         const float denom = std::sqrt(vs[k]) * inv_bc2_sqrt + eps;
-        ps[k] = ps[k] * keep - step_size * (ms[k] / denom);
+        const float before = ps[k];
+        ps[k] = before * keep - step_size * (ms[k] / denom);
+        const float d = ps[k] - before;
+        squares += d * d;
       }
+      *slot = double(squares);
     }
+  }
+  std::fill(update_sq_.begin(), update_sq_.end(), 0.0);
+  for (size_t c = 0; c < chunks; ++c) {
+    const Segment* seg = segments + chunk_first_[c];
+    for (size_t j = slot_begin_[c]; j < slot_begin_[c + 1]; ++j, ++seg)
+      update_sq_[seg->tensor] += slots[j];
   }
 }
 

@@ -82,6 +82,13 @@ class AdamW {
   // (the clipping factor).
   void Step(float* params, const float* grads, double lr, float grad_scale);
 
+  // What the last Step moved, for the step guard (train/sdc/guard.h): per tensor of the layout,
+  // the sum of (p_after - p_before)² over the elements this optimizer owns (0 for a tensor it
+  // owns none of), summed in a fixed order (the same bits for any thread count), and how many
+  // elements of it it owns. Computed inside the update's own pass: no copy of the parameters.
+  const std::vector<double>& update_squares() const { return update_sq_; }
+  const std::vector<size_t>& owned_numel() const { return owned_numel_; }
+
   // The number of owned elements: the length of m, v and of Step's grads.
   size_t size() const { return m_.size(); }
   int64_t step_count() const { return t_; }
@@ -99,14 +106,21 @@ class AdamW {
     size_t begin, end;
     size_t shift;  // modulo 2^64: local coordinates may be below state coordinates
     bool decay;
+    size_t tensor;  // its index in the layout
   };
-  // Appends a segment, merged with the last one where both coordinates continue it.
-  void AddSegment(size_t begin, size_t end, size_t shift, bool decay);
+  // Appends a segment, merged with the last one where both coordinates continue it in the same
+  // tensor.
+  void AddSegment(size_t begin, size_t end, size_t shift, bool decay, size_t tensor);
 
   Hyper hyper_;
   std::vector<Segment> segments_;  // in state order: the owned elements that lie in a tensor
   std::vector<float> m_, v_;
   int64_t t_ = 0;
+  // The update's squares: chunk c's pieces of segments (in order from chunk_first_[c]) have the
+  // slots slot_begin_[c] ... slot_begin_[c + 1] - 1.
+  std::vector<size_t> chunk_first_, slot_begin_;
+  std::vector<double> slots_, update_sq_;
+  std::vector<size_t> owned_numel_;
 };
 
 }  // namespace atl

@@ -230,6 +230,48 @@ TEST(AdamW, ShardedMatchesUnshardedBitwise) {
   }
 }
 
+// What the step guard reads: the update's squares per tensor, summed inside the update's pass,
+// equal what the parameters moved (float accumulation: to 1e-5), the same bits for any thread
+// count, and split between shards as their elements are.
+TEST(AdamW, UpdateSquaresAreWhatTheStepMovedPerTensor) {
+  GPTConfig cfg{.vocab_size = 1000, .seq_len = 32, .n_layer = 2, .n_head = 2, .n_embd = 64};
+  const auto layout = ParameterLayout(cfg);
+  const size_t n = NumParameters(cfg);
+  const std::vector<float> init = RandomVector(n, 3), g = RandomVector(n, 4);
+  std::vector<std::vector<double>> by_threads;
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    AdamW opt(layout, {});
+    std::vector<float> p = init;
+    opt.Step(p.data(), g.data(), 1e-2, 1.0f);
+    ASSERT_EQ(opt.update_squares().size(), layout.size());
+    for (size_t t = 0; t < layout.size(); ++t) {
+      double want = 0;
+      for (size_t i = layout[t].offset; i < layout[t].offset + layout[t].numel; ++i)
+        want += (double(p[i]) - double(init[i])) * (double(p[i]) - double(init[i]));
+      ASSERT_GT(want, 0);
+      EXPECT_NEAR(opt.update_squares()[t], want, 1e-5 * want) << layout[t].name;
+      EXPECT_EQ(opt.owned_numel()[t], layout[t].numel);
+    }
+    by_threads.push_back(opt.update_squares());
+  }
+  omp_set_num_threads(omp_get_num_procs());
+  EXPECT_EQ(by_threads[0], by_threads[1]);
+  // Two shards cut inside a tensor: each sums its own elements.
+  const size_t cut = layout[3].offset + layout[3].numel / 3;
+  AdamW a(layout, {}, {{0, cut}}), b(layout, {}, {{cut, n - cut}});
+  std::vector<float> p = init;
+  a.Step(p.data(), g.data(), 1e-2, 1.0f);
+  b.Step(p.data(), g.data() + cut, 1e-2, 1.0f);
+  for (size_t t = 0; t < layout.size(); ++t) {
+    EXPECT_EQ(a.owned_numel()[t] + b.owned_numel()[t], layout[t].numel);
+    const double sum = a.update_squares()[t] + b.update_squares()[t];
+    EXPECT_NEAR(sum, by_threads[0][t], 1e-5 * by_threads[0][t]) << layout[t].name;
+  }
+  EXPECT_GT(a.owned_numel()[3], 0u);
+  EXPECT_GT(b.owned_numel()[3], 0u);
+}
+
 // A shard touches only the parameters it owns, and decides decay by the tensor of each element.
 TEST(AdamW, ShardUpdatesOnlyItsRangesWithTheirTensorsDecay) {
   // w: 2x2 at 0..4 (decays), b: 2 at 4..6 (does not). Own [3, 5) and [0, 1), in that order.

@@ -163,14 +163,12 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
   m->grad_norm = std::sqrt(squared_norm);
   m->lr = LearningRate(tc, s);
   const float clip = ClipScale(m->grad_norm, tc.grad_clip);
+  if (run.sdc != nullptr) ATOLL_RETURN_IF_ERROR(run.sdc->BeforeUpdate(s, run.model->params()));
+  run.optimizer->Step(run.model->params(),
+                      Zero(run) ? run.reducer->shard_grads() : run.model->grads(), m->lr, clip);
   if (run.sdc != nullptr)
-    ATOLL_RETURN_IF_ERROR(run.sdc->BeforeUpdate(s, run.model->params(), n_params));
-  if (Zero(run)) {
-    run.optimizer->Step(run.model->params(), run.reducer->shard_grads(), m->lr, clip);
-    return run.reducer->AllGatherInPlace(run.model->params());
-  }
-  run.optimizer->Step(run.model->params(), run.model->grads(), m->lr, clip);
-  return Status::Ok();
+    run.sdc->OnUpdate(run.optimizer->update_squares(), run.optimizer->owned_numel());
+  return Zero(run) ? run.reducer->AllGatherInPlace(run.model->params()) : Status::Ok();
 }
 
 bool Finite(const StepMetrics& m) { return std::isfinite(m.loss) && std::isfinite(m.grad_norm); }

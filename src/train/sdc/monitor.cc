@@ -278,11 +278,8 @@ Status SdcMonitor::CheckAtRest(float* params, size_t n, float* m, float* v, size
   return Status::Ok();
 }
 
-Status SdcMonitor::BeforeUpdate(int64_t s, const float* params, size_t n) {
-  if (o_.guard) {
-    const SdcTimer timer(&cost_.guard);
-    before_.assign(params, params + n);
-  }
+Status SdcMonitor::BeforeUpdate(int64_t s, const float* params) {
+  update_sq_.clear();
   pending_.clear();
   if (zero_ && o_.fingerprints && replicas()) {
     const SdcTimer timer(&cost_.fingerprints);
@@ -303,21 +300,11 @@ StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, do
   if (o_.guard) {
     const SdcTimer timer(&cost_.guard);
     std::vector<StepGuard::Signal> signals = {{"loss", loss}, {"grad_norm", grad_norm}};
-    if (!before_.empty() && lr > 0) {  // lr 0 (min_lr = 0 at the end) moves nothing
-      // Each tensor's sum in order on one thread (the same bits for any thread count).
-      std::vector<double> rms(layout_.size());
-#pragma omp parallel for schedule(dynamic)
-      for (size_t t = 0; t < layout_.size(); ++t) {
-        const ParamTensor& p = layout_[t];
-        double sum = 0;
-        for (size_t i = p.offset; i < p.offset + p.numel; ++i) {
-          const double d = double(params[i]) - double(before_[i]);
-          sum += d * d;
-        }
-        rms[t] = std::sqrt(sum / double(p.numel)) / lr;
-      }
-      for (size_t t = 0; t < layout_.size(); ++t)
-        signals.push_back({"update_rms." + ShortTensorName(layout_[t].name), rms[t]});
+    if (!update_sq_.empty() && lr > 0) {  // lr 0 (min_lr = 0 at the end) moves nothing
+      for (size_t t = 0; t < layout_.size() && t < update_sq_.size(); ++t)
+        if (update_numel_[t] > 0)
+          signals.push_back({"update_rms." + ShortTensorName(layout_[t].name),
+                             std::sqrt(update_sq_[t] / double(update_numel_[t])) / lr});
     }
     for (size_t l = 0; l < act_max_.size(); ++l)
       if (act_max_[l] > 0) signals.push_back({fmt::format("act_max.{}", l), act_max_[l]});

@@ -4,8 +4,9 @@
 // Detectors ([sdc] in the config; train/config.h):
 //   - guard (sdc.guard): the step guard (train/sdc/guard.h) over the loss, the gradient norm
 //     (global signals: every rank sees the same value, reported with rank -1), and this rank's
-//     per-tensor update RMS per unit of learning rate (rms(p_after - p_before) / lr, so the
-//     schedule's warmup and decay do not look like anomalies) and per-block max |activation|
+//     per-tensor update RMS per unit of learning rate (rms(p_after - p_before) / lr over the
+//     elements the rank updates, summed by the optimizer in its own pass; lr, so the schedule's
+//     warmup and decay do not look like anomalies) and per-block max |activation|
 //     (the residual stream after each block, over the step's micro-batches).
 //   - fingerprints (sdc.fingerprints; data-parallel replicas only, dp > 1): the parameters'
 //     per-tensor hashes compared over the dp group after every step, and the AdamW moments' every
@@ -169,9 +170,16 @@ class SdcMonitor {
     seal_.Seal(params, m, v);
   }
   const SdcCost& cost() const { return cost_; }
-  // Before step s's optimizer update: keeps the parameters to measure the update by (guard) and,
-  // with ZeRO, compares the replicas' parameters (collective over the dp group).
-  Status BeforeUpdate(int64_t s, const float* params, size_t n);
+  // Before step s's optimizer update: with ZeRO, compares the replicas' parameters (collective
+  // over the dp group).
+  Status BeforeUpdate(int64_t s, const float* params);
+  // After it (guard): what the update moved, per layout tensor, as the optimizer summed it in
+  // its own pass (AdamW::update_squares, owned_numel: this rank's elements, its shard with ZeRO).
+  void OnUpdate(const std::vector<double>& squares, const std::vector<size_t>& numel) {
+    if (!o_.guard) return;
+    update_sq_ = squares;
+    update_numel_ = numel;
+  }
   // After step s (0-based)'s update: the detectors. m, v: the moments (null: not compared).
   StatusOr<std::vector<SdcEvent>> AfterStep(int64_t s, double loss, double grad_norm, double lr,
                                             const float* params, const float* m, const float* v);
@@ -210,7 +218,8 @@ class SdcMonitor {
   std::vector<int> replica_ranks_;
   StepGuard guard_, saved_guard_;
   std::vector<StepGuard::Signal> flagged_;  // by the last AfterStep
-  std::vector<float> before_;
+  std::vector<double> update_sq_;           // OnUpdate's, this step (empty: no update)
+  std::vector<size_t> update_numel_;
   std::vector<SdcEvent> pending_;  // found before the update (ZeRO)
   std::vector<double> act_max_;    // per block, this step
   int64_t micro_ = -1;
