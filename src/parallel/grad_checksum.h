@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -53,6 +54,9 @@ class GradChecksum {
   void PredictFixed(const int64_t* acc, size_t begin, size_t end, double unit);
   // Sums the records over the data-parallel group (null or size 1: nothing). Collective.
   Status Reduce(Communicator* dp);
+  // The records themselves (per segment: sum, magnitude sum), for a caller that sums them over
+  // more replicas with the gradient (sync sites over the WAN).
+  std::span<double> records() { return records_; }
 
   struct Mismatch {
     size_t begin = 0, end = 0;  // the first failing segment (local offsets)

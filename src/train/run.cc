@@ -308,11 +308,10 @@ void InjectBufferFaults(Run& run, FaultKind where, int64_t s) {
   f->OnBuffer(FaultKind::kMoment, s, run.optimizer->v(), run.optimizer->size(), 'v');
 }
 
-void CheckReducedGradient(Run& run) {
+void CheckReducedGradient(Run& run, int replicas) {
   const GradChecksum* sums = run.grad_sums.get();
   if (sums == nullptr || run.sdc == nullptr) return;
   GradChecksum::Mismatch mm;
-  const int replicas = run.mesh.dp();
   // Pipeline stages in the reproducible mode add the tied wte's two halves after the reduction.
   const size_t from = run.mesh.embed_group() != nullptr && run.cfg.parallel.reproducible
                           ? run.model->layout().front().numel

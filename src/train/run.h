@@ -77,7 +77,8 @@ void InjectBufferFaults(Run& run, FaultKind where, int64_t s);
 
 // The reduced gradient against the checksums the replicas put into the reduction (sdc.checksums,
 // parallel/grad_checksum.h), read where the optimizer will read it; a failure goes to run.sdc.
-void CheckReducedGradient(Run& run);
+// replicas: how many gradients were summed (dp, times the sites when the WAN summed them too).
+void CheckReducedGradient(Run& run, int replicas);
 
 // ZeRO-1: the optimizer state is sharded over the data-parallel replicas.
 bool Zero(const Run& run);

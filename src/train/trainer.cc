@@ -140,15 +140,20 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
     std::copy(local_losses.begin(), local_losses.end(), all_losses.begin() + run.first_micro);
   if (me.size() > 1) ATOLL_RETURN_IF_ERROR(me.world()->AllReduce(std::span<double>(all_losses)));
   if (run.faults != nullptr) run.faults->AtWan(s);
-  // The reduced gradient's checksums, where the optimizer reads it; with sync across sites the
-  // WAN sums it again (covered by the WAN's own checksums and the cross-site fingerprints), so
-  // there it is checked as the site reduced it.
+  // The sites' sums: the losses and, with sync across sites, the gradient checksum's records,
+  // which the WAN sums with the gradient (in one collective with the losses). The reduced
+  // gradient is checked against them where the optimizer reads it.
   const bool over_wan = run.sites > 1 && strategy.whole_batch();
-  if (over_wan) CheckReducedGradient(run);
+  const std::span<double> records =
+      over_wan && run.grad_sums != nullptr ? run.grad_sums->records() : std::span<double>();
+  std::vector<double> sums = all_losses;
+  sums.insert(sums.end(), records.begin(), records.end());
   ATOLL_RETURN_IF_ERROR(strategy.AfterBackward(s, std::span<float>(run.model->grads(), n_params),
-                                               std::span<double>(all_losses)));
+                                               std::span<double>(sums)));
+  std::copy(sums.begin(), sums.begin() + run.accum, all_losses.begin());
+  std::copy(sums.begin() + run.accum, sums.end(), records.begin());
   InjectBufferFaults(run, FaultKind::kGrad, s);
-  if (!over_wan) CheckReducedGradient(run);
+  CheckReducedGradient(run, me.dp() * (over_wan ? run.sites : 1));
   if (run.trace != nullptr) {
     run.trace->SetLosses(local_losses, run.first_micro);
     if (Zero(run))

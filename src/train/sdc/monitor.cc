@@ -74,10 +74,15 @@ std::string SdcEvent::ToString() const {
         source >= 0        ? fmt::format("repaired from rank {}", source)
         : source_site >= 0 ? fmt::format("repaired from site {}", source_site)
                            : std::string("not repaired (no clean replica holds it)"));
+  if (detector == "checksum" && op == "grad")
+    return fmt::format(
+        "step {} ({}): checksum: the reduced gradient of {}: segment sum {:.9g}, expected {:.9g} "
+        "({:.3g} times the rounding bound); {} check(s) of the step failed",
+        step, where, what, value, median, deviations, count);
   if (detector == "checksum")
     return fmt::format(
         "step {} ({}): checksum: {} of micro-batch {} in block {}: column sum {:.9g}, expected "
-        "{:.9g} ({:.3g} times the rounding bound); {} GEMM(s) of the step failed",
+        "{:.9g} ({:.3g} times the rounding bound); {} check(s) of the step failed",
         step, where, op, micro, layer, value, median, deviations, count);
   if (detector == "replay") {
     if (verdict == "reproduced")

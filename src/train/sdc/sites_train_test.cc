@@ -135,6 +135,29 @@ TEST_F(SitesSdcTest, APayloadSummedIntoBothSitesIsFoundByTheGuardAndReplayedAway
   }
 }
 
+// With sdc.checksums each site's gradient checksum records cross the WAN with the losses and are
+// summed with the gradient: a low exponent bit of the reduce-scatter half, summed into both
+// sites alike (no fingerprint or guard sees it), fails the reduced gradient's checksum on both
+// sites in its step; both replay, the replays name the WAN, and the run ends bitwise clean. A
+// clean run with the checksums raises nothing.
+TEST_F(SitesSdcTest, TheGradientChecksumCrossesTheWan) {
+  cfg_.sdc.checksums = true;
+  ASSERT_TRUE(
+      CleanAndFaulty("wan:step=8,site=0,chunk=0,elem=5,bit=23", /*redo=*/true, /*guard=*/false));
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(CountEvents(Site("clean", s)), 0) << "site " << s;
+    bool checksum = false, fingerprint = false, wan = false;
+    for (const auto& e : Events(Site("faulty", s), 8)) {
+      checksum |= e["detector"] == "checksum" && e["op"] == "grad" && e["site"] == s;
+      fingerprint |= e["detector"] == "fingerprint";
+      wan |= e["detector"] == "replay" && e["op"] == "wan" && e["site"] == s;
+    }
+    EXPECT_TRUE(checksum) << "site " << s;
+    EXPECT_FALSE(fingerprint) << "site " << s;
+    EXPECT_TRUE(wan) << "site " << s;
+  }
+}
+
 // A gradient flipped on one site after the WAN sum is that site's own: the replay names "grad"
 // there, not the WAN, and the run ends with the clean run's bits.
 TEST_F(SitesSdcTest, AGradientFlippedAfterTheWanIsNotBlamedOnIt) {

@@ -113,7 +113,8 @@ class WorldStrategy {
   // The step to train from, given the loop's (0, or a resumed checkpoint's); may set params.
   virtual StatusOr<int64_t> Start(int64_t start, float* params) = 0;
   // Step `step` (0-based): the site's reduced gradients (n_params) and every micro-batch's loss
-  // of the whole batch (the site's own filled in, the others' zero).
+  // of the whole batch (the site's own filled in, the others' zero), followed by any other
+  // doubles the sites sum with them (the gradient checksum's records; one collective).
   virtual Status AfterBackward(int64_t step, std::span<float> grads, std::span<double> losses) = 0;
   // After the optimizer step that completed step `completed`; `last`: the run's last step.
   virtual Status AfterStep(int64_t completed, float* params, bool last) = 0;
