@@ -34,6 +34,7 @@ struct Event {
   int64_t micro = -1;
   int layer = -1;
   bool majority = true;  // fingerprint: false when it names every replica or site (no majority)
+  bool across_sites = false;  // fingerprint: the sites compared
 };
 
 // Ranks per site.
@@ -46,6 +47,9 @@ struct RunRecord {
   double val_loss = std::numeric_limits<double>::quiet_NaN();  // the last line's
   int64_t steps = 0;
   std::string model;  // the final checkpoint's model.safetensors, bytes
+  // Several sites: their fingerprints differed after the last step (site 0's checkpoint is not
+  // every site's state).
+  bool sites_apart = false;
 };
 
 // An event of a metrics line of step `step`.
@@ -61,6 +65,7 @@ Event EventOf(int64_t step, const nlohmann::json& e) {
   ev.micro = e.value("micro", int64_t(-1));
   ev.layer = e.value("layer", -1);
   ev.majority = e.value("majority", true);
+  ev.across_sites = e.value("across", "") == "sites";
   return ev;
 }
 
@@ -88,6 +93,8 @@ StatusOr<RunRecord> ReadRun(const RunConfig& cfg, const std::string& dir) {
   std::stable_sort(r.events.begin(), r.events.end(),
                    [](const Event& a, const Event& b) { return a.step < b.step; });
   if (auto m = ReadFile(dir + "/checkpoint/model.safetensors"); m.ok()) r.model = std::move(*m);
+  for (const Event& e : r.events)
+    r.sites_apart |= e.detector == "fingerprint" && e.across_sites && e.step == r.steps;
   return r;
 }
 
@@ -232,7 +239,7 @@ void Score(const RunRecord& run, const RunRecord& clean, const std::set<std::str
     o->harm = std::numeric_limits<double>::infinity();
     return;
   }
-  o->recovered = !run.model.empty() && run.model == clean.model;
+  o->recovered = !run.model.empty() && run.model == clean.model && !run.sites_apart;
   o->harm = std::isfinite(run.val_loss) ? std::abs(run.val_loss / clean.val_loss - 1)
                                         : std::numeric_limits<double>::infinity();
 }

@@ -20,7 +20,9 @@
 //     rank, micro-batch, block and op (gemm_fwd g, gemm_bwd g, activation) or, for a gradient,
 //     "grad" and the tensor; a fingerprint or memory event the rank and the tensor ("params:..."
 //     or "moment_m:..."). The guard's events name signals, not places: they do not localize.
-//   - recovered: the final parameters are bitwise those of the clean run.
+//   - recovered: the final parameters are bitwise those of the clean run (site 0's checkpoint;
+//     with several sites, also every site's: their fingerprints, compared after every step, did
+//     not differ after the last one).
 //   - harm: |final validation loss / the clean run's - 1|; harmful above `harm` (0.1%). A run
 //     that stopped (sdc.on_alarm = stop, a diverged or faulty-rank error) has harm +inf.
 //   - false findings (FalseFindings): those of the clean runs (their metrics lines with events

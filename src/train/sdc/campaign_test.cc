@@ -108,6 +108,33 @@ TEST_F(CampaignTest, TwoSitesWanPayloadFlipsAreFoundAndRecovered) {
   EXPECT_EQ(RunCampaign(o).status().code(), StatusCode::kInvalidArgument);
 }
 
+// "Recovered" covers every site's final state, not only site 0's checkpoint: a gradient flipped
+// on a site after the WAN in the last step, with warnings only, leaves that site apart. Where it
+// was site 1, site 0's checkpoint is still the clean run's; the sites' fingerprints after the
+// last step tell.
+TEST_F(CampaignTest, RecoveredMeansEverySite) {
+  CampaignOptions o = Options("sites-last");
+  o.cfg.world.sites = 2;
+  o.cfg.world.ranks_per_site = 1;
+  o.cfg.train.threads = 1;
+  o.cfg.sdc.on_alarm = "warn";
+  o.first_step = o.cfg.train.steps;
+  o.kinds = {FaultKind::kGrad};
+  o.bits = {22};
+  o.injections = 4;
+  auto r = RunCampaign(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::set<int> sites;
+  for (const Outcome& out : r->outcomes) {
+    SCOPED_TRACE(out.ToJson());
+    ASSERT_TRUE(out.fired);
+    EXPECT_TRUE(out.fingerprint);
+    EXPECT_FALSE(out.recovered);
+    sites.insert(out.truth.site);
+  }
+  EXPECT_EQ(sites.count(1), 1u);  // a flip on site 1 (site 0's checkpoint clean) was scored
+}
+
 // Without replays the same flips are detected but not recovered: the scoring sees the damage
 // (the final parameters differ; the harm is measured) instead of assuming it away.
 TEST_F(CampaignTest, WarnOnlyDetectsAndMeasuresTheHarm) {
