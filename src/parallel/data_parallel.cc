@@ -216,8 +216,10 @@ Status GradientReducer::Finish(float* grads) {
   for (size_t i = 0; i < buckets_.size(); ++i)
     if (!started_[i]) Launch(i, grads);
   Status first = hook_status_;
+  bool waited = true;  // every reduction completed (a failed hook is this rank's alone)
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Status s = handles_[i].Wait();
+    waited &= s.ok();
     if (!s.ok() && first.ok())
       first = s.WithContext(fmt::format("data-parallel gradient bucket {} (elements {}..{})", i,
                                         buckets_[i].begin, buckets_[i].end));
@@ -246,7 +248,11 @@ Status GradientReducer::Finish(float* grads) {
       }
     }
   }
-  if (first.ok() && checksum_ != nullptr) first = checksum_->Reduce(comm_);
+  // Every replica takes part in the records' reduction unless the group itself failed.
+  if (waited && checksum_ != nullptr) {
+    Status s = checksum_->Reduce(comm_);
+    if (first.ok()) first = s;
+  }
   last_wait_s_ = NowSeconds() - t0;
   return first;
 }

@@ -137,7 +137,7 @@ void AdamW::Step(float* params, const float* grads, double lr, float grad_scale)
       float* ms = m + b;
       float* vs = v + b;
       float* ps = params + (b + seg->shift);
-      float squares = 0;  // of the update (a guard signal: float accumulation is plenty)
+      double squares = 0;  // of the update
 #pragma omp simd reduction(+ : squares)
       for (size_t k = 0; k < len; ++k) {
         const float g = gs[k] * grad_scale;
@@ -146,10 +146,10 @@ void AdamW::Step(float* params, const float* grads, double lr, float grad_scale)
         const float denom = std::sqrt(vs[k]) * inv_bc2_sqrt + eps;
         const float before = ps[k];
         ps[k] = before * keep - step_size * (ms[k] / denom);
-        const float d = ps[k] - before;
+        const double d = double(ps[k]) - double(before);
         squares += d * d;
       }
-      *slot = double(squares);
+      *slot = squares;
     }
   }
   std::fill(update_sq_.begin(), update_sq_.end(), 0.0);

@@ -172,7 +172,8 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
   run.optimizer->Step(run.model->params(),
                       Zero(run) ? run.reducer->shard_grads() : run.model->grads(), m->lr, clip);
   if (run.sdc != nullptr)
-    run.sdc->OnUpdate(run.optimizer->update_squares(), run.optimizer->owned_numel());
+    ATOLL_RETURN_IF_ERROR(
+        run.sdc->OnUpdate(run.optimizer->update_squares(), run.optimizer->owned_numel()));
   return Zero(run) ? run.reducer->AllGatherInPlace(run.model->params()) : Status::Ok();
 }
 

@@ -47,8 +47,8 @@ struct RunRecord {
   double val_loss = std::numeric_limits<double>::quiet_NaN();  // the last line's
   int64_t steps = 0;
   std::string model;  // the final checkpoint's model.safetensors, bytes
-  // Several sites: their fingerprints differed after the last step (site 0's checkpoint is not
-  // every site's state).
+  // Several sites: their fingerprints differed after the last step, and no replay came after
+  // (site 0's checkpoint is not every site's state).
   bool sites_apart = false;
 };
 
@@ -78,23 +78,33 @@ StatusOr<RunRecord> ReadRun(const RunConfig& cfg, const std::string& dir) {
     const std::string path = LocalSiteDir(cfg, dir, site) + "/metrics.jsonl";
     std::ifstream in(path);
     std::string line;
+    // Whether the sites' fingerprints differed at the site's last step, after its last replay
+    // (a line holds the first run's events, the replay's verdict, then the kept run's).
+    int64_t last = -1;
+    bool apart = false;
     while (std::getline(in, line)) {
       const auto j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_discarded()) return Status::Corruption(path + ": not JSON: " + line);
       const int64_t step = j.value("step", int64_t(0));
       if (site == 0) r.steps = step;
       if (site == 0 && j.contains("val_loss")) r.val_loss = j["val_loss"].get<double>();
+      if (step > last) {
+        last = step;
+        apart = false;
+      }
       if (!j.contains("sdc")) continue;
-      for (const auto& e : j["sdc"])
-        if (seen.insert(fmt::format("{}|{}", step, e.dump())).second)
-          r.events.push_back(EventOf(step, e));
+      for (const auto& e : j["sdc"]) {
+        const Event ev = EventOf(step, e);
+        if (ev.detector == "replay") apart = false;
+        if (ev.detector == "fingerprint" && ev.across_sites) apart = true;
+        if (seen.insert(fmt::format("{}|{}", step, e.dump())).second) r.events.push_back(ev);
+      }
     }
+    r.sites_apart |= apart;
   }
   std::stable_sort(r.events.begin(), r.events.end(),
                    [](const Event& a, const Event& b) { return a.step < b.step; });
   if (auto m = ReadFile(dir + "/checkpoint/model.safetensors"); m.ok()) r.model = std::move(*m);
-  for (const Event& e : r.events)
-    r.sites_apart |= e.detector == "fingerprint" && e.across_sites && e.step == r.steps;
   return r;
 }
 

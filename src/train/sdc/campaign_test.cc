@@ -133,6 +133,17 @@ TEST_F(CampaignTest, RecoveredMeansEverySite) {
     sites.insert(out.truth.site);
   }
   EXPECT_EQ(sites.count(1), 1u);  // a flip on site 1 (site 0's checkpoint clean) was scored
+  // The same flips replayed away: the mismatch stays in the last step's line, before the replay's
+  // verdict, and every site ends clean.
+  o.cfg.sdc.on_alarm = "redo";
+  o.dir += "-redo";
+  r = RunCampaign(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  for (const Outcome& out : r->outcomes) {
+    SCOPED_TRACE(out.ToJson());
+    EXPECT_TRUE(out.fingerprint);
+    EXPECT_TRUE(out.recovered);
+  }
 }
 
 // Without replays the same flips are detected but not recovered: the scoring sees the damage

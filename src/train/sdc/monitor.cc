@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <span>
 
 #include "core/log.h"
 #include "train/sdc/checksum.h"
@@ -289,6 +290,22 @@ Status SdcMonitor::BeforeUpdate(int64_t s, const float* params) {
   if (zero_ && o_.fingerprints && replicas()) {
     const SdcTimer timer(&cost_.fingerprints);
     return Compare(s, {"params", TensorFingerprints(layout_, params)}, &pending_);
+  }
+  return Status::Ok();
+}
+
+Status SdcMonitor::OnUpdate(const std::vector<double>& squares, const std::vector<size_t>& numel) {
+  if (!o_.guard) return Status::Ok();
+  const SdcTimer timer(&cost_.guard);
+  update_sq_ = squares;
+  update_numel_ = numel;
+  if (!zero_ || !replicas()) return Status::Ok();
+  std::vector<double> both = squares;
+  for (size_t k : numel) both.push_back(double(k));
+  ATOLL_RETURN_IF_ERROR(dp_->AllReduce(std::span<double>(both)));
+  for (size_t t = 0; t < squares.size(); ++t) {
+    update_sq_[t] = both[t];
+    update_numel_[t] = size_t(both[squares.size() + t]);
   }
   return Status::Ok();
 }

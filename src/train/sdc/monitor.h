@@ -174,12 +174,10 @@ class SdcMonitor {
   // over the dp group).
   Status BeforeUpdate(int64_t s, const float* params);
   // After it (guard): what the update moved, per layout tensor, as the optimizer summed it in
-  // its own pass (AdamW::update_squares, owned_numel: this rank's elements, its shard with ZeRO).
-  void OnUpdate(const std::vector<double>& squares, const std::vector<size_t>& numel) {
-    if (!o_.guard) return;
-    update_sq_ = squares;
-    update_numel_ = numel;
-  }
+  // its own pass (AdamW::update_squares, owned_numel: this rank's elements). With ZeRO each
+  // replica updated its own pieces: the sums are added over the dp group (collective), so the
+  // signal is the whole tensor's as without it.
+  Status OnUpdate(const std::vector<double>& squares, const std::vector<size_t>& numel);
   // After step s (0-based)'s update: the detectors. m, v: the moments (null: not compared).
   StatusOr<std::vector<SdcEvent>> AfterStep(int64_t s, double loss, double grad_norm, double lr,
                                             const float* params, const float* m, const float* v);
