@@ -29,7 +29,8 @@
 //     are kept in DIR/clean_events.jsonl). Before its flip an injected run is the clean run bit for
 //     bit: any finding there that the clean run lacks is counted in the outcome (it must be 0).
 //   - stopped: the run ended with an error (a divergence two runs agreed on, a rank computing
-//     three different results); counted apart, neither a detection nor a miss.
+//     three different results); counted apart, neither a detection nor a miss, except that a
+//     flip a detector found in time counts toward "within 1 step" (the goal is about finding it).
 //
 // Thread-safety: RunCampaign uses the process (OpenMP threads, the working directory tree).
 #pragma once

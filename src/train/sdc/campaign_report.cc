@@ -29,6 +29,9 @@ struct Tally {
     replay += o.replay;
     const bool is_harmful = o.harm > harm;
     harmful += is_harmful;
+    // In time, even when the run then stopped (a flip found in its step that nothing could
+    // repair, such as a moment in one process, counts for the goal).
+    within1 += o.detected() && o.delay >= 0 && o.delay <= 1;
     if (!o.error.empty()) {  // noticed, not recovered: neither a detection nor a miss
       ++stopped;
       return;
@@ -38,7 +41,6 @@ struct Tally {
       return;
     }
     ++detected;
-    within1 += o.delay <= 1;
     localized += o.localized;
     recovered += o.recovered;
     delay_sum += o.delay;

@@ -193,6 +193,30 @@ TEST_F(CampaignTest, AParameterFlipOnAReplicaIsNamedAndRepaired) {
   }
 }
 
+// A flip found in its step counts toward the goal even when the run then stopped (a moment's
+// sign flipped in one process: named by the memory check, nothing to repair it from, NaN); one
+// found later, or not at all, does not.
+TEST(CampaignTablesTest, AStoppedRunFoundInTimeCountsTowardTheGoal) {
+  CampaignResult r;
+  r.layout = "one process";
+  Outcome stopped;
+  stopped.kind = FaultKind::kMoment;
+  stopped.fired = true;
+  stopped.bit = 31;
+  stopped.memory = true;
+  stopped.delay = 0;
+  stopped.error = "internal error: training diverged";
+  Outcome late = stopped;
+  late.error.clear();
+  late.delay = 2;
+  Outcome missed = late;
+  missed.memory = false;
+  missed.delay = -1;
+  r.outcomes = {stopped, late, missed};
+  const std::string tables = CampaignTables(r);
+  EXPECT_NE(tables.find("detected within 1 step | 1/3 (33.3%)"), std::string::npos) << tables;
+}
+
 TEST(CampaignOptionsTest, RefusesBadSitesBitsAndSteps) {
   EXPECT_FALSE(ParseFaultKinds("gemm_fwd,bogus").ok());
   EXPECT_FALSE(ParseFaultKinds("bad_core").ok());
