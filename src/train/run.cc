@@ -430,9 +430,8 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
   return Status::Ok();
 }
 
-Status ReplicaPass(Run& run, int64_t s, int replica) {
+Status ReplicaPass(Run& run, int64_t s, int64_t first) {
   const int64_t own_first = run.first_micro;
-  const int64_t first = FirstMicro(run, replica);
   std::unique_ptr<GradientReducer> reducer = std::move(run.reducer);  // no reduction
   run.first_micro = first;
   run.replica_pass = true;

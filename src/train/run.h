@@ -103,11 +103,22 @@ inline int64_t FirstMicro(const Run& run, int replica) {
   return (int64_t(run.site) * run.mesh.dp() + replica) * run.local_accum;
 }
 // The peer check of an audit replay (train/sdc/peers.h): recomputes the forward and backward
-// passes of data-parallel replica `replica`'s micro-batches of step s on this rank, from the
-// parameters it holds, without any reduction, into run.trace (its ops and losses; not its
-// gradients). The detectors do not see it; the faults strike it as any computation of the rank.
-// Leaves the model's gradients those of the replica's micro-batches. REQUIRES: tp = pp = 1.
-Status ReplicaPass(Run& run, int64_t s, int replica);
+// passes of another replica's micro-batches of step s (those from `first`, FirstMicro's: a
+// data-parallel replica of the site, or another site's) on this rank, from the parameters it
+// holds, without any reduction, into run.trace (its ops and losses; not its gradients). The
+// detectors do not see it; the faults strike it as any computation of the rank. Leaves the
+// model's gradients those of the replica's micro-batches. REQUIRES: tp = pp = 1.
+Status ReplicaPass(Run& run, int64_t s, int64_t first);
+// The peer check of step s of an audit replay (train/sdc/peers.h), when every rank's replay matched
+// its first run: this rank recomputes its neighbouring replicas' micro-batches from the parameters
+// the step started from (`before`), then goes back to the ones it ended with. The replicas: the
+// site's data-parallel ones (group: the dp group), or with sync over sites of one rank each the
+// sites (group: their leaders; sites true). A rank named for a neighbour's micro-batches, which it
+// ran once, runs them again: only a repeated result names it faulty; another is a transient fault
+// of the check ("transient", run "peer check"; the step stands). The events, the same on every
+// rank; faulty: whether one names a faulty rank. Collective over the group.
+StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepSnapshot& before,
+                                                Communicator& group, bool sites, bool* faulty);
 // The squared global gradient norm: every element of the whole model once (NormRanges), of the
 // reduced gradients (data-parallel replica 0's copy, or with ZeRO each replica's owned pieces),
 // summed over the world. Reproducible mode sums in integers (ExactSquareSum), so the value does

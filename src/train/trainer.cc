@@ -16,10 +16,8 @@
 #include <vector>
 
 #include "core/file.h"
-#include "core/hash.h"
 #include "core/log.h"
 #include "data/dataset.h"
-#include "kernels/ops.h"
 #include "model/gpt.h"
 #include "parallel/data_parallel.h"
 #include "parallel/grad_norm.h"
@@ -185,74 +183,6 @@ Status Diverged(const StepMetrics& m) {
                   m.step, m.loss, m.grad_norm));
 }
 
-// The peer check of step s (train/sdc/peers.h), when every rank's replay matched its first run:
-// this rank recomputes its neighbouring replicas' micro-batches from the parameters the step
-// started from (`before`), then goes back to the ones it ended with. A rank named for a
-// neighbour's micro-batches, which it ran once, runs them again: only a repeated result names it
-// faulty; another is a transient fault of the check ("transient", run "peer check"; the step
-// stands). The events, the same on every rank; faulty: whether one names a faulty rank.
-// Collective over the dp group.
-StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepSnapshot& before,
-                                                bool* faulty) {
-  const Mesh& me = run.mesh;
-  const int dp = me.dp(), d = me.dp_rank();
-  const size_t n_params = run.model->num_params();
-  const std::vector<float> after(run.model->params(), run.model->params() + n_params);
-  const StepTrace own = *run.trace;
-  before.RestoreParams(run.model->params());
-  const int next_replica = (d + 1) % dp, prev_replica = (d + dp - 1) % dp;
-  ATOLL_RETURN_IF_ERROR(ReplicaPass(run, s, next_replica));
-  const StepTrace next = *run.trace;
-  StepTrace prev;
-  if (dp > 2) {
-    ATOLL_RETURN_IF_ERROR(ReplicaPass(run, s, prev_replica));
-    prev = *run.trace;
-  }
-  std::vector<int64_t> first(static_cast<size_t>(dp));
-  for (int r = 0; r < dp; ++r) first[size_t(r)] = FirstMicro(run, r);
-  const std::string backend = kernels::InitBackend().blas_core + " " + __VERSION__;
-  bool comparable = true;
-  ATOLL_ASSIGN_OR_RETURN(std::vector<PeerFinding> found,
-                         SharePeerCheck(*me.dp_group(), own, next, prev, first, run.site, s,
-                                        Hash64(before.params().data(), n_params * sizeof(float)),
-                                        Hash64(backend.data(), backend.size()), &comparable));
-  if (!comparable && me.rank() == 0)
-    LogWarning(
-        "step {}: the replicas started from different parameters or run different kernels; "
-        "no peer check",
-        s + 1);
-  // The confirmations: 1 repeated, 0 not, -1 not asked.
-  int again = -1;
-  for (const PeerFinding& f : found)
-    if (f.recomputer == d) again = f.data_of;
-  const bool confirm = std::any_of(found.begin(), found.end(),
-                                   [](const PeerFinding& f) { return f.recomputer >= 0; });
-  if (confirm) {
-    int64_t repeated = -1;
-    if (again >= 0) {
-      ATOLL_RETURN_IF_ERROR(ReplicaPass(run, s, again));
-      const StepTrace& earlier = again == next_replica ? next : prev;
-      repeated = TraceWords(*run.trace) == TraceWords(earlier) ? 1 : 0;
-    }
-    std::vector<int64_t> all(static_cast<size_t>(dp));
-    ATOLL_RETURN_IF_ERROR(
-        me.dp_group()->AllGather(std::span<const int64_t>(&repeated, 1), std::span<int64_t>(all)));
-    for (PeerFinding& f : found)
-      if (f.recomputer >= 0 && all[size_t(f.recomputer)] == 0) {
-        f.event.verdict = "transient";  // the recomputer's second run differed from its first
-        f.event.rank = f.recomputer;
-        f.event.peer = -1;
-        f.event.run = "peer check";
-      }
-  }
-  std::copy(after.begin(), after.end(), run.model->params());
-  *run.trace = own;
-  *faulty = std::any_of(found.begin(), found.end(),
-                        [](const PeerFinding& f) { return f.event.verdict == "faulty_rank"; });
-  if (!comparable) return std::vector<std::string>();
-  return PeerEvents(found, run.site, s, me.rank() == 0);
-}
-
 // The audit replay of step s (train/sdc/audit.h), on every rank of the site alike (with sync
 // across sites: of every site, which decide together through the strategy): rolls back to
 // the pre-step snapshot and computes the step again; when some rank's two runs differ, a third
@@ -304,8 +234,14 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
   }
   std::vector<std::string> peers;
   bool named = false;
-  if (differing == 0 && run.mesh.dp() > 1 && run.mesh.tp() == 1 && run.mesh.pp() == 1) {
-    ATOLL_ASSIGN_OR_RETURN(peers, CheckOnPeers(run, s, snapshot, &named));
+  Communicator* sites = strategy.PeerSites();
+  if (differing == 0 && run.mesh.tp() == 1 && run.mesh.pp() == 1) {
+    if (run.mesh.dp() > 1) {
+      ATOLL_ASSIGN_OR_RETURN(peers,
+                             CheckOnPeers(run, s, snapshot, *run.mesh.dp_group(), false, &named));
+    } else if (sites != nullptr) {
+      ATOLL_ASSIGN_OR_RETURN(peers, CheckOnPeers(run, s, snapshot, *sites, true, &named));
+    }
   }
   ATOLL_ASSIGN_OR_RETURN(std::vector<std::string> verdict,
                          ShareReplays(site, run.site, run.mesh.rank(), s, diff));

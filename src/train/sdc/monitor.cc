@@ -51,6 +51,7 @@ std::string SdcEvent::ToJson() const {
       j["majority"] = has_majority;
     }
     if (peers_agree) j["peers"] = "agree";
+    if (across_sites) j["across"] = "sites";  // sites recomputed each other's: site names one
   } else {
     j["majority"] = has_majority;
     if (across_sites) j["across"] = "sites";
@@ -96,11 +97,16 @@ std::string SdcEvent::ToString() const {
     if (verdict == "faulty_rank")
       return fmt::format(
           "step {} ({}): replay: {} computes wrong results: its own replay repeated them, "
-          "another rank's execution differs; first difference: {} ({})",
+          "another {}'s execution differs; first difference: {} ({})",
           step, where,
-          has_majority ? fmt::format("rank {}", rank)
-                       : fmt::format("rank {} or rank {} (no third execution decides)", rank, peer),
-          at, what);
+          across_sites ? (has_majority ? fmt::format("site {}", site)
+                                       : fmt::format("site {} or site {} (no third execution "
+                                                     "decides)",
+                                                     site, peer))
+          : has_majority
+              ? fmt::format("rank {}", rank)
+              : fmt::format("rank {} or rank {} (no third execution decides)", rank, peer),
+          across_sites ? "site" : "rank", at, what);
     if (!what.empty()) at += fmt::format(" ({})", what);
     return fmt::format(
         "step {} ({}): replay: a transient fault in the {} run; first difference: {}", step, where,

@@ -70,7 +70,9 @@ struct SdcEvent {
   // |value - median| over the rounding bound (deviations)
   double value = 0, median = 0, deviations = 0;
   bool has_majority = true;   // fingerprint: false when two replicas disagree
-  bool across_sites = false;  // fingerprint: sites compared (site: the one outside), not replicas
+  // fingerprint: sites compared (site: the one outside), not replicas; replay: the sites
+  // recomputed each other's micro-batches (peers.h; site, peer: sites)
+  bool across_sites = false;
   // replay: "transient" (this rank's replay differed; where: micro, layer, op, what = the
   // tensor of a differing gradient), "reproduced" (every rank's replay matched; rank -1) or
   // "faulty_rank" (another rank's execution of the same micro-batches differed; train/sdc/peers.h:

@@ -46,23 +46,27 @@ std::vector<PeerFinding> PeerVerdict(const std::vector<std::vector<uint64_t>>& o
                                      const std::vector<std::vector<uint64_t>>& next,
                                      const std::vector<std::vector<uint64_t>>& prev,
                                      const StepTrace& layout,
-                                     const std::vector<int64_t>& first_micro, int site, int64_t s) {
+                                     const std::vector<int64_t>& first_micro, int site, int64_t s,
+                                     bool sites) {
   const int dp = int(own.size());
   std::vector<PeerFinding> found;
   auto faulty = [&](int rank, int peer, bool majority, int x, int recomputer,
                     const std::vector<uint64_t>& bad, const std::vector<uint64_t>& good) {
-    for (const PeerFinding& f : found)
-      if (f.event.rank == rank || (dp == 2 && f.event.rank == peer)) return;  // named already
+    for (const PeerFinding& f : found) {  // named already?
+      const int named = sites ? f.event.site : f.event.rank;
+      if (named == rank || (dp == 2 && named == peer)) return;
+    }
     PeerFinding f;
     SdcEvent& e = f.event;
     e.step = s + 1;
-    e.site = site;
-    e.rank = rank;
+    e.site = sites ? rank : site;
+    e.rank = sites ? 0 : rank;
     e.peer = peer;
     e.has_majority = majority;
+    e.across_sites = sites;
     e.detector = "replay";
     e.verdict = "faulty_rank";
-    e.what = fmt::format("micro-batches of rank {}", x);
+    e.what = fmt::format("micro-batches of {} {}", sites ? "site" : "rank", x);
     NameDifference(bad, good, layout, first_micro[size_t(x)], &e);
     f.data_of = x;
     f.recomputer = recomputer;
@@ -124,7 +128,7 @@ StatusOr<std::vector<PeerFinding>> SharePeerCheck(Communicator& dp_group, const 
                                                   const StepTrace& next, const StepTrace& prev,
                                                   const std::vector<int64_t>& first_micro, int site,
                                                   int64_t s, uint64_t state, uint64_t backend,
-                                                  bool* comparable) {
+                                                  bool* comparable, bool sites) {
   const int dp = dp_group.size();
   const std::vector<uint64_t> mine = TraceWords(own);
   const std::vector<uint64_t> after = TraceWords(next);
@@ -166,7 +170,7 @@ StatusOr<std::vector<PeerFinding>> SharePeerCheck(Communicator& dp_group, const 
     nx[r].assign(base + ptrdiff_t(n), base + ptrdiff_t(2 * n));
     pv[r].assign(base + ptrdiff_t(2 * n), base + ptrdiff_t(3 * n));
   }
-  return PeerVerdict(o, nx, pv, own, first_micro, site, s);
+  return PeerVerdict(o, nx, pv, own, first_micro, site, s, sites);
 }
 
 bool HasFaultyRank(const std::vector<std::string>& events) {

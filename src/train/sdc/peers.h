@@ -19,8 +19,9 @@
 // A rank named faulty stops the run (train/trainer.cc): its results cannot be trusted, and
 // leaving it out needs a world that can shrink.
 //
-// Only pure data parallelism within a site (tp = pp = 1, where every rank holds the whole model
-// and its micro-batches need no other rank).
+// Only pure data parallelism (tp = pp = 1, where every rank holds the whole model and its
+// micro-batches need no other rank): the site's replicas, or with sync over sites of one rank
+// each, the sites (their leaders joined by the WAN), which then name a site.
 #pragma once
 
 #include <cstdint>
@@ -51,11 +52,14 @@ struct PeerFinding {
 // next[x] its execution of replica x+1's micro-batches, prev[x] of replica x-1's (dp >= 3).
 // layout: this rank's own trace (the ops' kinds, blocks and micro-batches, the same on every
 // replica); first_micro[x]: replica x's first micro-batch in the whole batch. Empty: all agree.
+// sites: the executions are the sites' (one rank each, sync), by site: an event names a site
+// (site, peer; rank 0, across "sites") instead of a rank of `site`.
 std::vector<PeerFinding> PeerVerdict(const std::vector<std::vector<uint64_t>>& own,
                                      const std::vector<std::vector<uint64_t>>& next,
                                      const std::vector<std::vector<uint64_t>>& prev,
                                      const StepTrace& layout,
-                                     const std::vector<int64_t>& first_micro, int site, int64_t s);
+                                     const std::vector<int64_t>& first_micro, int site, int64_t s,
+                                     bool sites = false);
 
 // The step's peer-check events, as SdcEvent::ToJson writes them: each finding's, then, unless
 // one names a faulty rank, a "reproduced" one with peers "agree". log: warn of each finding.
@@ -67,11 +71,12 @@ std::vector<std::string> PeerEvents(const std::vector<PeerFinding>& findings, in
 // replicas must have started the step from the same parameters (state: their hash) on the same
 // kernels (backend: a hash of the build and the BLAS kernel family); where they did not, their
 // executions cannot be compared: *comparable is false and nothing is found.
+// sites: dp_group is the sites' leaders (one rank a site, sync; PeerVerdict's sites).
 StatusOr<std::vector<PeerFinding>> SharePeerCheck(Communicator& dp_group, const StepTrace& own,
                                                   const StepTrace& next, const StepTrace& prev,
                                                   const std::vector<int64_t>& first_micro, int site,
                                                   int64_t s, uint64_t state, uint64_t backend,
-                                                  bool* comparable);
+                                                  bool* comparable, bool sites = false);
 
 // Whether one of the events is a replay's "faulty_rank" verdict.
 bool HasFaultyRank(const std::vector<std::string>& events);

@@ -6,6 +6,8 @@
 // with the corruption located to the step, the site and the WAN.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "comm/inprocess.h"
 #include "train/local_world.h"
 #include "train/test_util.h"
@@ -171,6 +173,51 @@ TEST_F(SitesSdcTest, AGradientFlippedAfterTheWanIsNotBlamedOnIt) {
         ++grad;
       }
   EXPECT_EQ(grad, 1);
+}
+
+// With one rank per site the sites are each other's peers: an audit of a clean step is confirmed
+// by the other sites' executions of its micro-batches and changes nothing (the run ends as the
+// unaudited one); a stuck core on site 1 of three repeats its fault in its own replay, and the
+// other two sites' executions name site 1; every site stops at that step.
+TEST_F(SitesSdcTest, TheSitesRecomputeEachOthersMicroBatches) {
+  RunConfig c = cfg_;
+  ASSERT_TRUE(RunSites(c, "plain").ok());
+  c.sdc.audit_every = 3;
+  ASSERT_TRUE(RunSites(c, "audited").ok());
+  EXPECT_EQ(Final("audited"), Final("plain"));
+  int confirmed = 0;
+  for (int s = 0; s < 2; ++s)
+    for (const auto& m : Metrics(Site("audited", s)))
+      if (m.contains("sdc"))
+        for (const auto& e : m["sdc"]) {
+          EXPECT_EQ(e["verdict"], "reproduced") << e.dump();
+          EXPECT_EQ(e["peers"], "agree") << e.dump();
+          ++confirmed;
+        }
+  EXPECT_EQ(confirmed, 2 * 4);  // steps 3, 6, 9, 12 on both sites
+
+  c.world.sites = 3;
+  c.train.batch_size = 6;  // one micro-batch per site
+  c.sdc.audit_every = 1;
+  c.faults.inject = "bad_core:step=5,site=1,layer=1,gemm=2,p=1,bit=27,stuck=1";
+  const Status st = RunSites(c, "stuck");
+  EXPECT_FALSE(st.ok());
+  for (int s = 0; s < 3; ++s) {
+    const auto events = Events(Site("stuck", s), 5);
+    auto faulty = [](const nlohmann::json& e) {
+      return e["detector"] == "replay" && e["verdict"] == "faulty_rank";
+    };
+    EXPECT_EQ(std::count_if(events.begin(), events.end(), faulty), 1) << "site " << s;
+    const auto named = std::find_if(events.begin(), events.end(), faulty);
+    ASSERT_NE(named, events.end()) << "site " << s;
+    EXPECT_EQ((*named)["site"], 1) << named->dump();
+    EXPECT_EQ((*named)["across"], "sites") << named->dump();
+    EXPECT_EQ((*named)["majority"], true) << named->dump();
+    EXPECT_EQ((*named)["layer"], 1) << named->dump();
+    EXPECT_EQ((*named)["op"], "gemm_fwd 2") << named->dump();
+    EXPECT_EQ((*named)["what"], "micro-batches of site 1") << named->dump();
+    EXPECT_EQ(Metrics(Site("stuck", s)).back()["step"], 5) << "site " << s;
+  }
 }
 
 // A parameter flipped in the memory of a site with one replica is repaired from the other site

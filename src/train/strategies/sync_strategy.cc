@@ -53,6 +53,11 @@ class SyncStrategy final : public WorldStrategy {
   }
   bool whole_batch() const override { return true; }
 
+  Communicator* PeerSites() override {
+    const bool alone = c_.site_comm == nullptr || c_.site_comm->size() == 1;
+    return alone && c_.cfg->world.sites > 1 ? c_.world->wan : nullptr;
+  }
+
   StatusOr<int64_t> SumOverSites(int64_t n) override {
     ATOLL_RETURN_IF_ERROR(WorldSum(std::span<int64_t>(&n, 1)));
     return n;

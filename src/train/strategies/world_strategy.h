@@ -123,6 +123,9 @@ class WorldStrategy {
   // true: the objective is the mean loss over the whole batch (sync: gradients are summed over
   // the sites); false: over the site's share of it (the sites train apart between exchanges).
   virtual bool whole_batch() const = 0;
+  // sync over several sites of one rank each: the sites' leaders (the WAN), whose ranks are the
+  // sites, for the audit replay's peer check (train/sdc/peers.h); otherwise null.
+  virtual Communicator* PeerSites() { return nullptr; }
   // n summed over the sites when they hold one model and must decide together (sync), on every
   // rank; otherwise n. Collective over the world (sync) or nothing.
   virtual StatusOr<int64_t> SumOverSites(int64_t n) { return n; }
