@@ -15,8 +15,11 @@ namespace atl {
 StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepSnapshot& before,
                                                 Communicator& group, bool sites, bool* faulty) {
   const int n = group.size(), d = group.rank();
-  // Replica r's first micro-batch: the site's replicas, or site r's (one replica each).
-  auto first_of = [&](int r) { return sites ? int64_t(r) * run.local_accum : FirstMicro(run, r); };
+  // Replica r's first micro-batch: the site's replicas, or site r's (one replica each: dp 1).
+  auto first_of = [&](int r) {
+    return sites ? (int64_t(r) * run.mesh.dp() + run.mesh.dp_rank()) * run.local_accum
+                 : FirstMicro(run, r);
+  };
   const size_t n_params = run.model->num_params();
   const std::vector<float> after(run.model->params(), run.model->params() + n_params);
   const StepTrace own = *run.trace;

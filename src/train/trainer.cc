@@ -189,9 +189,9 @@ Status Diverged(const StepMetrics& m) {
 // run decides which one was corrupted. Keeps the result two runs agree on. m: the first run's
 // metrics (its sdc events), replaced by the kept run's, with the first run's events and the
 // verdict in front. agreed: whether the kept run's replicas agree (no fingerprint mismatch).
-// When every replay matched and the site's replicas each hold the whole model, other ranks'
-// executions decide between the data and a rank that repeats its fault (CheckOnPeers); faulty:
-// whether they named a rank of any site.
+// When every replay matched and the site's replicas (or, sync with one rank a site, the sites)
+// each hold the whole model, other ranks' executions decide between the data and a rank that
+// repeats its fault (CheckOnPeers); faulty: whether they named a rank (or site) of any site.
 Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objective,
                   std::vector<double>& local_losses, const StepSnapshot& snapshot, StepMetrics* m,
                   bool* agreed, bool* faulty) {
@@ -505,9 +505,9 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       const auto e = std::find_if(m.sdc.begin(), m.sdc.end(),
                                   [](const std::string& x) { return HasFaultyRank({x}); });
       return Status::Internal(fmt::format(
-          "step {}: a rank computes wrong results that its own replay repeats ({}); stopping: "
-          "restart without its host from a checkpoint written no later than the last step the "
-          "other ranks confirmed (a running world cannot leave a rank out yet)",
+          "step {}: a rank (or site) computes wrong results that its own replay repeats ({}); "
+          "stopping: restart without its host from a checkpoint written no later than the last "
+          "step the other ranks confirmed (a running world cannot leave a rank out yet)",
           s + 1, e != m.sdc.end() ? *e : std::string("on another site")));
     }
     if (run.num_val_windows > 0 && run.site == 0 &&

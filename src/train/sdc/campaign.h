@@ -29,8 +29,8 @@
 //     are kept in DIR/clean_events.jsonl). Before its flip an injected run is the clean run bit for
 //     bit: any finding there that the clean run lacks is counted in the outcome (it must be 0).
 //   - stopped: the run ended with an error (a divergence two runs agreed on, a rank computing
-//     three different results); counted apart, neither a detection nor a miss, except that a
-//     flip a detector found in time counts toward "within 1 step" (the goal is about finding it).
+//     three different results); counted apart. A detector's finding before the stop counts as
+//     a detection (not recovered); a stop no detector saw is not counted as a miss.
 //
 // Thread-safety: RunCampaign uses the process (OpenMP threads, the working directory tree).
 #pragma once

@@ -29,22 +29,21 @@ struct Tally {
     replay += o.replay;
     const bool is_harmful = o.harm > harm;
     harmful += is_harmful;
-    // In time, even when the run then stopped (a flip found in its step that nothing could
-    // repair, such as a moment in one process, counts for the goal).
-    within1 += o.detected() && o.delay >= 0 && o.delay <= 1;
-    if (!o.error.empty()) {  // noticed, not recovered: neither a detection nor a miss
+    // A detection counts even when the run then stopped (a flip found in its step that nothing
+    // could repair, such as a moment in one process; recovered: no).
+    if (o.detected()) {
+      ++detected;
+      within1 += o.delay <= 1;
+      localized += o.localized;
+      recovered += o.recovered;
+      delay_sum += o.delay;
+      delay_max = std::max(delay_max, o.delay);
+    }
+    if (!o.error.empty()) {  // stopped: counted apart; a stop no detector saw is not a miss
       ++stopped;
       return;
     }
-    if (!o.detected()) {
-      harmful_misses += is_harmful;
-      return;
-    }
-    ++detected;
-    localized += o.localized;
-    recovered += o.recovered;
-    delay_sum += o.delay;
-    delay_max = std::max(delay_max, o.delay);
+    harmful_misses += !o.detected() && is_harmful;
   }
 };
 

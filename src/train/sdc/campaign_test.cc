@@ -193,9 +193,9 @@ TEST_F(CampaignTest, AParameterFlipOnAReplicaIsNamedAndRepaired) {
   }
 }
 
-// A flip found in its step counts toward the goal even when the run then stopped (a moment's
+// A flip found in its step is a detection in time even when the run then stopped (a moment's
 // sign flipped in one process: named by the memory check, nothing to repair it from, NaN); one
-// found later, or not at all, does not.
+// found later is a detection not in time, one not found neither.
 TEST(CampaignTablesTest, AStoppedRunFoundInTimeCountsTowardTheGoal) {
   CampaignResult r;
   r.layout = "one process";
@@ -215,6 +215,12 @@ TEST(CampaignTablesTest, AStoppedRunFoundInTimeCountsTowardTheGoal) {
   r.outcomes = {stopped, late, missed};
   const std::string tables = CampaignTables(r);
   EXPECT_NE(tables.find("detected within 1 step | 1/3 (33.3%)"), std::string::npos) << tables;
+  // The moment row: 3 flips, 2 detected (67%, by the memory checks), 1 within a step (33%),
+  // none localized or recovered, 1 stopped.
+  EXPECT_NE(
+      tables.find("| moment | 3 | 67% | 0% | 0% | 0% | 67% | 0% | 33% | 0% | 0% | 0 | 0 | 1 |"),
+      std::string::npos)
+      << tables;
 }
 
 TEST(CampaignOptionsTest, RefusesBadSitesBitsAndSteps) {

@@ -178,7 +178,8 @@ TEST_F(SitesSdcTest, AGradientFlippedAfterTheWanIsNotBlamedOnIt) {
 // With one rank per site the sites are each other's peers: an audit of a clean step is confirmed
 // by the other sites' executions of its micro-batches and changes nothing (the run ends as the
 // unaudited one); a stuck core on site 1 of three repeats its fault in its own replay, and the
-// other two sites' executions name site 1; every site stops at that step.
+// other two sites' executions name site 1; every site stops at that step. A fault of the check
+// itself is transient.
 TEST_F(SitesSdcTest, TheSitesRecomputeEachOthersMicroBatches) {
   RunConfig c = cfg_;
   ASSERT_TRUE(RunSites(c, "plain").ok());
@@ -217,6 +218,26 @@ TEST_F(SitesSdcTest, TheSitesRecomputeEachOthersMicroBatches) {
     EXPECT_EQ((*named)["op"], "gemm_fwd 2") << named->dump();
     EXPECT_EQ((*named)["what"], "micro-batches of site 1") << named->dump();
     EXPECT_EQ(Metrics(Site("stuck", s)).back()["step"], 5) << "site " << s;
+  }
+
+  // A fault that strikes only site 1's execution of site 2's micro-batch (micro-batch 2) in the
+  // peer check: site 1 runs it again, gets the majority's result, and is not named; the event
+  // says so (transient, site 1, run "peer check") and the run ends as a clean one.
+  c.faults.inject = "";
+  ASSERT_TRUE(RunSites(c, "clean3").ok());
+  c.faults.inject = "gemm_fwd:step=5,site=1,layer=1,gemm=2,micro=2,bit=27";
+  ASSERT_TRUE(RunSites(c, "check").ok());
+  EXPECT_EQ(Final("check"), Final("clean3"));
+  for (int s = 0; s < 3; ++s) {
+    const auto events = Events(Site("check", s), 5);
+    const auto transient = std::find_if(events.begin(), events.end(), [](const nlohmann::json& e) {
+      return e["verdict"] == "transient";
+    });
+    ASSERT_NE(transient, events.end()) << "site " << s;
+    EXPECT_EQ((*transient)["site"], 1) << transient->dump();
+    EXPECT_EQ((*transient)["rank"], 0) << transient->dump();
+    EXPECT_EQ((*transient)["run"], "peer check") << transient->dump();
+    EXPECT_EQ((*transient)["across"], "sites") << transient->dump();
   }
 }
 
