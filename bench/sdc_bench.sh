@@ -5,13 +5,14 @@
 # Usage: bench/sdc_bench.sh [--out DIR]
 #   env: INJECTIONS (per campaign, default 192: 6 sites x 32 bits), STEPS (each run's, 24),
 #        CLEAN_STEPS (a clean run for false positives in the "checksums" campaign, 10000),
-#        CAMPAIGNS (default "guard:1 checksums:1:sdc.checksums=true dp2:2:sdc.checksums=true":
+#        CAMPAIGNS (default "guard:1 checksums:1:sdc.checksums=true dp2:2:sdc.checksums=true
+#        sites2:1:world.sites=2,world.ranks_per_site=1,sdc.checksums=true":
 #        NAME:DP[:SET,SET...], the detectors under test and the data-parallel ranks, run as
 #        threads; a NAME beginning with "sites" also injects wan payload flips, at
 #        SITES_INJECTIONS, default 224: 7 sites x 32 bits), COST_STEPS (12),
 #        ATOLL (build/release/atoll), SKIP_COST=1, SKIP_CAMPAIGN=1.
-# Add "sites2:1:world.sites=2,world.ranks_per_site=1,sdc.checksums=true" to CAMPAIGNS for two
-# sync sites in one process, their leaders joined by the WAN transport on loopback.
+# The "sites2" campaign runs two sync sites in one process, their leaders joined by the WAN
+# transport on loopback.
 # Each campaign is `atoll sdc-campaign` on configs/tiny.toml (sdc.on_alarm = redo: alarmed steps
 # are replayed, localized and undone; guard, fingerprints and memory checks on, as by default);
 # its tables go to DIR/campaign-NAME/tables.md and are printed. DIR/sdc_bits.svg plots the
@@ -25,7 +26,7 @@ bench_args "$0" "$@"
 INJECTIONS=${INJECTIONS:-192}
 STEPS=${STEPS:-24}
 CLEAN_STEPS=${CLEAN_STEPS:-10000}
-CAMPAIGNS=${CAMPAIGNS:-"guard:1 checksums:1:sdc.checksums=true dp2:2:sdc.checksums=true"}
+CAMPAIGNS=${CAMPAIGNS:-"guard:1 checksums:1:sdc.checksums=true dp2:2:sdc.checksums=true sites2:1:world.sites=2,world.ranks_per_site=1,sdc.checksums=true"}
 COST_STEPS=${COST_STEPS:-12}
 ATOLL=${ATOLL:-build/release/atoll}
 OUT=${OUT:-$(mktemp -d /tmp/sdc_bench.XXXXXX)}
