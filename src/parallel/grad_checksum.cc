@@ -27,7 +27,8 @@ size_t GradChecksum::SegmentAt(size_t offset) const {
   return size_t(std::lower_bound(bounds_.begin(), bounds_.end(), offset) - bounds_.begin());
 }
 
-void GradChecksum::Predict(const float* g, size_t begin, size_t end) {
+template <typename Value>
+void GradChecksum::Record(size_t begin, size_t end, Value value) {
   const double t0 = NowSeconds();
   const int64_t first = int64_t(SegmentAt(begin)), last = int64_t(SegmentAt(end));
 #pragma omp parallel for schedule(static)
@@ -36,25 +37,7 @@ void GradChecksum::Predict(const float* g, size_t begin, size_t end) {
     const size_t b = bounds_[size_t(k)], e = bounds_[size_t(k) + 1];
 #pragma omp simd reduction(+ : sum, mag)
     for (size_t i = b; i < e; ++i) {
-      sum += double(g[i]);
-      mag += std::fabs(double(g[i]));
-    }
-    records_[2 * size_t(k)] += sum;
-    records_[2 * size_t(k) + 1] += mag;
-  }
-  seconds_ += NowSeconds() - t0;
-}
-
-void GradChecksum::PredictFixed(const int64_t* acc, size_t begin, size_t end, double unit) {
-  const double t0 = NowSeconds();
-  const int64_t first = int64_t(SegmentAt(begin)), last = int64_t(SegmentAt(end));
-#pragma omp parallel for schedule(static)
-  for (int64_t k = first; k < last; ++k) {
-    double sum = 0, mag = 0;
-    const size_t b = bounds_[size_t(k)], e = bounds_[size_t(k) + 1];
-#pragma omp simd reduction(+ : sum, mag)
-    for (size_t i = b; i < e; ++i) {
-      const double v = double(acc[i - begin]) * unit;
+      const double v = value(i);
       sum += v;
       mag += std::fabs(v);
     }
@@ -62,6 +45,14 @@ void GradChecksum::PredictFixed(const int64_t* acc, size_t begin, size_t end, do
     records_[2 * size_t(k) + 1] += mag;
   }
   seconds_ += NowSeconds() - t0;
+}
+
+void GradChecksum::Predict(const float* g, size_t begin, size_t end) {
+  Record(begin, end, [g](size_t i) { return double(g[i]); });
+}
+
+void GradChecksum::PredictFixed(const int64_t* acc, size_t begin, size_t end, double unit) {
+  Record(begin, end, [acc, begin, unit](size_t i) { return double(acc[i - begin]) * unit; });
 }
 
 Status GradChecksum::Reduce(Communicator* dp) {

@@ -73,6 +73,9 @@ class GradChecksum {
  private:
   // The segment that starts at `offset` (an edge).
   size_t SegmentAt(size_t offset) const;
+  // Adds value(i) for i in [begin, end) (segment edges) to the segments' records.
+  template <typename Value>
+  void Record(size_t begin, size_t end, Value value);
   size_t n_;
   std::vector<size_t> bounds_;   // segment edges, 0 ... n
   std::vector<double> records_;  // per segment: sum, magnitude sum
