@@ -29,8 +29,14 @@ namespace atl {
 struct ChecksumMismatch {
   int64_t column = -1;  // -1: the checksums agree
   double got = 0, expected = 0, bound = 0;
-  int64_t columns_off = 0;  // how many columns failed
+  int64_t columns_off = 0;  // how many columns (of a block of rows) failed
 };
+
+// CheckGemmColumns compares the column sums of each block of this many rows of C on its own: the
+// rounding bound grows with the rows summed, so blocks keep it that of a short GEMM's (a flip of
+// an ordinary element stands out at any number of rows), for about rows / kGemmCheckRows times
+// the work of the product 1ᵀA·W.
+inline constexpr int kGemmCheckRows = 256;
 
 // w_transposed = false: c[rows, cols] = a[rows, inner] · w[inner, cols] + bias[cols] (bias may
 // be null). w_transposed = true: c = a · wᵀ with w[cols, inner] (a backward input gradient). A

@@ -98,6 +98,35 @@ TEST(ChecksumTest, NonFiniteOutputFails) {
   EXPECT_EQ(g.Check(false).column, 2);
 }
 
+// At small's shape (1024 rows) the column sums are compared per block of kGemmCheckRows rows, so
+// the bound is a short GEMM's: a flip of any exponent or sign bit of a product at the 20th
+// percentile of its column's magnitudes fails in its column, forward and backward (one column of
+// one block), as at tiny's shape. (Summed over all 1024 rows, flips of bits 23-25 and 30 of that
+// element stay within the bound.)
+TEST(ChecksumTest, BlocksOfRowsFindEveryExponentFlipOfAnOrdinaryElementAtSmallsShape) {
+  for (const auto& [rows, inner, cols] : {std::tuple{32, 64, 16}, std::tuple{1024, 768, 192}}) {
+    for (bool backward : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << rows << "x" << inner << "x" << cols << (backward ? " backward" : " forward"));
+      Gemm g(rows, inner, cols, backward, 11);
+      ASSERT_EQ(g.Check(backward).column, -1);
+      std::vector<std::pair<float, size_t>> col;
+      for (int i = 0; i < rows; ++i)
+        col.emplace_back(std::abs(g.c[size_t(i) * cols + 5]), size_t(i) * cols + 5);
+      std::nth_element(col.begin(), col.begin() + rows / 5, col.end());
+      const size_t elem = col[size_t(rows / 5)].second;
+      for (int bit = 23; bit <= 31; ++bit) {
+        SCOPED_TRACE(::testing::Message() << "bit " << bit);
+        const float before = FlipBit(&g.c[elem], bit);
+        const ChecksumMismatch mm = g.Check(backward);
+        EXPECT_EQ(mm.column, 5);
+        EXPECT_EQ(mm.columns_off, 1);
+        g.c[elem] = before;
+      }
+    }
+  }
+}
+
 // The residual add's checksum: a block output made by the model's kernel, x + a GEMM's product
 // (whose column sums CheckGemmColumns returns), passes at the shapes of tiny and small; a flip of
 // any exponent or sign bit of a median-sized element fails in its column, down to the lowest
