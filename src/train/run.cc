@@ -228,8 +228,7 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
     ATOLL_ASSIGN_OR_RETURN(std::vector<FaultSpec> specs, ParseFaults(cfg.faults.inject));
     auto f = std::make_unique<FaultInjector>(specs, uint64_t(cfg.faults.seed), run.site, me.rank(),
                                              shard.layer_begin, shard.end(cfg.model), log);
-    if (cfg.world.strategy == "sync" && cfg.world.sites > 1)
-      f->set_wan_chunks(SyncWanChunksPerStep(cfg));
+    if (SyncOverSites(cfg)) f->set_wan_chunks(SyncWanChunksPerStep(cfg));
     if (!f->empty()) {
       ATOLL_RETURN_IF_ERROR(MakeDirs(out_dir));
       run.faults = std::move(f);
@@ -251,8 +250,8 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
       std::make_unique<SdcMonitor>(o, run.model->layout(), run.optimizer->size(), run.site,
                                    me.rank(), me.dp_group(), std::move(replica_ranks), Zero(run));
   // Sync sites compare fingerprints over the WAN even with one replica each (set_sites, later).
-  const bool across_sites = cfg.world.sites > 1 && cfg.world.strategy == "sync";
-  if (monitor->active() || (cfg.sdc.fingerprints && across_sites)) run.sdc = std::move(monitor);
+  if (monitor->active() || (cfg.sdc.fingerprints && SyncOverSites(cfg)))
+    run.sdc = std::move(monitor);
   if (cfg.sdc.on_alarm == "redo" || cfg.sdc.audit_every > 0)
     run.trace = std::make_unique<StepTrace>();
   if (cfg.sdc.checksums && run.sdc != nullptr) {

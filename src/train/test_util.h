@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/inprocess.h"
@@ -114,6 +115,22 @@ class TrainerTest : public ::testing::Test {
     return out;
   }
   static std::string Bytes(const std::string& path) { return *ReadFile(path); }
+  // The sdc events of one detector in the run in dir ("replay", ...), each with its metrics
+  // line's step, in the order written.
+  static std::vector<std::pair<int, nlohmann::json>> SdcEvents(const std::string& dir,
+                                                               const std::string& detector) {
+    std::vector<std::pair<int, nlohmann::json>> out;
+    for (const auto& m : Metrics(dir))
+      if (m.contains("sdc"))
+        for (const auto& e : m["sdc"])
+          if (e["detector"] == detector) out.emplace_back(m["step"].get<int>(), e);
+    return out;
+  }
+  // The final checkpoint of the run in dir: its parameters and optimizer state, as bytes.
+  static std::string FinalState(const std::string& dir) {
+    return Bytes(dir + "/checkpoint/model.safetensors") +
+           Bytes(dir + "/checkpoint/optimizer.safetensors");
+  }
 
   std::string root_, data_;
   RunConfig cfg_;

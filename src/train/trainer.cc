@@ -141,7 +141,7 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
   // The sites' sums: the losses and, with sync across sites, the gradient checksum's records,
   // which the WAN sums with the gradient (in one collective with the losses). The reduced
   // gradient is checked against them where the optimizer reads it.
-  const bool over_wan = run.sites > 1 && strategy.whole_batch();
+  const bool over_wan = SyncOverSites(run.cfg);
   const std::span<double> records =
       over_wan && run.grad_sums != nullptr ? run.grad_sums->records() : std::span<double>();
   std::vector<double> sums = all_losses;
@@ -301,16 +301,16 @@ StatusOr<PayloadFaultScope> InstallPayloadFault(Run& run, const TrainOptions& op
   ATOLL_ASSIGN_OR_RETURN(const std::vector<FaultSpec> specs, ParseFaults(run.cfg.faults.inject));
   const bool any_wan = std::any_of(specs.begin(), specs.end(),
                                    [](const FaultSpec& x) { return x.kind == FaultKind::kWan; });
-  if (any_wan && options.world.wan != nullptr && !options.world.payload_fault)
+  const auto no_transport = [] {
     return Status::InvalidArgument(
         "faults.inject: a wan fault needs the WAN transport between the sites (atoll launch); "
         "this run's WAN has no payload to corrupt");
+  };
+  if (any_wan && options.world.wan != nullptr && !options.world.payload_fault)
+    return no_transport();
   FaultInjector* f = run.faults.get();
   if (f == nullptr || !f->has_wan()) return PayloadFaultScope();
-  if (!options.world.payload_fault)
-    return Status::InvalidArgument(
-        "faults.inject: a wan fault needs the WAN transport between the sites (atoll launch); "
-        "this run's WAN has no payload to corrupt");
+  if (!options.world.payload_fault) return no_transport();
   options.world.payload_fault(
       [f](int to_site, uint32_t, std::string* payload) { f->OnWanPayload(to_site, payload); });
   return PayloadFaultScope(options.world.payload_fault);
@@ -388,7 +388,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     };
   ATOLL_ASSIGN_OR_RETURN(std::unique_ptr<WorldStrategy> strategy, MakeWorldStrategy(sc));
   // The sites of a sync run hold one model: their fingerprints are compared too.
-  if (run.sdc != nullptr && cfg.world.sites > 1 && cfg.world.strategy == "sync")
+  if (run.sdc != nullptr && SyncOverSites(cfg))
     run.sdc->set_sites(
         [s = strategy.get()](const std::vector<uint64_t>& mine) {
           return s->GatherOverSites(mine);

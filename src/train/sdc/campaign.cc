@@ -143,10 +143,9 @@ std::vector<FaultRecord> ReadFired(const RunConfig& cfg, const std::string& dir)
 std::string TensorOf(const RunConfig& cfg, FaultKind kind, int64_t elem) {
   const ParallelConfig& pc = cfg.parallel;
   if (pc.tp > 1 || pc.pp > 1 || (pc.zero && pc.dp > 1 && kind != FaultKind::kParam)) return "";
-  for (const ParamTensor& t : ParameterLayout(cfg.model))
-    if (size_t(elem) >= t.offset && size_t(elem) < t.offset + t.numel)
-      return ShortTensorName(t.name);
-  return "";
+  const std::vector<ParamTensor> layout = ParameterLayout(cfg.model);
+  const ParamTensor* t = TensorAt(layout, size_t(elem));
+  return t != nullptr ? ShortTensorName(t->name) : "";
 }
 
 bool IsCompute(FaultKind k) {

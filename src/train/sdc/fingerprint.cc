@@ -12,6 +12,12 @@ std::string ShortTensorName(const std::string& name) {
   return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
 }
 
+const ParamTensor* TensorAt(const std::vector<ParamTensor>& layout, size_t offset) {
+  for (const ParamTensor& t : layout)
+    if (offset >= t.offset && offset < t.offset + t.numel) return &t;
+  return nullptr;
+}
+
 std::vector<uint64_t> TensorFingerprints(const std::vector<ParamTensor>& layout,
                                          const float* data) {
   // Pieces of at most kChunk floats, hashed by the threads; a tensor of several pieces gets the

@@ -20,6 +20,8 @@ namespace atl {
 
 // "transformer.h.1.attn.c_attn.weight" -> "h.1.attn.c_attn.weight": how events name tensors.
 std::string ShortTensorName(const std::string& name);
+// The tensor of `layout` that holds element `offset` of the flat buffer; null: none.
+const ParamTensor* TensorAt(const std::vector<ParamTensor>& layout, size_t offset);
 
 // One hash per tensor of `layout` over data (the flat buffer the layout describes).
 std::vector<uint64_t> TensorFingerprints(const std::vector<ParamTensor>& layout, const float* data);

@@ -235,9 +235,7 @@ void SdcMonitor::OnReducedGradient(const GradChecksum::Mismatch& mm, double seco
   cost_.checksums += seconds - grad_seconds_;
   grad_seconds_ = seconds;
   if (mm.count == 0) return;
-  const ParamTensor* t = nullptr;
-  for (const ParamTensor& p : layout_)
-    if (mm.begin >= p.offset && mm.begin < p.offset + p.numel) t = &p;
+  const ParamTensor* t = TensorAt(layout_, mm.begin);
   Failed(-1, t != nullptr ? t->layer : -1, "grad",
          t != nullptr ? ShortTensorName(t->name) : "shard", mm.got, mm.expected, mm.bound,
          mm.count);

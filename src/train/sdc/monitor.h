@@ -69,7 +69,7 @@ struct SdcEvent {
   // guard (StepGuard::Outlier); checksum: the column sum (value), the expected one (median) and
   // |value - median| over the rounding bound (deviations)
   double value = 0, median = 0, deviations = 0;
-  bool has_majority = true;   // fingerprint: false when two replicas disagree
+  bool has_majority = true;  // fingerprint: false when two replicas disagree
   // fingerprint: sites compared (site: the one outside), not replicas; replay: the sites
   // recomputed each other's micro-batches (peers.h; site, peer: sites)
   bool across_sites = false;

@@ -135,18 +135,9 @@ class PeersTrainTest : public TrainerTest {
     cfg_.train.threads = 1;
     cfg_.train.grad_clip = 0;
   }
-  static std::string Final(const std::string& dir) {
-    return Bytes(dir + "/checkpoint/model.safetensors") +
-           Bytes(dir + "/checkpoint/optimizer.safetensors");
-  }
   // The replay events of the run in dir, by step.
   static std::vector<std::pair<int, nlohmann::json>> Replays(const std::string& dir) {
-    std::vector<std::pair<int, nlohmann::json>> out;
-    for (const auto& m : Metrics(dir))
-      if (m.contains("sdc"))
-        for (const auto& e : m["sdc"])
-          if (e["detector"] == "replay") out.emplace_back(m["step"].get<int>(), e);
-    return out;
+    return SdcEvents(dir, "replay");
   }
 };
 
@@ -166,7 +157,7 @@ TEST_F(PeersTrainTest, CleanStepsAreConfirmedByOtherRanksAndChangeNothing) {
     ASSERT_TRUE(RunRanks(c, dp, plain));
     c.sdc.audit_every = 3;
     ASSERT_TRUE(RunRanks(c, dp, audited));
-    EXPECT_EQ(Final(audited), Final(plain));
+    EXPECT_EQ(FinalState(audited), FinalState(plain));
     EXPECT_EQ(LossColumns(audited), LossColumns(plain));
     const auto replays = Replays(audited);
     ASSERT_EQ(replays.size(), 2u);  // steps 3 and 6
@@ -190,7 +181,7 @@ TEST_F(PeersTrainTest, AFaultInThePeerCheckItselfIsTransient) {
   ASSERT_TRUE(RunRanks(c, 3, clean));
   c.faults.inject = "gemm_fwd:step=4,rank=2,layer=1,gemm=2,micro=1,bit=27";
   ASSERT_TRUE(RunRanks(c, 3, dir));
-  EXPECT_EQ(Final(dir), Final(clean));
+  EXPECT_EQ(FinalState(dir), FinalState(clean));
   int transient = 0;
   for (const auto& [step, e] : Replays(dir)) {
     if (e["verdict"] == "reproduced") {

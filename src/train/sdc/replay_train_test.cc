@@ -24,17 +24,8 @@ class ReplayTrainTest : public TrainerTest {
   }
   // The run's replay events by step (1-based), each with its metrics line's step.
   static std::multimap<int, nlohmann::json> Replays(const std::string& dir) {
-    std::multimap<int, nlohmann::json> out;
-    for (const auto& m : Metrics(dir))
-      if (m.contains("sdc"))
-        for (const auto& e : m["sdc"])
-          if (e["detector"] == "replay") out.emplace(m["step"].get<int>(), e);
-    return out;
-  }
-  // The final checkpoint's parameters and optimizer state, as bytes.
-  static std::string Final(const std::string& dir) {
-    return Bytes(dir + "/checkpoint/model.safetensors") +
-           Bytes(dir + "/checkpoint/optimizer.safetensors");
+    const auto events = SdcEvents(dir, "replay");
+    return std::multimap<int, nlohmann::json>(events.begin(), events.end());
   }
 };
 
@@ -49,7 +40,7 @@ TEST_F(ReplayTrainTest, TransientFaultsAreReplayedAwayBitwise) {
       "gemm_fwd:step=12,layer=1,gemm=3,micro=1,bit=30;gemm_bwd:step=16,layer=0,gemm=0,bit=30;"
       "activation:step=20,layer=1,bit=30;grad:step=24,elem=7,bit=30";
   const std::string dir = Run(c, "faulty");
-  EXPECT_EQ(Final(dir), Final(clean));
+  EXPECT_EQ(FinalState(dir), FinalState(clean));
   EXPECT_EQ(LossColumns(dir), LossColumns(clean));
 
   const auto replays = Replays(dir);
@@ -91,7 +82,7 @@ TEST_F(ReplayTrainTest, AuditsReproduceCleanStepsAndFindWhatTheGuardCannot) {
   RunConfig c = cfg_;
   c.sdc.audit_every = 5;
   const std::string audited = Run(c, "audited");
-  EXPECT_EQ(Final(audited), Final(clean));
+  EXPECT_EQ(FinalState(audited), FinalState(clean));
   auto replays = Replays(audited);
   ASSERT_EQ(replays.size(), 6u);  // steps 5, 10, ..., 30
   for (const auto& [step, e] : replays) {
@@ -102,7 +93,7 @@ TEST_F(ReplayTrainTest, AuditsReproduceCleanStepsAndFindWhatTheGuardCannot) {
 
   c.faults.inject = "gemm_fwd:step=10,layer=0,gemm=1,micro=1,bit=2";
   const std::string dir = Run(c, "faulty");
-  EXPECT_EQ(Final(dir), Final(clean));
+  EXPECT_EQ(FinalState(dir), FinalState(clean));
   replays = Replays(dir);
   ASSERT_EQ(replays.size(), 6u);
   const nlohmann::json& e = replays.find(10)->second;
@@ -131,7 +122,7 @@ TEST_F(ReplayTrainTest, AReplicasFaultIsLocatedOnThatReplica) {
     c.sdc.on_alarm = "redo";
     c.faults.inject = "gemm_bwd:step=15,rank=1,layer=1,gemm=2,bit=30";
     ASSERT_TRUE(RunRanks(c, 2, dir));
-    EXPECT_EQ(Final(dir), Final(clean));
+    EXPECT_EQ(FinalState(dir), FinalState(clean));
     const auto replays = Replays(dir);
     ASSERT_EQ(replays.size(), 1u);
     const nlohmann::json& e = replays.begin()->second;
@@ -180,7 +171,7 @@ TEST_F(ReplayTrainTest, FingerprintMismatchesAreNotReplayed) {
   g.faults.inject = "grad:step=12,rank=2,elem=5,bit=12";  // a small change: no guard would see it
   const std::string flipped = root_ + "/grad";
   ASSERT_TRUE(RunRanks(g, 3, flipped));
-  EXPECT_EQ(Final(flipped), Final(clean));
+  EXPECT_EQ(FinalState(flipped), FinalState(clean));
   const auto replays = Replays(flipped);
   ASSERT_EQ(replays.size(), 1u);
   const auto& [step, e] = *replays.begin();
@@ -221,7 +212,7 @@ TEST_F(ReplayTrainTest, ChecksumsFindSmallGemmFlipsInTheirStep) {
   c.sdc.on_alarm = "redo";
   c.sdc.checksums = true;
   const std::string clean = Run(c, "clean");
-  EXPECT_EQ(Final(clean), Final(plain));
+  EXPECT_EQ(FinalState(clean), FinalState(plain));
   for (const auto& m : Metrics(clean)) EXPECT_FALSE(m.contains("sdc")) << m.dump();
 
   // Element 7 is in wte, 1100 in wpe: a gradient flip names its tensor.
@@ -230,7 +221,7 @@ TEST_F(ReplayTrainTest, ChecksumsFindSmallGemmFlipsInTheirStep) {
       "layer=0,gemm=1,bit=24;activation:step=20,layer=0,micro=1,bit=23;grad:step=26,elem=1100,"
       "bit=31";
   const std::string dir = Run(c, "faulty");
-  EXPECT_EQ(Final(dir), Final(plain));
+  EXPECT_EQ(FinalState(dir), FinalState(plain));
   std::map<int, std::vector<nlohmann::json>> by_step;
   for (const auto& m : Metrics(dir))
     if (m.contains("sdc"))
@@ -323,7 +314,7 @@ TEST_F(ReplayTrainTest, TheGradientChecksumFollowsTheReduction) {
   for (const auto& m : Metrics(clean)) EXPECT_FALSE(m.contains("sdc")) << m.dump();
   c.faults.inject = "grad:step=10,rank=1,elem=100,bit=24";
   ASSERT_TRUE(RunRanks(c, 2, dir));
-  EXPECT_EQ(Final(dir), Final(clean));
+  EXPECT_EQ(FinalState(dir), FinalState(clean));
   int found = 0;
   for (const auto& m : Metrics(dir))
     if (m.contains("sdc"))

@@ -50,10 +50,7 @@ class SitesSdcTest : public TrainerTest {
   std::string Site(const std::string& name, int s) const {
     return fmt::format("{}/{}/site-{}", root_, name, s);
   }
-  std::string Final(const std::string& name) const {
-    return Bytes(root_ + "/" + name + "/checkpoint/model.safetensors") +
-           Bytes(root_ + "/" + name + "/checkpoint/optimizer.safetensors");
-  }
+  std::string Final(const std::string& name) const { return FinalState(root_ + "/" + name); }
   // The sdc events of a site's metrics at `step`.
   static std::vector<nlohmann::json> Events(const std::string& dir, int step) {
     std::vector<nlohmann::json> out;

@@ -156,6 +156,13 @@ StatusOr<std::unique_ptr<WorldStrategy>> MakeSyncStrategy(const StrategyContext&
 StatusOr<std::unique_ptr<WorldStrategy>> MakeLowCommStrategy(const StrategyContext& context);
 StatusOr<std::unique_ptr<WorldStrategy>> MakeAsyncStrategy(const StrategyContext& context);
 
+// Sync over several sites (world.strategy = "sync", world.sites > 1): the sites hold one model,
+// their gradients are summed over the WAN every step, and the detectors compare and repair
+// across them.
+inline bool SyncOverSites(const RunConfig& cfg) {
+  return cfg.world.sites > 1 && cfg.world.strategy == "sync";
+}
+
 // What the sync strategy would have sent by step `steps` for the same progress (its ring
 // all-reduce of the float32 gradient every step: 2 (sites - 1) / sites of it per leader): the
 // low-communication strategies' metrics compare against it.
