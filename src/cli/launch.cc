@@ -214,11 +214,12 @@ StatusOr<int> Launch(const LaunchArgs& a) {
     all.push_back(&site_children.back());
   }
 
-  // Watch: every 0.5 s reap the children and redraw. With the strategies that survive a site's
-  // loss (diloco, streaming, async), a site other than 0 (which writes the checkpoint) may end
-  // badly and the others go on.
+  // Watch: every 0.5 s reap the children and redraw. A site may end badly and the others go on:
+  // any site with sync (the live ones take over its micro-batches, and the lowest live one
+  // validates and writes checkpoints), a site other than 0 (which writes the checkpoint) with
+  // diloco, streaming and async, whose lost sites --rejoin can start again.
   const Child* failed = nullptr;
-  const bool survives_loss = cfg.world.strategy != "sync";
+  const bool sync = cfg.world.strategy == "sync";
   std::vector<int> lost, rejoined;
   while (true) {
     drain_coordinator(100);
@@ -229,9 +230,9 @@ StatusOr<int> Launch(const LaunchArgs& a) {
       const bool was_running = c.running;
       Poll(c);
       if (was_running && !c.running && !c.exited_ok()) {
-        const bool again = a.rejoin && survives_loss &&
-                           std::find(rejoined.begin(), rejoined.end(), s) == rejoined.end();
-        if (survives_loss && s != 0 && int(lost.size()) + 1 < sites) {
+        const bool again =
+            a.rejoin && !sync && std::find(rejoined.begin(), rejoined.end(), s) == rejoined.end();
+        if ((sync || s != 0) && int(lost.size()) + 1 < sites) {
           lost.push_back(s);
           view.MarkLost(s);
           view.Interrupt();
@@ -315,10 +316,12 @@ void AddLaunchCommand(CLI::App& app) {
       "stdout),\n"
       "1 when a site or the coordinator fails (the others are stopped and the failed one's log\n"
       "tail is shown), 2 for a bad config, 130 on Ctrl-C (the children are stopped first).\n"
-      "With world.strategy diloco, streaming or async the world goes on when a site other than\n"
-      "0 is lost (the view marks it; the exit status is 0 if the rest finish); with --rejoin a\n"
-      "new process takes the lost site over and the world is whole again. Their view also\n"
-      "shows what sync would have sent for the same progress.\n"
+      "The world goes on when a site is lost (the view marks it; the exit status is 0 if the\n"
+      "rest finish): with sync any site (the live ones take over its micro-batches, so the\n"
+      "batch does not change, and the lowest live one validates and writes checkpoints; fewer\n"
+      "live sites than world.quorum stop the run); with diloco, streaming or async a site other\n"
+      "than 0, and with --rejoin a new process takes it over and the world is whole again.\n"
+      "Their view also shows what sync would have sent for the same progress.\n"
       "Output layout (DIR = --out):\n"
       "  DIR/config.toml              the effective config every site trains with\n"
       "  DIR/certs/                   CA, party certificates and token (unless "
@@ -329,7 +332,7 @@ void AddLaunchCommand(CLI::App& app) {
       "  DIR/site-N/metrics.jsonl     site N's steps (with \"site\", \"wan_ms\", "
       "\"wan_bytes_sent\")\n"
       "  DIR/site-N/train.log         site N's mpirun output\n"
-      "  DIR/checkpoint               the final checkpoint (written by site 0)\n"
+      "  DIR/checkpoint               the final checkpoint (the lowest live site's)\n"
       "Environment: mpirun from PATH (or ATOLL_MPIRUN); OMP_NUM_THREADS defaults to\n"
       "cores / (sites * ranks_per_site); OpenMPI runs as root, oversubscribed, over shared "
       "memory.\n"
@@ -351,7 +354,8 @@ void AddLaunchCommand(CLI::App& app) {
   cmd->add_flag("--quiet,-q", args->quiet, "No live view (errors and the checkpoint path only)");
   cmd->add_option("--fail-site", args->fail_sites,
                   "Fault injection: SITE@STEP makes that site's leader die abruptly after the "
-                  "step (repeatable); diloco, streaming and async go on without it");
+                  "step (repeatable); the world goes on without it (sync: any site; diloco, "
+                  "streaming, async: not site 0)");
   cmd->add_flag("--rejoin", args->rejoin,
                 "diloco, streaming, async: when a site other than 0 is lost (a crash, or "
                 "--fail-site), start a new process that takes it over, once per site (`atoll "

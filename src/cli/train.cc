@@ -209,14 +209,8 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
       options.world.wan = link.wan.get();
       CoordinatorClient* client = link.coordinator.get();
       const int64_t sites = cfg.world.sites;
-      options.world.round = [client, sites](int64_t round) -> Status {
-        ATOLL_ASSIGN_OR_RETURN(Membership m, client->Round(round));
-        for (const SiteInfo& s : m.sites)
-          if (!s.alive)
-            return Status::Unavailable(fmt::format(
-                "site {} of {} is dead (no heartbeat); the sync strategy needs every site", s.site,
-                sites));
-        return Status::Ok();
+      options.world.commit = [client](int64_t r, std::optional<RoundVote> v) {
+        return client->Round(r, v);
       };
       WanEndpoint* ep = link.endpoint.get();
       options.world.wan_bytes = [ep] { return ep->stats().bytes_sent; };
@@ -240,7 +234,7 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
                                      const SiteExchange::Digest& digest) {
           return ex->Average(round, data, residual, digest);
         };
-        options.world.round = nullptr;
+        options.world.commit = nullptr;
         // Rejoins: every quiet point's state is served to a lost site's new process.
         options.world.publish = [ep](uint64_t index, std::shared_ptr<const std::string> state) {
           ep->Publish(index, std::move(state));
@@ -284,7 +278,7 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
         options.world.finish_barrier = [client, end_round]() -> Status {
           return client->Round(end_round).status().WithContext("the barrier at the end");
         };
-        options.world.round = nullptr;
+        options.world.commit = nullptr;
       }
       if (a.rejoin && strategy != "sync") {
         options.world.rejoin = true;

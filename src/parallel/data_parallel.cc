@@ -211,6 +211,13 @@ Status GradientReducer::Add(float* grads) {
   return first;
 }
 
+void GradientReducer::ConvertFixed(float* grads) const {
+  const int64_t n = int64_t(n_);
+  const int64_t* acc = acc_.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) grads[i] = float(double(acc[i]) * kFixedUnscale);
+}
+
 Status GradientReducer::Finish(float* grads) {
   const double t0 = NowSeconds();
   for (size_t i = 0; i < buckets_.size(); ++i)
@@ -226,12 +233,7 @@ Status GradientReducer::Finish(float* grads) {
   }
   if (!sharded()) {
     shard_grads_ = grads;
-    if (first.ok() && reproducible_) {
-      const int64_t n = int64_t(n_);
-      const int64_t* acc = acc_.data();
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) grads[i] = float(double(acc[i]) * kFixedUnscale);
-    }
+    if (first.ok() && reproducible_) ConvertFixed(grads);
   } else if (first.ok()) {
     // The owned pieces into shard_: converted from int64, or copied where received short.
     for (size_t i = 0; i < buckets_.size(); ++i) {

@@ -50,6 +50,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -126,6 +127,14 @@ class GradientReducer {
   // ranks shard_grads() holds the sum over the owned pieces; grads keep this rank's own gradient
   // (normal mode) or zeros (reproducible mode). Errors name the bucket.
   Status Finish(float* grads);
+
+  // Reproducible mode without ZeRO, after Finish: the int64 sum (units of 2^-40) the gradients
+  // were converted from, for a further exact sum (the sites' over the WAN); ConvertFixed converts
+  // it into grads again. Changing it changes what ConvertFixed gives, nothing else.
+  std::span<int64_t> fixed_sums() {
+    return reproducible_ && !sharded() ? acc_ : std::span<int64_t>();
+  }
+  void ConvertFixed(float* grads) const;
 
   // Checksums carried through the reduction (parallel/grad_checksum.h; null: none): each bucket's
   // contribution is recorded just before its reduction starts, and Finish sums the records over

@@ -327,7 +327,11 @@ void CheckReducedGradient(Run& run, int replicas) {
   run.sdc->OnReducedGradient(mm, sums->seconds());
 }
 
-Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
+Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
+                       std::span<const int64_t> firsts) {
+  const int64_t own[] = {run.first_micro};
+  if (firsts.empty()) firsts = own;
+  local_losses->assign(firsts.size() * size_t(run.local_accum), 0.0);
   const RunConfig& cfg = run.cfg;
   const Mesh& mesh = run.mesh;
   GPT<float>& model = *run.model;
@@ -367,48 +371,52 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses) {
   for (size_t i = 0; i < run.schedule.size(); ++i)
     if (run.schedule[i].kind == PipeOp::kBackward) last_backward = i;
 
-  for (size_t i = 0; i < run.schedule.size(); ++i) {
-    const PipeOp& op = run.schedule[i];
-    const int64_t j = run.first_micro + op.micro;  // the micro-batch's index in the whole batch
-    const int tag = 2 * op.micro;
-    if (run.faults != nullptr) run.faults->At(s, j);
-    if (run.trace != nullptr) run.trace->At(j);
-    if (run.sdc != nullptr) run.sdc->At(j);
-    if (op.kind == PipeOp::kForward) {
-      if (first || last) {
-        for (int w = 0; w < micro; ++w) {
-          const uint64_t position = uint64_t(j) * uint64_t(micro) + uint64_t(w);
-          run.train.Window(uint64_t(s), position, inputs.data() + size_t(w) * seq,
-                           targets.data() + size_t(w) * seq);
+  // Block after block (its own micro-batches, then any it takes over), each in the schedule; the
+  // reduction starts in the last block's last backward.
+  for (size_t b = 0; b < firsts.size(); ++b)
+    for (size_t i = 0; i < run.schedule.size(); ++i) {
+      const bool final_backward = b + 1 == firsts.size() && i == last_backward;
+      const PipeOp& op = run.schedule[i];
+      const int64_t j = firsts[b] + op.micro;  // the micro-batch's index in the whole batch
+      const int tag = 2 * op.micro;
+      if (run.faults != nullptr) run.faults->At(s, j);
+      if (run.trace != nullptr) run.trace->At(j);
+      if (run.sdc != nullptr) run.sdc->At(j);
+      if (op.kind == PipeOp::kForward) {
+        if (first || last) {
+          for (int w = 0; w < micro; ++w) {
+            const uint64_t position = uint64_t(j) * uint64_t(micro) + uint64_t(w);
+            run.train.Window(uint64_t(s), position, inputs.data() + size_t(w) * seq,
+                             targets.data() + size_t(w) * seq);
+          }
         }
+        if (!first) ATOLL_RETURN_IF_ERROR(pp->Recv(std::span<float>(recv), stage - 1, tag));
+        ATOLL_RETURN_IF_ERROR(fwd_sends[size_t(op.slot)].Wait());  // the slot's previous output
+        const float loss = model.ForwardStage(op.slot, inputs.data(), recv.data(),
+                                              last ? targets.data() : nullptr, micro, seq);
+        if (last) (*local_losses)[b * size_t(run.local_accum) + size_t(op.micro)] = double(loss);
+        if (!last)
+          fwd_sends[size_t(op.slot)] =
+              pp->ISend(std::span<const float>(model.stage_output(op.slot), acts), stage + 1, tag);
+        continue;
       }
-      if (!first) ATOLL_RETURN_IF_ERROR(pp->Recv(std::span<float>(recv), stage - 1, tag));
-      ATOLL_RETURN_IF_ERROR(fwd_sends[size_t(op.slot)].Wait());  // the slot's previous output
-      const float loss = model.ForwardStage(op.slot, inputs.data(), recv.data(),
-                                            last ? targets.data() : nullptr, micro, seq);
-      if (last) (*local_losses)[size_t(op.micro)] = double(loss);
-      if (!last)
-        fwd_sends[size_t(op.slot)] =
-            pp->ISend(std::span<const float>(model.stage_output(op.slot), acts), stage + 1, tag);
-      continue;
+      if (!last) ATOLL_RETURN_IF_ERROR(pp->Recv(std::span<float>(recv), stage + 1, tag + 1));
+      // With a reducer, the last backward starts each bucket's reduction as its blocks complete.
+      // Reproducible mode: every micro-batch's gradient alone (Add zeroes the buffer after
+      // accumulating it in fixed point; the hook does the same per bucket for the last one).
+      const bool hooked = reducer != nullptr && final_backward && cfg.parallel.overlap;
+      if (hooked) model.set_backward_hook(reducer->Hook(model.grads()));
+      model.BackwardStage(op.slot, recv.data(), run.loss_scale);
+      if (hooked) model.set_backward_hook(nullptr);
+      if (!first) {
+        std::vector<float>& buf = bwd_bufs[size_t(op.slot)];
+        ATOLL_RETURN_IF_ERROR(bwd_sends[size_t(op.slot)].Wait());
+        buf.assign(model.input_grad(), model.input_grad() + acts);
+        bwd_sends[size_t(op.slot)] = pp->ISend(std::span<const float>(buf), stage - 1, tag + 1);
+      }
+      if (reproducible && reducer != nullptr && !final_backward)
+        ATOLL_RETURN_IF_ERROR(reducer->Add(model.grads()));
     }
-    if (!last) ATOLL_RETURN_IF_ERROR(pp->Recv(std::span<float>(recv), stage + 1, tag + 1));
-    // With a reducer, the last backward starts each bucket's reduction as its blocks complete.
-    // Reproducible mode: every micro-batch's gradient alone (Add zeroes the buffer after
-    // accumulating it in fixed point; the hook does the same per bucket for the last one).
-    const bool hooked = reducer != nullptr && i == last_backward && cfg.parallel.overlap;
-    if (hooked) model.set_backward_hook(reducer->Hook(model.grads()));
-    model.BackwardStage(op.slot, recv.data(), run.loss_scale);
-    if (hooked) model.set_backward_hook(nullptr);
-    if (!first) {
-      std::vector<float>& buf = bwd_bufs[size_t(op.slot)];
-      ATOLL_RETURN_IF_ERROR(bwd_sends[size_t(op.slot)].Wait());
-      buf.assign(model.input_grad(), model.input_grad() + acts);
-      bwd_sends[size_t(op.slot)] = pp->ISend(std::span<const float>(buf), stage - 1, tag + 1);
-    }
-    if (reproducible && reducer != nullptr && i != last_backward)
-      ATOLL_RETURN_IF_ERROR(reducer->Add(model.grads()));
-  }
   for (CommHandle& h : fwd_sends) ATOLL_RETURN_IF_ERROR(h.Wait());
   for (CommHandle& h : bwd_sends) ATOLL_RETURN_IF_ERROR(h.Wait());
 

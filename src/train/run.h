@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -94,9 +95,12 @@ AdamW::Hyper HyperOf(const TrainConfig& tc);
 // it); refuses another model, other data, or a step past train.steps (kInvalidArgument).
 Status ResumeRun(const Checkpoint& ck, const std::string& path, Run& run);
 // One optimizer step's forward and backward passes over this replica's micro-batches, in the
-// stage's pipeline schedule, and the gradient reduction inside the site. Fills the losses of
-// this replica's micro-batches (last stage).
-Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses);
+// stage's pipeline schedule, and the gradient reduction inside the site. firsts: the first
+// micro-batch of each block of local_accum micro-batches to compute (empty: run.first_micro's
+// alone; sync over sites: its own, then a lost site's replica's it takes over), whose gradients
+// are summed. Fills the losses of the blocks' micro-batches, block after block (last stage).
+Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
+                       std::span<const int64_t> firsts = {});
 // Data-parallel replica `replica`'s first micro-batch of a step, in the whole batch (the replicas
 // of every site, site-major).
 inline int64_t FirstMicro(const Run& run, int replica) {

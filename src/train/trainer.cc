@@ -126,30 +126,46 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
   const Mesh& me = run.mesh;
   const TrainConfig& tc = run.cfg.train;
   const size_t n_params = run.model->num_params();
-  try {
-    ATOLL_RETURN_IF_ERROR(ForwardBackward(run, s, &local_losses));
-  } catch (const std::runtime_error& e) {  // a failed tensor-parallel all-reduce
-    return Status::Internal(fmt::format("step {}: {}", s + 1, e.what()));
-  }
-  // Every micro-batch's loss, summed in global order (the last stage's tp rank 0 of replica r
-  // holds micro-batches r*k/D ...).
-  std::vector<double> all_losses(static_cast<size_t>(run.accum), 0.0);
-  if (me.last_stage() && me.tp_rank() == 0)
-    std::copy(local_losses.begin(), local_losses.end(), all_losses.begin() + run.first_micro);
-  if (me.size() > 1) ATOLL_RETURN_IF_ERROR(me.world()->AllReduce(std::span<double>(all_losses)));
-  if (run.faults != nullptr) run.faults->AtWan(s);
-  // The sites' sums: the losses and, with sync across sites, the gradient checksum's records,
-  // which the WAN sums with the gradient (in one collective with the losses). The reduced
-  // gradient is checked against them where the optimizer reads it.
   const bool over_wan = SyncOverSites(run.cfg);
-  const std::span<double> records =
-      over_wan && run.grad_sums != nullptr ? run.grad_sums->records() : std::span<double>();
-  std::vector<double> sums = all_losses;
-  sums.insert(sums.end(), records.begin(), records.end());
-  ATOLL_RETURN_IF_ERROR(strategy.AfterBackward(s, std::span<float>(run.model->grads(), n_params),
-                                               std::span<double>(sums)));
-  std::copy(sums.begin(), sums.begin() + run.accum, all_losses.begin());
-  std::copy(sums.begin() + run.accum, sums.end(), records.begin());
+  std::vector<double> all_losses(static_cast<size_t>(run.accum), 0.0);
+  // The site's passes and its sums with the other sites, again when the live sites changed before
+  // they agreed (sync: the survivors take over a lost site's micro-batches).
+  for (bool agreed = false; !agreed;) {
+    // This replica's micro-batches: its own, then those of the lost sites it takes over.
+    std::vector<int64_t> firsts = {run.first_micro};
+    for (int lost : strategy.TakenOver())
+      firsts.push_back((int64_t(lost) * me.dp() + me.dp_rank()) * run.local_accum);
+    try {
+      ATOLL_RETURN_IF_ERROR(ForwardBackward(run, s, &local_losses, firsts));
+    } catch (const std::runtime_error& e) {  // a failed tensor-parallel all-reduce
+      return Status::Internal(fmt::format("step {}: {}", s + 1, e.what()));
+    }
+    // Every micro-batch's loss, summed in global order (the last stage's tp rank 0 of replica r
+    // holds micro-batches r*k/D ...).
+    std::fill(all_losses.begin(), all_losses.end(), 0.0);
+    if (me.last_stage() && me.tp_rank() == 0)
+      for (size_t b = 0; b < firsts.size(); ++b)
+        std::copy_n(local_losses.begin() + std::ptrdiff_t(b * size_t(run.local_accum)),
+                    run.local_accum, all_losses.begin() + firsts[b]);
+    if (me.size() > 1) ATOLL_RETURN_IF_ERROR(me.world()->AllReduce(std::span<double>(all_losses)));
+    if (run.faults != nullptr) run.faults->AtWan(s);
+    // The sites' sums: the gradients (the reproducible mode's exact int64 sums), the losses and,
+    // with sync across sites, the gradient checksum's records, which the WAN sums with the
+    // losses. The reduced gradient is checked against them where the optimizer reads it.
+    const std::span<double> records =
+        over_wan && run.grad_sums != nullptr ? run.grad_sums->records() : std::span<double>();
+    std::vector<double> sums = all_losses;
+    sums.insert(sums.end(), records.begin(), records.end());
+    SiteSums site;
+    site.grads = std::span<float>(run.model->grads(), n_params);
+    if (over_wan && run.reducer != nullptr) site.fixed = run.reducer->fixed_sums();
+    site.losses = std::span<double>(sums);
+    ATOLL_ASSIGN_OR_RETURN(agreed, strategy.AfterBackward(s, site));
+    if (!agreed) continue;
+    if (!site.fixed.empty()) run.reducer->ConvertFixed(run.model->grads());
+    std::copy(sums.begin(), sums.begin() + run.accum, all_losses.begin());
+    std::copy(sums.begin() + run.accum, sums.end(), records.begin());
+  }
   InjectBufferFaults(run, FaultKind::kGrad, s);
   CheckReducedGradient(run, me.dp() * (over_wan ? run.sites : 1));
   if (run.trace != nullptr) {
@@ -383,8 +399,8 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   sc.n_params = n_params;
   sc.resumed = options.resume != nullptr;
   if (run.trace != nullptr)
-    sc.on_wan = [trace = run.trace.get()](std::span<const float> g, bool after) {
-      trace->SetWan(g.data(), g.size(), after);
+    sc.on_wan = [trace = run.trace.get()](std::span<const std::byte> sums, bool after) {
+      trace->SetWan(sums.data(), sums.size(), after);
     };
   ATOLL_ASSIGN_OR_RETURN(std::unique_ptr<WorldStrategy> strategy, MakeWorldStrategy(sc));
   // The sites of a sync run hold one model: their fingerprints are compared too.
@@ -510,7 +526,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
           "step the other ranks confirmed (a running world cannot leave a rank out yet)",
           s + 1, e != m.sdc.end() ? *e : std::string("on another site")));
     }
-    if (run.num_val_windows > 0 && run.site == 0 &&
+    if (run.num_val_windows > 0 && run.site == strategy->lead_site() &&
         (last || (tc.eval_every > 0 && (s + 1) % tc.eval_every == 0))) {
       ATOLL_ASSIGN_OR_RETURN(const double val_loss, Validate(run));
       if (leader) m.val_loss = val_loss;
@@ -521,12 +537,15 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     }
     if (tc.checkpoint_every > 0 && (s + 1) % tc.checkpoint_every == 0) {
       ATOLL_RETURN_IF_ERROR(check_at_rest());  // on every site: it may repair across them
-      if (run.site == 0)
+      if (run.site == strategy->lead_site())
         ATOLL_RETURN_IF_ERROR(
             SaveCheckpoint(run, fmt::format("{}/checkpoint-{}", ck_dir, s + 1), s + 1));
     }
     if (options.die_after_step == s + 1 && leader) {
       LogWarning("site {}: dying after step {} (fault injection)", run.site, s + 1);
+      if (options.die_returns)
+        return Status::Unavailable(
+            fmt::format("site {}: stopped after step {} (fault injection)", run.site, s + 1));
       std::fflush(nullptr);
       std::_Exit(3);
     }
@@ -545,7 +564,8 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   if (const std::string summary = strategy->Summary(); !summary.empty()) LogInfo("{}", summary);
   const std::string final_dir = ck_dir + "/checkpoint";
   ATOLL_RETURN_IF_ERROR(check_at_rest());
-  if (run.site == 0) ATOLL_RETURN_IF_ERROR(SaveCheckpoint(run, final_dir, tc.steps));
+  if (run.site == strategy->lead_site())
+    ATOLL_RETURN_IF_ERROR(SaveCheckpoint(run, final_dir, tc.steps));
   return final_dir;
 }
 

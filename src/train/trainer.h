@@ -91,7 +91,8 @@ struct TrainOptions {
   // parallel.dp * parallel.tp * parallel.pp.
   Communicator* comm = nullptr;
 
-  // Where checkpoints go (default: out_dir). With several sites only site 0 writes them.
+  // Where checkpoints go (default: out_dir). With several sites only the lowest live site writes
+  // them.
   std::string checkpoint_dir;
   // Several sites (world.sites > 1): this site (world.site) and, on the site's leader, how the
   // strategy reaches the other sites (train/strategies/world_strategy.h).
@@ -99,6 +100,9 @@ struct TrainOptions {
   // Fault injection (tests, benchmarks): the site's leader ends its process abruptly, as a
   // crash would (no goodbye to the coordinator), right after this step; 0: never.
   int64_t die_after_step = 0;
+  // ... but instead of ending the process, Train returns kUnavailable ("stopped after step N"):
+  // a site of a world in one process (train/local_world.h) whose thread then drops its links.
+  bool die_returns = false;
 };
 
 // Trains and returns the final checkpoint's directory. Bad config or data: kInvalidArgument /

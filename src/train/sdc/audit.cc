@@ -21,9 +21,9 @@ void StepTrace::Clear() {
   sent_ = received_ = 0;
 }
 
-void StepTrace::SetWan(const float* grads, size_t n, bool after) {
+void StepTrace::SetWan(const void* sums, size_t bytes, bool after) {
   const SdcTimer timer(&seconds_);
-  (after ? received_ : sent_) = Hash64(grads, n * sizeof(float)) | 1;  // never 0 (none)
+  (after ? received_ : sent_) = Hash64(sums, bytes) | 1;  // never 0 (none)
 }
 
 void StepTrace::SetLosses(const std::vector<double>& losses, int64_t first_micro) {

@@ -68,10 +68,10 @@ class StepTrace {
   // The gradients the update reads: one fingerprint per tensor of `layout`, or, with ZeRO (where
   // this rank holds a flat shard of them), `layout` empty and one for the whole shard.
   void SetGrads(const std::vector<ParamTensor>& layout, const float* grads, size_t n);
-  // The site's reduced gradients just before they cross the WAN (world.strategy = sync), and
-  // the sum that came back (after): a sum that differs while what was sent does not came over
-  // the WAN.
-  void SetWan(const float* grads, size_t n, bool after);
+  // The site's reduced gradients (float32, or the reproducible mode's int64 sums) just before
+  // they cross the WAN (world.strategy = sync), and the sum that came back (after): a sum that
+  // differs while what was sent does not came over the WAN.
+  void SetWan(const void* sums, size_t bytes, bool after);
   // The losses of this rank's micro-batches (the last pipeline stage's; by local index).
   void SetLosses(const std::vector<double>& losses, int64_t first_micro);
 

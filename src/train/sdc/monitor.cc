@@ -133,12 +133,15 @@ SdcMonitor::SdcMonitor(SdcOptions o, std::vector<ParamTensor> layout, size_t mom
 
 void SdcMonitor::AddMismatches(int64_t s, const char* what,
                                const std::vector<FingerprintMismatch>& mismatches,
-                               bool across_sites, std::vector<SdcEvent>* out) const {
+                               const std::vector<int>* sites, std::vector<SdcEvent>* out) const {
+  const bool across_sites = sites != nullptr;
   for (const FingerprintMismatch& mm : mismatches) {
     SdcEvent e;
     e.step = s + 1;
     // A replica is named by its rank in this site; a site by its index, at this rank.
-    e.site = across_sites ? mm.replica : site_;
+    e.site = !across_sites                        ? site_
+             : size_t(mm.replica) < sites->size() ? (*sites)[size_t(mm.replica)]
+                                                  : mm.replica;
     e.rank = across_sites                                 ? rank_
              : size_t(mm.replica) < replica_ranks_.size() ? replica_ranks_[size_t(mm.replica)]
                                                           : mm.replica;
@@ -152,7 +155,7 @@ void SdcMonitor::AddMismatches(int64_t s, const char* what,
 
 Status SdcMonitor::Compare(int64_t s, const Hashed& buffer, std::vector<SdcEvent>* out) {
   ATOLL_ASSIGN_OR_RETURN(auto mismatches, CompareFingerprints(*dp_, buffer.second));
-  AddMismatches(s, buffer.first, mismatches, false, out);
+  AddMismatches(s, buffer.first, mismatches, nullptr, out);
   return Status::Ok();
 }
 
@@ -160,14 +163,15 @@ Status SdcMonitor::CompareSites(int64_t s, const std::vector<Hashed>& buffers,
                                 std::vector<SdcEvent>* out) {
   std::vector<uint64_t> mine;
   for (const Hashed& b : buffers) mine.insert(mine.end(), b.second.begin(), b.second.end());
-  ATOLL_ASSIGN_OR_RETURN(const std::vector<std::vector<uint64_t>> all, sites_(mine));
+  ATOLL_ASSIGN_OR_RETURN(const SiteHashes gathered, sites_(mine));
+  const std::vector<std::vector<uint64_t>>& all = gathered.hashes;
   const size_t n = layout_.size();
   for (size_t p = 0; p < buffers.size() && !all.empty(); ++p) {
     std::vector<std::vector<uint64_t>> section;
     for (const std::vector<uint64_t>& site : all)
       section.emplace_back(site.begin() + std::ptrdiff_t(p * n),
                            site.begin() + std::ptrdiff_t(p * n + n));
-    AddMismatches(s, buffers[p].first, FindMismatches(section), true, out);
+    AddMismatches(s, buffers[p].first, FindMismatches(section), &gathered.sites, out);
   }
   return Status::Ok();
 }

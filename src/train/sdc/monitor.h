@@ -59,6 +59,13 @@
 
 namespace atl {
 
+// Every site's hashes (cross-site fingerprints), and the site each came from (the live sites of a
+// sync run: all of them, or the survivors of a lost one).
+struct SiteHashes {
+  std::vector<int> sites;
+  std::vector<std::vector<uint64_t>> hashes;  // by position in sites
+};
+
 struct SdcEvent {
   int64_t step = 0;
   int site = 0, rank = -1;  // rank -1: a signal every rank shares (loss, gradient norm)
@@ -133,8 +140,7 @@ class SdcMonitor {
   bool fingerprints() const { return o_.fingerprints && (replicas() || sites_ != nullptr); }
   // Cross-site fingerprints: gather(mine) returns every site's vector, by site, on the leader
   // (empty elsewhere; WorldStrategy::GatherOverSites). Collective over the sites' leaders.
-  using SitesGather = std::function<StatusOr<std::vector<std::vector<uint64_t>>>(
-      const std::vector<uint64_t>& mine)>;
+  using SitesGather = std::function<StatusOr<SiteHashes>(const std::vector<uint64_t>& mine)>;
   // ... and state at rest that no data-parallel replica could repair, copied from another site
   // (WorldStrategy::RepairAcrossSites: returns the site copied from, -1 for none). Collective
   // over the world.
@@ -208,10 +214,11 @@ class SdcMonitor {
   Status Compare(int64_t s, const Hashed& buffer, std::vector<SdcEvent>* out);
   // The cross-site comparison of every buffer (one gather for all of them).
   Status CompareSites(int64_t s, const std::vector<Hashed>& buffers, std::vector<SdcEvent>* out);
-  // The events of `mismatches` in buffer `what`: among the dp replicas, or the sites.
+  // The events of `mismatches` in buffer `what`: among the dp replicas (sites null), or among the
+  // sites (replica i is site (*sites)[i]).
   void AddMismatches(int64_t s, const char* what,
-                     const std::vector<FingerprintMismatch>& mismatches, bool across_sites,
-                     std::vector<SdcEvent>* out) const;
+                     const std::vector<FingerprintMismatch>& mismatches,
+                     const std::vector<int>* sites, std::vector<SdcEvent>* out) const;
   SitesGather sites_;
   SitesRepair sites_repair_;
 

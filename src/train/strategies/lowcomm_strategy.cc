@@ -86,9 +86,7 @@ class LowCommStrategy final : public WorldStrategy {
     return int64_t(at);
   }
 
-  Status AfterBackward(int64_t, std::span<float>, std::span<double>) override {
-    return Status::Ok();  // gradients stay in the site
-  }
+  StatusOr<bool> AfterBackward(int64_t, const SiteSums&) override { return true; }
 
   Status AfterStep(int64_t completed, float* params, bool last) override {
     const WorldHooks& w = *c_.world;

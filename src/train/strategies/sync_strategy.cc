@@ -1,39 +1,87 @@
-// world.strategy = "sync": every step, the sites' gradients are summed over the WAN (after the
-// coordinator's round for the step), so the sites' replicas are data-parallel replicas of one
-// model and the loss curve is the single-site one up to float rounding. Hierarchical: the site's
-// ranks have summed their gradients already; the leader all-reduces the site's sum with the
-// other leaders (a ring over the WAN, world/wan.h), then broadcasts it to the site's ranks.
+// world.strategy = "sync": every step, the sites' gradients are summed over the WAN, so the sites'
+// replicas are data-parallel replicas of one model and the loss curve is the single-site one up
+// to float rounding (bit for bit with parallel.reproducible, whose int64 sums cross the WAN).
+// Hierarchical: the site's ranks have summed their gradients already; the leader sums the site's
+// sum with the other leaders' (the WAN's ring while every site is live, world/wan.h), then
+// broadcasts it to the site's ranks.
+//
+// Elastic: the sums of every step are agreed in a coordinator round with votes (did this site's
+// sum succeed, and a digest of it). When a site of the step is dead in that round, no site
+// commits: the live sites re-form (LiveSites, world/live_sites.h: direct sends among them), take
+// over the lost site's micro-batches (lost site i of the sorted lost ones goes to live site
+// i mod |live|) and compute the step again, so the global batch and its samples do not change:
+// in the reproducible mode the parameters stay bitwise those of a run that lost nothing.
+// Validation and checkpoints move to the lowest live site.
+//
 // The sites hold one model, so the corruption detectors compare it across them
 // (GatherOverSites) and replay a step on every site together (SumOverSites).
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <map>
+
+#include "core/hash.h"
 #include "core/log.h"
 #include "train/sdc/memory.h"
 #include "train/strategies/world_strategy.h"
+#include "world/live_sites.h"
 
 namespace atl {
 
 namespace {
 
+// Coordinator rounds of step s: kRoundsPerStep * s + the step's AfterBackward calls so far (a
+// replayed step and a recomputed one sum again).
+constexpr int64_t kRoundsPerStep = 64;
+// Sums that every live site voted a failure for, in a row, before the run gives up.
+constexpr int kFailedSums = 3;
+
+std::string SiteList(const std::vector<int>& sites) {
+  std::string s;
+  for (int x : sites) s += fmt::format("{}{}", s.empty() ? "" : ",", x);
+  return s;
+}
+
 class SyncStrategy final : public WorldStrategy {
  public:
-  explicit SyncStrategy(const StrategyContext& c) : c_(c) {}
+  explicit SyncStrategy(const StrategyContext& c) : c_(c) {
+    for (int s = 0; s < int(c.cfg->world.sites); ++s) live_.push_back(s);
+    quorum_ = c.cfg->world.quorum > 0 ? int(c.cfg->world.quorum) : int(live_.size() / 2 + 1);
+  }
 
   StatusOr<int64_t> Start(int64_t start, float*) override { return start; }
 
-  Status AfterBackward(int64_t step, std::span<float> grads, std::span<double> losses) override {
-    // The coordinator's round: every live site has reached this step (once: an audit replay of
-    // the step, which every site makes together, does not wait for it again).
-    if (c_.leader && c_.world->round && step != rounded_)
-      ATOLL_RETURN_IF_ERROR(c_.world->round(step).WithContext(fmt::format("step {}", step + 1)));
-    rounded_ = step;
+  std::vector<int> TakenOver() const override {
+    std::vector<int> lost, mine;
+    for (int s = 0; s < int(c_.cfg->world.sites); ++s)
+      if (!std::binary_search(live_.begin(), live_.end(), s)) lost.push_back(s);
+    for (size_t i = 0; i < lost.size(); ++i)
+      if (live_[i % live_.size()] == c_.world->site) mine.push_back(lost[i]);
+    return mine;
+  }
+
+  StatusOr<bool> AfterBackward(int64_t step, const SiteSums& sums) override {
+    if (step > step_) step_ = step, calls_ = 0;
+    ATOLL_ASSIGN_OR_RETURN(const int64_t round, NextRound());
     wan_s_ = 0;
-    if (c_.on_wan) c_.on_wan(grads, false);
-    ATOLL_RETURN_IF_ERROR(WorldSum(grads));
-    if (c_.on_wan) c_.on_wan(grads, true);
-    ATOLL_RETURN_IF_ERROR(WorldSum(losses));
+    // The leader's verdict for the site: 1 commit, 0 compute the step again; then the live sites.
+    std::vector<int64_t> verdict(size_t(c_.cfg->world.sites) + 2, -1);
+    if (c_.leader) {
+      ATOLL_ASSIGN_OR_RETURN(const bool commit, SumAndAgree(step, round, sums));
+      verdict[0] = commit ? 1 : 0;
+      verdict[1] = int64_t(live_.size());
+      std::copy(live_.begin(), live_.end(), verdict.begin() + 2);
+    }
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(verdict)));
+    if (!c_.leader) live_.assign(verdict.begin() + 2, verdict.begin() + 2 + verdict[1]);
+    if (verdict[0] == 0) return false;
+    if (!sums.fixed.empty())
+      ATOLL_RETURN_IF_ERROR(ShareInSite(c_, sums.fixed));
+    else
+      ATOLL_RETURN_IF_ERROR(ShareInSite(c_, sums.grads));
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, sums.losses));
     ++steps_;
-    return Status::Ok();
+    return true;
   }
 
   Status AfterStep(int64_t, float*, bool) override { return Status::Ok(); }
@@ -48,18 +96,29 @@ class SyncStrategy final : public WorldStrategy {
     if (!c_.leader || steps_ == 0) return "";
     // steps_ counts executions: an audit replay runs the all-reduce again.
     return fmt::format(
-        "site {}: {:.1f} ms per gradient all-reduce over the WAN across {} sites ({})",
-        c_.world->site, total_s_ * 1e3 / double(steps_), c_.cfg->world.sites, steps_);
+        "site {}: {:.1f} ms per gradient all-reduce over the WAN across {} sites ({}){}",
+        c_.world->site, total_s_ * 1e3 / double(steps_), c_.cfg->world.sites, steps_,
+        int(live_.size()) < c_.cfg->world.sites
+            ? fmt::format("; live sites at the end: {}", SiteList(live_))
+            : "");
   }
   bool whole_batch() const override { return true; }
+  int lead_site() const override { return live_.front(); }
 
   Communicator* PeerSites() override {
     const bool alone = c_.site_comm == nullptr || c_.site_comm->size() == 1;
-    return alone && c_.cfg->world.sites > 1 ? c_.world->wan : nullptr;
+    return alone && c_.cfg->world.sites > 1 && live_comm_ == nullptr ? c_.world->wan : nullptr;
   }
 
   StatusOr<int64_t> SumOverSites(int64_t n) override {
-    ATOLL_RETURN_IF_ERROR(WorldSum(std::span<int64_t>(&n, 1)));
+    if (c_.leader) {
+      const int64_t mine = n;
+      ATOLL_RETURN_IF_ERROR(Elastic([&](Communicator* sites) {
+        n = mine;
+        return sites->AllReduce(std::span<int64_t>(&n, 1));
+      }));
+    }
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&n, 1)));
     return n;
   }
 
@@ -69,9 +128,12 @@ class SyncStrategy final : public WorldStrategy {
     if (c_.site_comm != nullptr && c_.site_comm->size() > 1)
       ATOLL_RETURN_IF_ERROR(c_.site_comm->AllReduce(std::span<int64_t>(&site_corrupt, 1)));
     if (c_.leader) {
-      ATOLL_ASSIGN_OR_RETURN(const int r, RepairFromReplica(*c_.world->wan, site_corrupt > 0,
-                                                            params, n, m, v, k, true));
-      root = r;
+      ATOLL_RETURN_IF_ERROR(Elastic([&](Communicator* sites) -> Status {
+        ATOLL_ASSIGN_OR_RETURN(
+            const int r, RepairFromReplica(*sites, site_corrupt > 0, params, n, m, v, k, true));
+        root = r < 0 ? -1 : live_[size_t(r)];
+        return Status::Ok();
+      }));
     }
     ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&root, 1)));
     if (root >= 0) {
@@ -82,40 +144,163 @@ class SyncStrategy final : public WorldStrategy {
     return int(root);
   }
 
-  StatusOr<std::vector<std::vector<uint64_t>>> GatherOverSites(
-      const std::vector<uint64_t>& mine) override {
-    std::vector<std::vector<uint64_t>> out;
+  StatusOr<SiteHashes> GatherOverSites(const std::vector<uint64_t>& mine) override {
+    SiteHashes out;
     if (!c_.leader) return out;
-    const size_t n = mine.size(), sites = size_t(c_.world->wan->size());
-    std::vector<int64_t> all(n * sites);
-    ATOLL_RETURN_IF_ERROR(c_.world->wan->AllGather(mine.data(), all.data(), n, DType::kInt64)
-                              .WithContext("the fingerprints' all-gather across sites"));
-    for (size_t s = 0; s < sites; ++s)
-      out.emplace_back(all.begin() + std::ptrdiff_t(s * n),
-                       all.begin() + std::ptrdiff_t(s * n + n));
+    const size_t n = mine.size();
+    std::vector<int64_t> all;
+    ATOLL_RETURN_IF_ERROR(Elastic([&](Communicator* sites) {
+      all.assign(n * size_t(sites->size()), 0);
+      return sites->AllGather(mine.data(), all.data(), n, DType::kInt64)
+          .WithContext("the fingerprints' all-gather across sites");
+    }));
+    const size_t m = live_.size();
+    out.sites = live_;
+    for (size_t s = 0; s < m; ++s)
+      out.hashes.emplace_back(all.begin() + std::ptrdiff_t(s * n),
+                              all.begin() + std::ptrdiff_t(s * n + n));
     return out;
   }
 
  private:
-  // The leader sums the site's (already site-reduced) vector with the other sites' over the
-  // WAN, then every rank of the site takes the leader's result.
+  // The leader's collectives: the WAN's while every site is live, the live sites' after.
+  Communicator* Sites() { return live_comm_ != nullptr ? live_comm_.get() : c_.world->wan; }
+
+  // The leader sums the site's vectors with the other sites' over the WAN, then every rank of
+  // the site takes the leader's result.
   template <class T>
   Status WorldSum(std::span<T> data) {
-    if (c_.leader) {
-      const double t0 = NowSeconds();
-      ATOLL_RETURN_IF_ERROR(
-          c_.world->wan->AllReduce(data).WithContext("the WAN all-reduce across sites"));
-      wan_s_ += NowSeconds() - t0;
-      total_s_ += NowSeconds() - t0;
-    }
+    if (c_.leader) ATOLL_RETURN_IF_ERROR(LeaderSum(data));
     return ShareInSite(c_, data);
+  }
+  template <class T>
+  Status LeaderSum(std::span<T> data) {
+    const double t0 = NowSeconds();
+    Status s = Sites()->AllReduce(data).WithContext("the WAN all-reduce across sites");
+    wan_s_ += NowSeconds() - t0;
+    total_s_ += NowSeconds() - t0;
+    return s;
+  }
+
+  // The next coordinator round of this step: kRoundsPerStep * step + the rounds taken in it.
+  StatusOr<int64_t> NextRound() {
+    step_ = std::max<int64_t>(step_, 0);
+    if (calls_ >= kRoundsPerStep)
+      return Status::Internal(
+          fmt::format("step {}: {} rounds with the other sites", step_ + 1, kRoundsPerStep));
+    return kRoundsPerStep * step_ + calls_++;
+  }
+
+  // The live sites of `agreed` (round `round`): when some of live_ are lost, the rest become
+  // live_, with a LiveSites among them, and true. Errors: this site is not live, fewer than the
+  // quorum.
+  // when: "step N" or "after step N", for the messages.
+  StatusOr<bool> Adopt(const Membership& agreed, int64_t round, const std::string& when) {
+    std::vector<int> now;
+    for (const SiteInfo& s : agreed.sites)
+      if (s.alive && s.join_round <= round) now.push_back(s.site);
+    std::sort(now.begin(), now.end());
+    std::vector<int> lost;
+    for (int s : live_)
+      if (!std::binary_search(now.begin(), now.end(), s)) lost.push_back(s);
+    if (lost.empty()) return false;
+    if (std::find(lost.begin(), lost.end(), c_.world->site) != lost.end())
+      return Status::Unavailable(fmt::format("{}: this site is not live in round {} (live: {})",
+                                             when, round, SiteList(now)));
+    if (int(now.size()) < quorum_)
+      return Status::Unavailable(
+          fmt::format("{}: site(s) {} lost; {} live site(s) ({}) are fewer than world.quorum = {}",
+                      when, SiteList(lost), now.size(), SiteList(now), quorum_));
+    live_ = now;
+    live_comm_ = std::make_unique<LiveSites>(c_.world->wan, live_, uint32_t(round));
+    failed_ = 0;
+    LogWarning("{}: site(s) {} lost; the live sites {} go on and take over their micro-batches",
+               when, SiteList(lost), SiteList(live_));
+    return true;
+  }
+
+  // On the leader: op over the live sites; when it fails, the sites meet in a coordinator round
+  // (every survivor of a lost site fails the same operation) and, if some were lost, op runs
+  // again among the rest.
+  template <class Op>
+  Status Elastic(Op op) {
+    Status s = op(Sites());
+    if (s.ok() || !c_.world->commit) return s;
+    ATOLL_ASSIGN_OR_RETURN(const int64_t round, NextRound());
+    StatusOr<Membership> agreed = c_.world->commit(round, RoundVote{.failed = true});
+    if (!agreed.ok()) return agreed.status().WithContext(s.ToString());
+    ATOLL_ASSIGN_OR_RETURN(const bool changed,
+                           Adopt(*agreed, round, fmt::format("after step {}", step_ + 1)));
+    return changed ? op(Sites()) : s;
+  }
+
+  // On the leader: the step's sums over the live sites, agreed in coordinator round `round`.
+  // true: commit them; false: the live sites changed (live_ is the new set) or a sum failed on
+  // some site: compute the step again.
+  StatusOr<bool> SumAndAgree(int64_t step, int64_t round, const SiteSums& sums) {
+    const std::span<const std::byte> bytes =
+        sums.fixed.empty() ? std::as_bytes(sums.grads) : std::as_bytes(sums.fixed);
+    if (c_.on_wan) c_.on_wan(bytes, false);
+    Status summed = sums.fixed.empty() ? LeaderSum(sums.grads) : LeaderSum(sums.fixed);
+    if (summed.ok()) summed = LeaderSum(sums.losses);
+    if (summed.ok() && c_.on_wan) c_.on_wan(bytes, true);
+    if (!c_.world->commit) {  // no coordinator: every site stays
+      if (!summed.ok()) return summed.WithContext(fmt::format("step {}", step + 1));
+      return true;
+    }
+    RoundVote vote;
+    vote.failed = !summed.ok();
+    if (summed.ok()) vote.digest = Hash64(bytes.data(), bytes.size());
+    StatusOr<Membership> round_result = c_.world->commit(round, vote);
+    if (!round_result.ok())
+      return round_result.status().WithContext(fmt::format("step {}", step + 1));
+    const Membership& agreed = *round_result;
+    ATOLL_ASSIGN_OR_RETURN(const bool changed,
+                           Adopt(agreed, round, fmt::format("step {}", step + 1)));
+    if (changed) return false;  // compute the step again, with the lost sites' share
+    std::vector<int> failed;
+    std::map<uint64_t, std::vector<int>> by_digest;
+    for (int s : live_) {
+      auto v = agreed.votes.find(s);
+      if (v == agreed.votes.end() || v->second.failed)
+        failed.push_back(s);
+      else
+        by_digest[v->second.digest].push_back(s);
+    }
+    if (!failed.empty()) {
+      if (++failed_ >= kFailedSums)
+        return Status::Unavailable(fmt::format(
+            "step {}: the sum over the sites failed {} times in a row on site(s) {} (here: {})",
+            step + 1, failed_, SiteList(failed), summed.ok() ? "ok" : summed.ToString()));
+      LogWarning(
+          "step {}: the sum over the sites failed on site(s) {}{}; computing the step "
+          "again",
+          step + 1, SiteList(failed), summed.ok() ? "" : " (here: " + summed.ToString() + ")");
+      return false;
+    }
+    failed_ = 0;
+    if (by_digest.size() > 1) {
+      std::string groups;
+      for (const auto& [d, sites] : by_digest)
+        groups += fmt::format("{}site(s) {}: {}", groups.empty() ? "" : ", ", SiteList(sites),
+                              HashToHex(d));
+      return Status::Corruption(fmt::format(
+          "step {}: the sites disagree on the summed gradients ({}): their arithmetic or memory "
+          "differs (another build or CPU, or silent data corruption)",
+          step + 1, groups));
+    }
+    return true;
   }
 
   const StrategyContext c_;
+  std::vector<int> live_;                 // the sites taking part, sorted
+  std::unique_ptr<LiveSites> live_comm_;  // once a site was lost
+  int quorum_ = 1;
+  int failed_ = 0;      // sums failed in a row
   double wan_s_ = 0;    // this step's time in WAN all-reduces
   double total_s_ = 0;  // ... and the run's
   int64_t steps_ = 0;
-  int64_t rounded_ = -1;  // the last step whose coordinator round was taken
+  int64_t step_ = -1, calls_ = 0;  // AfterBackward calls of step step_
 };
 
 }  // namespace

@@ -10,9 +10,7 @@ namespace {
 class SingleSite final : public WorldStrategy {
  public:
   StatusOr<int64_t> Start(int64_t start, float*) override { return start; }
-  Status AfterBackward(int64_t, std::span<float>, std::span<double>) override {
-    return Status::Ok();
-  }
+  StatusOr<bool> AfterBackward(int64_t, const SiteSums&) override { return true; }
   Status AfterStep(int64_t, float*, bool) override { return Status::Ok(); }
   void Fill(StepMetrics*) const override {}
   std::string Summary() const override { return ""; }

@@ -17,17 +17,24 @@
 //                        that takes a lost site over starts where it took over), having set the
 //                        parameters where the strategy decides them (async's first pull, a
 //                        rejoin's state);
+//   TakenOver()          before each step's passes: the lost sites whose micro-batches this site
+//                        computes besides its own (sync: the live sites share a lost site's, so
+//                        the batch does not change);
 //   AfterBackward(...)   after the site's gradients are reduced: sync sums gradients and losses
-//                        over the sites (after the coordinator's round for the step);
+//                        over the live sites and agrees on the sums in the coordinator's round;
+//                        false when the live sites changed before they agreed: the loop computes
+//                        the step's passes again (TakenOver has changed) and calls it again;
 //   AfterStep(...)       after the optimizer step: exchanges, merges, pushes and pulls; on the last
 //                        step also the end (the final exchange, async's barrier and last pull);
 //   Fill(&metrics)       the step's WAN fields;
-//   Summary()            a line for the log at the end ("" for none).
+//   Summary()            a line for the log at the end ("" for none);
+//   lead_site()          the site that validates and writes checkpoints: the lowest live one.
 // and for the corruption detectors (train/sdc/), where the sites hold one model (sync):
 //   SumOverSites(n)      a count summed over the sites, so that they decide alike whether to replay
 //                        a step (which they then do together: a replayed AfterBackward repeats
 //                        the WAN all-reduce, not the coordinator's round);
-//   GatherOverSites(h)   the leader's fingerprints gathered from every site (cross-site replicas);
+//   GatherOverSites(h)   the leader's fingerprints gathered from every live site (cross-site
+//                        replicas);
 //   RepairAcrossSites    state at rest a site's memory check could not repair, copied from a site
 //                        whose check passed.
 //
@@ -37,6 +44,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -46,6 +54,7 @@
 #include "core/status.h"
 #include "train/config.h"
 #include "train/metrics.h"
+#include "train/sdc/monitor.h"
 #include "world/exchange.h"
 #include "world/ps.h"
 #include "world/wan.h"
@@ -56,10 +65,11 @@ namespace atl {
 struct WorldHooks {
   int site = 0;  // this site's index
   // sync: the WAN Communicator among the sites' leaders (rank = site), the coordinator's round
-  // barrier (called with the step before its WAN all-reduce; may be empty) and the bytes the
-  // leader has sent over the WAN (for metrics; may be empty).
+  // with votes (CoordinatorClient::Round: every step's sums are agreed there, and a lost site is
+  // seen there; may be empty: every site stays, nothing is agreed) and the bytes the leader has
+  // sent over the WAN (for metrics; may be empty).
   Communicator* wan = nullptr;
-  std::function<Status(int64_t round)> round;
+  std::function<StatusOr<Membership>(int64_t round, std::optional<RoundVote> vote)> commit;
   std::function<uint64_t()> wan_bytes;
   // diloco, streaming: the average over the live sites (SiteExchange::Average, world/exchange.h).
   std::function<StatusOr<ExchangeResult>(int64_t round, std::span<float> data,
@@ -93,6 +103,18 @@ struct WorldHooks {
   std::function<void(WanPayloadFault)> payload_fault;
 };
 
+// What a site sums with the others after backward (sync).
+struct SiteSums {
+  std::span<float> grads;  // the site's reduced gradients (n_params)
+  // The reproducible mode: their exact int64 sums (GradientReducer::fixed_sums), summed over the
+  // sites in place of grads (the caller converts them afterwards, so any share of the batch
+  // gives the same bits). Otherwise empty.
+  std::span<int64_t> fixed;
+  // Every micro-batch's loss of the whole batch (the site's own filled in, the others' zero),
+  // followed by any other doubles the sites sum with them (the gradient checksum's records).
+  std::span<double> losses;
+};
+
 // Where a strategy runs: the run's config, the world, the site's ranks.
 struct StrategyContext {
   const RunConfig* cfg = nullptr;
@@ -101,10 +123,11 @@ struct StrategyContext {
   bool leader = true;                 // rank 0 of the site
   size_t n_params = 0;                // this rank's parameters (the whole model: tp = pp = 1)
   bool resumed = false;               // the run continues from a checkpoint
-  // sync: called with the site's reduced gradients just before they cross the WAN (after: false)
+  // sync: called with the site's reduced gradients (SiteSums::fixed in the reproducible mode, else
+  // grads, as bytes) just before they cross the WAN (after: false)
   // and with the world's sum just after (after: true): the audit replay's trace, where a
   // difference that appears across the WAN came over it. May be empty.
-  std::function<void(std::span<const float>, bool after)> on_wan;
+  std::function<void(std::span<const std::byte> sums, bool after)> on_wan;
 };
 
 class WorldStrategy {
@@ -112,10 +135,13 @@ class WorldStrategy {
   virtual ~WorldStrategy() = default;
   // The step to train from, given the loop's (0, or a resumed checkpoint's); may set params.
   virtual StatusOr<int64_t> Start(int64_t start, float* params) = 0;
-  // Step `step` (0-based): the site's reduced gradients (n_params) and every micro-batch's loss
-  // of the whole batch (the site's own filled in, the others' zero), followed by any other
-  // doubles the sites sum with them (the gradient checksum's records; one collective).
-  virtual Status AfterBackward(int64_t step, std::span<float> grads, std::span<double> losses) = 0;
+  // The lost sites whose micro-batches of the next step this site computes besides its own,
+  // sorted (sync after a site was lost; otherwise none).
+  virtual std::vector<int> TakenOver() const { return {}; }
+  // Step `step` (0-based): what the site sums with the others (SiteSums). false: the live sites
+  // changed before the sums were agreed; compute the step's passes again, with TakenOver(), and
+  // call again (the sums were not changed).
+  virtual StatusOr<bool> AfterBackward(int64_t step, const SiteSums& sums) = 0;
   // After the optimizer step that completed step `completed`; `last`: the run's last step.
   virtual Status AfterStep(int64_t completed, float* params, bool last) = 0;
   virtual void Fill(StepMetrics* m) const = 0;
@@ -123,18 +149,20 @@ class WorldStrategy {
   // true: the objective is the mean loss over the whole batch (sync: gradients are summed over
   // the sites); false: over the site's share of it (the sites train apart between exchanges).
   virtual bool whole_batch() const = 0;
-  // sync over several sites of one rank each: the sites' leaders (the WAN), whose ranks are the
-  // sites, for the audit replay's peer check (train/sdc/peers.h); otherwise null.
+  // The site that validates and writes the checkpoints: the lowest live site.
+  virtual int lead_site() const { return 0; }
+  // sync over several sites of one rank each, while every site is live: the sites' leaders (the
+  // WAN), whose ranks are the sites, for the audit replay's peer check (train/sdc/peers.h);
+  // otherwise null.
   virtual Communicator* PeerSites() { return nullptr; }
   // n summed over the sites when they hold one model and must decide together (sync), on every
   // rank; otherwise n. Collective over the world (sync) or nothing.
   virtual StatusOr<int64_t> SumOverSites(int64_t n) { return n; }
-  // sync, on the leader: every site's `mine` (the same length everywhere), by site. Otherwise, and
+  // sync, on the leader: every live site's `mine` (the same length everywhere). Otherwise, and
   // on the other ranks: empty (no cross-site replicas). Collective over the sites' leaders.
-  virtual StatusOr<std::vector<std::vector<uint64_t>>> GatherOverSites(
-      const std::vector<uint64_t>& mine) {
+  virtual StatusOr<SiteHashes> GatherOverSites(const std::vector<uint64_t>& mine) {
     (void)mine;
-    return std::vector<std::vector<uint64_t>>{};
+    return SiteHashes{};
   }
   // sync: when some site's memory check left state it could not repair (`corrupt`: this rank's
   // verdict), every rank of every site takes the parameters and moments of the lowest site with
