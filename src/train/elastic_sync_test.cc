@@ -71,6 +71,21 @@ TEST_F(ElasticSyncTest, ALostSitesShareIsTakenOverWithTheSameBits) {
     EXPECT_EQ(site1[i].substr(0, site1[i].rfind(' ')), one[i].substr(0, one[i].rfind(' ')));
 }
 
+// Sites of two ranks: the leader learns of the loss in a detector's collective between steps;
+// its other rank takes the new live set too and computes its share of the lost site's batch.
+TEST_F(ElasticSyncTest, SitesOfTwoRanksTakeOverTogether) {
+  RunConfig c = Sites(3);
+  c.parallel.dp = 2;
+  c.world.ranks_per_site = 2;
+  c.train.batch_size = 12;
+  RunConfig one = cfg_;
+  one.train.batch_size = 12;
+  const std::string single = FinalState(Run(one, "one12"));
+  const Status st = TrainLocalWorld(c, root_ + "/dp2", {.coordinator = true, .lose = {{2, 4}}});
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(FinalState(root_ + "/dp2"), single);
+}
+
 // Losing site 0 ends nothing: site 1 takes over validation and the checkpoints.
 TEST_F(ElasticSyncTest, LosingSiteZeroMovesItsDutiesToSiteOne) {
   const std::string clean = Clean();

@@ -133,7 +133,8 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
   for (bool agreed = false; !agreed;) {
     // This replica's micro-batches: its own, then those of the lost sites it takes over.
     std::vector<int64_t> firsts = {run.first_micro};
-    for (int lost : strategy.TakenOver())
+    ATOLL_ASSIGN_OR_RETURN(const std::vector<int> taken, strategy.TakenOver());
+    for (int lost : taken)
       firsts.push_back((int64_t(lost) * me.dp() + me.dp_rank()) * run.local_accum);
     try {
       ATOLL_RETURN_IF_ERROR(ForwardBackward(run, s, &local_losses, firsts));

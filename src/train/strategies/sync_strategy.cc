@@ -51,7 +51,14 @@ class SyncStrategy final : public WorldStrategy {
 
   StatusOr<int64_t> Start(int64_t start, float*) override { return start; }
 
-  std::vector<int> TakenOver() const override {
+  StatusOr<std::vector<int>> TakenOver() override {
+    // The leader may have adopted a new live set in a detector's collective (Elastic): the
+    // site's ranks take it before they choose their micro-batches.
+    std::vector<int64_t> live(size_t(c_.cfg->world.sites) + 1, -1);
+    live[0] = int64_t(live_.size());
+    std::copy(live_.begin(), live_.end(), live.begin() + 1);
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(live)));
+    live_.assign(live.begin() + 1, live.begin() + 1 + live[0]);
     std::vector<int> lost, mine;
     for (int s = 0; s < int(c_.cfg->world.sites); ++s)
       if (!std::binary_search(live_.begin(), live_.end(), s)) lost.push_back(s);

@@ -137,7 +137,8 @@ class WorldStrategy {
   virtual StatusOr<int64_t> Start(int64_t start, float* params) = 0;
   // The lost sites whose micro-batches of the next step this site computes besides its own,
   // sorted (sync after a site was lost; otherwise none).
-  virtual std::vector<int> TakenOver() const { return {}; }
+  // Collective over the site's ranks.
+  virtual StatusOr<std::vector<int>> TakenOver() { return std::vector<int>{}; }
   // Step `step` (0-based): what the site sums with the others (SiteSums). false: the live sites
   // changed before the sums were agreed; compute the step's passes again, with TakenOver(), and
   // call again (the sums were not changed).
