@@ -36,6 +36,30 @@ const char* DTypeName(DType t) {
 
 bool DTypeIsReducible(DType t) { return t != DType::kByte; }
 
+namespace {
+template <class T>
+void AddAs(void* acc, const void* add, size_t count) {
+  T* a = static_cast<T*>(acc);
+  const T* b = static_cast<const T*>(add);
+  for (size_t i = 0; i < count; ++i) a[i] += b[i];
+}
+}  // namespace
+
+void AddInto(DType dtype, void* acc, const void* add, size_t count) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return AddAs<float>(acc, add, count);
+    case DType::kFloat64:
+      return AddAs<double>(acc, add, count);
+    case DType::kInt32:
+      return AddAs<int32_t>(acc, add, count);
+    case DType::kInt64:
+      return AddAs<int64_t>(acc, add, count);
+    case DType::kByte:
+      return;  // not reducible: rejected by CheckArgs
+  }
+}
+
 const char* CommOpName(CommOp op) {
   switch (op) {
     case CommOp::kAllReduce:

@@ -40,6 +40,9 @@ size_t DTypeSize(DType t);
 const char* DTypeName(DType t);
 // Sums are defined for every dtype except kByte.
 bool DTypeIsReducible(DType t);
+// acc[i] += add[i] for count elements of dtype (a reducible one; kByte does nothing): the one
+// element-wise sum every backend's reductions are made of.
+void AddInto(DType dtype, void* acc, const void* add, size_t count);
 
 template <class T>
 constexpr DType DTypeOf();

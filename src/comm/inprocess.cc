@@ -101,39 +101,10 @@ struct Group {
   }
 };
 
-template <class T>
-void SumInRankOrder(const std::vector<const T*>& in, size_t count, T* out) {
-  // ((x0 + x1) + x2) + ...: one fixed order, so the result does not depend on arrival order.
-  std::memcpy(out, in[0], count * sizeof(T));
-  for (size_t r = 1; r < in.size(); ++r) {
-    const T* x = in[r];
-    for (size_t i = 0; i < count; ++i) out[i] += x[i];
-  }
-}
-
+// ((x0 + x1) + x2) + ...: one fixed order, so the result does not depend on arrival order.
 void Sum(DType dtype, const std::vector<const void*>& in, size_t count, void* out) {
-  auto run = [&](auto tag) {
-    using T = decltype(tag);
-    std::vector<const T*> typed(in.size());
-    for (size_t r = 0; r < in.size(); ++r) typed[r] = static_cast<const T*>(in[r]);
-    SumInRankOrder(typed, count, static_cast<T*>(out));
-  };
-  switch (dtype) {
-    case DType::kFloat32:
-      run(float{});
-      break;
-    case DType::kFloat64:
-      run(double{});
-      break;
-    case DType::kInt32:
-      run(int32_t{});
-      break;
-    case DType::kInt64:
-      run(int64_t{});
-      break;
-    case DType::kByte:
-      break;  // rejected by CheckArgs
-  }
+  std::memcpy(out, in[0], count * DTypeSize(dtype));
+  for (size_t r = 1; r < in.size(); ++r) AddInto(dtype, out, in[r], count);
 }
 
 class InProcessCommunicator;

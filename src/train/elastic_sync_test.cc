@@ -48,7 +48,7 @@ TEST_F(ElasticSyncTest, ThreeSitesGiveTheSingleSitesBits) {
   const std::string clean = Clean();
   ASSERT_TRUE(TrainLocalWorld(Sites(3), root_ + "/plain").ok());
   EXPECT_EQ(FinalState(root_ + "/plain"), clean);
-  ASSERT_TRUE(TrainLocalWorld(Sites(3), root_ + "/agreed", {.coordinator = true}).ok());
+  ASSERT_TRUE(TrainLocalWorld(Sites(3), root_ + "/agreed", {.coordinator = true, .lose = {}}).ok());
   EXPECT_EQ(FinalState(root_ + "/agreed"), clean);
   EXPECT_EQ(LossColumns(Site("agreed", 2)), LossColumns(Site("plain", 2)));
 }

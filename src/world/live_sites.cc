@@ -25,28 +25,6 @@ Piece PieceOf(size_t n, size_t m, size_t k) {
   return {k * base + std::min(k, rem), base + (k < rem ? 1 : 0)};
 }
 
-// acc[i] += add[i] for count elements of dtype.
-template <class T>
-void AddAs(void* acc, const void* add, size_t count) {
-  T* a = static_cast<T*>(acc);
-  const T* b = static_cast<const T*>(add);
-  for (size_t i = 0; i < count; ++i) a[i] += b[i];
-}
-void Add(DType t, void* acc, const void* add, size_t count) {
-  switch (t) {
-    case DType::kFloat32:
-      return AddAs<float>(acc, add, count);
-    case DType::kFloat64:
-      return AddAs<double>(acc, add, count);
-    case DType::kInt32:
-      return AddAs<int32_t>(acc, add, count);
-    case DType::kInt64:
-      return AddAs<int64_t>(acc, add, count);
-    case DType::kByte:
-      return;
-  }
-}
-
 std::string SiteList(const std::vector<int>& sites) {
   std::string s;
   for (int x : sites) s += fmt::format("{}{}", s.empty() ? "" : ",", x);
@@ -61,6 +39,46 @@ Status WaitAll(std::vector<CommHandle>& handles) {
     if (!s.ok() && first.ok()) first = s;
   }
   return first;
+}
+
+// The reduce-scatter of LiveSites' reductions, over direct sends: rank k of `sites` gets every
+// rank's piece k of data (piece(k): elements), and this rank (me) sums its own piece, in rank
+// order, into sum (piece(me).size elements, zeroed). Returns the first failed receive (the
+// pieces that arrived are still summed; sum then lacks a contribution); *sent the first failed
+// send.
+template <class PieceFn>
+Status SumMyPiece(Communicator* wan, const std::vector<int>& sites, size_t me, const void* data,
+                  DType dtype, int tag, PieceFn piece, uint8_t* sum, Status* sent) {
+  const size_t m = sites.size(), es = DTypeSize(dtype);
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  const Piece mine = piece(me);
+  std::vector<std::vector<uint8_t>> in(m);
+  std::vector<CommHandle> recvs(m), sends;
+  for (size_t j = 0; j < m; ++j) {
+    if (j == me) continue;
+    in[j].resize(mine.size * es);
+    recvs[j] = wan->IRecv(in[j].data(), in[j].size(), DType::kByte, sites[j], tag);
+  }
+  for (size_t step = 1; step < m; ++step) {
+    const size_t k = (me + step) % m;
+    const Piece p = piece(k);
+    sends.push_back(wan->ISend(bytes + p.begin * es, p.size * es, DType::kByte, sites[k], tag));
+  }
+  Status missed;
+  for (size_t j = 0; j < m; ++j) {
+    const uint8_t* add = bytes + mine.begin * es;
+    if (j != me) {
+      Status s = recvs[j].Wait();
+      if (!s.ok()) {
+        if (missed.ok()) missed = s;
+        continue;
+      }
+      add = in[j].data();
+    }
+    AddInto(dtype, sum, add, mine.size);
+  }
+  *sent = WaitAll(sends);
+  return missed;
 }
 
 }  // namespace
@@ -135,39 +153,15 @@ Status LiveSites::AllReduce_(void* data, size_t count, DType dtype) {
   Next();
   const size_t m = sites_.size(), me = size_t(rank_), es = DTypeSize(dtype);
   if (m == 1 || count == 0) return Status::Ok();
-  const auto* bytes = static_cast<const uint8_t*>(data);
   const Piece mine = PieceOf(count, m, me);
   const std::string what = ErrorPrefix(CommOp::kAllReduce, count, dtype);
 
   // Reduce-scatter: every rank's copy of my piece, summed in rank order.
-  std::vector<std::vector<uint8_t>> in(m);
-  std::vector<CommHandle> recvs(m), sends;
-  for (size_t j = 0; j < m; ++j) {
-    if (j == me) continue;
-    in[j].resize(mine.size * es);
-    recvs[j] = wan_->IRecv(in[j].data(), in[j].size(), DType::kByte, sites_[j], rs_tag);
-  }
-  for (size_t step = 1; step < m; ++step) {
-    const size_t k = (me + step) % m;
-    const Piece p = PieceOf(count, m, k);
-    sends.push_back(
-        wan_->ISend(bytes + p.begin * es, p.size * es, DType::kByte, sites_[k], rs_tag));
-  }
   std::vector<uint8_t> sum(kHeader + mine.size * es, 0);
-  Status missed;
-  for (size_t j = 0; j < m; ++j) {
-    const uint8_t* add = bytes + mine.begin * es;
-    if (j != me) {
-      Status s = recvs[j].Wait();
-      if (!s.ok()) {
-        if (missed.ok()) missed = s;
-        continue;
-      }
-      add = in[j].data();
-    }
-    Add(dtype, sum.data() + kHeader, add, mine.size);
-  }
-  Status sent = WaitAll(sends);
+  Status sent;
+  const Status missed = SumMyPiece(
+      wan_, sites_, me, data, dtype, rs_tag, [&](size_t k) { return PieceOf(count, m, k); },
+      sum.data() + kHeader, &sent);
   const uint64_t header = missed.ok() ? kSumOk : kGaveUp;
   std::memcpy(sum.data(), &header, kHeader);
 
@@ -210,29 +204,15 @@ Status LiveSites::ReduceScatter_(const void* send, void* recv, size_t count, DTy
   ATOLL_RETURN_IF_ERROR(CheckArgs(CommOp::kReduceScatter, count, dtype));
   const int tag = Tag(0);
   Next();
-  const size_t m = sites_.size(), me = size_t(rank_), bytes = count * DTypeSize(dtype);
-  const auto* blocks = static_cast<const uint8_t*>(send);
-  std::vector<std::vector<uint8_t>> in(m);
-  std::vector<CommHandle> recvs(m), sends;
-  for (size_t j = 0; j < m; ++j) {
-    if (j == me) continue;
-    in[j].resize(bytes);
-    recvs[j] = wan_->IRecv(in[j].data(), bytes, DType::kByte, sites_[j], tag);
-  }
-  for (size_t step = 1; step < m; ++step) {
-    const size_t k = (me + step) % m;
-    sends.push_back(wan_->ISend(blocks + k * bytes, bytes, DType::kByte, sites_[k], tag));
-  }
+  const size_t me = size_t(rank_), bytes = count * DTypeSize(dtype);
   std::vector<uint8_t> sum(bytes, 0);
-  Status first;
-  for (size_t j = 0; j < m; ++j) {
-    if (j != me) {
-      Status s = recvs[j].Wait();
-      if (!s.ok() && first.ok()) first = s;
-    }
-    if (first.ok()) Add(dtype, sum.data(), j == me ? blocks + me * bytes : in[j].data(), count);
-  }
-  Status sent = WaitAll(sends);
+  Status sent;
+  Status first = SumMyPiece(
+      wan_, sites_, me, send, dtype, tag,
+      [&](size_t k) {
+        return Piece{k * count, count};
+      },
+      sum.data(), &sent);
   if (first.ok()) first = sent;
   if (!first.ok()) return first.WithContext(ErrorPrefix(CommOp::kReduceScatter, count, dtype));
   std::memcpy(recv, sum.data(), bytes);

@@ -173,13 +173,7 @@ class SyncStrategy final : public WorldStrategy {
   // The leader's collectives: the WAN's while every site is live, the live sites' after.
   Communicator* Sites() { return live_comm_ != nullptr ? live_comm_.get() : c_.world->wan; }
 
-  // The leader sums the site's vectors with the other sites' over the WAN, then every rank of
-  // the site takes the leader's result.
-  template <class T>
-  Status WorldSum(std::span<T> data) {
-    if (c_.leader) ATOLL_RETURN_IF_ERROR(LeaderSum(data));
-    return ShareInSite(c_, data);
-  }
+  // The leader's sum of the site's vector with the other live sites', timed.
   template <class T>
   Status LeaderSum(std::span<T> data) {
     const double t0 = NowSeconds();

@@ -10,32 +10,6 @@
 
 namespace atl::transport {
 
-template <class T>
-void AddInto(uint8_t* dst, const char* src, size_t n) {
-  T* d = reinterpret_cast<T*>(dst);
-  const T* s = reinterpret_cast<const T*>(src);
-  for (size_t i = 0; i < n; ++i) d[i] += s[i];
-}
-
-void Accumulate(DType t, uint8_t* dst, const char* src, size_t n) {
-  switch (t) {
-    case DType::kFloat32:
-      AddInto<float>(dst, src, n);
-      break;
-    case DType::kFloat64:
-      AddInto<double>(dst, src, n);
-      break;
-    case DType::kInt32:
-      AddInto<int32_t>(dst, src, n);
-      break;
-    case DType::kInt64:
-      AddInto<int64_t>(dst, src, n);
-      break;
-    case DType::kByte:
-      break;  // rejected by CheckArgs
-  }
-}
-
 // Wraps a handle so that the caller's blocking time counts in the stats.
 class TimedWait final : public CommHandle::Pending {
  public:
@@ -326,7 +300,7 @@ class WanCommunicator final : public Communicator {
         ATOLL_ASSIGN_OR_RETURN(Received r, Expect(o, prev_, uint32_t(s), off, cnt));
         const std::string& p = r.chunk->payload();
         if (reduce)
-          Accumulate(o.dtype, buf + off * es, p.data(), cnt);
+          AddInto(o.dtype, buf + off * es, p.data(), cnt);
         else
           std::memcpy(buf + off * es, p.data(), p.size());
         if (s + 1 < steps)
