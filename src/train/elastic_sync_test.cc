@@ -86,6 +86,33 @@ TEST_F(ElasticSyncTest, SitesOfTwoRanksTakeOverTogether) {
   EXPECT_EQ(FinalState(root_ + "/dp2"), single);
 }
 
+// Every step audited (replayed, and checked on the site's other replica) while site 2 is lost:
+// the replays compare runs of one live set, the peer check leaves out steps with a lost site's
+// micro-batches (its peers recompute a replica's own only), and the bits stay the clean ones.
+TEST_F(ElasticSyncTest, AuditedStepsGoOnWithALostSite) {
+  RunConfig c = Sites(3);
+  c.parallel.dp = 2;
+  c.world.ranks_per_site = 2;
+  c.train.batch_size = 12;
+  c.sdc.audit_every = 1;
+  RunConfig one = cfg_;
+  one.train.batch_size = 12;
+  const std::string single = FinalState(Run(one, "one12"));
+  const Status st = TrainLocalWorld(c, root_ + "/audit", {.coordinator = true, .lose = {{2, 4}}});
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(FinalState(root_ + "/audit"), single);
+  EXPECT_EQ(SdcEvents(Site("audit", 0), "replay").size(), 10u);
+}
+
+// Site 0 lost after its last step, before the final checkpoint: site 1 writes it.
+TEST_F(ElasticSyncTest, SiteZeroLostAtTheEndLeavesTheCheckpointToSiteOne) {
+  const std::string clean = Clean();
+  const Status st =
+      TrainLocalWorld(Sites(3), root_ + "/end0", {.coordinator = true, .lose = {{0, 10}}});
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(FinalState(root_ + "/end0"), clean);
+}
+
 // Losing site 0 ends nothing: site 1 takes over validation and the checkpoints.
 TEST_F(ElasticSyncTest, LosingSiteZeroMovesItsDutiesToSiteOne) {
   const std::string clean = Clean();

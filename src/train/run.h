@@ -46,6 +46,10 @@ struct Run {
   int64_t accum = 1;        // micro-batches per step over the whole batch
   int64_t local_accum = 1;  // ... of this data-parallel replica
   int64_t first_micro = 0;  // its first micro-batch
+  // The last ComputeStep's blocks of local_accum micro-batches (its own, then those it took over
+  // from lost sites) and the live sites' generation it ran in (WorldStrategy::generation).
+  size_t blocks = 1;
+  int64_t generation = 0;
   std::vector<PipeOp> schedule;
   std::unique_ptr<GPT<float>> model;  // this rank's shard
   std::unique_ptr<GradientReducer> reducer;

@@ -163,6 +163,8 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
     site.losses = std::span<double>(sums);
     ATOLL_ASSIGN_OR_RETURN(agreed, strategy.AfterBackward(s, site));
     if (!agreed) continue;
+    run.blocks = firsts.size();
+    run.generation = strategy.generation();
     if (!site.fixed.empty()) run.reducer->ConvertFixed(run.model->grads());
     std::copy(sums.begin(), sums.begin() + run.accum, all_losses.begin());
     std::copy(sums.begin() + run.accum, sums.end(), records.begin());
@@ -226,15 +228,23 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
     ATOLL_ASSIGN_OR_RETURN(const int64_t n, CountOnSite(site, mine));
     return strategy.SumOverSites(n);
   };
+  // Runs of one live set are compared: when a site is lost in the middle (sync), the micro-batches
+  // each site computes change, and the latest run becomes the first of a new replay.
   const StepTrace first = *run.trace;
+  const int64_t generation = run.generation;
+  auto relive = [&] {
+    return ReplayStep(run, strategy, s, objective, local_losses, snapshot, m, agreed, faulty);
+  };
   StepMetrics kept;
   ATOLL_RETURN_IF_ERROR(compute(&kept));
+  if (run.generation != generation) return relive();
   auto diff = FirstDifference(first, *run.trace, layout);
   ATOLL_ASSIGN_OR_RETURN(const int64_t differing, count(diff.has_value()));
   if (differing > 0) {
     const StepTrace replay = *run.trace;
     kept = StepMetrics();
     ATOLL_RETURN_IF_ERROR(compute(&kept));
+    if (run.generation != generation) return relive();
     const bool first_bad = diff && !FirstDifference(replay, *run.trace, layout);
     const bool replay_bad = diff && !FirstDifference(first, *run.trace, layout);
     if (diff) diff->run = first_bad ? "first" : "replay";
@@ -252,7 +262,8 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
   std::vector<std::string> peers;
   bool named = false;
   Communicator* sites = strategy.PeerSites();
-  if (differing == 0 && run.mesh.tp() == 1 && run.mesh.pp() == 1) {
+  // Only each replica's own micro-batches are recomputed by its peers: not with a lost site's.
+  if (differing == 0 && run.mesh.tp() == 1 && run.mesh.pp() == 1 && run.blocks == 1) {
     if (run.mesh.dp() > 1) {
       ATOLL_ASSIGN_OR_RETURN(peers,
                              CheckOnPeers(run, s, snapshot, *run.mesh.dp_group(), false, &named));
@@ -294,6 +305,18 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
   kept.sdc = std::move(events);
   *m = std::move(kept);
   return Status::Ok();
+}
+
+// The checkpoint of step `step` into dir, written by the lowest live site, and by the next when
+// that one is lost before the live sites meet again after it wrote (sync; otherwise site 0,
+// once). Collective over the world.
+Status SaveOnLeadSite(Run& run, WorldStrategy& strategy, const std::string& dir, int64_t step) {
+  for (int wrote = -1;;) {
+    ATOLL_RETURN_IF_ERROR(strategy.AgreeOnLive());
+    if (strategy.lead_site() == wrote) return Status::Ok();
+    wrote = strategy.lead_site();
+    if (run.site == wrote) ATOLL_RETURN_IF_ERROR(SaveCheckpoint(run, dir, step));
+  }
 }
 
 // Installs the rank's wan faults in the WAN transport (world/wan.h WanPayloadFault) for as long
@@ -527,6 +550,8 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
           "step the other ranks confirmed (a running world cannot leave a rank out yet)",
           s + 1, e != m.sdc.end() ? *e : std::string("on another site")));
     }
+    // A site lost after the step's sums is seen before its validation moves (sync).
+    if (last) ATOLL_RETURN_IF_ERROR(strategy->AgreeOnLive());
     if (run.num_val_windows > 0 && run.site == strategy->lead_site() &&
         (last || (tc.eval_every > 0 && (s + 1) % tc.eval_every == 0))) {
       ATOLL_ASSIGN_OR_RETURN(const double val_loss, Validate(run));
@@ -538,9 +563,8 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     }
     if (tc.checkpoint_every > 0 && (s + 1) % tc.checkpoint_every == 0) {
       ATOLL_RETURN_IF_ERROR(check_at_rest());  // on every site: it may repair across them
-      if (run.site == strategy->lead_site())
-        ATOLL_RETURN_IF_ERROR(
-            SaveCheckpoint(run, fmt::format("{}/checkpoint-{}", ck_dir, s + 1), s + 1));
+      ATOLL_RETURN_IF_ERROR(
+          SaveOnLeadSite(run, *strategy, fmt::format("{}/checkpoint-{}", ck_dir, s + 1), s + 1));
     }
     if (options.die_after_step == s + 1 && leader) {
       LogWarning("site {}: dying after step {} (fault injection)", run.site, s + 1);
@@ -565,8 +589,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   if (const std::string summary = strategy->Summary(); !summary.empty()) LogInfo("{}", summary);
   const std::string final_dir = ck_dir + "/checkpoint";
   ATOLL_RETURN_IF_ERROR(check_at_rest());
-  if (run.site == strategy->lead_site())
-    ATOLL_RETURN_IF_ERROR(SaveCheckpoint(run, final_dir, tc.steps));
+  ATOLL_RETURN_IF_ERROR(SaveOnLeadSite(run, *strategy, final_dir, tc.steps));
   return final_dir;
 }
 

@@ -11,7 +11,9 @@
 // over the lost site's micro-batches (lost site i of the sorted lost ones goes to live site
 // i mod |live|) and compute the step again, so the global batch and its samples do not change:
 // in the reproducible mode the parameters stay bitwise those of a run that lost nothing.
-// Validation and checkpoints move to the lowest live site.
+// Validation and checkpoints move to the lowest live site (AgreeOnLive before them). The
+// detectors' collectives over the sites are followed by a round too (Elastic), where a site that
+// failed one says so: a site lost in the middle of a collective can fail it on some sites only.
 //
 // The sites hold one model, so the corruption detectors compare it across them
 // (GatherOverSites) and replay a step on every site together (SumOverSites).
@@ -54,11 +56,7 @@ class SyncStrategy final : public WorldStrategy {
   StatusOr<std::vector<int>> TakenOver() override {
     // The leader may have adopted a new live set in a detector's collective (Elastic): the
     // site's ranks take it before they choose their micro-batches.
-    std::vector<int64_t> live(size_t(c_.cfg->world.sites) + 1, -1);
-    live[0] = int64_t(live_.size());
-    std::copy(live_.begin(), live_.end(), live.begin() + 1);
-    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(live)));
-    live_.assign(live.begin() + 1, live.begin() + 1 + live[0]);
+    ATOLL_RETURN_IF_ERROR(ShareLive());
     std::vector<int> lost, mine;
     for (int s = 0; s < int(c_.cfg->world.sites); ++s)
       if (!std::binary_search(live_.begin(), live_.end(), s)) lost.push_back(s);
@@ -67,21 +65,30 @@ class SyncStrategy final : public WorldStrategy {
     return mine;
   }
 
+  Status AgreeOnLive() override {
+    if (c_.leader && c_.world->commit) {
+      ATOLL_ASSIGN_OR_RETURN(const int64_t round, NextRound());
+      ATOLL_ASSIGN_OR_RETURN(const Membership agreed, c_.world->commit(round, RoundVote{}));
+      ATOLL_RETURN_IF_ERROR(Adopt(agreed, round, fmt::format("after step {}", step_ + 1)).status());
+    }
+    return ShareLive();
+  }
+
+  int64_t generation() const override { return generation_; }
+
   StatusOr<bool> AfterBackward(int64_t step, const SiteSums& sums) override {
     if (step > step_) step_ = step, calls_ = 0;
     ATOLL_ASSIGN_OR_RETURN(const int64_t round, NextRound());
     wan_s_ = 0;
     // The leader's verdict for the site: 1 commit, 0 compute the step again; then the live sites.
-    std::vector<int64_t> verdict(size_t(c_.cfg->world.sites) + 2, -1);
+    int64_t verdict = -1;
     if (c_.leader) {
       ATOLL_ASSIGN_OR_RETURN(const bool commit, SumAndAgree(step, round, sums));
-      verdict[0] = commit ? 1 : 0;
-      verdict[1] = int64_t(live_.size());
-      std::copy(live_.begin(), live_.end(), verdict.begin() + 2);
+      verdict = commit ? 1 : 0;
     }
-    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(verdict)));
-    if (!c_.leader) live_.assign(verdict.begin() + 2, verdict.begin() + 2 + verdict[1]);
-    if (verdict[0] == 0) return false;
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&verdict, 1)));
+    ATOLL_RETURN_IF_ERROR(ShareLive());
+    if (verdict == 0) return false;
     if (!sums.fixed.empty())
       ATOLL_RETURN_IF_ERROR(ShareInSite(c_, sums.fixed));
     else
@@ -213,26 +220,53 @@ class SyncStrategy final : public WorldStrategy {
           fmt::format("{}: site(s) {} lost; {} live site(s) ({}) are fewer than world.quorum = {}",
                       when, SiteList(lost), now.size(), SiteList(now), quorum_));
     live_ = now;
-    live_comm_ = std::make_unique<LiveSites>(c_.world->wan, live_, uint32_t(round));
+    ++generation_;
+    live_comm_ = std::make_unique<LiveSites>(c_.world->wan, live_, uint32_t(generation_));
     failed_ = 0;
     LogWarning("{}: site(s) {} lost; the live sites {} go on and take over their micro-batches",
                when, SiteList(lost), SiteList(live_));
     return true;
   }
 
-  // On the leader: op over the live sites; when it fails, the sites meet in a coordinator round
-  // (every survivor of a lost site fails the same operation) and, if some were lost, op runs
-  // again among the rest.
+  // The leader's live sites (and their generation) to the site's ranks.
+  Status ShareLive() {
+    std::vector<int64_t> live(size_t(c_.cfg->world.sites) + 2, -1);
+    live[0] = generation_;
+    live[1] = int64_t(live_.size());
+    std::copy(live_.begin(), live_.end(), live.begin() + 2);
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(live)));
+    generation_ = live[0];
+    live_.assign(live.begin() + 2, live.begin() + 2 + live[1]);
+    return Status::Ok();
+  }
+
+  // On the leader: op over the live sites, then (with a coordinator) a round where every live site
+  // says whether it succeeded: a site lost during op can fail it on some sites and not on others,
+  // and only the round tells them all alike. op runs again among the rest when a site was lost,
+  // or when it failed somewhere (up to kFailedSums times in a row). So op must give the same
+  // result when it runs again.
   template <class Op>
   Status Elastic(Op op) {
-    Status s = op(Sites());
-    if (s.ok() || !c_.world->commit) return s;
-    ATOLL_ASSIGN_OR_RETURN(const int64_t round, NextRound());
-    StatusOr<Membership> agreed = c_.world->commit(round, RoundVote{.failed = true});
-    if (!agreed.ok()) return agreed.status().WithContext(s.ToString());
-    ATOLL_ASSIGN_OR_RETURN(const bool changed,
-                           Adopt(*agreed, round, fmt::format("after step {}", step_ + 1)));
-    return changed ? op(Sites()) : s;
+    if (!c_.world->commit) return op(Sites());
+    for (int failed = 0;;) {
+      Status s = op(Sites());
+      ATOLL_ASSIGN_OR_RETURN(const int64_t round, NextRound());
+      StatusOr<Membership> agreed = c_.world->commit(round, RoundVote{.failed = !s.ok()});
+      if (!agreed.ok()) return agreed.status().WithContext(s.ToString());
+      ATOLL_ASSIGN_OR_RETURN(const bool changed,
+                             Adopt(*agreed, round, fmt::format("after step {}", step_ + 1)));
+      if (changed) continue;
+      std::vector<int> failing;
+      for (int site : live_)
+        if (auto v = agreed->votes.find(site); v == agreed->votes.end() || v->second.failed)
+          failing.push_back(site);
+      if (failing.empty()) return s;
+      if (++failed >= kFailedSums)
+        return Status::Unavailable(fmt::format(
+            "after step {}: a collective over the sites failed {} times in a row on site(s) {} "
+            "(here: {})",
+            step_ + 1, failed, SiteList(failing), s.ok() ? "ok" : s.ToString()));
+    }
   }
 
   // On the leader: the step's sums over the live sites, agreed in coordinator round `round`.
@@ -296,6 +330,7 @@ class SyncStrategy final : public WorldStrategy {
   const StrategyContext c_;
   std::vector<int> live_;                 // the sites taking part, sorted
   std::unique_ptr<LiveSites> live_comm_;  // once a site was lost
+  int64_t generation_ = 0;                // changes of live_
   int quorum_ = 1;
   int failed_ = 0;      // sums failed in a row
   double wan_s_ = 0;    // this step's time in WAN all-reduces

@@ -28,11 +28,14 @@
 //                        step also the end (the final exchange, async's barrier and last pull);
 //   Fill(&metrics)       the step's WAN fields;
 //   Summary()            a line for the log at the end ("" for none);
-//   lead_site()          the site that validates and writes checkpoints: the lowest live one.
+//   lead_site()          the site that validates and writes checkpoints: the lowest live one;
+//   AgreeOnLive()        before a checkpoint and the last validation: the live sites meet and
+//                        agree who is live, so lead_site() is live and the same everywhere;
+//   generation()         how many times the live sites changed (a replayed step compares runs
+//                        of one generation).
 // and for the corruption detectors (train/sdc/), where the sites hold one model (sync):
 //   SumOverSites(n)      a count summed over the sites, so that they decide alike whether to replay
-//                        a step (which they then do together: a replayed AfterBackward repeats
-//                        the WAN all-reduce, not the coordinator's round);
+//                        a step (which they then do together);
 //   GatherOverSites(h)   the leader's fingerprints gathered from every live site (cross-site
 //                        replicas);
 //   RepairAcrossSites    state at rest a site's memory check could not repair, copied from a site
@@ -152,6 +155,11 @@ class WorldStrategy {
   virtual bool whole_batch() const = 0;
   // The site that validates and writes the checkpoints: the lowest live site.
   virtual int lead_site() const { return 0; }
+  // sync with a coordinator: the live sites meet in a round and adopt who is live there (a site
+  // lost since the last step's sums is seen). Collective over the world.
+  virtual Status AgreeOnLive() { return Status::Ok(); }
+  // The number of changes of the live sites so far, the same on every rank of every live site.
+  virtual int64_t generation() const { return 0; }
   // sync over several sites of one rank each, while every site is live: the sites' leaders (the
   // WAN), whose ranks are the sites, for the audit replay's peer check (train/sdc/peers.h);
   // otherwise null.
