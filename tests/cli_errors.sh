@@ -36,6 +36,10 @@ expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set sdc.on_alarm=panic
 expect_err "sdc.on_alarm"
 expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set sdc.audit_every=-1 --out "$T/x"
 expect_err "sdc.audit_every: must be >= 0"
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set sdc.on_faulty=ignore --out "$T/x"
+expect_err "sdc.on_faulty: must be stop or exclude"
+expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set sdc.on_faulty=exclude --out "$T/x"
+expect_err "exclude needs world.strategy"
 expect_exit 2 "$ATOLL" train --config configs/tiny.toml --inject wan:step=2 --out "$T/x"
 expect_err "a wan fault needs world.sites > 1"
 expect_exit 2 "$ATOLL" train --config configs/tiny.toml --inject wan:step=2,site=1,rank=1 \

@@ -212,6 +212,7 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
       options.world.commit = [client](int64_t r, std::optional<RoundVote> v) {
         return client->Round(r, v);
       };
+      options.world.leave = [client] { return client->Leave(); };
       WanEndpoint* ep = link.endpoint.get();
       options.world.wan_bytes = [ep] { return ep->stats().bytes_sent; };
       options.world.payload_fault = [ep](WanPayloadFault f) { ep->SetPayloadFault(std::move(f)); };
@@ -337,7 +338,7 @@ void AddTrainCommand(CLI::App& app) {
       "          link.jitter_ms   (several sites: see `atoll launch --help`)\n"
       "  [faults] inject seed   (bit flips on purpose; see --inject)\n"
       "  [sdc]   guard fingerprints memory checksums moments_every guard_threshold guard_window\n"
-      "          on_alarm (warn|stop|redo) audit_every\n"
+      "          on_alarm (warn|stop|redo) audit_every on_faulty (stop|exclude)\n"
       "Examples:\n"
       "  atoll train --config configs/small.toml --out runs/s1 --set train.steps=200\n"
       "  atoll train --resume runs/s1/checkpoint-100 --out runs/s1\n"

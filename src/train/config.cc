@@ -219,6 +219,9 @@ std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
        "warn (log and report), stop (end the run) or redo (roll back, replay the step, go on)"},
       {"sdc", "audit_every", &c.sdc.audit_every,
        "replay every N-th step and compare it bitwise with the first run (0: only on an alarm)"},
+      {"sdc", "on_faulty", &c.sdc.on_faulty,
+       "a rank the replays find faulty: stop (end the run) or exclude (sync over sites: its site "
+       "leaves, the others take over its micro-batches)"},
   };
 }
 

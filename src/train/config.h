@@ -130,6 +130,9 @@ struct SdcConfig {
   // and go on with the replay's result (train/sdc/audit.h)
   std::string on_alarm = "warn";
   int64_t audit_every = 0;  // also replay every N-th step without an alarm (0: never)
+  // A rank the replays find computing wrong results: "stop" the run, or "exclude" its site (sync
+  // over several sites with a coordinator: the site leaves, the others take over its share).
+  std::string on_faulty = "stop";
   bool operator==(const SdcConfig&) const = default;
 };
 

@@ -159,6 +159,13 @@ Status ValidateRunConfig(const RunConfig& c) {
     return bad("sdc.on_alarm", fmt::format("must be warn, stop or redo, got \"{}\"", d.on_alarm));
   if (d.audit_every < 0)
     return bad("sdc.audit_every", fmt::format("must be >= 0, got {}", d.audit_every));
+  if (d.on_faulty != "stop" && d.on_faulty != "exclude")
+    return bad("sdc.on_faulty", fmt::format("must be stop or exclude, got \"{}\"", d.on_faulty));
+  if (d.on_faulty == "exclude" && (w.sites < 2 || w.strategy != "sync"))
+    return bad("sdc.on_faulty",
+               "exclude needs world.strategy = \"sync\" over world.sites > 1 (the other sites "
+               "take over the excluded site's micro-batches); a single site cannot leave a rank "
+               "out");
   if (c.faults.seed < 0)
     return bad("faults.seed", fmt::format("must be >= 0, got {}", c.faults.seed));
   ATOLL_ASSIGN_OR_RETURN(const std::vector<FaultSpec> faults, ParseFaults(c.faults.inject));

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <filesystem>
 #include <memory>
 #include <thread>
@@ -79,6 +80,7 @@ Status TrainLocalWorld(const RunConfig& cfg, const std::string& dir,
   }
   std::vector<std::unique_ptr<Communicator>> wans(static_cast<size_t>(sites));
   std::vector<Status> st(static_cast<size_t>(sites));
+  std::vector<std::atomic<int>> left(static_cast<size_t>(sites));  // sites that left the world
   std::vector<std::thread> threads;
   for (int s = 0; s < sites; ++s)
     threads.emplace_back([&, s] {
@@ -104,6 +106,10 @@ Status TrainLocalWorld(const RunConfig& cfg, const std::string& dir,
         }
         CoordinatorClient* c = clients[size_t(s)].get();
         o.world.commit = [c](int64_t r, std::optional<RoundVote> v) { return c->Round(r, v); };
+        o.world.leave = [c, &left, s] {
+          left[size_t(s)] = 1;
+          return c->Leave();
+        };
         for (const auto& [site, step] : options.lose)
           if (site == s) o.die_after_step = step, o.die_returns = true;
       }
@@ -124,10 +130,14 @@ Status TrainLocalWorld(const RunConfig& cfg, const std::string& dir,
       o.world.payload_fault = [ep](WanPayloadFault f) { ep->SetPayloadFault(std::move(f)); };
       st[size_t(s)] = TrainSite(cfg, o);
       if (!st[size_t(s)].ok()) {  // its peers see it vanish and fail at once, not on a timeout
-        if (o.die_returns)
+        if (left[size_t(s)]) {    // it left the world (sdc.on_faulty = exclude)
+          LogWarning("site {}: {}", s, st[size_t(s)].ToString());
+          st[size_t(s)] = Status::Ok();
+        } else if (o.die_returns) {
           st[size_t(s)] = Status::Ok();  // lost on purpose
-        else
+        } else {
           LogWarning("site {} failed: {}", s, st[size_t(s)].ToString());
+        }
         clients[size_t(s)].reset();  // no Leave: its heartbeats stop, as a crashed site's
         wans[size_t(s)].reset();
         eps[size_t(s)].reset();

@@ -32,7 +32,7 @@ struct LocalWorldOptions {
 };
 
 // Trains cfg's world into dir (removed first); the first failing site's (or rank's) status (a
-// site lost on purpose does not count).
+// site lost on purpose, or one that left the world, sdc.on_faulty = exclude, does not count).
 Status TrainLocalWorld(const RunConfig& cfg, const std::string& dir,
                        const LocalWorldOptions& options = {});
 

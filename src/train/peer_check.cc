@@ -13,7 +13,8 @@
 namespace atl {
 
 StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepSnapshot& before,
-                                                Communicator& group, bool sites, bool* faulty) {
+                                                Communicator& group, bool sites,
+                                                NamedFaulty* named) {
   const int n = group.size(), d = group.rank();
   // Replica r's first micro-batch: the site's replicas, or site r's (one replica each: dp 1).
   auto first_of = [&](int r) {
@@ -73,8 +74,15 @@ StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepS
   }
   std::copy(after.begin(), after.end(), run.model->params());
   *run.trace = own;
-  *faulty = std::any_of(found.begin(), found.end(),
-                        [](const PeerFinding& f) { return f.event.verdict == "faulty_rank"; });
+  *named = NamedFaulty();
+  for (const PeerFinding& f : found) {
+    if (f.event.verdict != "faulty_rank") continue;
+    if (!f.event.has_majority) named->unsure = true;
+    const int site = sites ? f.event.site : run.site;
+    if (f.event.has_majority &&
+        std::find(named->sites.begin(), named->sites.end(), site) == named->sites.end())
+      named->sites.push_back(site);
+  }
   if (!comparable) return std::vector<std::string>();
   return PeerEvents(found, run.site, s, run.mesh.rank() == 0);
 }

@@ -124,9 +124,15 @@ Status ReplicaPass(Run& run, int64_t s, int64_t first);
 // sites (group: their leaders; sites true). A rank named for a neighbour's micro-batches, which it
 // ran once, runs them again: only a repeated result names it faulty; another is a transient fault
 // of the check ("transient", run "peer check"; the step stands). The events, the same on every
-// rank; faulty: whether one names a faulty rank. Collective over the group.
+// rank; named: the faulty ranks they name. Collective over the group.
+struct NamedFaulty {
+  std::vector<int> sites;  // the sites of the ranks named by a majority of executions
+  bool unsure = false;     // a rank named without a majority (two executions disagree)
+  bool any() const { return unsure || !sites.empty(); }
+};
 StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepSnapshot& before,
-                                                Communicator& group, bool sites, bool* faulty);
+                                                Communicator& group, bool sites,
+                                                NamedFaulty* named);
 // The squared global gradient norm: every element of the whole model once (NormRanges), of the
 // reduced gradients (data-parallel replica 0's copy, or with ZeRO each replica's owned pieces),
 // summed over the world. Reproducible mode sums in integers (ExactSquareSum), so the value does

@@ -28,6 +28,7 @@
 #include "train/run.h"
 #include "train/schedule.h"
 #include "train/sdc/peers.h"
+#include "train/step.h"
 #include "train/strategies/world_strategy.h"
 
 namespace atl {
@@ -91,220 +92,6 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
   }
   run.model->InitParameters(uint64_t(tc.seed));
   return 0;
-}
-
-// The corruption detectors after step s's update (train/sdc/monitor.h): every rank logs what it
-// found; the site's ranks share their findings, which go into the step's metrics; with
-// sdc.on_alarm = "stop" any finding ends the run on every rank of the site alike.
-Status CheckStep(Run& run, int64_t s, StepMetrics* m) {
-  ATOLL_ASSIGN_OR_RETURN(std::vector<SdcEvent> events,
-                         run.sdc->AfterStep(s, m->loss, m->grad_norm, m->lr, run.model->params(),
-                                            run.optimizer->m(), run.optimizer->v()));
-  std::vector<std::string> mine;
-  for (const SdcEvent& e : events) {
-    LogWarning("silent data corruption suspected: {}", e.ToString());
-    mine.push_back(e.ToJson());
-  }
-  if (run.mesh.size() > 1) {
-    ATOLL_ASSIGN_OR_RETURN(m->sdc, ShareEvents(*run.mesh.world(), mine));
-  } else {
-    m->sdc = std::move(mine);
-  }
-  if (!m->sdc.empty() && !OnlyRepaired(m->sdc) && run.cfg.sdc.on_alarm == "stop")
-    return Status::Internal(fmt::format(
-        "silent data corruption suspected at step {} ({}{}); sdc.on_alarm = stop ends the run",
-        s + 1, m->sdc.front(),
-        m->sdc.size() > 1 ? fmt::format(" and {} more", m->sdc.size() - 1) : ""));
-  return Status::Ok();
-}
-
-// Step s's computation: the forward and backward passes, the losses and the gradient reduction
-// (in the site, then by the strategy), the gradient norm and the optimizer update. Fills m's
-// loss, grad_norm and lr. A non-finite loss or norm is left for the caller to judge.
-Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objective,
-                   std::vector<double>& local_losses, StepMetrics* m) {
-  const Mesh& me = run.mesh;
-  const TrainConfig& tc = run.cfg.train;
-  const size_t n_params = run.model->num_params();
-  const bool over_wan = SyncOverSites(run.cfg);
-  std::vector<double> all_losses(static_cast<size_t>(run.accum), 0.0);
-  // The site's passes and its sums with the other sites, again when the live sites changed before
-  // they agreed (sync: the survivors take over a lost site's micro-batches).
-  for (bool agreed = false; !agreed;) {
-    // This replica's micro-batches: its own, then those of the lost sites it takes over.
-    std::vector<int64_t> firsts = {run.first_micro};
-    ATOLL_ASSIGN_OR_RETURN(const std::vector<int> taken, strategy.TakenOver());
-    for (int lost : taken)
-      firsts.push_back((int64_t(lost) * me.dp() + me.dp_rank()) * run.local_accum);
-    try {
-      ATOLL_RETURN_IF_ERROR(ForwardBackward(run, s, &local_losses, firsts));
-    } catch (const std::runtime_error& e) {  // a failed tensor-parallel all-reduce
-      return Status::Internal(fmt::format("step {}: {}", s + 1, e.what()));
-    }
-    // Every micro-batch's loss, summed in global order (the last stage's tp rank 0 of replica r
-    // holds micro-batches r*k/D ...).
-    std::fill(all_losses.begin(), all_losses.end(), 0.0);
-    if (me.last_stage() && me.tp_rank() == 0)
-      for (size_t b = 0; b < firsts.size(); ++b)
-        std::copy_n(local_losses.begin() + std::ptrdiff_t(b * size_t(run.local_accum)),
-                    run.local_accum, all_losses.begin() + firsts[b]);
-    if (me.size() > 1) ATOLL_RETURN_IF_ERROR(me.world()->AllReduce(std::span<double>(all_losses)));
-    if (run.faults != nullptr) run.faults->AtWan(s);
-    // The sites' sums: the gradients (the reproducible mode's exact int64 sums), the losses and,
-    // with sync across sites, the gradient checksum's records, which the WAN sums with the
-    // losses. The reduced gradient is checked against them where the optimizer reads it.
-    const std::span<double> records =
-        over_wan && run.grad_sums != nullptr ? run.grad_sums->records() : std::span<double>();
-    std::vector<double> sums = all_losses;
-    sums.insert(sums.end(), records.begin(), records.end());
-    SiteSums site;
-    site.grads = std::span<float>(run.model->grads(), n_params);
-    if (over_wan && run.reducer != nullptr) site.fixed = run.reducer->fixed_sums();
-    site.losses = std::span<double>(sums);
-    ATOLL_ASSIGN_OR_RETURN(agreed, strategy.AfterBackward(s, site));
-    if (!agreed) continue;
-    run.blocks = firsts.size();
-    run.generation = strategy.generation();
-    if (!site.fixed.empty()) run.reducer->ConvertFixed(run.model->grads());
-    std::copy(sums.begin(), sums.begin() + run.accum, all_losses.begin());
-    std::copy(sums.begin() + run.accum, sums.end(), records.begin());
-  }
-  InjectBufferFaults(run, FaultKind::kGrad, s);
-  CheckReducedGradient(run, me.dp() * (over_wan ? run.sites : 1));
-  if (run.trace != nullptr) {
-    run.trace->SetLosses(local_losses, run.first_micro);
-    if (Zero(run))
-      run.trace->SetGrads({}, run.reducer->shard_grads(), run.optimizer->size());
-    else
-      run.trace->SetGrads(run.model->layout(), run.model->grads(), n_params);
-  }
-  double loss_sum = 0.0;
-  for (double l : all_losses) loss_sum += l;
-  m->loss = loss_sum / double(objective);
-  ATOLL_ASSIGN_OR_RETURN(const double squared_norm, SquaredGradNorm(run));
-  m->grad_norm = std::sqrt(squared_norm);
-  m->lr = LearningRate(tc, s);
-  const float clip = ClipScale(m->grad_norm, tc.grad_clip);
-  if (run.sdc != nullptr) ATOLL_RETURN_IF_ERROR(run.sdc->BeforeUpdate(s, run.model->params()));
-  run.optimizer->Step(run.model->params(),
-                      Zero(run) ? run.reducer->shard_grads() : run.model->grads(), m->lr, clip);
-  if (run.sdc != nullptr)
-    ATOLL_RETURN_IF_ERROR(
-        run.sdc->OnUpdate(run.optimizer->update_squares(), run.optimizer->owned_numel()));
-  return Zero(run) ? run.reducer->AllGatherInPlace(run.model->params()) : Status::Ok();
-}
-
-bool Finite(const StepMetrics& m) { return std::isfinite(m.loss) && std::isfinite(m.grad_norm); }
-
-Status Diverged(const StepMetrics& m) {
-  return Status::Internal(
-      fmt::format("training diverged at step {}: loss {}, gradient norm {} (lower train.lr?)",
-                  m.step, m.loss, m.grad_norm));
-}
-
-// The audit replay of step s (train/sdc/audit.h), on every rank of the site alike (with sync
-// across sites: of every site, which decide together through the strategy): rolls back to
-// the pre-step snapshot and computes the step again; when some rank's two runs differ, a third
-// run decides which one was corrupted. Keeps the result two runs agree on. m: the first run's
-// metrics (its sdc events), replaced by the kept run's, with the first run's events and the
-// verdict in front. agreed: whether the kept run's replicas agree (no fingerprint mismatch).
-// When every replay matched and the site's replicas (or, sync with one rank a site, the sites)
-// each hold the whole model, other ranks' executions decide between the data and a rank that
-// repeats its fault (CheckOnPeers); faulty: whether they named a rank (or site) of any site.
-Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objective,
-                  std::vector<double>& local_losses, const StepSnapshot& snapshot, StepMetrics* m,
-                  bool* agreed, bool* faulty) {
-  Communicator* site = run.mesh.world();
-  const std::vector<ParamTensor> none;
-  const std::vector<ParamTensor>& layout = Zero(run) ? none : run.model->layout();
-  auto compute = [&](StepMetrics* out) {
-    snapshot.Restore(run.model->params(), run.optimizer.get());
-    if (run.sdc != nullptr) run.sdc->RestoreState();
-    out->step = m->step;
-    return ComputeStep(run, strategy, s, objective, local_losses, out);
-  };
-  // How many ranks say yes: of the site, or of the world when the sites replay together.
-  auto count = [&](bool mine) -> StatusOr<int64_t> {
-    ATOLL_ASSIGN_OR_RETURN(const int64_t n, CountOnSite(site, mine));
-    return strategy.SumOverSites(n);
-  };
-  // Runs of one live set are compared: when a site is lost in the middle (sync), the micro-batches
-  // each site computes change, and the latest run becomes the first of a new replay.
-  const StepTrace first = *run.trace;
-  const int64_t generation = run.generation;
-  auto relive = [&] {
-    return ReplayStep(run, strategy, s, objective, local_losses, snapshot, m, agreed, faulty);
-  };
-  StepMetrics kept;
-  ATOLL_RETURN_IF_ERROR(compute(&kept));
-  if (run.generation != generation) return relive();
-  auto diff = FirstDifference(first, *run.trace, layout);
-  ATOLL_ASSIGN_OR_RETURN(const int64_t differing, count(diff.has_value()));
-  if (differing > 0) {
-    const StepTrace replay = *run.trace;
-    kept = StepMetrics();
-    ATOLL_RETURN_IF_ERROR(compute(&kept));
-    if (run.generation != generation) return relive();
-    const bool first_bad = diff && !FirstDifference(replay, *run.trace, layout);
-    const bool replay_bad = diff && !FirstDifference(first, *run.trace, layout);
-    if (diff) diff->run = first_bad ? "first" : "replay";
-    ATOLL_ASSIGN_OR_RETURN(const int64_t split, count(diff && !first_bad && !replay_bad));
-    if (split > 0)
-      return Status::Internal(fmt::format(
-          "step {}: three runs of the step gave three different results on {} rank(s){}: a rank "
-          "that keeps computing wrong results; stopping (leaving a faulty rank out is not "
-          "supported yet)",
-          s + 1, split,
-          diff && !first_bad && !replay_bad
-              ? fmt::format(", this one (rank {} of site {}) among them", run.mesh.rank(), run.site)
-              : ""));
-  }
-  std::vector<std::string> peers;
-  bool named = false;
-  Communicator* sites = strategy.PeerSites();
-  // Only each replica's own micro-batches are recomputed by its peers: not with a lost site's.
-  if (differing == 0 && run.mesh.tp() == 1 && run.mesh.pp() == 1 && run.blocks == 1) {
-    if (run.mesh.dp() > 1) {
-      ATOLL_ASSIGN_OR_RETURN(peers,
-                             CheckOnPeers(run, s, snapshot, *run.mesh.dp_group(), false, &named));
-    } else if (sites != nullptr) {
-      ATOLL_ASSIGN_OR_RETURN(peers, CheckOnPeers(run, s, snapshot, *sites, true, &named));
-    }
-  }
-  ATOLL_ASSIGN_OR_RETURN(std::vector<std::string> verdict,
-                         ShareReplays(site, run.site, run.mesh.rank(), s, diff));
-  if (!peers.empty()) verdict = std::move(peers);  // in place of "reproduced"
-  ATOLL_ASSIGN_OR_RETURN(const int64_t faulty_ranks, count(named));
-  *faulty = faulty_ranks > 0;
-  // Where some site computed the step differently, the other sites' sums differ after the WAN
-  // because they received it: not a payload of their own.
-  ATOLL_ASSIGN_OR_RETURN(const int64_t computed, count(diff && diff->op != "wan"));
-  if (computed > 0)
-    verdict.erase(std::remove_if(verdict.begin(), verdict.end(),
-                                 [](const std::string& e) {
-                                   return e.find("\"op\":\"wan\"") != std::string::npos;
-                                 }),
-                  verdict.end());
-  if (*faulty) {  // the step is not trusted: its line with the verdicts, then the run stops
-    std::vector<std::string> events = std::move(m->sdc);
-    events.insert(events.end(), verdict.begin(), verdict.end());
-    kept.sdc = std::move(events);
-    *m = std::move(kept);
-    return Status::Ok();
-  }
-  if (!Finite(kept)) return Diverged(kept);  // two runs agree on it: not a transient fault
-  if (run.sdc != nullptr) {
-    ATOLL_RETURN_IF_ERROR(CheckStep(run, s, &kept));
-    // Two runs agree on what the guard flags: a genuine spike, part of the run from now on.
-    if (HasEvent(kept.sdc, "guard") && !HasEvent(kept.sdc, "checksum")) run.sdc->AcceptFlagged();
-  }
-  *agreed = !HasEvent(kept.sdc, "fingerprint");
-  std::vector<std::string> events = std::move(m->sdc);
-  events.insert(events.end(), verdict.begin(), verdict.end());
-  events.insert(events.end(), kept.sdc.begin(), kept.sdc.end());
-  kept.sdc = std::move(events);
-  *m = std::move(kept);
-  return Status::Ok();
 }
 
 // The checkpoint of step `step` into dir, written by the lowest live site, and by the next when
@@ -480,6 +267,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   double steps_s = 0, snapshot_s = 0, replays_s = 0;
   bool replicas_agreed = true;  // the data-parallel replicas' fingerprints, after the last step
   int64_t replayed = 0;
+  std::vector<std::string> carried;  // the events of a step computed again without a faulty site
   for (int64_t s = start; s < tc.steps; ++s) {
     const double t0 = NowSeconds();
     InjectBufferFaults(run, FaultKind::kParam, s);
@@ -513,7 +301,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       ATOLL_ASSIGN_OR_RETURN(const int64_t alarms, strategy->SumOverSites(alarm ? 1 : 0));
       alarm = alarms > 0;
     }
-    bool faulty = false;  // a rank that repeats its fault, named by the peer check
+    FaultyRank faulty;  // a rank that computes wrong results, found by the replay
     if (replays && (alarm || audit)) {
       const double r0 = NowSeconds();
       Status r = ReplayStep(run, *strategy, s, objective, local_losses, snapshot, &m,
@@ -527,6 +315,23 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     } else {
       replicas_agreed = !HasEvent(m.sdc, "fingerprint");
     }
+    // sdc.on_faulty = exclude: the faulty rank's site leaves the world (below); the others compute
+    // the step again from its start without it, taking over its micro-batches.
+    const bool exclude = faulty.named && !faulty.unsure && cfg.sdc.on_faulty == "exclude" &&
+                         strategy->elastic();
+    if (exclude && !faulty.here) {
+      LogWarning("step {}: another site leaves the world (sdc.on_faulty = exclude): {}", s + 1,
+                 faulty.why);
+      carried.insert(carried.end(), m.sdc.begin(), m.sdc.end());
+      snapshot.Restore(run.model->params(), run.optimizer.get());
+      if (run.sdc != nullptr) run.sdc->RestoreState();
+      seal_at_rest();
+      ATOLL_RETURN_IF_ERROR(strategy->AgreeOnLive());
+      --s;
+      continue;
+    }
+    m.sdc.insert(m.sdc.begin(), carried.begin(), carried.end());
+    carried.clear();
     const bool last = s + 1 == tc.steps;
     ATOLL_RETURN_IF_ERROR(strategy->AfterStep(s + 1, run.model->params(), last));
     seal_at_rest();  // after the strategy's exchanges, which may move the parameters
@@ -537,18 +342,24 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     m.step_ms = dt * 1e3;
     m.tokens_per_s = double(tc.batch_size) * seq / dt;
     strategy->Fill(&m);
-    if (faulty) {  // on every rank of every site alike, the step's line written
+    if (faulty.named) {  // on every rank of every site alike (but those that go on), the line
       if (leader) {
         ATOLL_RETURN_IF_ERROR(metrics.Append(m));
         progress.Finish();
       }
-      const auto e = std::find_if(m.sdc.begin(), m.sdc.end(),
-                                  [](const std::string& x) { return HasFaultyRank({x}); });
+      if (exclude) {  // this site: it leaves, the others go on
+        if (leader && options.world.leave) (void)options.world.leave();
+        return Status::Unavailable(
+            fmt::format("site {} leaves the world (sdc.on_faulty = exclude): {}", run.site,
+                        faulty.why));
+      }
       return Status::Internal(fmt::format(
-          "step {}: a rank (or site) computes wrong results that its own replay repeats ({}); "
-          "stopping: restart without its host from a checkpoint written no later than the last "
-          "step the other ranks confirmed (a running world cannot leave a rank out yet)",
-          s + 1, e != m.sdc.end() ? *e : std::string("on another site")));
+          "{}; stopping: restart without its host from a checkpoint written no later than the "
+          "last step the other ranks confirmed{}",
+          faulty.why,
+          faulty.unsure || !SyncOverSites(cfg)
+              ? ""
+              : " (or let its site leave the world: sdc.on_faulty = \"exclude\")"));
     }
     // A site lost after the step's sums is seen before its validation moves (sync).
     if (last) ATOLL_RETURN_IF_ERROR(strategy->AgreeOnLive());

@@ -3,7 +3,9 @@
 # links of 5 ms): site 0 (which validates and writes checkpoints) dies abruptly after step 6; the
 # coordinator declares it dead, sites 1 and 2 take over its micro-batches and finish. With
 # parallel.reproducible the final parameters and moments are bitwise those of one process that
-# lost nothing; site 1 validates after the loss and writes the checkpoint.
+# lost nothing; site 1 validates after the loss and writes the checkpoint. Then a site with a stuck
+# core (a persistent fault from step 5 on) is named by the audit replay's peer check and, with
+# sdc.on_faulty = exclude, leaves the world: the others end with the same bits.
 # Usage: elastic_sync.sh ATOLL MPIEXEC
 set -euo pipefail
 MPIEXEC=${2:?usage: $0 ATOLL MPIEXEC}
@@ -34,4 +36,17 @@ same_files "$T/one/checkpoint/optimizer.safetensors" "$T/w/checkpoint/optimizer.
 diff <(grep '"step":16' "$T/one/metrics.jsonl" | column val_loss /dev/stdin) \
   <(grep '"step":16' "$T/w/site-1/metrics.jsonl" | column val_loss /dev/stdin) >/dev/null ||
   fail "site 1's last val_loss differs from the single process's"
-echo "elastic sync: site 0 lost after step 6, the run ended bitwise equal to one process"
+
+rc=0
+"$ATOLL" launch "${C[@]}" --set world.sites=3 --set world.heartbeat_s=0.5 \
+  --set sdc.audit_every=1 --set sdc.on_faulty=exclude \
+  --set faults.inject=bad_core:step=5,site=2,layer=1,gemm=2,p=1,bit=27,stuck=1 \
+  --insecure -q --out "$T/x" >"$T/x.out" 2>"$T/x.err" || rc=$?
+[[ $rc == 0 ]] || fail "sync excluding a faulty site exited $rc: $(tail -20 "$T/x.err")"
+grep -q "site 2 leaves the world" "$T/x/site-2/train.log" ||
+  fail "site 2 did not leave: $(tail -20 "$T/x/site-2/train.log")"
+grep -q '"verdict":"faulty_rank"' "$T/x/site-0/metrics.jsonl" || fail "site 0 named no faulty site"
+same_files "$T/one/checkpoint/model.safetensors" "$T/x/checkpoint/model.safetensors"
+same_files "$T/one/checkpoint/optimizer.safetensors" "$T/x/checkpoint/optimizer.safetensors"
+echo "elastic sync: site 0 lost after step 6, and a faulty site 2 excluded at step 5: both runs"
+echo "ended bitwise equal to one process"

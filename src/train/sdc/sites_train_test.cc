@@ -238,6 +238,42 @@ TEST_F(SitesSdcTest, TheSitesRecomputeEachOthersMicroBatches) {
   }
 }
 
+// sdc.on_faulty = exclude: the stuck core on site 2 of three is named by the other two at step 5;
+// site 2 leaves the world, sites 0 and 1 compute step 5 again from its start with site 2's
+// micro-batch and go on, and the run ends with the bits of the clean run (reproducible mode).
+TEST_F(SitesSdcTest, AFaultySiteLeavesAndTheOthersEndWithTheCleanBits) {
+  RunConfig c = cfg_;
+  c.world.sites = 3;
+  c.train.batch_size = 6;  // one micro-batch per site
+  c.parallel.reproducible = true;
+  c.world.heartbeat_s = 0.2;
+  c.sdc.audit_every = 1;
+  c.sdc.on_faulty = "exclude";
+  ASSERT_TRUE(RunSites(c, "clean").ok());
+  c.faults.inject = "bad_core:step=5,site=2,layer=1,gemm=2,p=1,bit=27,stuck=1";
+  const Status st = TrainLocalWorld(c, root_ + "/excluded", {.coordinator = true, .lose = {}});
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(Final("excluded"), Final("clean"));
+  EXPECT_EQ(Metrics(Site("excluded", 2)).back()["step"], 5);
+  for (int s = 0; s < 2; ++s) {
+    const auto metrics = Metrics(Site("excluded", s));
+    ASSERT_EQ(metrics.size(), 14u) << "site " << s;  // step 5 once, with the verdict
+    const auto events = Events(Site("excluded", s), 5);
+    const auto named = std::find_if(events.begin(), events.end(), [](const nlohmann::json& e) {
+      return e["verdict"] == "faulty_rank";
+    });
+    ASSERT_NE(named, events.end()) << "site " << s;
+    EXPECT_EQ((*named)["site"], 2) << named->dump();
+  }
+  // Without a majority (two sites) nobody can be told faulty: the run stops.
+  c.world.sites = 2;
+  c.train.batch_size = 4;
+  c.faults.inject = "bad_core:step=5,site=1,layer=1,gemm=2,p=1,bit=27,stuck=1";
+  const Status two = TrainLocalWorld(c, root_ + "/two", {.coordinator = true, .lose = {}});
+  EXPECT_FALSE(two.ok());
+  EXPECT_NE(two.message().find("computes wrong results"), std::string::npos) << two.ToString();
+}
+
 // A parameter flipped in the memory of a site with one replica is repaired from the other site
 // before the step reads it: named by its site, and the run ends with the clean run's bits.
 TEST_F(SitesSdcTest, StateAtRestIsRepairedFromAnotherSite) {

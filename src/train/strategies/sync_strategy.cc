@@ -51,7 +51,12 @@ class SyncStrategy final : public WorldStrategy {
     quorum_ = c.cfg->world.quorum > 0 ? int(c.cfg->world.quorum) : int(live_.size() / 2 + 1);
   }
 
-  StatusOr<int64_t> Start(int64_t start, float*) override { return start; }
+  StatusOr<int64_t> Start(int64_t start, float*) override {
+    int64_t elastic = c_.world->commit ? 1 : 0;  // the site's other ranks have no hooks
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&elastic, 1)));
+    elastic_ = elastic == 1;
+    return start;
+  }
 
   StatusOr<std::vector<int>> TakenOver() override {
     // The leader may have adopted a new live set in a detector's collective (Elastic): the
@@ -75,6 +80,7 @@ class SyncStrategy final : public WorldStrategy {
   }
 
   int64_t generation() const override { return generation_; }
+  bool elastic() const override { return elastic_; }
 
   StatusOr<bool> AfterBackward(int64_t step, const SiteSums& sums) override {
     if (step > step_) step_ = step, calls_ = 0;
@@ -331,6 +337,7 @@ class SyncStrategy final : public WorldStrategy {
   std::vector<int> live_;                 // the sites taking part, sorted
   std::unique_ptr<LiveSites> live_comm_;  // once a site was lost
   int64_t generation_ = 0;                // changes of live_
+  bool elastic_ = false;                  // with a coordinator: sites can be lost, or leave
   int quorum_ = 1;
   int failed_ = 0;      // sums failed in a row
   double wan_s_ = 0;    // this step's time in WAN all-reduces

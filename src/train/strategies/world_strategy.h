@@ -74,6 +74,9 @@ struct WorldHooks {
   Communicator* wan = nullptr;
   std::function<StatusOr<Membership>(int64_t round, std::optional<RoundVote> vote)> commit;
   std::function<uint64_t()> wan_bytes;
+  // This site leaves the world cleanly, now (CoordinatorClient::Leave): the others stop waiting
+  // for it at once (sdc.on_faulty = exclude). May be empty.
+  std::function<Status()> leave;
   // diloco, streaming: the average over the live sites (SiteExchange::Average, world/exchange.h).
   std::function<StatusOr<ExchangeResult>(int64_t round, std::span<float> data,
                                          std::span<float> residual,
@@ -160,6 +163,9 @@ class WorldStrategy {
   virtual Status AgreeOnLive() { return Status::Ok(); }
   // The number of changes of the live sites so far, the same on every rank of every live site.
   virtual int64_t generation() const { return 0; }
+  // Whether the world goes on without a site that is lost or leaves (WorldHooks::leave) at a
+  // step boundary, with the same batch (sync with a coordinator). The same on the site's ranks.
+  virtual bool elastic() const { return false; }
   // sync over several sites of one rank each, while every site is live: the sites' leaders (the
   // WAN), whose ranks are the sites, for the audit replay's peer check (train/sdc/peers.h);
   // otherwise null.
