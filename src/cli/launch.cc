@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -230,8 +231,11 @@ StatusOr<int> Launch(const LaunchArgs& a) {
       const bool was_running = c.running;
       Poll(c);
       if (was_running && !c.running && !c.exited_ok()) {
+        // sync takes back a site that crashed (a signal, or the fault injection's exit 3), not
+        // one that stopped with an error (a fault it found, the world's own error on every site).
+        const bool crashed = !sync || !WIFEXITED(c.wait_status) || WEXITSTATUS(c.wait_status) == 3;
         const bool again =
-            a.rejoin && !sync && std::find(rejoined.begin(), rejoined.end(), s) == rejoined.end();
+            a.rejoin && crashed && std::find(rejoined.begin(), rejoined.end(), s) == rejoined.end();
         if ((sync || s != 0) && int(lost.size()) + 1 < sites) {
           lost.push_back(s);
           view.MarkLost(s);
@@ -320,7 +324,8 @@ void AddLaunchCommand(CLI::App& app) {
       "rest finish): with sync any site (the live ones take over its micro-batches, so the\n"
       "batch does not change, and the lowest live one validates and writes checkpoints; fewer\n"
       "live sites than world.quorum stop the run); with diloco, streaming or async a site other\n"
-      "than 0, and with --rejoin a new process takes it over and the world is whole again.\n"
+      "than 0. With --rejoin a new process takes it over and the world is whole again (sync:\n"
+      "from a live site's state at a step boundary, bitwise with parallel.reproducible).\n"
       "Their view also shows what sync would have sent for the same progress.\n"
       "Output layout (DIR = --out):\n"
       "  DIR/config.toml              the effective config every site trains with\n"
@@ -353,13 +358,14 @@ void AddLaunchCommand(CLI::App& app) {
   certs->excludes(insecure);
   cmd->add_flag("--quiet,-q", args->quiet, "No live view (errors and the checkpoint path only)");
   cmd->add_option("--fail-site", args->fail_sites,
-                  "Fault injection: SITE@STEP makes that site's leader die abruptly after the "
-                  "step (repeatable); the world goes on without it (sync: any site; diloco, "
-                  "streaming, async: not site 0)");
+                  "Fault injection: SITE@STEP makes that site's leader (SITE.RANK@STEP: that "
+                  "rank of it) die abruptly after the step (repeatable); the site's job ends and "
+                  "the world goes on without it (sync: any site; diloco, streaming, async: not "
+                  "site 0)");
   cmd->add_flag("--rejoin", args->rejoin,
-                "diloco, streaming, async: when a site other than 0 is lost (a crash, or "
-                "--fail-site), start a new process that takes it over, once per site (`atoll "
-                "train --rejoin`; output in DIR/site-N/rejoin.log)");
+                "when a site is lost (a crash, or --fail-site; diloco, streaming, async: not "
+                "site 0), start a new process that takes it over, once per site (`atoll train "
+                "--rejoin`; output in DIR/site-N/rejoin.log)");
   cmd->callback([args] {
     auto rc = Launch(*args);
     ExitIfError(rc.status());

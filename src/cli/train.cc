@@ -40,6 +40,7 @@ struct TrainArgs {
   std::string wan_listen = "127.0.0.1:0";
   std::string checkpoint_dir;
   int64_t die_after_step = 0;
+  int die_rank = 0;
   bool rejoin = false;
   std::vector<std::string> inject;  // fault specs added to [faults] inject
 };
@@ -134,6 +135,49 @@ StatusOr<WorldLink> JoinWorld(const RunConfig& cfg, const TrainArgs& a) {
   return link;
 }
 
+// Rejoins (WorldHooks): every live site serves its state (publish); with --rejoin this process
+// fetches a live site's (fetch) and learns how far the world is (current_round: the latest unit of
+// `rounds_per_unit` coordinator rounds a live site has begun: an exchange, or a sync step).
+void SetRejoinHooks(const TrainArgs& a, const WorldLink& link, int64_t rounds_per_unit,
+                    WorldHooks* w) {
+  WanEndpoint* ep = link.endpoint.get();
+  CoordinatorClient* client = link.coordinator.get();
+  w->publish = [ep](uint64_t index, std::shared_ptr<const std::string> state) {
+    ep->Publish(index, std::move(state));
+  };
+  if (!a.rejoin) return;
+  const int me = a.site;
+  const WorldSecurity security = link.security;
+  w->fetch = [client, me,
+              security](uint64_t min_index) -> StatusOr<std::pair<uint64_t, std::string>> {
+    ATOLL_ASSIGN_OR_RETURN(Membership m, client->Peek());
+    Status last = Status::Unavailable(
+        "no live site to fetch the state from (the run is over, or the world is gone)");
+    bool waiting = false;  // a live site has no state for min_index yet: poll again
+    for (const SiteInfo& s : m.sites) {
+      if (!s.alive || s.site == me || s.wan_address.empty()) continue;
+      auto got = FetchSnapshot(s.wan_address, security, me, min_index, 120);
+      if (got.ok()) return got;
+      if (got.status().code() == StatusCode::kNotFound) {
+        waiting = true;
+        last = got.status();
+        continue;
+      }
+      LogWarning("site {}: rejoin: fetching the state from site {} ({}): {}", me, s.site,
+                 s.wan_address, got.status().ToString());
+      if (!waiting) last = got.status();
+    }
+    return last;
+  };
+  w->current_round = [client, me, rounds_per_unit]() -> StatusOr<int64_t> {
+    ATOLL_ASSIGN_OR_RETURN(Membership m, client->Peek());
+    int64_t last = -1;  // the latest coordinator round a live site has reached
+    for (const SiteInfo& s : m.sites)
+      if (s.alive && s.site != me) last = std::max(last, s.last_round);
+    return last < 0 ? int64_t(-1) : last / rounds_per_unit;
+  };
+}
+
 // Started by mpirun / srun (OpenMPI or PMIx set these), or asked for with --mpi.
 bool UnderMpi(bool flag) {
   return flag || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ||
@@ -200,10 +244,6 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
           "train: world.sites > 1 needs exactly one of --certs DIR (mutual TLS + token) or "
           "--insecure");
     options.world.site = a.site;
-    if (a.rejoin && cfg.world.strategy == "sync")
-      return Status::InvalidArgument(
-          "train: --rejoin: world.strategy = \"sync\" cannot take a lost site back (its "
-          "collectives need every site from the start); diloco, streaming and async can");
     if (leader) {
       ATOLL_ASSIGN_OR_RETURN(link, JoinWorld(cfg, a));
       options.world.wan = link.wan.get();
@@ -237,42 +277,7 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
         };
         options.world.commit = nullptr;
         // Rejoins: every quiet point's state is served to a lost site's new process.
-        options.world.publish = [ep](uint64_t index, std::shared_ptr<const std::string> state) {
-          ep->Publish(index, std::move(state));
-        };
-        if (a.rejoin) {
-          const int me = a.site;
-          const WorldSecurity security = link.security;
-          options.world.fetch =
-              [client, me,
-               security](uint64_t min_index) -> StatusOr<std::pair<uint64_t, std::string>> {
-            ATOLL_ASSIGN_OR_RETURN(Membership m, client->Peek());
-            Status last = Status::Unavailable(
-                "no live site to fetch the state from (the run is over, or the world is gone)");
-            bool waiting = false;  // a live site has no state for min_index yet: poll again
-            for (const SiteInfo& s : m.sites) {
-              if (!s.alive || s.site == me || s.wan_address.empty()) continue;
-              auto got = FetchSnapshot(s.wan_address, security, me, min_index, 120);
-              if (got.ok()) return got;
-              if (got.status().code() == StatusCode::kNotFound) {
-                waiting = true;
-                last = got.status();
-                continue;
-              }
-              LogWarning("site {}: rejoin: fetching the state from site {} ({}): {}", me, s.site,
-                         s.wan_address, got.status().ToString());
-              if (!waiting) last = got.status();
-            }
-            return last;
-          };
-          options.world.current_round = [client, me]() -> StatusOr<int64_t> {
-            ATOLL_ASSIGN_OR_RETURN(Membership m, client->Peek());
-            int64_t last = -1;  // the latest coordinator round a live site has reached
-            for (const SiteInfo& s : m.sites)
-              if (s.alive && s.site != me) last = std::max(last, s.last_round);
-            return last < 0 ? int64_t(-1) : last / kRoundsPerExchange;
-          };
-        }
+        SetRejoinHooks(a, link, kRoundsPerExchange, &options.world);
       } else if (strategy == "async") {
         options.world.ps = client->ps();
         const int64_t end_round = cfg.train.steps;
@@ -281,7 +286,16 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
         };
         options.world.commit = nullptr;
       }
-      if (a.rejoin && strategy != "sync") {
+      if (strategy == "sync") {
+        // A lost site's new process: the live sites serve the state of every step while it is
+        // out, and make new links with it when it is back.
+        SetRejoinHooks(a, link, kSyncRoundsPerStep, &options.world);
+        options.world.addresses = link.addresses;
+        options.world.reconnect = [ep](int s, const std::string& address) {
+          return ep->Reconnect(s, address);
+        };
+      }
+      if (a.rejoin) {
         options.world.rejoin = true;
         options.world.join = [client, ep](int64_t round) -> Status {
           return client->Rejoin(ep->address(), round).status();
@@ -295,6 +309,7 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
   }
   options.checkpoint_dir = a.checkpoint_dir;
   options.die_after_step = a.die_after_step;
+  options.die_rank = a.die_rank;
   options.out_dir = a.out;
   options.resume = ck;
   options.resume_path = a.resume;
@@ -369,11 +384,16 @@ void AddTrainCommand(CLI::App& app) {
                   "Where checkpoints go (default: --out); several sites: site 0 writes them");
   cmd->add_flag(
       "--rejoin", args->rejoin,
-      "Take over a site whose process was lost: diloco, streaming: fetch the state from a "
-      "live site and join at an exchange; async: go on after the site's last push");
+      "Take over a site whose process was lost: sync: fetch a live site's state and join at a "
+      "step (tp = pp = 1, no ZeRO); diloco, streaming: fetch the state from a live site and "
+      "join at an exchange; async: go on after the site's last push");
   cmd->add_option("--die-after-step", args->die_after_step,
                   "Fault injection for tests: the site's leader exits abruptly (exit code 3, no "
                   "goodbye to the coordinator) after this step");
+  cmd->add_option("--die-rank", args->die_rank,
+                  "With --die-after-step: this rank of the site exits instead of the leader (its "
+                  "MPI job then ends)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option(
       "--inject", args->inject,
       "Flip a bit on purpose (silent-data-corruption experiments; repeatable; added to [faults] "

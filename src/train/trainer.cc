@@ -208,6 +208,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   sc.site_comm = me.world();
   sc.leader = leader;
   sc.n_params = n_params;
+  sc.optimizer = run.optimizer.get();
   sc.resumed = options.resume != nullptr;
   if (run.trace != nullptr)
     sc.on_wan = [trace = run.trace.get()](std::span<const std::byte> sums, bool after) {
@@ -317,8 +318,8 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     }
     // sdc.on_faulty = exclude: the faulty rank's site leaves the world (below); the others compute
     // the step again from its start without it, taking over its micro-batches.
-    const bool exclude = faulty.named && !faulty.unsure && cfg.sdc.on_faulty == "exclude" &&
-                         strategy->elastic();
+    const bool exclude =
+        faulty.named && !faulty.unsure && cfg.sdc.on_faulty == "exclude" && strategy->elastic();
     if (exclude && !faulty.here) {
       LogWarning("step {}: another site leaves the world (sdc.on_faulty = exclude): {}", s + 1,
                  faulty.why);
@@ -333,7 +334,9 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     m.sdc.insert(m.sdc.begin(), carried.begin(), carried.end());
     carried.clear();
     const bool last = s + 1 == tc.steps;
-    ATOLL_RETURN_IF_ERROR(strategy->AfterStep(s + 1, run.model->params(), last));
+    // Not after a step a faulty rank computed (the run stops, or its site leaves): nothing of it
+    // is served to others (a sync site's new process takes what AfterStep publishes).
+    if (!faulty.named) ATOLL_RETURN_IF_ERROR(strategy->AfterStep(s + 1, run.model->params(), last));
     seal_at_rest();  // after the strategy's exchanges, which may move the parameters
     const double dt = NowSeconds() - t0;
     steps_s += dt;
@@ -349,9 +352,8 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       }
       if (exclude) {  // this site: it leaves, the others go on
         if (leader && options.world.leave) (void)options.world.leave();
-        return Status::Unavailable(
-            fmt::format("site {} leaves the world (sdc.on_faulty = exclude): {}", run.site,
-                        faulty.why));
+        return Status::Unavailable(fmt::format(
+            "site {} leaves the world (sdc.on_faulty = exclude): {}", run.site, faulty.why));
       }
       return Status::Internal(fmt::format(
           "{}; stopping: restart without its host from a checkpoint written no later than the "
@@ -377,8 +379,9 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       ATOLL_RETURN_IF_ERROR(
           SaveOnLeadSite(run, *strategy, fmt::format("{}/checkpoint-{}", ck_dir, s + 1), s + 1));
     }
-    if (options.die_after_step == s + 1 && leader) {
-      LogWarning("site {}: dying after step {} (fault injection)", run.site, s + 1);
+    if (options.die_after_step == s + 1 && me.rank() == options.die_rank) {
+      LogWarning("site {}: rank {} dying after step {} (fault injection)", run.site, me.rank(),
+                 s + 1);
       if (options.die_returns)
         return Status::Unavailable(
             fmt::format("site {}: stopped after step {} (fault injection)", run.site, s + 1));

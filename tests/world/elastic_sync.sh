@@ -5,7 +5,9 @@
 # parallel.reproducible the final parameters and moments are bitwise those of one process that
 # lost nothing; site 1 validates after the loss and writes the checkpoint. Then a site with a stuck
 # core (a persistent fault from step 5 on) is named by the audit replay's peer check and, with
-# sdc.on_faulty = exclude, leaves the world: the others end with the same bits.
+# sdc.on_faulty = exclude, leaves the world: the others end with the same bits. Last, site 1 dies
+# after step 5 and a new process (--rejoin) fetches a live site's state, joins at a later step
+# and takes its micro-batches back: the same bits again.
 # Usage: elastic_sync.sh ATOLL MPIEXEC
 set -euo pipefail
 MPIEXEC=${2:?usage: $0 ATOLL MPIEXEC}
@@ -48,5 +50,20 @@ grep -q "site 2 leaves the world" "$T/x/site-2/train.log" ||
 grep -q '"verdict":"faulty_rank"' "$T/x/site-0/metrics.jsonl" || fail "site 0 named no faulty site"
 same_files "$T/one/checkpoint/model.safetensors" "$T/x/checkpoint/model.safetensors"
 same_files "$T/one/checkpoint/optimizer.safetensors" "$T/x/checkpoint/optimizer.safetensors"
-echo "elastic sync: site 0 lost after step 6, and a faulty site 2 excluded at step 5: both runs"
-echo "ended bitwise equal to one process"
+
+rc=0
+# The emulated links keep the steps long enough (about 0.9 s) for the new process to start and
+# register before the run's end, also on a loaded machine.
+"$ATOLL" launch "${C[@]}" --set world.sites=3 --set world.link.latency_ms=5 \
+  --set world.link.bandwidth_mbps=200 --set world.link.jitter_ms=0 --set world.heartbeat_s=0.5 \
+  --insecure -q --fail-site 1@5 --rejoin --out "$T/r" >"$T/r.out" 2>"$T/r.err" || rc=$?
+[[ $rc == 0 ]] || fail "sync with site 1 lost and rejoined exited $rc: $(tail -20 "$T/r.err")"
+grep -q "took over at step" "$T/r/site-1/rejoin.log" ||
+  fail "site 1's new process did not take over: $(tail -20 "$T/r/site-1/rejoin.log")"
+grep -q "site(s) 1 back" "$T/r/site-0/train.log" || fail "site 0 did not take site 1 back"
+[[ $(tail -1 "$T/r/site-1/metrics.jsonl" | column step /dev/stdin) == 16 ]] ||
+  fail "site 1's new process did not train to the end"
+same_files "$T/one/checkpoint/model.safetensors" "$T/r/checkpoint/model.safetensors"
+same_files "$T/one/checkpoint/optimizer.safetensors" "$T/r/checkpoint/optimizer.safetensors"
+echo "elastic sync: site 0 lost after step 6, a faulty site 2 excluded at step 5, site 1 lost"
+echo "and rejoined: every run ended bitwise equal to one process"

@@ -42,24 +42,31 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchArgs& a) {
   const int ranks = p.ranks = int(cfg.world.ranks_per_site);
   for (const std::string& f : a.fail_sites) {
     const size_t at = f.find('@');
-    int site = -1;
-    int64_t step = 0;
+    const size_t dot = f.substr(0, at == std::string::npos ? 0 : at).find('.');
+    LaunchPlan::SiteFault fault;
     try {
       if (at == std::string::npos) throw std::invalid_argument(f);
+      const size_t site_end = dot == std::string::npos ? at : dot;
       size_t used = 0;
-      site = std::stoi(f.substr(0, at), &used);
-      if (used != at) throw std::invalid_argument(f);
-      step = std::stoll(f.substr(at + 1), &used);
+      fault.site = std::stoi(f.substr(0, site_end), &used);
+      if (used != site_end) throw std::invalid_argument(f);
+      if (dot != std::string::npos) {
+        fault.rank = std::stoi(f.substr(dot + 1, at - dot - 1), &used);
+        if (used != at - dot - 1) throw std::invalid_argument(f);
+      }
+      fault.step = std::stoll(f.substr(at + 1), &used);
       if (used != f.size() - at - 1) throw std::invalid_argument(f);
     } catch (const std::exception&) {
-      return Status::InvalidArgument(
-          fmt::format("launch: --fail-site {}: expected SITE@STEP, e.g. 2@30", f));
+      return Status::InvalidArgument(fmt::format(
+          "launch: --fail-site {}: expected SITE@STEP or SITE.RANK@STEP, e.g. 2@30 or 1.1@30", f));
     }
-    if (site < 0 || site >= sites || step < 1 || step > cfg.train.steps)
-      return Status::InvalidArgument(
-          fmt::format("launch: --fail-site {}: the site must be in [0, {}) and the step in [1, {}]",
-                      f, sites, cfg.train.steps));
-    p.faults.emplace_back(site, step);
+    if (fault.site < 0 || fault.site >= sites || fault.rank < 0 || fault.rank >= ranks ||
+        fault.step < 1 || fault.step > cfg.train.steps)
+      return Status::InvalidArgument(fmt::format(
+          "launch: --fail-site {}: the site must be in [0, {}), the rank in [0, {}) and the step "
+          "in [1, {}]",
+          f, sites, ranks, cfg.train.steps));
+    p.faults.push_back(fault);
   }
   std::string& dir = p.dir = a.out;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -148,8 +155,10 @@ std::vector<std::string> LaunchPlan::SiteArgv(int site, const std::string& coord
   if (rejoin) {
     argv.push_back("--rejoin");
   } else {
-    for (const auto& [s, step] : faults)
-      if (s == site) argv.insert(argv.end(), {"--die-after-step", std::to_string(step)});
+    for (const SiteFault& f : faults)
+      if (f.site == site)
+        argv.insert(argv.end(), {"--die-after-step", std::to_string(f.step), "--die-rank",
+                                 std::to_string(f.rank)});
   }
   return argv;
 }

@@ -33,7 +33,7 @@ struct LaunchArgs {
   std::string certs;
   bool insecure = false;
   bool quiet = false;
-  std::vector<std::string> fail_sites;  // "SITE@STEP": fault injection
+  std::vector<std::string> fail_sites;  // "SITE@STEP" or "SITE.RANK@STEP": fault injection
   bool rejoin = false;                  // a lost site's process is started again (--rejoin)
 };
 
@@ -44,8 +44,12 @@ struct LaunchPlan {
   std::string config_path;  // DIR/config.toml
   std::string certs;        // "" with --insecure
   std::string mpirun, self;
-  std::vector<std::pair<int, int64_t>> faults;  // (site, step) from --fail-site
-  std::vector<std::string> env;                 // the children's environment
+  struct SiteFault {
+    int site = 0, rank = 0;  // the rank of the site that dies
+    int64_t step = 0;        // after this step
+  };
+  std::vector<SiteFault> faults;  // from --fail-site
+  std::vector<std::string> env;   // the children's environment
 
   std::vector<std::string> CoordinatorArgv() const;
   // Site s's mpirun; with rejoin, a new process that takes over the lost site (no faults).

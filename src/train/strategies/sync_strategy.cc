@@ -25,6 +25,7 @@
 #include "core/hash.h"
 #include "core/log.h"
 #include "train/sdc/memory.h"
+#include "train/strategies/sync_state.h"
 #include "train/strategies/world_strategy.h"
 #include "world/live_sites.h"
 
@@ -32,9 +33,6 @@ namespace atl {
 
 namespace {
 
-// Coordinator rounds of step s: kRoundsPerStep * s + the step's AfterBackward calls so far (a
-// replayed step and a recomputed one sum again).
-constexpr int64_t kRoundsPerStep = 64;
 // Sums that every live site voted a failure for, in a row, before the run gives up.
 constexpr int kFailedSums = 3;
 
@@ -48,14 +46,16 @@ class SyncStrategy final : public WorldStrategy {
  public:
   explicit SyncStrategy(const StrategyContext& c) : c_(c) {
     for (int s = 0; s < int(c.cfg->world.sites); ++s) live_.push_back(s);
+    linked_ = c.world->addresses;
+    linked_.resize(size_t(c.cfg->world.sites));
     quorum_ = c.cfg->world.quorum > 0 ? int(c.cfg->world.quorum) : int(live_.size() / 2 + 1);
   }
 
-  StatusOr<int64_t> Start(int64_t start, float*) override {
-    int64_t elastic = c_.world->commit ? 1 : 0;  // the site's other ranks have no hooks
-    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&elastic, 1)));
-    elastic_ = elastic == 1;
-    return start;
+  StatusOr<int64_t> Start(int64_t start, float* params) override {
+    int64_t flags[2] = {c_.world->commit ? 1 : 0, c_.world->rejoin ? 1 : 0};  // the leader's
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(flags)));
+    elastic_ = flags[0] == 1;
+    return flags[1] == 1 ? TakeOver(params) : start;
   }
 
   StatusOr<std::vector<int>> TakenOver() override {
@@ -104,7 +104,19 @@ class SyncStrategy final : public WorldStrategy {
     return true;
   }
 
-  Status AfterStep(int64_t, float*, bool) override { return Status::Ok(); }
+  // While a site is out, the leader serves the state that leads into the next step, which a new
+  // process for it takes over (about 12 bytes a parameter copied each step meanwhile).
+  Status AfterStep(int64_t completed, float* params, bool last) override {
+    if (!c_.leader || !c_.world->publish || last || int(live_.size()) == c_.cfg->world.sites)
+      return Status::Ok();
+    const AdamW& o = *c_.optimizer;
+    c_.world->publish(uint64_t(completed), std::make_shared<const std::string>(EncodeSyncState(
+                                               completed, o.step_count(), generation_, live_,
+                                               std::span<const float>(params, c_.n_params),
+                                               std::span<const float>(o.m(), o.size()),
+                                               std::span<const float>(o.v(), o.size()))));
+    return Status::Ok();
+  }
 
   void Fill(StepMetrics* m) const override {
     m->site = c_.world->site;
@@ -166,7 +178,7 @@ class SyncStrategy final : public WorldStrategy {
 
   StatusOr<SiteHashes> GatherOverSites(const std::vector<uint64_t>& mine) override {
     SiteHashes out;
-    if (!c_.leader) return out;
+    if (!c_.leader || joining_) return out;
     const size_t n = mine.size();
     std::vector<int64_t> all;
     ATOLL_RETURN_IF_ERROR(Elastic([&](Communicator* sites) {
@@ -196,42 +208,103 @@ class SyncStrategy final : public WorldStrategy {
     return s;
   }
 
-  // The next coordinator round of this step: kRoundsPerStep * step + the rounds taken in it.
+  // The next coordinator round of this step: kSyncRoundsPerStep * step + the rounds taken in it.
   StatusOr<int64_t> NextRound() {
     step_ = std::max<int64_t>(step_, 0);
-    if (calls_ >= kRoundsPerStep)
+    if (calls_ >= kSyncRoundsPerStep)
       return Status::Internal(
-          fmt::format("step {}: {} rounds with the other sites", step_ + 1, kRoundsPerStep));
-    return kRoundsPerStep * step_ + calls_++;
+          fmt::format("step {}: {} rounds with the other sites", step_ + 1, kSyncRoundsPerStep));
+    return kSyncRoundsPerStep * step_ + calls_++;
   }
 
-  // The live sites of `agreed` (round `round`): when some of live_ are lost, the rest become
-  // live_, with a LiveSites among them, and true. Errors: this site is not live, fewer than the
-  // quorum.
+  // The live sites of `agreed` (round `round`: a site that came back counts from its join round
+  // on): when they differ from live_, they become live_, with a LiveSites among them, and true.
+  // A site that came back is a new process: this site makes a new link with it first (and it
+  // with every live site). Errors: this site is not live, fewer than the quorum, a link.
   // when: "step N" or "after step N", for the messages.
   StatusOr<bool> Adopt(const Membership& agreed, int64_t round, const std::string& when) {
     std::vector<int> now;
     for (const SiteInfo& s : agreed.sites)
       if (s.alive && s.join_round <= round) now.push_back(s.site);
     std::sort(now.begin(), now.end());
-    std::vector<int> lost;
+    std::vector<int> lost, back;
     for (int s : live_)
       if (!std::binary_search(now.begin(), now.end(), s)) lost.push_back(s);
-    if (lost.empty()) return false;
-    if (std::find(lost.begin(), lost.end(), c_.world->site) != lost.end())
+    for (int s : now)
+      if (!std::binary_search(live_.begin(), live_.end(), s)) back.push_back(s);
+    if (lost.empty() && back.empty()) return false;
+    const int me = c_.world->site;
+    if (!std::binary_search(now.begin(), now.end(), me))
       return Status::Unavailable(fmt::format("{}: this site is not live in round {} (live: {})",
                                              when, round, SiteList(now)));
     if (int(now.size()) < quorum_)
       return Status::Unavailable(
           fmt::format("{}: site(s) {} lost; {} live site(s) ({}) are fewer than world.quorum = {}",
                       when, SiteList(lost), now.size(), SiteList(now), quorum_));
+    // A new process (one of `back`) has new links with every live site: this site makes them
+    // with each one back, or, back itself, with every other.
+    const bool me_back = std::binary_search(back.begin(), back.end(), me);
+    for (int s : now) {
+      const std::string& address = agreed.sites[size_t(s)].wan_address;
+      if (s == me || (!me_back && !std::binary_search(back.begin(), back.end(), s))) continue;
+      if (!c_.world->reconnect)
+        return Status::Unavailable(
+            fmt::format("{}: site {} came back, and this world cannot make new links", when, s));
+      LogInfo("{}: a new link with site {} at {} (a new process)", when, s, address);
+      // A link that cannot be made (the new process died meanwhile) fails the sums with that
+      // site, which the next round settles (it is lost, or the sums fail kFailedSums times).
+      if (Status r = c_.world->reconnect(s, address); !r.ok()) {
+        LogWarning("{}: no new link with site {}: {}", when, s, r.ToString());
+        continue;
+      }
+      linked_[size_t(s)] = address;
+    }
     live_ = now;
     ++generation_;
-    live_comm_ = std::make_unique<LiveSites>(c_.world->wan, live_, uint32_t(generation_));
+    // Its tags follow the coordinator's epoch, which every membership change raises and which
+    // every site (a new process too) reads alike from the round's reply.
+    live_comm_ = std::make_unique<LiveSites>(c_.world->wan, live_, uint32_t(agreed.epoch));
     failed_ = 0;
-    LogWarning("{}: site(s) {} lost; the live sites {} go on and take over their micro-batches",
-               when, SiteList(lost), SiteList(live_));
+    if (!lost.empty())
+      LogWarning("{}: site(s) {} lost; the live sites {} go on and take over their micro-batches",
+                 when, SiteList(lost), SiteList(live_));
+    if (!back.empty())
+      LogInfo("{}: site(s) {} back; the live sites {} compute their own micro-batches again", when,
+              SiteList(back), SiteList(live_));
     return true;
+  }
+
+  // A new process for a lost site: every rank takes the state a live site's leader served for
+  // step J (the leader fetched it); the site trains from step J. It is not among the live sites
+  // until J's first round (its sums, SumAndAgree), where they all adopt it: until then its
+  // detectors compare nothing across sites (Elastic).
+  StatusOr<int64_t> TakeOver(float* params) {
+    AdamW& o = *c_.optimizer;
+    SyncState st;
+    if (c_.leader) {
+      ATOLL_ASSIGN_OR_RETURN(st,
+                             FetchSyncState(*c_.world, c_.cfg->train.steps, c_.n_params, o.size()));
+    }
+    std::vector<int64_t> head(size_t(c_.cfg->world.sites) + 4, -1);
+    head[0] = st.step, head[1] = st.optimizer_steps, head[2] = st.generation;
+    head[3] = int64_t(st.live.size());
+    std::copy(st.live.begin(), st.live.end(), head.begin() + 4);
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(head)));
+    if (c_.leader) {
+      std::copy(st.params.begin(), st.params.end(), params);
+      std::copy(st.m.begin(), st.m.end(), o.m());
+      std::copy(st.v.begin(), st.v.end(), o.v());
+    }
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params, c_.n_params)));
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(o.m(), o.size())));
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(o.v(), o.size())));
+    o.set_step_count(head[1]);
+    generation_ = head[2];
+    live_.assign(head.begin() + 4, head.begin() + 4 + head[3]);
+    step_ = head[0];
+    calls_ = 0;
+    joining_ = true;
+    return head[0];
   }
 
   // The leader's live sites (and their generation) to the site's ranks.
@@ -253,6 +326,7 @@ class SyncStrategy final : public WorldStrategy {
   // result when it runs again.
   template <class Op>
   Status Elastic(Op op) {
+    if (joining_) return Status::Ok();  // not among the live sites yet: nothing to compare
     if (!c_.world->commit) return op(Sites());
     for (int failed = 0;;) {
       Status s = op(Sites());
@@ -279,6 +353,17 @@ class SyncStrategy final : public WorldStrategy {
   // true: commit them; false: the live sites changed (live_ is the new set) or a sum failed on
   // some site: compute the step again.
   StatusOr<bool> SumAndAgree(int64_t step, int64_t round, const SiteSums& sums) {
+    if (joining_) {  // a new process: the live sites and it adopt it here, then compute again
+      joining_ = false;
+      ATOLL_ASSIGN_OR_RETURN(const Membership agreed,
+                             c_.world->commit(round, RoundVote{.failed = true}));
+      ATOLL_ASSIGN_OR_RETURN(const bool changed,
+                             Adopt(agreed, round, fmt::format("step {}", step + 1)));
+      if (!changed)
+        return Status::Internal(fmt::format("step {}: this site is not among the live sites ({})",
+                                            step + 1, SiteList(live_)));
+      return false;
+    }
     const std::span<const std::byte> bytes =
         sums.fixed.empty() ? std::as_bytes(sums.grads) : std::as_bytes(sums.fixed);
     if (c_.on_wan) c_.on_wan(bytes, false);
@@ -335,9 +420,11 @@ class SyncStrategy final : public WorldStrategy {
 
   const StrategyContext c_;
   std::vector<int> live_;                 // the sites taking part, sorted
+  std::vector<std::string> linked_;       // the address each site's link was made to
   std::unique_ptr<LiveSites> live_comm_;  // once a site was lost
   int64_t generation_ = 0;                // changes of live_
   bool elastic_ = false;                  // with a coordinator: sites can be lost, or leave
+  bool joining_ = false;                  // a new process for a lost site, not adopted yet
   int quorum_ = 1;
   int failed_ = 0;      // sums failed in a row
   double wan_s_ = 0;    // this step's time in WAN all-reduces
@@ -349,10 +436,14 @@ class SyncStrategy final : public WorldStrategy {
 }  // namespace
 
 StatusOr<std::unique_ptr<WorldStrategy>> MakeSyncStrategy(const StrategyContext& c) {
-  if (c.world->rejoin)
+  const ParallelConfig& p = c.cfg->parallel;
+  if (c.world->rejoin && (p.tp > 1 || p.pp > 1 || p.zero))
     return Status::InvalidArgument(
-        "--rejoin: world.strategy = \"sync\": only diloco, streaming and async runs can be "
-        "rejoined");
+        "--rejoin: world.strategy = \"sync\" takes a lost site back with parallel.tp = pp = 1 "
+        "and no ZeRO only (the state served is the leader's whole copy)");
+  if (c.world->rejoin && !c.world->commit)
+    return Status::InvalidArgument("--rejoin: sync needs the coordinator's rounds");
+  if (c.optimizer == nullptr) return Status::InvalidArgument("sync: no optimizer");
   if (c.leader && c.world->wan == nullptr)
     return Status::InvalidArgument("world.sites > 1 needs the WAN among the site leaders");
   return std::unique_ptr<WorldStrategy>(std::make_unique<SyncStrategy>(c));

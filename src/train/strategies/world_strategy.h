@@ -57,6 +57,7 @@
 #include "core/status.h"
 #include "train/config.h"
 #include "train/metrics.h"
+#include "train/optimizer.h"
 #include "train/sdc/monitor.h"
 #include "world/exchange.h"
 #include "world/ps.h"
@@ -74,6 +75,11 @@ struct WorldHooks {
   Communicator* wan = nullptr;
   std::function<StatusOr<Membership>(int64_t round, std::optional<RoundVote> vote)> commit;
   std::function<uint64_t()> wan_bytes;
+  // sync, after a site came back as a new process: the address each other site's link was made
+  // to (empty: none yet), and a fresh link with a site at its new address (WanEndpoint::Reconnect,
+  // which the site calls too). Empty: a site cannot come back.
+  std::vector<std::string> addresses;
+  std::function<Status(int site, const std::string& address)> reconnect;
   // This site leaves the world cleanly, now (CoordinatorClient::Leave): the others stop waiting
   // for it at once (sdc.on_faulty = exclude). May be empty.
   std::function<Status()> leave;
@@ -82,7 +88,11 @@ struct WorldHooks {
                                          std::span<float> residual,
                                          const SiteExchange::Digest& digest)>
       average;
-  // Rejoins. diloco, streaming (train/strategies/lowcomm.h LowCommState): publish is called at
+  // Rejoins. sync (train/strategies/sync_state.h): while a site is out, the live sites publish
+  // the state that leads into each step (index: the step, 0-based), and a new process for a lost
+  // site joins at step J = current + 2 (current_round(): the latest step a live site has begun;
+  // join(kSyncRoundsPerStep * J)), then fetches J's state.
+  // diloco, streaming (train/strategies/lowcomm.h LowCommState): publish is called at
   // every quiet point with the state a lost site's new process can take over (index: the next
   // exchange's round; WanEndpoint::Publish). With rejoin, this process takes over a site that was
   // lost: current_round() is the latest exchange round a live site has begun (-1: none); join(r)
@@ -109,6 +119,11 @@ struct WorldHooks {
   std::function<void(WanPayloadFault)> payload_fault;
 };
 
+// sync: the coordinator rounds of step s are kSyncRoundsPerStep * s + the rounds taken in it so
+// far (the step's sums, each computed again, the detectors' collectives, the agreements before
+// checkpoints). A lost site's new process joins at the first round of a step.
+inline constexpr int64_t kSyncRoundsPerStep = 64;
+
 // What a site sums with the others after backward (sync).
 struct SiteSums {
   std::span<float> grads;  // the site's reduced gradients (n_params)
@@ -128,6 +143,7 @@ struct StrategyContext {
   Communicator* site_comm = nullptr;  // the site's ranks (null or size 1: one rank)
   bool leader = true;                 // rank 0 of the site
   size_t n_params = 0;                // this rank's parameters (the whole model: tp = pp = 1)
+  AdamW* optimizer = nullptr;         // this rank's (sync rejoins serve and take its moments)
   bool resumed = false;               // the run continues from a checkpoint
   // sync: called with the site's reduced gradients (SiteSums::fixed in the reproducible mode, else
   // grads, as bytes) just before they cross the WAN (after: false)

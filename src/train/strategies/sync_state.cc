@@ -1,0 +1,121 @@
+// The state a sync site's new process takes over (train/strategies/sync_state.h).
+#include "train/strategies/sync_state.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "core/log.h"
+
+namespace atl {
+
+namespace {
+
+constexpr char kMagic[8] = {'A', 'T', 'L', 'S', 'Y', 'N', 'C', '1'};
+
+void Put(std::string* out, const void* p, size_t bytes) {
+  out->append(static_cast<const char*>(p), bytes);
+}
+void PutInt(std::string* out, int64_t x) { Put(out, &x, sizeof x); }
+
+// Reads from bytes at *at; false past the end.
+bool Take(const std::string& bytes, size_t* at, void* p, size_t n) {
+  if (bytes.size() - *at < n) return false;
+  std::memcpy(p, bytes.data() + *at, n);
+  *at += n;
+  return true;
+}
+
+}  // namespace
+
+std::string EncodeSyncState(int64_t step, int64_t optimizer_steps, int64_t generation,
+                            const std::vector<int>& live, std::span<const float> params,
+                            std::span<const float> m, std::span<const float> v) {
+  std::string out;
+  out.reserve(sizeof kMagic + 8 * (6 + live.size()) + 4 * (params.size() + 2 * m.size()));
+  Put(&out, kMagic, sizeof kMagic);
+  for (int64_t x : {step, optimizer_steps, generation, int64_t(live.size())}) PutInt(&out, x);
+  for (int s : live) PutInt(&out, s);
+  PutInt(&out, int64_t(params.size()));
+  PutInt(&out, int64_t(m.size()));
+  for (std::span<const float> f : {params, m, v}) Put(&out, f.data(), f.size_bytes());
+  return out;
+}
+
+StatusOr<SyncState> DecodeSyncState(const std::string& bytes, size_t n, size_t k) {
+  auto bad = [&](const std::string& why) {
+    return Status::Corruption(
+        fmt::format("a sync site's state of {} bytes: {}", bytes.size(), why));
+  };
+  size_t at = 0;
+  char magic[sizeof kMagic];
+  if (!Take(bytes, &at, magic, sizeof magic) || std::memcmp(magic, kMagic, sizeof magic) != 0)
+    return bad("not a sync state (bad magic)");
+  SyncState st;
+  int64_t live = 0;
+  for (int64_t* x : {&st.step, &st.optimizer_steps, &st.generation, &live})
+    if (!Take(bytes, &at, x, sizeof *x)) return bad("truncated header");
+  if (live < 1 || live > 1 << 16) return bad(fmt::format("{} live sites", live));
+  for (int64_t i = 0; i < live; ++i) {
+    int64_t s = 0;
+    if (!Take(bytes, &at, &s, sizeof s)) return bad("truncated list of live sites");
+    st.live.push_back(int(s));
+  }
+  int64_t np = 0, nk = 0;
+  if (!Take(bytes, &at, &np, sizeof np) || !Take(bytes, &at, &nk, sizeof nk))
+    return bad("truncated sizes");
+  if (np != int64_t(n) || nk != int64_t(k))
+    return bad(fmt::format("{} parameters and {} moments, this model has {} and {}", np, nk, n, k));
+  if (bytes.size() - at != 4 * (n + 2 * k))
+    return bad(fmt::format("{} bytes of tensors, {} expected", bytes.size() - at, 4 * (n + 2 * k)));
+  st.params.resize(n);
+  st.m.resize(k);
+  st.v.resize(k);
+  for (std::vector<float>* f : {&st.params, &st.m, &st.v})
+    (void)Take(bytes, &at, f->data(), f->size() * sizeof(float));
+  return st;
+}
+
+StatusOr<SyncState> FetchSyncState(const WorldHooks& w, int64_t steps, size_t n, size_t k) {
+  if (!w.fetch || !w.join || !w.current_round)
+    return Status::InvalidArgument("rejoin: no way to fetch the state or to join the world");
+  const std::string who = fmt::format("site {}: rejoin", w.site);
+  const double deadline = NowSeconds() + w.rejoin_timeout_s;
+  int64_t J = -1;
+  for (;;) {
+    ATOLL_ASSIGN_OR_RETURN(const int64_t begun, w.current_round());
+    J = std::max<int64_t>(begun, -1) + 2;
+    if (J >= steps)
+      return Status::Unavailable(
+          fmt::format("{}: too close to the end of the run: step {} would be past the last ({})",
+                      who, J + 1, steps));
+    Status joined = w.join(kSyncRoundsPerStep * J);
+    if (joined.ok()) break;
+    if (joined.code() != StatusCode::kNotFound || NowSeconds() >= deadline)
+      return joined.WithContext(who);
+    LogInfo("{}: too late for step {} ({}); trying a later one", who, J + 1, joined.message());
+  }
+  LogInfo("{}: registered for step {}; waiting for its state", who, J + 1);
+  for (;;) {
+    StatusOr<std::pair<uint64_t, std::string>> got = w.fetch(uint64_t(J));
+    if (!got.ok()) {
+      if (got.status().code() != StatusCode::kNotFound || NowSeconds() >= deadline)
+        return got.status().WithContext(who + ": fetching the state");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    ATOLL_ASSIGN_OR_RETURN(SyncState st, DecodeSyncState(got->second, n, k));
+    if (st.step != J || got->first != uint64_t(J))
+      return Status::Internal(fmt::format(
+          "{}: a live site's state leads into step {}, not step {} this site registered for", who,
+          st.step + 1, J + 1));
+    LogInfo("{}: took over at step {} ({:.1f} MB of state fetched; live sites {})", who, J + 1,
+            double(got->second.size()) / 1e6, st.live.size());
+    return st;
+  }
+}
+
+}  // namespace atl
