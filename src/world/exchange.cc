@@ -11,6 +11,7 @@
 
 #include "core/hash.h"
 #include "core/log.h"
+#include "world/live_sites.h"
 // No FMA contraction (the error-feedback residual must be exactly what encoding lost, the same
 // bits whatever CPU the binary was built for).
 #include "core/fp_exact.h"
@@ -31,27 +32,9 @@ int Tag(int64_t round, int attempt, int phase) {
   return int(((round % (int64_t(1) << 24)) * kMaxAttempts + attempt) * 2 + phase);
 }
 
-// Piece k of n elements cut into m: the first n % m pieces have one element more.
-struct Piece {
-  size_t begin = 0, size = 0;
-};
-Piece PieceOf(size_t n, size_t m, size_t k) {
-  const size_t base = n / m, rem = n % m;
-  return {k * base + std::min(k, rem), base + (k < rem ? 1 : 0)};
-}
-
-std::string SiteList(const std::vector<int>& sites) {
-  std::string s;
-  for (size_t i = 0; i < sites.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(sites[i]);
-  }
-  return s;
-}
-
 // The live sites of m that take part in coordinator round r (a rejoined site only from its join
 // round on), sorted.
-std::vector<int> LiveSites(const Membership& m, int64_t r) {
+std::vector<int> LiveInRound(const Membership& m, int64_t r) {
   std::vector<int> live;
   for (const SiteInfo& s : m.sites)
     if (s.alive && s.join_round <= r) live.push_back(s.site);
@@ -120,7 +103,7 @@ StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> d
     StatusOr<Membership> begin = options_.round(base + kBegin, std::nullopt);
     if (!begin.ok())
       return fail(begin.status().WithContext(fmt::format("{}: round {}", at, base + kBegin)));
-    const std::vector<int> live = LiveSites(*begin, base + kBegin);
+    const std::vector<int> live = LiveInRound(*begin, base + kBegin);
     for (int s : live)
       if (s < 0 || s >= wan_->size())
         return fail(Status::InvalidArgument(
@@ -255,7 +238,7 @@ StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> d
     StatusOr<Membership> commit = options_.round(base + kCommit, vote);
     if (!commit.ok())
       return fail(commit.status().WithContext(fmt::format("{}: round {}", at, base + kCommit)));
-    const std::vector<int> now = LiveSites(*commit, base + kCommit);
+    const std::vector<int> now = LiveInRound(*commit, base + kCommit);
     std::vector<int> lost;
     for (int s : live)
       if (!std::binary_search(now.begin(), now.end(), s)) lost.push_back(s);

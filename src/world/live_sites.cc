@@ -8,18 +8,7 @@
 #include <utility>
 
 namespace atl {
-namespace {
 
-// The header of an all-reduce's all-gather message: whether the owner could sum its piece.
-constexpr uint64_t kSumOk = 0x4d55534556494c41ULL;  // "ALIVESUM"
-constexpr uint64_t kGaveUp = 0;
-constexpr size_t kHeader = sizeof(uint64_t);
-constexpr int kPhases = 4;
-
-struct Piece {
-  size_t begin = 0, size = 0;
-};
-// Piece k of n elements cut into m: the first n % m pieces have one element more.
 Piece PieceOf(size_t n, size_t m, size_t k) {
   const size_t base = n / m, rem = n % m;
   return {k * base + std::min(k, rem), base + (k < rem ? 1 : 0)};
@@ -30,6 +19,14 @@ std::string SiteList(const std::vector<int>& sites) {
   for (int x : sites) s += fmt::format("{}{}", s.empty() ? "" : ",", x);
   return s;
 }
+
+namespace {
+
+// The header of an all-reduce's all-gather message: whether the owner could sum its piece.
+constexpr uint64_t kSumOk = 0x4d55534556494c41ULL;  // "ALIVESUM"
+constexpr uint64_t kGaveUp = 0;
+constexpr size_t kHeader = sizeof(uint64_t);
+constexpr int kPhases = 4;
 
 // Waits for every handle; the first failure (the others still waited for).
 Status WaitAll(std::vector<CommHandle>& handles) {

@@ -44,6 +44,16 @@ namespace atl {
 
 inline constexpr int kLiveSitesTagBase = 1 << 28;
 
+// Piece k of n elements cut into m: the first n % m pieces have one element more (how a
+// reduce-scatter over m sites splits its data here and in world/exchange.h).
+struct Piece {
+  size_t begin = 0, size = 0;
+};
+Piece PieceOf(size_t n, size_t m, size_t k);
+
+// "0,2,3": sites for messages.
+std::string SiteList(const std::vector<int>& sites);
+
 class LiveSites final : public Communicator {
  public:
   // wan: rank = site, not owned. sites: sorted, distinct, within wan's size, with wan->rank()

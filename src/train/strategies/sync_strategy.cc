@@ -36,12 +36,6 @@ namespace {
 // Sums that every live site voted a failure for, in a row, before the run gives up.
 constexpr int kFailedSums = 3;
 
-std::string SiteList(const std::vector<int>& sites) {
-  std::string s;
-  for (int x : sites) s += fmt::format("{}{}", s.empty() ? "" : ",", x);
-  return s;
-}
-
 class SyncStrategy final : public WorldStrategy {
  public:
   explicit SyncStrategy(const StrategyContext& c) : c_(c) {
