@@ -287,8 +287,8 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
         options.world.commit = nullptr;
       }
       if (strategy == "sync") {
-        // A lost site's new process: the live sites serve the state of every step while it is
-        // out, and make new links with it when it is back.
+        // A lost site's new process: the live sites serve the state of the step it registered
+        // for, and make new links with it when it is back.
         SetRejoinHooks(a, link, kSyncRoundsPerStep, &options.world);
         options.world.addresses = link.addresses;
         options.world.reconnect = [ep](int s, const std::string& address) {
@@ -297,8 +297,8 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
       }
       if (a.rejoin) {
         options.world.rejoin = true;
-        options.world.join = [client, ep](int64_t round) -> Status {
-          return client->Rejoin(ep->address(), round).status();
+        options.world.join = [client, ep](int64_t round, int64_t early_by) -> Status {
+          return client->Rejoin(ep->address(), round, early_by).status();
         };
       }
     }

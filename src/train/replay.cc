@@ -257,7 +257,7 @@ StatusOr<ReplayReport> Replay(const ReplayOptions& options) {
       o.progress = false;
       o.world.site = s;
       o.world.ps = server.ForSite(s);
-      o.world.join = [](int64_t) { return Status::Ok(); };
+      o.world.join = [](int64_t, int64_t) { return Status::Ok(); };
       auto r = Train(rc, o);
       // Where the run's log has a new process take the site over, re-execute that one too.
       while (!r.ok() && r.status().message().find(kProcessEnded) != std::string::npos) {

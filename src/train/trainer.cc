@@ -197,7 +197,9 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   const Mesh& me = run.mesh;
   const bool leader = me.rank() == 0;
   ATOLL_ASSIGN_OR_RETURN(int64_t start, SetUp(cfg, options, run));
-  ATOLL_RETURN_IF_ERROR(SetUpSdc(run, options.out_dir, options.resume == nullptr));
+  // A resumed run, or a lost site's new process, goes on with the log of the flips before it.
+  ATOLL_RETURN_IF_ERROR(
+      SetUpSdc(run, options.out_dir, options.resume == nullptr && !options.world.rejoin));
 
   // How the sites agree (train/strategies/world_strategy.h): every rank keeps the schedule, the
   // leader acts.

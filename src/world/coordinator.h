@@ -130,6 +130,9 @@ struct Membership {
   // In the reply to Round(r): the votes cast in round r by its live sites, by site.
   std::map<int, RoundVote> votes;
   int live() const;
+  // The live sites that take part in round r (a rejoined site only from its join round on),
+  // sorted.
+  std::vector<int> LiveInRound(int64_t r) const;
   // The sites declared dead (not those that left: their part is done) other than `except`, that
   // had a WAN address: whose operations must fail (WanEndpoint::PeerLost).
   std::vector<SiteInfo> Dead(int except) const;
@@ -174,9 +177,12 @@ class CoordinatorClient {
   // quorum: it takes part from round join_round on (the others' rounds before that do not wait
   // for it; it counts as having reached join_round - 1). Starts heartbeats. While the old
   // process is still counted alive (up to dead_after_beats * heartbeat_s after it died) this
-  // retries, up to timeout_s. kNotFound when a live site has already reached join_round (too
-  // late: pick a later round and try again); otherwise the errors of Register.
-  virtual StatusOr<Membership> Rejoin(const std::string& wan_address, int64_t join_round) = 0;
+  // retries, up to timeout_s. kNotFound when a live site has already reached round
+  // join_round - early_by (too late: pick a later round and try again; with early_by > 0 every
+  // live site's rounds from that one on show this registration in their replies); otherwise the
+  // errors of Register.
+  virtual StatusOr<Membership> Rejoin(const std::string& wan_address, int64_t join_round,
+                                      int64_t early_by = 0) = 0;
   // The membership now, without registering (a process about to Rejoin learns the live sites'
   // WAN addresses). Retries while the coordinator is unreachable, up to timeout_s.
   virtual StatusOr<Membership> Peek() = 0;

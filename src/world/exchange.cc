@@ -32,17 +32,6 @@ int Tag(int64_t round, int attempt, int phase) {
   return int(((round % (int64_t(1) << 24)) * kMaxAttempts + attempt) * 2 + phase);
 }
 
-// The live sites of m that take part in coordinator round r (a rejoined site only from its join
-// round on), sorted.
-std::vector<int> LiveInRound(const Membership& m, int64_t r) {
-  std::vector<int> live;
-  for (const SiteInfo& s : m.sites)
-    if (s.alive && s.join_round <= r) live.push_back(s.site);
-  std::sort(live.begin(), live.end());
-  live.erase(std::unique(live.begin(), live.end()), live.end());
-  return live;
-}
-
 // What one attempt found: the sites a receive (or its decoding) failed from, with the reason.
 struct Failures {
   std::vector<std::pair<int, std::string>> from;
@@ -103,7 +92,7 @@ StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> d
     StatusOr<Membership> begin = options_.round(base + kBegin, std::nullopt);
     if (!begin.ok())
       return fail(begin.status().WithContext(fmt::format("{}: round {}", at, base + kBegin)));
-    const std::vector<int> live = LiveInRound(*begin, base + kBegin);
+    const std::vector<int> live = begin->LiveInRound(base + kBegin);
     for (int s : live)
       if (s < 0 || s >= wan_->size())
         return fail(Status::InvalidArgument(
@@ -238,7 +227,7 @@ StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> d
     StatusOr<Membership> commit = options_.round(base + kCommit, vote);
     if (!commit.ok())
       return fail(commit.status().WithContext(fmt::format("{}: round {}", at, base + kCommit)));
-    const std::vector<int> now = LiveInRound(*commit, base + kCommit);
+    const std::vector<int> now = commit->LiveInRound(base + kCommit);
     std::vector<int> lost;
     for (int s : live)
       if (!std::binary_search(now.begin(), now.end(), s)) lost.push_back(s);

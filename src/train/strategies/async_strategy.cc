@@ -24,7 +24,7 @@ class AsyncStrategy final : public WorldStrategy {
       // A new process for a lost site: a member from the barrier at the end on (the only round
       // of async), then it goes on after the site's last decided push.
       if (!w.join) return Status::InvalidArgument("rejoin: no way to join the world");
-      ATOLL_RETURN_IF_ERROR(w.join(steps).WithContext(fmt::format("site {}: rejoin", w.site)));
+      ATOLL_RETURN_IF_ERROR(w.join(steps, 0).WithContext(fmt::format("site {}: rejoin", w.site)));
     }
     if (c_.leader) ATOLL_RETURN_IF_ERROR(client_.Start(params));
     ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params, c_.n_params)));

@@ -4,9 +4,6 @@
 // and the take-over by a process that replaces a lost site.
 #include <fmt/format.h>
 
-#include <chrono>
-#include <thread>
-
 #include "core/log.h"
 #include "train/strategies/lowcomm.h"
 #include "train/strategies/world_strategy.h"
@@ -18,49 +15,27 @@ namespace {
 
 // A rejoining site's leader: reserves its place at exchange J = (the latest one a live site has
 // begun) + 2, so the others wait for it there and not before, then waits for the state that
-// leads into J (published when exchange J - 1 is merged), which it fetches. The others wait at J
-// about as long as the fetch takes: the newcomer trains its H steps beside theirs. When they
-// began J meanwhile (a race), it tries again with a later J.
+// leads into J (published when exchange J - 1 is merged), which it fetches (RegisterAndFetch).
+// The others wait at J about as long as the fetch takes: the newcomer trains its H steps beside
+// theirs.
 StatusOr<LowCommState> TakeOver(const WorldHooks& w, const LowCommSync& sync, size_t n) {
-  if (!w.fetch || !w.join || !w.current_round)
-    return Status::InvalidArgument("rejoin: no way to fetch the state or to join the world");
-  const std::string who = fmt::format("site {}: rejoin", w.site);
-  const double deadline = NowSeconds() + w.rejoin_timeout_s;
-  int64_t J = -1;
-  for (;;) {
-    ATOLL_ASSIGN_OR_RETURN(const int64_t begun, w.current_round());
-    J = std::max<int64_t>(begun, -1) + 2;
-    if (sync.StepOfExchange(J) < 0)
-      return Status::Unavailable(fmt::format(
-          "{}: too close to the end of the run: exchange round {} would be past the last step", who,
-          J));
-    Status joined = w.join(kRoundsPerExchange * J);
-    if (joined.ok()) break;
-    if (joined.code() != StatusCode::kNotFound || NowSeconds() >= deadline)
-      return joined.WithContext(who);
-    LogInfo("{}: too late for exchange round {} ({}); trying the next", who, J, joined.message());
-  }
-  LogInfo("{}: registered for exchange round {} (after step {}); waiting for its state", who, J,
-          sync.StepOfExchange(J));
-  // States are published under their exchange round: ask for J's alone (nothing is sent until
-  // a live site has it).
-  for (;;) {
-    StatusOr<std::pair<uint64_t, std::string>> got = w.fetch(uint64_t(J));
-    if (!got.ok()) {
-      if (got.status().code() != StatusCode::kNotFound || NowSeconds() >= deadline)
-        return got.status().WithContext(who + ": fetching the state");
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      continue;
-    }
-    ATOLL_ASSIGN_OR_RETURN(LowCommState st, DecodeLowCommState(got->second, n));
-    if (st.rounds != J || got->first != uint64_t(J))
-      return Status::Internal(fmt::format(
-          "{}: a live site's state is for exchange round {}, not round {} it should wait at", who,
-          st.rounds, J));
-    LogInfo("{}: took over at step {} ({:.1f} MB of state fetched); joining at exchange round {}",
-            who, st.completed, double(got->second.size()) / 1e6, J);
-    return st;
-  }
+  ATOLL_ASSIGN_OR_RETURN(const FetchedState got,
+                         RegisterAndFetch(
+                             w, kRoundsPerExchange, /*early_by=*/0,
+                             [&](int64_t J) {
+                               return fmt::format("exchange round {} (after step {})", J,
+                                                  sync.StepOfExchange(J));
+                             },
+                             [&](int64_t J) { return sync.StepOfExchange(J) < 0; }));
+  ATOLL_ASSIGN_OR_RETURN(LowCommState st, DecodeLowCommState(got.bytes, n));
+  if (st.rounds != got.unit)
+    return Status::Internal(
+        fmt::format("site {}: rejoin: a live site's state is for exchange round {}, not round {} "
+                    "it should wait at",
+                    w.site, st.rounds, got.unit));
+  LogInfo("site {}: rejoin: took over at step {}; joining at exchange round {}", w.site,
+          st.completed, got.unit);
+  return st;
 }
 
 class LowCommStrategy final : public WorldStrategy {

@@ -3,12 +3,10 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstring>
-#include <thread>
 
 #include "core/log.h"
+#include "world/live_sites.h"
 
 namespace atl {
 
@@ -80,42 +78,22 @@ StatusOr<SyncState> DecodeSyncState(const std::string& bytes, size_t n, size_t k
 }
 
 StatusOr<SyncState> FetchSyncState(const WorldHooks& w, int64_t steps, size_t n, size_t k) {
-  if (!w.fetch || !w.join || !w.current_round)
-    return Status::InvalidArgument("rejoin: no way to fetch the state or to join the world");
-  const std::string who = fmt::format("site {}: rejoin", w.site);
-  const double deadline = NowSeconds() + w.rejoin_timeout_s;
-  int64_t J = -1;
-  for (;;) {
-    ATOLL_ASSIGN_OR_RETURN(const int64_t begun, w.current_round());
-    J = std::max<int64_t>(begun, -1) + 2;
-    if (J >= steps)
-      return Status::Unavailable(
-          fmt::format("{}: too close to the end of the run: step {} would be past the last ({})",
-                      who, J + 1, steps));
-    Status joined = w.join(kSyncRoundsPerStep * J);
-    if (joined.ok()) break;
-    if (joined.code() != StatusCode::kNotFound || NowSeconds() >= deadline)
-      return joined.WithContext(who);
-    LogInfo("{}: too late for step {} ({}); trying a later one", who, J + 1, joined.message());
-  }
-  LogInfo("{}: registered for step {}; waiting for its state", who, J + 1);
-  for (;;) {
-    StatusOr<std::pair<uint64_t, std::string>> got = w.fetch(uint64_t(J));
-    if (!got.ok()) {
-      if (got.status().code() != StatusCode::kNotFound || NowSeconds() >= deadline)
-        return got.status().WithContext(who + ": fetching the state");
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      continue;
-    }
-    ATOLL_ASSIGN_OR_RETURN(SyncState st, DecodeSyncState(got->second, n, k));
-    if (st.step != J || got->first != uint64_t(J))
-      return Status::Internal(fmt::format(
-          "{}: a live site's state leads into step {}, not step {} this site registered for", who,
-          st.step + 1, J + 1));
-    LogInfo("{}: took over at step {} ({:.1f} MB of state fetched; live sites {})", who, J + 1,
-            double(got->second.size()) / 1e6, st.live.size());
-    return st;
-  }
+  // Registered before any live site began step J - 1's rounds, so each of them sees it in the
+  // reply of its first round of step J - 1 and publishes J's state after it (AfterStep).
+  ATOLL_ASSIGN_OR_RETURN(const FetchedState got,
+                         RegisterAndFetch(
+                             w, kSyncRoundsPerStep, /*early_by=*/kSyncRoundsPerStep,
+                             [](int64_t J) { return fmt::format("step {}", J + 1); },
+                             [&](int64_t J) { return J >= steps; }));
+  ATOLL_ASSIGN_OR_RETURN(SyncState st, DecodeSyncState(got.bytes, n, k));
+  if (st.step != got.unit)
+    return Status::Internal(fmt::format(
+        "site {}: rejoin: a live site's state leads into step {}, not step {} this site "
+        "registered for",
+        w.site, st.step + 1, got.unit + 1));
+  LogInfo("site {}: rejoin: took over at step {} (live sites {})", w.site, st.step + 1,
+          SiteList(st.live));
+  return st;
 }
 
 }  // namespace atl

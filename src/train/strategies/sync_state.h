@@ -38,10 +38,10 @@ std::string EncodeSyncState(int64_t step, int64_t optimizer_steps, int64_t gener
 StatusOr<SyncState> DecodeSyncState(const std::string& bytes, size_t n, size_t k);
 
 // A rejoining site's leader: registers for step J = (the latest step a live site has begun) + 2
-// (coordinator round kSyncRoundsPerStep * J), so the live sites wait for it there and not
-// before, then waits (polling, up to w.rejoin_timeout_s in all) for the state that leads into J,
-// which they publish when they finish step J - 1. When a live site began J meanwhile (a race), it
-// tries again with a later J. kUnavailable when J would be past the run's `steps`.
+// (coordinator round kSyncRoundsPerStep * J), before any live site began step J - 1 (so they all
+// see it in their rounds and publish J's state when they finish step J - 1), then waits for that
+// state (RegisterAndFetch: polling, up to w.rejoin_timeout_s in all; a later J after a race).
+// kUnavailable when J would be past the run's `steps`.
 StatusOr<SyncState> FetchSyncState(const WorldHooks& w, int64_t steps, size_t n, size_t k);
 
 }  // namespace atl

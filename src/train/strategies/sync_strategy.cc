@@ -11,6 +11,8 @@
 // over the lost site's micro-batches (lost site i of the sorted lost ones goes to live site
 // i mod |live|) and compute the step again, so the global batch and its samples do not change:
 // in the reproducible mode the parameters stay bitwise those of a run that lost nothing.
+// A lost site's new process registers for a later step, fetches the state the live sites serve
+// for it, and is taken in at that step's first round (Join), where the step is computed again.
 // Validation and checkpoints move to the lowest live site (AgreeOnLive before them). The
 // detectors' collectives over the sites are followed by a round too (Elastic), where a site that
 // failed one says so: a site lost in the middle of a collective can fail it on some sites only.
@@ -53,6 +55,8 @@ class SyncStrategy final : public WorldStrategy {
   }
 
   StatusOr<std::vector<int>> TakenOver() override {
+    if (joining_ && c_.leader) ATOLL_RETURN_IF_ERROR(Join());
+    joining_ = false;
     // The leader may have adopted a new live set in a detector's collective (Elastic): the
     // site's ranks take it before they choose their micro-batches.
     ATOLL_RETURN_IF_ERROR(ShareLive());
@@ -67,7 +71,7 @@ class SyncStrategy final : public WorldStrategy {
   Status AgreeOnLive() override {
     if (c_.leader && c_.world->commit) {
       ATOLL_ASSIGN_OR_RETURN(const int64_t round, NextRound());
-      ATOLL_ASSIGN_OR_RETURN(const Membership agreed, c_.world->commit(round, RoundVote{}));
+      ATOLL_ASSIGN_OR_RETURN(const Membership agreed, Commit(round, RoundVote{}));
       ATOLL_RETURN_IF_ERROR(Adopt(agreed, round, fmt::format("after step {}", step_ + 1)).status());
     }
     return ShareLive();
@@ -98,11 +102,11 @@ class SyncStrategy final : public WorldStrategy {
     return true;
   }
 
-  // While a site is out, the leader serves the state that leads into the next step, which a new
-  // process for it takes over (about 12 bytes a parameter copied each step meanwhile).
+  // While a new process for a lost site waits to join (it registered before this step's rounds:
+  // FetchSyncState), the leader serves the state that leads into the next step, which it takes
+  // over (about 12 bytes a parameter copied).
   Status AfterStep(int64_t completed, float* params, bool last) override {
-    if (!c_.leader || !c_.world->publish || last || int(live_.size()) == c_.cfg->world.sites)
-      return Status::Ok();
+    if (!c_.leader || !c_.world->publish || last || !joiner_pending_) return Status::Ok();
     const AdamW& o = *c_.optimizer;
     c_.world->publish(uint64_t(completed), std::make_shared<const std::string>(EncodeSyncState(
                                                completed, o.step_count(), generation_, live_,
@@ -217,10 +221,7 @@ class SyncStrategy final : public WorldStrategy {
   // with every live site). Errors: this site is not live, fewer than the quorum, a link.
   // when: "step N" or "after step N", for the messages.
   StatusOr<bool> Adopt(const Membership& agreed, int64_t round, const std::string& when) {
-    std::vector<int> now;
-    for (const SiteInfo& s : agreed.sites)
-      if (s.alive && s.join_round <= round) now.push_back(s.site);
-    std::sort(now.begin(), now.end());
+    const std::vector<int> now = agreed.LiveInRound(round);
     std::vector<int> lost, back;
     for (int s : live_)
       if (!std::binary_search(now.begin(), now.end(), s)) lost.push_back(s);
@@ -254,10 +255,11 @@ class SyncStrategy final : public WorldStrategy {
       linked_[size_t(s)] = address;
     }
     live_ = now;
+    // Its tags follow the generation, which every live site raises in the same rounds and a new
+    // process takes over with the state (not the coordinator's epoch: a registration and a loss
+    // can be revealed in one round and the registered site taken in at a later one, one epoch).
     ++generation_;
-    // Its tags follow the coordinator's epoch, which every membership change raises and which
-    // every site (a new process too) reads alike from the round's reply.
-    live_comm_ = std::make_unique<LiveSites>(c_.world->wan, live_, uint32_t(agreed.epoch));
+    live_comm_ = std::make_unique<LiveSites>(c_.world->wan, live_, uint32_t(generation_));
     failed_ = 0;
     if (!lost.empty())
       LogWarning("{}: site(s) {} lost; the live sites {} go on and take over their micro-batches",
@@ -301,6 +303,33 @@ class SyncStrategy final : public WorldStrategy {
     return head[0];
   }
 
+  // A coordinator round; notes whether a new process registered for a later round
+  // (joiner_pending_).
+  StatusOr<Membership> Commit(int64_t round, const RoundVote& vote) {
+    StatusOr<Membership> agreed = c_.world->commit(round, vote);
+    if (agreed.ok()) {
+      joiner_pending_ = false;
+      for (const SiteInfo& s : agreed->sites)
+        if (s.alive && s.join_round > round) joiner_pending_ = true;
+    }
+    return agreed;
+  }
+
+  // A new process's leader, before it computes its first step J: J's first round, where the live
+  // sites, which voted with the sums of J computed without it, and it adopt it (Adopt makes the
+  // new links); they compute J again with it, and it computes J for the first time. So the live
+  // sites wait in that round only for its fetch of the state, not for a step of its own.
+  Status Join() {
+    ATOLL_ASSIGN_OR_RETURN(const int64_t round, NextRound());
+    ATOLL_ASSIGN_OR_RETURN(const Membership agreed, Commit(round, RoundVote{.failed = true}));
+    ATOLL_ASSIGN_OR_RETURN(const bool changed,
+                           Adopt(agreed, round, fmt::format("step {}", step_ + 1)));
+    if (!changed)
+      return Status::Internal(fmt::format("step {}: this site is not among the live sites ({})",
+                                          step_ + 1, SiteList(live_)));
+    return Status::Ok();
+  }
+
   // The leader's live sites (and their generation) to the site's ranks.
   Status ShareLive() {
     std::vector<int64_t> live(size_t(c_.cfg->world.sites) + 2, -1);
@@ -325,7 +354,7 @@ class SyncStrategy final : public WorldStrategy {
     for (int failed = 0;;) {
       Status s = op(Sites());
       ATOLL_ASSIGN_OR_RETURN(const int64_t round, NextRound());
-      StatusOr<Membership> agreed = c_.world->commit(round, RoundVote{.failed = !s.ok()});
+      StatusOr<Membership> agreed = Commit(round, RoundVote{.failed = !s.ok()});
       if (!agreed.ok()) return agreed.status().WithContext(s.ToString());
       ATOLL_ASSIGN_OR_RETURN(const bool changed,
                              Adopt(*agreed, round, fmt::format("after step {}", step_ + 1)));
@@ -347,17 +376,6 @@ class SyncStrategy final : public WorldStrategy {
   // true: commit them; false: the live sites changed (live_ is the new set) or a sum failed on
   // some site: compute the step again.
   StatusOr<bool> SumAndAgree(int64_t step, int64_t round, const SiteSums& sums) {
-    if (joining_) {  // a new process: the live sites and it adopt it here, then compute again
-      joining_ = false;
-      ATOLL_ASSIGN_OR_RETURN(const Membership agreed,
-                             c_.world->commit(round, RoundVote{.failed = true}));
-      ATOLL_ASSIGN_OR_RETURN(const bool changed,
-                             Adopt(agreed, round, fmt::format("step {}", step + 1)));
-      if (!changed)
-        return Status::Internal(fmt::format("step {}: this site is not among the live sites ({})",
-                                            step + 1, SiteList(live_)));
-      return false;
-    }
     const std::span<const std::byte> bytes =
         sums.fixed.empty() ? std::as_bytes(sums.grads) : std::as_bytes(sums.fixed);
     if (c_.on_wan) c_.on_wan(bytes, false);
@@ -371,7 +389,7 @@ class SyncStrategy final : public WorldStrategy {
     RoundVote vote;
     vote.failed = !summed.ok();
     if (summed.ok()) vote.digest = Hash64(bytes.data(), bytes.size());
-    StatusOr<Membership> round_result = c_.world->commit(round, vote);
+    StatusOr<Membership> round_result = Commit(round, vote);
     if (!round_result.ok())
       return round_result.status().WithContext(fmt::format("step {}", step + 1));
     const Membership& agreed = *round_result;
@@ -419,6 +437,7 @@ class SyncStrategy final : public WorldStrategy {
   int64_t generation_ = 0;                // changes of live_
   bool elastic_ = false;                  // with a coordinator: sites can be lost, or leave
   bool joining_ = false;                  // a new process for a lost site, not adopted yet
+  bool joiner_pending_ = false;           // a new process registered for a later round
   int quorum_ = 1;
   int failed_ = 0;      // sums failed in a row
   double wan_s_ = 0;    // this step's time in WAN all-reduces

@@ -3,6 +3,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "core/log.h"
+
 namespace atl {
 
 namespace {
@@ -29,6 +35,46 @@ int64_t SyncWanChunksPerStep(const RunConfig& cfg, size_t chunk_bytes) {
   const int64_t sites = cfg.world.sites, n = int64_t(NumParameters(cfg.model));
   const int64_t block = (n + sites - 1) / sites, per = int64_t(chunk_bytes / sizeof(float));
   return 2 * (sites - 1) * ((block + per - 1) / per);
+}
+
+StatusOr<FetchedState> RegisterAndFetch(const WorldHooks& w, int64_t rounds_per_unit,
+                                        int64_t early_by,
+                                        const std::function<std::string(int64_t)>& name,
+                                        const std::function<bool(int64_t)>& past_end) {
+  if (!w.fetch || !w.join || !w.current_round)
+    return Status::InvalidArgument("rejoin: no way to fetch the state or to join the world");
+  const std::string who = fmt::format("site {}: rejoin", w.site);
+  const double deadline = NowSeconds() + w.rejoin_timeout_s;
+  int64_t J = -1;
+  for (;;) {
+    ATOLL_ASSIGN_OR_RETURN(const int64_t begun, w.current_round());
+    J = std::max<int64_t>(begun, -1) + 2;
+    if (past_end(J))
+      return Status::Unavailable(fmt::format(
+          "{}: too close to the end of the run: {} would be past the last", who, name(J)));
+    Status joined = w.join(rounds_per_unit * J, early_by);
+    if (joined.ok()) break;
+    if (joined.code() != StatusCode::kNotFound || NowSeconds() >= deadline)
+      return joined.WithContext(who);
+    LogInfo("{}: too late for {} ({}); trying a later one", who, name(J), joined.message());
+  }
+  LogInfo("{}: registered for {}; waiting for its state", who, name(J));
+  // States are published under their unit: ask for J's alone (nothing is sent until a live site
+  // has it).
+  for (;;) {
+    StatusOr<std::pair<uint64_t, std::string>> got = w.fetch(uint64_t(J));
+    if (got.ok()) {
+      if (got->first != uint64_t(J))
+        return Status::Internal(fmt::format("{}: a live site served the state of unit {}, not {}",
+                                            who, got->first, name(J)));
+      LogInfo("{}: {:.1f} MB of state fetched for {}", who, double(got->second.size()) / 1e6,
+              name(J));
+      return FetchedState{J, std::move(got->second)};
+    }
+    if (got.status().code() != StatusCode::kNotFound || NowSeconds() >= deadline)
+      return got.status().WithContext(who + ": fetching the state");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 StatusOr<std::unique_ptr<WorldStrategy>> MakeWorldStrategy(const StrategyContext& c) {

@@ -88,16 +88,18 @@ struct WorldHooks {
                                          std::span<float> residual,
                                          const SiteExchange::Digest& digest)>
       average;
-  // Rejoins. sync (train/strategies/sync_state.h): while a site is out, the live sites publish
-  // the state that leads into each step (index: the step, 0-based), and a new process for a lost
-  // site joins at step J = current + 2 (current_round(): the latest step a live site has begun;
-  // join(kSyncRoundsPerStep * J)), then fetches J's state.
+  // Rejoins. sync (train/strategies/sync_state.h): a new process for a lost site joins at step
+  // J = current + 2 (current_round(): the latest step a live site has begun;
+  // join(kSyncRoundsPerStep * J, kSyncRoundsPerStep): refused when a live site began step
+  // J - 1), then fetches J's state (index: the step, 0-based), which the live sites publish only
+  // while a registered process waits to join.
   // diloco, streaming (train/strategies/lowcomm.h LowCommState): publish is called at
   // every quiet point with the state a lost site's new process can take over (index: the next
   // exchange's round; WanEndpoint::Publish). With rejoin, this process takes over a site that was
-  // lost: current_round() is the latest exchange round a live site has begun (-1: none); join(r)
-  // registers this process for the world from coordinator round r on (kNotFound: too late, a
-  // live site has reached r; exchange round J begins at coordinator round 16 J); fetch(min)
+  // lost: current_round() is the latest exchange round a live site has begun (-1: none); join(r,
+  // early_by) registers this process for the world from coordinator round r on (kNotFound: too
+  // late, a live site has reached r - early_by; exchange round J begins at coordinator round
+  // 16 J); fetch(min)
   // returns a live site's state with index >= min (kNotFound while there is none). The process
   // joins at J = current + 2, waits for the state that leads into J (polling fetch, up to
   // rejoin_timeout_s in all) and trains from its step. async: join(train.steps) (the barrier at
@@ -106,7 +108,7 @@ struct WorldHooks {
   std::function<void(uint64_t index, std::shared_ptr<const std::string> state)> publish;
   bool rejoin = false;
   std::function<StatusOr<int64_t>()> current_round;
-  std::function<Status(int64_t coordinator_round)> join;
+  std::function<Status(int64_t coordinator_round, int64_t early_by)> join;
   std::function<StatusOr<std::pair<uint64_t, std::string>>(uint64_t min_index)> fetch;
   double rejoin_timeout_s = 600;
   // async: the parameter server, and the barrier at the end (returns when every live site has
@@ -231,6 +233,21 @@ uint64_t SyncBytesByStep(const RunConfig& cfg, int64_t steps);
 // reduce-scatter then all-gather of the float32 gradients in chunks of chunk_bytes, world/wan.h):
 // 2 (sites - 1) blocks of about params / sites. Where a drawn wan fault strikes (faults.h).
 int64_t SyncWanChunksPerStep(const RunConfig& cfg, size_t chunk_bytes = size_t{1} << 20);
+
+// A lost site's new process (its leader), for sync and diloco/streaming alike: registers for unit
+// J = (the latest unit a live site has begun) + 2 (a unit is a sync step or an exchange round:
+// coordinator round rounds_per_unit * J; join refuses it when a live site has reached
+// rounds_per_unit * J - early_by), trying a later J when it was too late, then polls fetch for the
+// state published under J, up to w.rejoin_timeout_s in all. name(J): "step 5", for messages;
+// past_end(J): J is past the run's last unit (kUnavailable). The unit and the state's bytes.
+struct FetchedState {
+  int64_t unit = 0;
+  std::string bytes;
+};
+StatusOr<FetchedState> RegisterAndFetch(const WorldHooks& w, int64_t rounds_per_unit,
+                                        int64_t early_by,
+                                        const std::function<std::string(int64_t)>& name,
+                                        const std::function<bool(int64_t)>& past_end);
 
 // Inside the site: the leader's `data` to every rank (a no-op for one rank).
 template <class T>

@@ -79,11 +79,13 @@ class ClientImpl final : public CoordinatorClient {
     return m;
   }
 
-  StatusOr<Membership> Rejoin(const std::string& wan_address, int64_t join_round) override {
+  StatusOr<Membership> Rejoin(const std::string& wan_address, int64_t join_round,
+                              int64_t early_by) override {
     {
       std::lock_guard<std::mutex> lk(mu_);
       wan_address_ = wan_address;
       join_round_ = join_round;
+      early_by_ = early_by;
     }
     StatusOr<Membership> m = DoRegister(Deadline());
     {
@@ -313,6 +315,7 @@ class ClientImpl final : public CoordinatorClient {
   std::mutex mu_;  // guards the fields below
   std::string wan_address_;
   int64_t join_round_ = -1;  // >= 0 while Rejoin registers
+  int64_t early_by_ = 0;
   bool registered_ = false;
   bool dead_ = false;  // declared dead or left: no heartbeats until registered again
   std::string dead_reason_;
@@ -346,6 +349,7 @@ StatusOr<Membership> ClientImpl::DoRegister(Clock::time_point deadline, bool sto
     if (join_round_ >= 0) {
       req.set_rejoin(true);
       req.set_join_round(join_round_);
+      req.set_early_by(early_by_);
     }
   }
   coord::Reply reply;

@@ -132,8 +132,11 @@ Verdict MembershipState::PlanRegister(const Registration& r, Json* record) const
     if (r.join_round < 0)
       return {Refusal::kBadRequest,
               fmt::format("site {}: join round {} is negative", s, r.join_round)};
+    if (r.early_by < 0 || r.early_by > r.join_round)
+      return {Refusal::kBadRequest, fmt::format("site {}: {} rounds early for join round {}", s,
+                                                r.early_by, r.join_round)};
     for (size_t i = 0; i < sites_.size(); ++i)
-      if (sites_[i].state == State::kAlive && sites_[i].last_round >= r.join_round)
+      if (sites_[i].state == State::kAlive && sites_[i].last_round >= r.join_round - r.early_by)
         return {Refusal::kTooLate,
                 fmt::format("site {}: too late to rejoin at round {}: site {} has reached round "
                             "{}",

@@ -66,7 +66,8 @@ struct Registration {
   uint64_t config_hash = 0;
   bool rejoin = false;
   int64_t join_round = 0;
-  std::string peer;  // where the call came from, for the log
+  std::string peer;      // where the call came from, for the log
+  int64_t early_by = 0;  // a rejoin is refused when a live site reached join_round - early_by
 };
 
 class MembershipState {

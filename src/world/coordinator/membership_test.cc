@@ -119,7 +119,13 @@ TEST(Membership, ADeadSiteMustRejoinAfterTheQuorum) {
   Json r;
   Verdict v = m.PlanRegister({1, 555, "b:2", 7, false, 0, "t"}, &r);
   EXPECT_EQ(v.refusal, Refusal::kMustRejoin) << v.message;
-  v = m.PlanRegister({1, 555, "b:2", 7, true, 9, "t"}, &r);
+  // early_by: refused once a live site reached join_round - early_by (site 0 is at round 5).
+  m.ReachRound(0, 5, std::nullopt);
+  v = m.PlanRegister({1, 555, "b:2", 7, true, 9, "t", /*early_by=*/4}, &r);
+  EXPECT_EQ(v.refusal, Refusal::kTooLate) << v.message;
+  v = m.PlanRegister({1, 555, "b:2", 7, true, 9, "t", /*early_by=*/10}, &r);
+  EXPECT_EQ(v.refusal, Refusal::kBadRequest) << v.message;  // before round 0
+  v = m.PlanRegister({1, 555, "b:2", 7, true, 9, "t", /*early_by=*/3}, &r);
   ASSERT_TRUE(v.ok()) << v.message;
   ASSERT_TRUE(m.Apply(r).ok());
   EXPECT_EQ(m.Current().sites[1].last_round, 8);

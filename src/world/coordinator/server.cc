@@ -44,6 +44,15 @@ int Membership::live() const {
   return n;
 }
 
+std::vector<int> Membership::LiveInRound(int64_t r) const {
+  std::vector<int> live;
+  for (const SiteInfo& s : sites)
+    if (s.alive && s.join_round <= r) live.push_back(s.site);
+  std::sort(live.begin(), live.end());
+  live.erase(std::unique(live.begin(), live.end()), live.end());
+  return live;
+}
+
 std::vector<SiteInfo> Membership::Dead(int except) const {
   std::vector<SiteInfo> out;
   for (const auto& s : sites)
@@ -506,7 +515,7 @@ grpc::Status CoordinatorImpl::Register(grpc::ServerContext* ctx, const coord::Re
   Json record;
   const Verdict v =
       state_.PlanRegister({site, req.incarnation(), req.wan_address(), req.config_hash(),
-                           req.rejoin(), req.join_round(), ctx->peer()},
+                           req.rejoin(), req.join_round(), ctx->peer(), req.early_by()},
                           &record);
   if (!v.ok()) {
     if (v.refusal == Refusal::kTooLate)
