@@ -231,9 +231,11 @@ StatusOr<int> Launch(const LaunchArgs& a) {
       const bool was_running = c.running;
       Poll(c);
       if (was_running && !c.running && !c.exited_ok()) {
-        // sync takes back a site that crashed (a signal, or the fault injection's exit 3), not
-        // one that stopped with an error (a fault it found, the world's own error on every site).
-        const bool crashed = !sync || !WIFEXITED(c.wait_status) || WEXITSTATUS(c.wait_status) == 3;
+        // sync takes back a site that crashed (a signal, or the fault injection's exit 3; under
+        // mpirun, 128 + the signal that ended one of its ranks), not one that stopped with an
+        // error (a fault it found, the world's own error on every site).
+        const bool crashed = !sync || !WIFEXITED(c.wait_status) ||
+                             WEXITSTATUS(c.wait_status) == 3 || WEXITSTATUS(c.wait_status) > 128;
         const bool again =
             a.rejoin && crashed && std::find(rejoined.begin(), rejoined.end(), s) == rejoined.end();
         if ((sync || s != 0) && int(lost.size()) + 1 < sites) {

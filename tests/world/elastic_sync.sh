@@ -7,7 +7,8 @@
 # core (a persistent fault from step 5 on) is named by the audit replay's peer check and, with
 # sdc.on_faulty = exclude, leaves the world: the others end with the same bits. Last, site 1 dies
 # after step 5 and a new process (--rejoin) fetches a live site's state, joins at a later step
-# and takes its micro-batches back: the same bits again.
+# and takes its micro-batches back: the same bits again. Last, a rank of a 2-rank site is killed:
+# launch starts the site again and it rejoins.
 # Usage: elastic_sync.sh ATOLL MPIEXEC
 set -euo pipefail
 MPIEXEC=${2:?usage: $0 ATOLL MPIEXEC}
@@ -65,5 +66,38 @@ grep -q "site(s) 1 back" "$T/r/site-0/train.log" || fail "site 0 did not take si
   fail "site 1's new process did not train to the end"
 same_files "$T/one/checkpoint/model.safetensors" "$T/r/checkpoint/model.safetensors"
 same_files "$T/one/checkpoint/optimizer.safetensors" "$T/r/checkpoint/optimizer.safetensors"
+
+# A lost rank: sites of 2 ranks; rank 1 of site 1 is killed (-9) after step 4. MPI cannot shrink
+# the site, so mpirun ends its other rank (exit 137); launch starts the site again (--rejoin),
+# whose two new processes take over from a live site and rejoin.
+rc=0
+"$ATOLL" launch "${C[@]}" --set parallel.dp=2 --set world.sites=3 --set world.ranks_per_site=2 \
+  --set world.link.latency_ms=5 --set world.link.bandwidth_mbps=200 --set world.link.jitter_ms=0 \
+  --set world.heartbeat_s=0.5 --insecure -q --rejoin --out "$T/k" >"$T/k.out" 2>"$T/k.err" &
+launched=$!
+victim=""
+for _ in $(seq 600); do # up to 60 s for site 1 to finish step 4
+  if [[ -f $T/k/site-1/metrics.jsonl ]] && grep -q '"step":4,' "$T/k/site-1/metrics.jsonl"; then
+    for p in $(pgrep -f -- "--site 1 " || true); do
+      if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 &&
+        tr '\0' ' ' <"/proc/$p/cmdline" | grep -q " train "; then
+        victim=$p
+      fi
+    done
+    break
+  fi
+  sleep 0.1
+done
+[[ -n $victim ]] || { kill "$launched"; fail "no rank 1 of site 1 to kill"; }
+kill -9 "$victim"
+wait "$launched" || rc=$?
+[[ $rc == 0 ]] || fail "sync with a rank of site 1 killed exited $rc: $(tail -20 "$T/k.err")"
+grep -q "site 1 ended (exit status 137).*starting a new process" "$T/k.err" ||
+  fail "launch did not start site 1 again: $(tail "$T/k.err")"
+grep -q "took over at step" "$T/k/site-1/rejoin.log" ||
+  fail "site 1's new processes did not take over: $(tail -20 "$T/k/site-1/rejoin.log")"
+same_files "$T/one/checkpoint/model.safetensors" "$T/k/checkpoint/model.safetensors"
+same_files "$T/one/checkpoint/optimizer.safetensors" "$T/k/checkpoint/optimizer.safetensors"
 echo "elastic sync: site 0 lost after step 6, a faulty site 2 excluded at step 5, site 1 lost"
-echo "and rejoined: every run ended bitwise equal to one process"
+echo "and rejoined, a rank of site 1 killed and its site started again: every run ended bitwise"
+echo "equal to one process"
