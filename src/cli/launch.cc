@@ -215,10 +215,9 @@ StatusOr<int> Launch(const LaunchArgs& a) {
     all.push_back(&site_children.back());
   }
 
-  // Watch: every 0.5 s reap the children and redraw. A site may end badly and the others go on:
-  // any site with sync (the live ones take over its micro-batches, and the lowest live one
-  // validates and writes checkpoints), a site other than 0 (which writes the checkpoint) with
-  // diloco, streaming and async, whose lost sites --rejoin can start again.
+  // Watch: every 0.5 s reap the children and redraw. A site may end badly and the others go on,
+  // any site (the lowest live one validates and writes the checkpoints; with sync the live ones
+  // take over its micro-batches), which --rejoin can start again.
   const Child* failed = nullptr;
   const bool sync = cfg.world.strategy == "sync";
   std::vector<int> lost, rejoined;
@@ -238,7 +237,7 @@ StatusOr<int> Launch(const LaunchArgs& a) {
                              WEXITSTATUS(c.wait_status) == 3 || WEXITSTATUS(c.wait_status) > 128;
         const bool again =
             a.rejoin && crashed && std::find(rejoined.begin(), rejoined.end(), s) == rejoined.end();
-        if ((sync || s != 0) && int(lost.size()) + 1 < sites) {
+        if (int(lost.size()) + 1 < sites) {
           lost.push_back(s);
           view.MarkLost(s);
           view.Interrupt();
@@ -291,7 +290,7 @@ StatusOr<int> Launch(const LaunchArgs& a) {
   if (coord_extra >= 0) ::close(coord_extra);
   const std::string checkpoint = dir + "/checkpoint";
   if (!FileExists(checkpoint)) {
-    std::fprintf(stderr, "launch: every site exited 0 but %s was not written; site 0's log:\n%s",
+    std::fprintf(stderr, "launch: the sites finished but %s was not written; site 0's log:\n%s",
                  checkpoint.c_str(), TailLines(site_children.front().log, 20).c_str());
     return 1;
   }
@@ -323,10 +322,10 @@ void AddLaunchCommand(CLI::App& app) {
       "1 when a site or the coordinator fails (the others are stopped and the failed one's log\n"
       "tail is shown), 2 for a bad config, 130 on Ctrl-C (the children are stopped first).\n"
       "The world goes on when a site is lost (the view marks it; the exit status is 0 if the\n"
-      "rest finish): with sync any site (the live ones take over its micro-batches, so the\n"
-      "batch does not change, and the lowest live one validates and writes checkpoints; fewer\n"
-      "live sites than world.quorum stop the run); with diloco, streaming or async a site other\n"
-      "than 0. With --rejoin a new process takes it over and the world is whole again (sync:\n"
+      "rest finish), any site: the lowest live one validates and writes the checkpoints; with\n"
+      "sync the live ones take over its micro-batches, so the batch does not change (fewer\n"
+      "live sites than world.quorum stop the run). With --rejoin a new process takes it over and "
+      "the world is whole again (sync:\n"
       "from a live site's state at a step boundary, bitwise with parallel.reproducible).\n"
       "Their view also shows what sync would have sent for the same progress.\n"
       "Output layout (DIR = --out):\n"

@@ -275,7 +275,6 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
                                      const SiteExchange::Digest& digest) {
           return ex->Average(round, data, residual, digest);
         };
-        options.world.commit = nullptr;
         // Rejoins: every quiet point's state is served to a lost site's new process.
         SetRejoinHooks(a, link, kRoundsPerExchange, &options.world);
       } else if (strategy == "async") {
@@ -284,7 +283,6 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
         options.world.finish_barrier = [client, end_round]() -> Status {
           return client->Round(end_round).status().WithContext("the barrier at the end");
         };
-        options.world.commit = nullptr;
       }
       if (strategy == "sync") {
         // A lost site's new process: the live sites serve the state of the step it registered
@@ -321,7 +319,7 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
     if (Status left = link.coordinator->Leave(); !left.ok())
       LogWarning("site {}: leaving the world: {}", options.world.site, left.ToString());
   }
-  if (leader && options.world.site == 0) {
+  if (leader) {  // every site's leader: the world's checkpoint (the lowest live site wrote it)
     std::printf("%s\n", path.c_str());
     std::fflush(stdout);
   }

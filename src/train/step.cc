@@ -164,7 +164,7 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
     ATOLL_ASSIGN_OR_RETURN(const int64_t split, count(three));
     if (split > 0) {  // the step is not trusted; m keeps the first run's events
       ATOLL_ASSIGN_OR_RETURN(const int64_t here, CountOnSite(site, three));
-      *faulty = FaultyRank{.named = true, .here = here > 0};
+      *faulty = FaultyRank{.named = true, .here = here > 0, .unsure = false, .why = {}};
       faulty->why = fmt::format(
           "step {}: three runs of the step gave three different results on {} rank(s){}: a rank "
           "that keeps computing wrong results",
@@ -191,7 +191,7 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
                          ShareReplays(site, run.site, run.mesh.rank(), s, diff));
   if (!peers.empty()) verdict = std::move(peers);  // in place of "reproduced"
   ATOLL_ASSIGN_OR_RETURN(const int64_t faulty_ranks, count(named.any()));
-  *faulty = FaultyRank{.named = faulty_ranks > 0};
+  *faulty = FaultyRank{.named = faulty_ranks > 0, .here = false, .unsure = false, .why = {}};
   if (faulty->named) {
     ATOLL_ASSIGN_OR_RETURN(const int64_t unsure, count(named.unsure));
     const bool mine =

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The low-communication and asynchronous strategies end to end, with `atoll launch` (3 sites x 1
 # rank, configs/tiny.toml, links of 5 ms and 200 Mbit/s, 1 s heartbeats):
-#   1. diloco (H = 5, int8) with site 2 dying after step 8: the world goes on (exit 0, the view
-#      says so), sites 0 and 1 finish every step, site 2's metrics stop at 8, the coordinator
-#      logged the death, and the exchanges after it averaged 2 sites; then the same with
-#      --rejoin: a new process takes site 2 over and all three sites finish;
+#   1. diloco (H = 5, int8) with site 0 dying after step 8: the world goes on (exit 0, the view
+#      says so), sites 1 and 2 finish every step, site 0's metrics stop at 8, the coordinator
+#      logged the death, site 1 (the lowest live site) validates and writes the checkpoint; then
+#      site 2 dies with --rejoin: a new process takes site 2 over and all three sites finish;
 #   2. streaming (P = 2, tau = 1, int4): finishes; far fewer WAN bytes than sync would have sent;
 #   3. async (H = 4, int8): finishes with an operation log; `atoll replay` reproduces the final
 #      parameters bitwise; a tampered log is caught (exit 1, naming the update); a run with a site
-#      taken over by a new process (--rejoin) replays bitwise too; a run dir that is not async is
-#      refused (exit 2);
+#      taken over by a new process (--rejoin; site 0, whose duties move to site 1 meanwhile)
+#      replays bitwise too; a run dir that is not async is refused (exit 2);
 #   4. the memory checks found nothing in any of these runs.
 # Usage: strategies.sh ATOLL MPIEXEC
 set -euo pipefail
@@ -25,20 +25,22 @@ W=(--config configs/tiny.toml --set data.dir="$DATA" --set world.sites=3 --set t
 last_step() { tail -1 "$1" | sed -E 's/.*"step":([0-9]+).*/\1/'; }
 field() { tail -1 "$2" | sed -E "s/.*\"$1\":([0-9.e+-]+).*/\1/"; }
 
-# 1. DiLoCo survives a site's death.
+# 1. DiLoCo survives the death of site 0, whose duties move to site 1.
 rc=0
 "$ATOLL" launch "${W[@]}" --set world.strategy=diloco --set world.diloco.inner_steps=5 \
-  --set world.codec=int8 --fail-site 2@8 --out "$T/d" >"$T/d.out" 2>"$T/d.err" || rc=$?
+  --set world.codec=int8 --fail-site 0@8 --out "$T/d" >"$T/d.out" 2>"$T/d.err" || rc=$?
 [[ $rc == 0 ]] || fail "diloco with a lost site exited $rc: $(tail -20 "$T/d.err")"
-grep -q "site 2 ended" "$T/d.err" || fail "launch did not report site 2's loss: $(tail "$T/d.err")"
+grep -q "site 0 ended" "$T/d.err" || fail "launch did not report site 0's loss: $(tail "$T/d.err")"
 [[ -f $T/d/checkpoint/model.safetensors ]] || fail "diloco: no checkpoint"
-[[ $(last_step "$T/d/site-0/metrics.jsonl") == 20 ]] || fail "site 0 did not finish"
 [[ $(last_step "$T/d/site-1/metrics.jsonl") == 20 ]] || fail "site 1 did not finish"
-[[ $(last_step "$T/d/site-2/metrics.jsonl") == 8 ]] || fail "site 2 went past step 8"
+[[ $(last_step "$T/d/site-2/metrics.jsonl") == 20 ]] || fail "site 2 did not finish"
+[[ $(last_step "$T/d/site-0/metrics.jsonl") == 8 ]] || fail "site 0 went past step 8"
 grep -q '"death"' "$T/d/coordinator.log" || fail "the coordinator logged no death"
-grep -q '"outer_rounds":4' "$T/d/site-0/metrics.jsonl" || fail "site 0 lacks 4 outer rounds"
-grep -q "\"val_loss\"" "$T/d/site-0/metrics.jsonl" || fail "site 0 did not validate"
-grep -q "exchanges (diloco)" "$T/d/site-0/train.log" || fail "no exchange summary in site 0's log"
+grep -q '"outer_rounds":4' "$T/d/site-1/metrics.jsonl" || fail "site 1 lacks 4 outer rounds"
+# Validation at steps 10 and 20 by the lowest live site: site 1 (site 0 was lost at 8).
+tail -1 "$T/d/site-1/metrics.jsonl" | grep -q '"val_loss"' || fail "site 1 did not validate last"
+! grep -q '"val_loss"' "$T/d/site-2/metrics.jsonl" || fail "site 2 validated too"
+grep -q "exchanges (diloco)" "$T/d/site-1/train.log" || fail "no exchange summary in site 1's log"
 
 # 1b. The lost site comes back: a new process takes it over (launch --rejoin), fetches the state
 # from a live site, joins at an exchange boundary and trains to the end with the others.
@@ -127,11 +129,11 @@ expect_err "is not the run's"
 rc=0
 "$ATOLL" launch "${W[@]}" --set world.strategy=async --set world.diloco.inner_steps=4 \
   --set world.codec=int8 --set world.async.max_staleness=1 --set train.steps=240 \
-  --fail-site 2@8 --rejoin --out "$T/ar" >"$T/ar.out" 2>"$T/ar.err" || rc=$?
+  --fail-site 0@8 --rejoin --out "$T/ar" >"$T/ar.out" 2>"$T/ar.err" || rc=$?
 [[ $rc == 0 ]] || fail "async with a rejoining site exited $rc: $(tail -20 "$T/ar.err")"
-grep -q "took over after step 8" "$T/ar/site-2/rejoin.log" ||
-  fail "async: site 2 did not take over: $(tail -20 "$T/ar/site-2/rejoin.log")"
-[[ $(last_step "$T/ar/site-2/metrics.jsonl") == 240 ]] || fail "async: site 2 did not finish"
+grep -q "took over after step 8" "$T/ar/site-0/rejoin.log" ||
+  fail "async: site 0 did not take over: $(tail -20 "$T/ar/site-0/rejoin.log")"
+[[ $(last_step "$T/ar/site-0/metrics.jsonl") == 240 ]] || fail "async: site 0 did not finish"
 grep -q '"t":"rejoin"' "$T/ar/ops.jsonl" || fail "async: no rejoin record in the op log"
 expect_exit 0 "$ATOLL" replay --run "$T/ar" -q
 grep -q "bitwise identical" "$T/out" || fail "replay of a rejoined run: $(cat "$T/out")"

@@ -50,6 +50,7 @@ class AsyncStrategy final : public WorldStrategy {
       if (c_.leader)
         ATOLL_RETURN_IF_ERROR(client_.Finish(completed, params, c_.world->finish_barrier));
       ATOLL_RETURN_IF_ERROR(ShareInSite(c_, all));
+      finished_ = true;
     } else {
       if (c_.leader) ATOLL_RETURN_IF_ERROR(client_.AfterStep(completed, params).status());
       if (client_.PullsAt(completed)) ATOLL_RETURN_IF_ERROR(ShareInSite(c_, all));
@@ -74,10 +75,23 @@ class AsyncStrategy final : public WorldStrategy {
         double(client_.bytes_received()) / 1e6);
   }
   bool whole_batch() const override { return false; }
+  int lead_site() const override { return lead_; }
+
+  // The barrier at the end (round train.steps) is async's only round: the agreements take the
+  // rounds after it. Before it, site 0 leads (the sites are at different steps).
+  Status AgreeOnLive() override {
+    if (!finished_) return Status::Ok();
+    ATOLL_ASSIGN_OR_RETURN(
+        lead_, LowestLiveAfterTheEnd(c_, c_.cfg->train.steps + 1 + agreements_++, lead_));
+    return Status::Ok();
+  }
 
  private:
   const StrategyContext c_;
   AsyncClient client_;
+  int lead_ = 0;
+  bool finished_ = false;   // after the barrier at the end
+  int64_t agreements_ = 0;  // AgreeOnLive's rounds after it
 };
 
 }  // namespace

@@ -71,15 +71,30 @@ class LowCommStrategy final : public WorldStrategy {
         if (auto state = sync_->QuietState(completed, params))
           w.publish(uint64_t(sync_->rounds()), std::move(state));
     }
-    for (int f : sync_->Merges(completed))
+    const std::vector<int> merged = sync_->Merges(completed);
+    for (int f : merged)
       for (const Range& r : sync_->fragments()[size_t(f)].ranges)
         ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params + r.begin, r.size())));
+    if (!merged.empty()) ATOLL_RETURN_IF_ERROR(ShareLead());
     wait_s_ = sync_->last_wait_s();
     if (last) {
       if (c_.leader) ATOLL_RETURN_IF_ERROR(sync_->Finish(params));
       ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params, c_.n_params)));
+      ATOLL_RETURN_IF_ERROR(ShareLead());
       wait_s_ += sync_->last_wait_s();
+      finished_ = true;
     }
+    return Status::Ok();
+  }
+
+  int lead_site() const override { return lead_; }
+
+  // After the final exchange no exchange round follows: the agreements take the rounds after it.
+  Status AgreeOnLive() override {
+    if (!finished_) return Status::Ok();  // mid-run: the last merged exchange's live sites lead
+    ATOLL_ASSIGN_OR_RETURN(
+        lead_,
+        LowestLiveAfterTheEnd(c_, kRoundsPerExchange * sync_->rounds() + agreements_++, lead_));
     return Status::Ok();
   }
 
@@ -102,8 +117,19 @@ class LowCommStrategy final : public WorldStrategy {
  private:
   const StrategyContext c_;
   const LowCommOptions options_;
+  // The lowest live site of the last merged exchange (the leader's) to the site's ranks.
+  Status ShareLead() {
+    int64_t lead = c_.leader && !sync_->last_sites().empty() ? sync_->last_sites().front() : lead_;
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&lead, 1)));
+    lead_ = int(lead);
+    return Status::Ok();
+  }
+
   std::unique_ptr<LowCommSync> sync_;
   double wait_s_ = 0;
+  int lead_ = 0;            // lead_site()
+  bool finished_ = false;   // after the final exchange
+  int64_t agreements_ = 0;  // AgreeOnLive's rounds after it
 };
 
 }  // namespace

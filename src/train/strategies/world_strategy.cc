@@ -77,6 +77,20 @@ StatusOr<FetchedState> RegisterAndFetch(const WorldHooks& w, int64_t rounds_per_
   }
 }
 
+StatusOr<int> LowestLiveAfterTheEnd(const StrategyContext& c, int64_t round, int fallback) {
+  int64_t lead = fallback;
+  if (c.leader && c.world->commit) {
+    ATOLL_ASSIGN_OR_RETURN(const Membership agreed, c.world->commit(round, RoundVote{}));
+    const std::vector<int> live = agreed.LiveInRound(round);
+    if (!std::binary_search(live.begin(), live.end(), c.world->site))
+      return Status::Unavailable(
+          fmt::format("site {}: not live in round {} at the end", c.world->site, round));
+    lead = live.front();
+  }
+  ATOLL_RETURN_IF_ERROR(ShareInSite(c, std::span<int64_t>(&lead, 1)));
+  return int(lead);
+}
+
 StatusOr<std::unique_ptr<WorldStrategy>> MakeWorldStrategy(const StrategyContext& c) {
   if (c.cfg == nullptr || c.world == nullptr)
     return Status::InvalidArgument("world strategy: no config or world hooks");

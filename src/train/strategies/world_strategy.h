@@ -174,10 +174,12 @@ class WorldStrategy {
   // true: the objective is the mean loss over the whole batch (sync: gradients are summed over
   // the sites); false: over the site's share of it (the sites train apart between exchanges).
   virtual bool whole_batch() const = 0;
-  // The site that validates and writes the checkpoints: the lowest live site.
+  // The site that validates and writes the checkpoints: the lowest live site (sync: of the last
+  // round; diloco, streaming: of the last merged exchange; async: site 0 until the end).
   virtual int lead_site() const { return 0; }
-  // sync with a coordinator: the live sites meet in a round and adopt who is live there (a site
-  // lost since the last step's sums is seen). Collective over the world.
+  // With a coordinator: the live sites meet in a round and adopt who is live there (a site lost
+  // since the last step's sums is seen). sync: any time; the others: after the last step's end
+  // (their final exchange or barrier; before it, nothing). Collective over the world.
   virtual Status AgreeOnLive() { return Status::Ok(); }
   // The number of changes of the live sites so far, the same on every rank of every live site.
   virtual int64_t generation() const { return 0; }
@@ -248,6 +250,12 @@ StatusOr<FetchedState> RegisterAndFetch(const WorldHooks& w, int64_t rounds_per_
                                         int64_t early_by,
                                         const std::function<std::string(int64_t)>& name,
                                         const std::function<bool(int64_t)>& past_end);
+
+// After the run's last exchange (diloco, streaming) or barrier (async), where no round of theirs
+// follows: the leader meets the live sites in coordinator round `round`; the lowest live site
+// there, to the site's ranks. `fallback` without a coordinator. kUnavailable when this site is
+// not live in that round.
+StatusOr<int> LowestLiveAfterTheEnd(const StrategyContext& c, int64_t round, int fallback);
 
 // Inside the site: the leader's `data` to every rank (a no-op for one rank).
 template <class T>
