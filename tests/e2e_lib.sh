@@ -64,3 +64,14 @@ close() {
       fail "$2 differs from $1"
   done
 }
+
+# wait_for_step METRICS STEP [SECONDS]: waits (up to SECONDS, 60) until a metrics.jsonl has the
+# line of STEP; fails otherwise.
+wait_for_step() {
+  local i
+  for ((i = 0; i < ${3:-60} * 10; i++)); do
+    [[ -f $1 ]] && grep -q "\"step\":$2," "$1" && return 0
+    sleep 0.1
+  done
+  fail "$1 did not reach step $2 within ${3:-60} s"
+}

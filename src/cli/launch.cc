@@ -40,6 +40,9 @@ namespace atl::cli {
 
 namespace {
 
+// Times launch starts a coordinator again that died while the sites ran.
+constexpr int kCoordinatorRestarts = 3;
+
 // Reads the coordinator's first stdout line (its address) within `timeout_s`.
 StatusOr<std::string> ReadAddress(int fd, Child& coordinator, const std::string& stderr_path,
                                   double timeout_s, std::string* rest) {
@@ -115,11 +118,13 @@ StatusOr<int> Launch(const LaunchArgs& a) {
   InstallStopHandlers();
   LiveView view(dir, cfg, a.quiet);
 
-  // The coordinator.
+  // The coordinator, and again (at the same address, from its state in DIR) when it dies while
+  // the sites run.
   Child coordinator{.name = "the coordinator", .log = dir + "/coordinator.stderr"};
   int coord_out = -1;
-  {
-    const std::vector<std::string> argv = plan.CoordinatorArgv();
+  std::string coord_rest;
+  auto start_coordinator = [&](const std::string& listen) -> StatusOr<std::string> {
+    const std::vector<std::string> argv = plan.CoordinatorArgv(listen);
     int pipe_fds[2];
     if (::pipe2(pipe_fds, O_CLOEXEC) != 0)
       return Status::IoError("launch: pipe: " + ErrnoText(errno));
@@ -138,14 +143,16 @@ StatusOr<int> Launch(const LaunchArgs& a) {
     }
     coordinator.pid = *pid;
     coordinator.running = true;
+    if (coord_out >= 0) ::close(coord_out);
     coord_out = pipe_fds[0];
-  }
-  std::string coord_rest;
-  auto address = ReadAddress(coord_out, coordinator, coordinator.log, 30.0, &coord_rest);
+    coord_rest.clear();
+    return ReadAddress(coord_out, coordinator, coordinator.log, 30.0, &coord_rest);
+  };
+  auto address = start_coordinator("127.0.0.1:0");
   if (!address.ok()) {
     std::vector<Child*> all = {&coordinator};
     StopAll(all, 5.0);
-    ::close(coord_out);
+    if (coord_out >= 0) ::close(coord_out);
     if (StopSignal() != 0) return StopSignal() == SIGINT ? 130 : 128 + StopSignal();
     return address.status();
   }
@@ -221,6 +228,7 @@ StatusOr<int> Launch(const LaunchArgs& a) {
   const Child* failed = nullptr;
   const bool sync = cfg.world.strategy == "sync";
   std::vector<int> lost, rejoined;
+  int coordinator_restarts = 0;
   while (true) {
     drain_coordinator(100);
     if (StopSignal() != 0) break;
@@ -260,7 +268,23 @@ StatusOr<int> Launch(const LaunchArgs& a) {
       }
       sites_done &= !c.running;
     }
-    if (failed == nullptr && !Poll(coordinator) && !sites_done) failed = &coordinator;
+    if (failed == nullptr && !Poll(coordinator) && !sites_done) {
+      // The sites keep retrying it (up to their timeouts): start it again where it was, from its
+      // durable state (membership, rounds, the parameter server's log and snapshot).
+      if (coordinator_restarts++ < kCoordinatorRestarts) {
+        std::fprintf(stderr, "launch: the coordinator ended (%s); starting it again at %s\n",
+                     coordinator.how_it_ended().c_str(), address->c_str());
+        if (auto again = start_coordinator(*address); !again.ok()) {
+          std::fprintf(stderr, "launch: the coordinator cannot be started again: %s\n",
+                       again.status().ToString().c_str());
+          failed = &coordinator;
+        } else if (!coord_rest.empty() && coord_extra >= 0) {
+          [[maybe_unused]] ssize_t w = ::write(coord_extra, coord_rest.data(), coord_rest.size());
+        }
+      } else {
+        failed = &coordinator;
+      }
+    }
     if (failed != nullptr || sites_done) break;
     view.Update(false);
   }

@@ -366,7 +366,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
               : " (or let its site leave the world: sdc.on_faulty = \"exclude\")"));
     }
     // A site lost after the step's sums is seen before its validation moves (sync).
-    if (last) ATOLL_RETURN_IF_ERROR(strategy->AgreeOnLive());
+    ATOLL_RETURN_IF_ERROR(last ? strategy->AgreeOnLive() : strategy->ShareLead());
     if (run.num_val_windows > 0 && run.site == strategy->lead_site() &&
         (last || (tc.eval_every > 0 && (s + 1) % tc.eval_every == 0))) {
       ATOLL_ASSIGN_OR_RETURN(const double val_loss, Validate(run));

@@ -52,12 +52,18 @@
 // coordinator's memory; every decided push is appended to DIR/ops.jsonl (format: world/ps.h) and
 // fsynced before the reply, after the update was validated (a bad one changes nothing and is not
 // logged) and before it is applied.
-// - Restart: the parameters are NOT recovered. If DIR/ops.jsonl holds updates, the restarted
-//   coordinator refuses every PS call with FAILED_PRECONDITION "the parameter server's state was
-//   lost with the coordinator's restart (replay the op log with `atoll replay`)" (the client's
-//   kInternal) instead of silently starting over; membership and rounds carry on as usual. If it
-//   holds only the init record, the next PsInit must match it (count and checksum) and sets the
-//   parameters again. A corrupt ops.jsonl (not just a torn last line) fails Start (kCorruption).
+// - Restart: the parameters are recovered from DIR/ps_params.bin, a snapshot written atomically
+//   at the init and after every accepted update, before the reply (4 bytes a parameter each
+//   time); a coordinator killed between logging an update and its snapshot cuts that update from
+//   the log at restart (it was never answered nor pulled: its site's retry decides it again).
+//   Update records name the pushing process and its sequence number, so a push retried across a
+//   restart gets its first decision. Without a snapshot that matches the log (lost, damaged, or
+//   behind by more than one update) every PS call is refused with FAILED_PRECONDITION "the
+//   parameter server's state was lost with the coordinator's restart (replay the op log with
+//   `atoll replay`)" (the client's kInternal) instead of silently starting over; membership and
+//   rounds carry on as usual. A log with only the init record and no snapshot: the next PsInit
+//   must match it (count and checksum) and sets the parameters again. A corrupt ops.jsonl (not
+//   just a torn last line) fails Start (kCorruption).
 // - A failed append to ops.jsonl leaves the parameter server refusing every later PS call
 //   (FAILED_PRECONDITION): the log and the parameters can no longer be shown to agree.
 // - Client retries: as Round (UNAVAILABLE and the like, up to timeout_s; NOT_FOUND registers

@@ -7,8 +7,8 @@
 # core (a persistent fault from step 5 on) is named by the audit replay's peer check and, with
 # sdc.on_faulty = exclude, leaves the world: the others end with the same bits. Last, site 1 dies
 # after step 5 and a new process (--rejoin) fetches a live site's state, joins at a later step
-# and takes its micro-batches back: the same bits again. Last, a rank of a 2-rank site is killed:
-# launch starts the site again and it rejoins.
+# and takes its micro-batches back: the same bits again. Then a rank of a 2-rank site is killed:
+# launch starts the site again and it rejoins. Last, the coordinator is killed and started again.
 # Usage: elastic_sync.sh ATOLL MPIEXEC
 set -euo pipefail
 MPIEXEC=${2:?usage: $0 ATOLL MPIEXEC}
@@ -76,17 +76,12 @@ rc=0
   --set world.heartbeat_s=0.5 --insecure -q --rejoin --out "$T/k" >"$T/k.out" 2>"$T/k.err" &
 launched=$!
 victim=""
-for _ in $(seq 600); do # up to 60 s for site 1 to finish step 4
-  if [[ -f $T/k/site-1/metrics.jsonl ]] && grep -q '"step":4,' "$T/k/site-1/metrics.jsonl"; then
-    for p in $(pgrep -f -- "--site 1 " || true); do
-      if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 &&
-        tr '\0' ' ' <"/proc/$p/cmdline" | grep -q " train "; then
-        victim=$p
-      fi
-    done
-    break
+wait_for_step "$T/k/site-1/metrics.jsonl" 4
+for p in $(pgrep -f -- "$T/k/config.toml --site 1 " || true); do
+  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 &&
+    tr '\0' ' ' <"/proc/$p/cmdline" | grep -q " train "; then
+    victim=$p
   fi
-  sleep 0.1
 done
 [[ -n $victim ]] || { kill "$launched"; fail "no rank 1 of site 1 to kill"; }
 kill -9 "$victim"
@@ -98,6 +93,23 @@ grep -q "took over at step" "$T/k/site-1/rejoin.log" ||
   fail "site 1's new processes did not take over: $(tail -20 "$T/k/site-1/rejoin.log")"
 same_files "$T/one/checkpoint/model.safetensors" "$T/k/checkpoint/model.safetensors"
 same_files "$T/one/checkpoint/optimizer.safetensors" "$T/k/checkpoint/optimizer.safetensors"
+
+# The coordinator killed (-9) after step 6: launch starts it again at its address, from its
+# durable log; the sites retry their rounds meanwhile and none of them exits.
+rc=0
+"$ATOLL" launch "${C[@]}" --set world.sites=3 --set world.link.latency_ms=5 \
+  --set world.link.bandwidth_mbps=200 --set world.link.jitter_ms=0 --set world.heartbeat_s=0.5 \
+  --insecure -q --out "$T/c" >"$T/c.out" 2>"$T/c.err" &
+launched=$!
+wait_for_step "$T/c/site-1/metrics.jsonl" 6
+pkill -9 -f "atoll coordinator .*--state $T/c " || { kill "$launched"; fail "no coordinator to kill"; }
+wait "$launched" || rc=$?
+[[ $rc == 0 ]] || fail "sync with its coordinator killed exited $rc: $(tail -20 "$T/c.err")"
+grep -q "the coordinator ended (killed by signal 9" "$T/c.err" ||
+  fail "launch did not start the coordinator again: $(tail "$T/c.err")"
+! grep -q "site [0-9] ended" "$T/c.err" || fail "a site ended with the coordinator: $(cat "$T/c.err")"
+same_files "$T/one/checkpoint/model.safetensors" "$T/c/checkpoint/model.safetensors"
+same_files "$T/one/checkpoint/optimizer.safetensors" "$T/c/checkpoint/optimizer.safetensors"
 echo "elastic sync: site 0 lost after step 6, a faulty site 2 excluded at step 5, site 1 lost"
-echo "and rejoined, a rank of site 1 killed and its site started again: every run ended bitwise"
-echo "equal to one process"
+echo "and rejoined, a rank of site 1 killed and its site started again, the coordinator killed and"
+echo "started again: every run ended bitwise equal to one process"

@@ -9,7 +9,9 @@
 #   3. async (H = 4, int8): finishes with an operation log; `atoll replay` reproduces the final
 #      parameters bitwise; a tampered log is caught (exit 1, naming the update); a run with a site
 #      taken over by a new process (--rejoin; site 0, whose duties move to site 1 meanwhile)
-#      replays bitwise too; a run dir that is not async is refused (exit 2);
+#      replays bitwise too; so does a run whose coordinator was killed (-9) and started again by
+#      launch (the parameter server's state from its snapshot); a run dir that is not async is
+#      refused (exit 2);
 #   4. the memory checks found nothing in any of these runs.
 # Usage: strategies.sh ATOLL MPIEXEC
 set -euo pipefail
@@ -137,6 +139,25 @@ grep -q "took over after step 8" "$T/ar/site-0/rejoin.log" ||
 grep -q '"t":"rejoin"' "$T/ar/ops.jsonl" || fail "async: no rejoin record in the op log"
 expect_exit 0 "$ATOLL" replay --run "$T/ar" -q
 grep -q "bitwise identical" "$T/out" || fail "replay of a rejoined run: $(cat "$T/out")"
+# 3c. Async with the coordinator killed (-9) after step 20 of site 1: launch starts it again; the
+# parameter server's state comes back from its snapshot and op log, no site exits, and the run
+# replays bitwise.
+rc=0
+"$ATOLL" launch "${W[@]}" --set world.strategy=async --set world.diloco.inner_steps=4 \
+  --set world.codec=int8 --set world.async.max_staleness=1 --set train.steps=120 -q \
+  --out "$T/ac" >"$T/ac.out" 2>"$T/ac.err" &
+launched=$!
+wait_for_step "$T/ac/site-1/metrics.jsonl" 20
+pkill -9 -f "atoll coordinator .*--state $T/ac " || { kill "$launched"; fail "no coordinator to kill"; }
+wait "$launched" || rc=$?
+[[ $rc == 0 ]] || fail "async with its coordinator killed exited $rc: $(tail -20 "$T/ac.err")"
+grep -q "the coordinator ended (killed by signal 9" "$T/ac.err" ||
+  fail "launch did not start the coordinator again: $(tail "$T/ac.err")"
+! grep -q "site [0-9] ended" "$T/ac.err" || fail "a site ended with the coordinator"
+grep -q "parameter server recovered" "$T/ac/coordinator.stderr" ||
+  fail "the parameter server did not recover: $(tail "$T/ac/coordinator.stderr")"
+expect_exit 0 "$ATOLL" replay --run "$T/ac" -q
+grep -q "bitwise identical" "$T/out" || fail "replay across a coordinator restart: $(cat "$T/out")"
 # Not an async run.
 expect_exit 2 "$ATOLL" replay --run "$T/d" -q
 expect_err "async"

@@ -119,11 +119,11 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchArgs& a) {
   return p;
 }
 
-std::vector<std::string> LaunchPlan::CoordinatorArgv() const {
+std::vector<std::string> LaunchPlan::CoordinatorArgv(const std::string& listen) const {
   std::vector<std::string> argv = {self,
                                    "coordinator",
                                    "--listen",
-                                   "127.0.0.1:0",
+                                   listen,
                                    "--sites",
                                    std::to_string(sites),
                                    "--state",

@@ -51,7 +51,8 @@ struct LaunchPlan {
   std::vector<SiteFault> faults;  // from --fail-site
   std::vector<std::string> env;   // the children's environment
 
-  std::vector<std::string> CoordinatorArgv() const;
+  // listen: host:port ("127.0.0.1:0" at first; a restarted one takes the first one's again).
+  std::vector<std::string> CoordinatorArgv(const std::string& listen) const;
   // Site s's mpirun; with rejoin, a new process that takes over the lost site (no faults).
   std::vector<std::string> SiteArgv(int site, const std::string& coordinator, bool rejoin) const;
 };

@@ -58,6 +58,8 @@ class LowCommStrategy final : public WorldStrategy {
     }
     ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<double>(&at, 1)));
     ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params, c_.n_params)));
+    // Not among the last merged exchange's sites: no site here leads until its first merge.
+    lead_ = -1;
     return int64_t(at);
   }
 

@@ -134,6 +134,8 @@ class SyncStrategy final : public WorldStrategy {
   }
   bool whole_batch() const override { return true; }
   int lead_site() const override { return live_.front(); }
+  // A detector's collective after the step's sums (the leader's) may have adopted new live sites.
+  Status ShareLead() override { return ShareLive(); }
 
   Communicator* PeerSites() override {
     const bool alone = c_.site_comm == nullptr || c_.site_comm->size() == 1;
@@ -255,11 +257,13 @@ class SyncStrategy final : public WorldStrategy {
       linked_[size_t(s)] = address;
     }
     live_ = now;
-    // Its tags follow the generation, which every live site raises in the same rounds and a new
-    // process takes over with the state (not the coordinator's epoch: a registration and a loss
-    // can be revealed in one round and the registered site taken in at a later one, one epoch).
     ++generation_;
-    live_comm_ = std::make_unique<LiveSites>(c_.world->wan, live_, uint32_t(generation_));
+    // Its tags follow the round that adopted it, the same on every site that adopts it (a new
+    // process too). Not the coordinator's epoch: a registration and a loss can be revealed in one
+    // round and the registered site taken in at a later one, one epoch. Not the generation: a
+    // new process takes it over with the state, and the live sites can adopt a loss after they
+    // published it. Modulo a prime, as LiveSites keeps 10 bits of it.
+    live_comm_ = std::make_unique<LiveSites>(c_.world->wan, live_, uint32_t(round % 1021));
     failed_ = 0;
     if (!lost.empty())
       LogWarning("{}: site(s) {} lost; the live sites {} go on and take over their micro-batches",

@@ -181,6 +181,9 @@ class WorldStrategy {
   // since the last step's sums is seen). sync: any time; the others: after the last step's end
   // (their final exchange or barrier; before it, nothing). Collective over the world.
   virtual Status AgreeOnLive() { return Status::Ok(); }
+  // Before a validation that is not the last: the leader's lead_site() to the site's ranks (the
+  // same on every rank, as the validation is collective in the site).
+  virtual Status ShareLead() { return Status::Ok(); }
   // The number of changes of the live sites so far, the same on every rank of every live site.
   virtual int64_t generation() const { return 0; }
   // Whether the world goes on without a site that is lost or leaves (WorldHooks::leave) at a

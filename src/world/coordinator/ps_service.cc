@@ -17,6 +17,46 @@ namespace atl {
 namespace {
 
 constexpr const char* kOpsName = "ops.jsonl";
+constexpr const char* kSnapshotName = "ps_params.bin";
+constexpr char kSnapshotMagic[8] = {'A', 'T', 'L', 'P', 'S', 'V', '0', '1'};
+constexpr size_t kSnapshotHeader = sizeof kSnapshotMagic + 3 * sizeof(int64_t);
+
+// The parameters and version in a snapshot file; kCorruption when it is not one of `count`.
+struct Snapshot {
+  int64_t version = 0;
+  std::vector<float> params;
+};
+StatusOr<Snapshot> ReadSnapshot(const std::string& path, uint64_t count) {
+  ATOLL_ASSIGN_OR_RETURN(const std::string bytes, ReadFile(path));
+  auto bad = [&](const std::string& why) {
+    return Status::Corruption(fmt::format("{}: {}", path, why));
+  };
+  if (bytes.size() < kSnapshotHeader ||
+      std::memcmp(bytes.data(), kSnapshotMagic, sizeof kSnapshotMagic) != 0)
+    return bad("not a parameter server snapshot");
+  Snapshot s;
+  uint64_t n = 0, hash = 0;
+  std::memcpy(&s.version, bytes.data() + 8, 8);
+  std::memcpy(&n, bytes.data() + 16, 8);
+  std::memcpy(&hash, bytes.data() + 24, 8);
+  if (n != count || bytes.size() != kSnapshotHeader + n * sizeof(float))
+    return bad(
+        fmt::format("{} bytes for {} parameters, the op log's run has {}", bytes.size(), n, count));
+  if (Hash64(bytes.data() + kSnapshotHeader, n * sizeof(float)) != hash)
+    return bad("its checksum does not match its parameters");
+  s.params.resize(n);
+  std::memcpy(s.params.data(), bytes.data() + kSnapshotHeader, n * sizeof(float));
+  return s;
+}
+
+// Cuts the last line of the file at `path` (a record never answered), and syncs it.
+Status CutLastLine(const std::string& path) {
+  ATOLL_ASSIGN_OR_RETURN(const std::string bytes, ReadFile(path));
+  if (bytes.empty() || bytes.back() != '\n') return Status::Internal(path + ": no complete line");
+  const size_t prev = bytes.rfind('\n', bytes.size() - 2);
+  const size_t keep = prev == std::string::npos ? 0 : prev + 1;
+  return WriteFileAtomic(path, std::string_view(bytes).substr(0, keep));
+}
 constexpr size_t kKeptPushes = 16;  // per site, for answering retried pushes
 constexpr const char* kPsLost =
     "the parameter server's state was lost with the coordinator's restart (replay the op log "
@@ -32,7 +72,8 @@ grpc::Status RefuseCall(const grpc::ServerContext& ctx, const char* rpc, grpc::S
 
 PsService::PsService(std::string state_dir, int sites, uint64_t coordinator_id,
                      CallerCheck check_caller)
-    : path_(std::move(state_dir) + "/" + kOpsName),
+    : path_(state_dir + "/" + kOpsName),
+      snapshot_path_(state_dir + "/" + kSnapshotName),
       coordinator_id_(coordinator_id),
       check_caller_(std::move(check_caller)),
       memo_(size_t(sites)) {}
@@ -42,27 +83,100 @@ Status PsService::Start() {
   ATOLL_ASSIGN_OR_RETURN(const LogContents contents, ReadLog(path_, "op log record"));
   if (contents.records.empty()) return Status::Ok();  // none, or only a torn init: start afresh
   ATOLL_ASSIGN_OR_RETURN(const OpLog log, ReadOpLog(path_));
-  if (!log.entries.empty()) {
-    int64_t version = 0;
-    for (const auto& e : log.entries) version = std::max(version, e.applied_version);
-    broken_ = fmt::format("{}: {} holds {} updates (the last one gave version {})", kPsLost, path_,
-                          log.entries.size(), version);
-    LogWarning("coordinator: {}; parameter server calls will be refused", broken_);
-    return Status::Ok();
-  }
-  // Only the init record: the next Init must match it and sets the parameters again.
-  ATOLL_RETURN_IF_ERROR(log_.Open(path_, contents));
+  return RecoverLocked(contents, log);
+}
+
+Status PsService::RecoverLocked(const LogContents& contents, const OpLog& log) {
   logged_init_ = true;
   build_ = log.build;
   cpu_ = log.cpu;
   count_ = log.count;
   checksum_ = log.init_checksum;
   max_staleness_ = log.max_staleness;
+  int64_t logged = 0;  // the last applied version in the log
+  for (const auto& e : log.entries) logged = std::max(logged, e.applied_version);
+  StatusOr<Snapshot> snap = ReadSnapshot(snapshot_path_, count_);
+  if (!snap.ok() || snap->version < logged - 1 || snap->version > logged) {
+    if (log.entries.empty()) {  // the next Init must match the init record, and sets them
+      ATOLL_RETURN_IF_ERROR(log_.Open(path_, contents));
+      LogInfo(
+          "coordinator: {} holds the parameter server's init record ({} parameters, checksum {}) "
+          "and no updates: the next PsInit must match it",
+          path_, count_, HashToHex(checksum_));
+      return Status::Ok();
+    }
+    broken_ = fmt::format("{}: {} holds {} updates (the last one gave version {}), {}", kPsLost,
+                          path_, log.entries.size(), logged,
+                          snap.ok() ? fmt::format("the snapshot holds version {}", snap->version)
+                                    : snap.status().ToString());
+    LogWarning("coordinator: {}; parameter server calls will be refused", broken_);
+    return Status::Ok();
+  }
+  const nlohmann::json& last = contents.records.back().json;
+  const bool cut = snap->version == logged - 1;
+  if (cut) {
+    // Killed between the log and the snapshot: the update was never answered nor pulled.
+    if (last.value("t", "") != "update" || last.value("applied_version", int64_t(-1)) != logged)
+      return Status::Corruption(fmt::format(
+          "{}: the snapshot holds version {}, one behind the log, whose last record is not that "
+          "update",
+          path_, snap->version));
+    ATOLL_RETURN_IF_ERROR(CutLastLine(path_));
+    LogWarning("coordinator: {}: cut update {} (version {}), never answered: its site retries it",
+               path_, last.value("update_id", int64_t(-1)), logged);
+  }
+  // Decisions so far: ids, each site's last step, and recent pushes for retried ones.
+  int64_t version = 0;
+  const size_t n = contents.records.size() - (cut ? 1 : 0);
+  for (size_t i = 0; i < n; ++i) {
+    const nlohmann::json& j = contents.records[i].json;
+    if (j.value("t", "") != "update") continue;
+    const int site = j.value("site", -1);
+    const int64_t applied = j.value("applied_version", int64_t(-1));
+    version = std::max(version, applied);
+    next_id_ = std::max(next_id_, j.value("update_id", int64_t(-1)) + 1);
+    if (site < 0 || size_t(site) >= memo_.size()) continue;
+    last_step_[site] = std::max(last_step_[site], j.value("last_step", int64_t(0)));
+    if (!j.contains("seq")) continue;
+    PushMemo m;
+    if (!HexToHash(j.value("incarnation", std::string()), &m.incarnation)) continue;
+    m.seq = j.value("seq", uint64_t(0));
+    m.reply.set_accepted(applied >= 0);
+    m.reply.set_update_id(j.value("update_id", int64_t(-1)));
+    m.reply.set_applied_version(applied);
+    m.reply.set_current_version(version);
+    memo_[size_t(site)].push_back(std::move(m));
+    while (memo_[size_t(site)].size() > kKeptPushes) memo_[size_t(site)].pop_front();
+  }
+  if (cut) {
+    ATOLL_RETURN_IF_ERROR(log_.Open(path_));
+  } else {
+    ATOLL_RETURN_IF_ERROR(log_.Open(path_, contents));
+  }
+  params_ = std::move(snap->params);
+  version_ = snap->version;
+  init_ = true;
   LogInfo(
-      "coordinator: {} holds the parameter server's init record ({} parameters, checksum {}) "
-      "and no updates: the next PsInit must match it",
-      path_, count_, HashToHex(checksum_));
+      "coordinator: parameter server recovered from {} and {}: version {}, {} updates decided, "
+      "{} parameters",
+      path_, snapshot_path_, version_, next_id_, count_);
   return Status::Ok();
+}
+
+bool PsService::SnapshotLocked() {
+  std::string out;
+  out.reserve(kSnapshotHeader + params_.size() * sizeof(float));
+  out.append(kSnapshotMagic, sizeof kSnapshotMagic);
+  const uint64_t n = params_.size(), hash = Hash64(params_.data(), n * sizeof(float));
+  out.append(reinterpret_cast<const char*>(&version_), 8);
+  out.append(reinterpret_cast<const char*>(&n), 8);
+  out.append(reinterpret_cast<const char*>(&hash), 8);
+  out.append(reinterpret_cast<const char*>(params_.data()), n * sizeof(float));
+  if (Status st = WriteFileAtomic(snapshot_path_, out); !st.ok()) {
+    BreakLocked("its snapshot: " + st.message());
+    return false;
+  }
+  return true;
 }
 
 grpc::Status PsService::UsableLocked(const grpc::ServerContext& ctx, const char* rpc, int site,
@@ -145,6 +259,7 @@ grpc::Status PsService::Init(grpc::ServerContext* ctx, const coord::PsInitReques
     version_ = 0;
     next_id_ = 0;
     init_ = true;
+    if (!SnapshotLocked()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, broken_);
     LogInfo(
         "coordinator: parameter server initialized by site {}: {} parameters (checksum {}), max "
         "staleness {}",
@@ -268,7 +383,9 @@ grpc::Status PsService::Push(grpc::ServerContext* ctx, const coord::PsPushReques
                           {"applied_version", applied},
                           {"checksum", HashToHex(Hash64(enc.data(), enc.size()))},
                           {"bytes", uint64_t(enc.size())},
-                          {"weight", double(weight)}});
+                          {"weight", double(weight)},
+                          {"incarnation", HashToHex(req.incarnation())},
+                          {"seq", req.seq()}});
   if (!st.ok()) {
     BreakLocked(st.message());
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, broken_);
@@ -278,6 +395,8 @@ grpc::Status PsService::Push(grpc::ServerContext* ctx, const coord::PsPushReques
   if (accepted) {
     ApplyUpdate(params_, scratch_, weight);
     version_ = applied;
+    // Before the reply: what a pull or the pusher may see is what a restart finds.
+    if (!SnapshotLocked()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, broken_);
   }
   LogDebug("coordinator: update {} from site {} (steps {}..{}, base {}, staleness {}): {}", id,
            site, req.first_step(), req.last_step(), req.base_version(), staleness,

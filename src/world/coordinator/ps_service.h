@@ -2,6 +2,15 @@
 // documented in world/coordinator.h): PsInit, PsPull and PsPush, its op log STATE/ops.jsonl
 // (opened at the first PsInit, so runs of other strategies have none), and what a restart finds.
 //
+// Beside the log, STATE/ps_params.bin holds the parameters of the latest version (written
+// atomically at Init and after every accepted update, before the reply; format: "ATLPSV01",
+// int64 version, uint64 count, uint64 XXH3 of the floats, count float32). A push is logged,
+// applied, snapshotted, then answered, under the server's lock, so a restart finds the snapshot
+// at the log's last applied version, or (killed between the two) one behind it: that last
+// update was never answered nor seen by a pull, so it is cut from the log and the site's retry
+// decides it again. Update records carry the pushing process and its sequence number, so the
+// restarted server answers a retried push with the first decision too.
+//
 // It has its own lock, never held together with the coordinator's membership lock: a push of a
 // large update never delays heartbeats or rounds. The server authenticates every call and checks
 // membership through `check_caller` before anything here looks at the request.
@@ -22,6 +31,7 @@
 #include "core/status.h"
 #include "world/coordinator/durable_log.h"
 #include "world/proto/coordinator.grpc.pb.h"
+#include "world/ps.h"
 
 namespace atl {
 
@@ -52,13 +62,18 @@ class PsService {
   grpc::Status UsableLocked(const grpc::ServerContext& ctx, const char* rpc, int site,
                             bool init) const;
   void BreakLocked(const std::string& why);
+  // Writes STATE/ps_params.bin for version_; false (broken) when it cannot.
+  bool SnapshotLocked();
+  // Start with updates in the log: the parameters from the snapshot; false when it does not
+  // match the log (then broken_ says why).
+  Status RecoverLocked(const LogContents& contents, const OpLog& log);
 
   struct PushMemo {
     uint64_t incarnation = 0, seq = 0;
     coord::PsPushReply reply;
   };
 
-  const std::string path_;
+  const std::string path_, snapshot_path_;
   const uint64_t coordinator_id_;
   const CallerCheck check_caller_;
 
