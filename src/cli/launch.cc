@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/launch/chaos.h"
 #include "cli/launch/live_view.h"
 #include "cli/launch/plan.h"
 #include "cli/launch/processes.h"
@@ -186,6 +187,11 @@ StatusOr<int> Launch(const LaunchArgs& a) {
         sites, ranks, ranks == 1 ? "" : "s", plan.mpirun.c_str(), dir.c_str());
   }
 
+  // Chaos: what it kills, when.
+  std::unique_ptr<ChaosMonkey> monkey;
+  if (a.chaos >= 0)
+    monkey = std::make_unique<ChaosMonkey>(plan.chaos, dir, plan.config_path, sites);
+
   // The sites.
   std::deque<Child> site_children;
   std::vector<Child*> all = {&coordinator};
@@ -227,7 +233,10 @@ StatusOr<int> Launch(const LaunchArgs& a) {
   // take over its micro-batches), which --rejoin can start again.
   const Child* failed = nullptr;
   const bool sync = cfg.world.strategy == "sync";
-  std::vector<int> lost, rejoined;
+  std::vector<int> lost;
+  std::vector<int> restarts(size_t(sites), 0);  // new processes started for each site
+  const bool rejoin = a.rejoin || a.chaos >= 0;
+  const int max_restarts = a.chaos >= 0 ? a.chaos_kills : 1;
   int coordinator_restarts = 0;
   while (true) {
     drain_coordinator(100);
@@ -243,8 +252,7 @@ StatusOr<int> Launch(const LaunchArgs& a) {
         // error (a fault it found, the world's own error on every site).
         const bool crashed = !sync || !WIFEXITED(c.wait_status) ||
                              WEXITSTATUS(c.wait_status) == 3 || WEXITSTATUS(c.wait_status) > 128;
-        const bool again =
-            a.rejoin && crashed && std::find(rejoined.begin(), rejoined.end(), s) == rejoined.end();
+        const bool again = rejoin && crashed && restarts[size_t(s)] < max_restarts;
         if (int(lost.size()) + 1 < sites) {
           lost.push_back(s);
           view.MarkLost(s);
@@ -253,7 +261,7 @@ StatusOr<int> Launch(const LaunchArgs& a) {
                        c.how_it_ended().c_str(),
                        again ? "; starting a new process to take it over (--rejoin)" : "");
           if (again) {
-            rejoined.push_back(s);
+            ++restarts[size_t(s)];
             if (Status st = start_site(s, true); !st.ok()) {
               std::fprintf(stderr, "launch: site %d cannot be started again: %s\n", s,
                            st.ToString().c_str());
@@ -286,7 +294,22 @@ StatusOr<int> Launch(const LaunchArgs& a) {
       }
     }
     if (failed != nullptr || sites_done) break;
+    if (monkey) {
+      std::vector<pid_t> pids;
+      std::vector<int64_t> steps;
+      for (int s = 0; s < sites; ++s) {
+        const Child& c = site_children[size_t(s)];
+        pids.push_back(c.running ? c.pid : -1);
+        const SiteRow row = ReadSiteRow(fmt::format("{}/site-{}/metrics.jsonl", dir, s));
+        steps.push_back(row.has ? row.step : -1);
+      }
+      monkey->Tick(pids, coordinator.running ? coordinator.pid : -1, steps);
+    }
     view.Update(false);
+  }
+  if (monkey) {
+    view.Interrupt();
+    std::fprintf(stderr, "%s", monkey->Finish().c_str());
   }
 
   if (StopSignal() != 0) {
@@ -385,12 +408,16 @@ void AddLaunchCommand(CLI::App& app) {
   cmd->add_option("--fail-site", args->fail_sites,
                   "Fault injection: SITE@STEP makes that site's leader (SITE.RANK@STEP: that "
                   "rank of it) die abruptly after the step (repeatable); the site's job ends and "
-                  "the world goes on without it (sync: any site; diloco, streaming, async: not "
-                  "site 0)");
+                  "the world goes on without it");
   cmd->add_flag("--rejoin", args->rejoin,
-                "when a site is lost (a crash, or --fail-site; diloco, streaming, async: not "
-                "site 0), start a new process that takes it over, once per site (`atoll train "
-                "--rejoin`; output in DIR/site-N/rejoin.log)");
+                "when a site is lost (a crash, or --fail-site), start a new process that takes it "
+                "over, once per site (`atoll train --rejoin`; output in DIR/site-N/rejoin.log)");
+  cmd->add_option("--chaos", args->chaos,
+                  "Chaos: kill (SIGKILL) --chaos-kills processes drawn from SEED (site leaders, "
+                  "other ranks, the coordinator) at steps drawn from it, one at a time after the "
+                  "world recovered from the last; implies --rejoin (up to that many per site). "
+                  "Writes DIR/chaos.jsonl and a table of what each cost");
+  cmd->add_option("--chaos-kills", args->chaos_kills, "Kills with --chaos (default 3)");
   cmd->callback([args] {
     auto rc = Launch(*args);
     ExitIfError(rc.status());

@@ -68,6 +68,12 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchArgs& a) {
           f, sites, ranks, cfg.train.steps));
     p.faults.push_back(fault);
   }
+  if (a.chaos >= 0) {
+    ATOLL_ASSIGN_OR_RETURN(
+        p.chaos, PlanChaos(uint64_t(a.chaos), a.chaos_kills, sites, ranks, cfg.train.steps));
+  } else if (a.chaos != -1) {
+    return Status::InvalidArgument(fmt::format("launch: --chaos {}: a seed >= 0", a.chaos));
+  }
   std::string& dir = p.dir = a.out;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
 

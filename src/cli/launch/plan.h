@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/launch/chaos.h"
 #include "core/status.h"
 #include "train/config.h"
 
@@ -35,6 +36,8 @@ struct LaunchArgs {
   bool quiet = false;
   std::vector<std::string> fail_sites;  // "SITE@STEP" or "SITE.RANK@STEP": fault injection
   bool rejoin = false;                  // a lost site's process is started again (--rejoin)
+  int64_t chaos = -1;                   // --chaos SEED (-1: none); implies rejoin
+  int chaos_kills = 3;                  // --chaos-kills
 };
 
 struct LaunchPlan {
@@ -49,6 +52,7 @@ struct LaunchPlan {
     int64_t step = 0;        // after this step
   };
   std::vector<SiteFault> faults;  // from --fail-site
+  std::vector<ChaosKill> chaos;   // from --chaos
   std::vector<std::string> env;   // the children's environment
 
   // listen: host:port ("127.0.0.1:0" at first; a restarted one takes the first one's again).

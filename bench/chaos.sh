@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Chaos: RUNS runs of `atoll launch --chaos SEED` (seeds 1..RUNS), each killing KILLS processes
+# (site leaders, other ranks, the coordinator; one at a time) of a sync world of 3 sites x 2 ranks
+# (configs/tiny.toml, batch 6 of micro-batches of 1, parallel.reproducible, links of 5 ms and
+# 200 Mbit/s, heartbeat 0.5 s), against one process that lost nothing. Prints two markdown tables:
+# per kill (what, at which step, detect and recover seconds, the step the site came back at), and
+# per run (finished, bitwise equal to the clean run, wall time).
+# Usage: bench/chaos.sh ; env: RUNS (default 20), KILLS (default 3), STEPS (default 24), ATOLL
+#        (default build/release/atoll), DATA (default .cache/data/sotu).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-20}
+KILLS=${KILLS:-3}
+STEPS=${STEPS:-24}
+ATOLL=${ATOLL:-build/release/atoll}
+DATA=${DATA:-.cache/data/sotu}
+grep -qw avx512f /proc/cpuinfo && export OPENBLAS_CORETYPE=SkylakeX
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+T=$(mktemp -d "${TMPDIR:-/tmp}/chaos_bench.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+
+C=(--config configs/tiny.toml --set data.dir="$DATA" --set train.batch_size=6
+  --set train.micro_batch_size=1 --set train.steps="$STEPS" --set train.eval_every=4
+  --set parallel.reproducible=true)
+"$ATOLL" train "${C[@]}" -q --out "$T/clean" >/dev/null 2>"$T/clean.err" ||
+  { echo "the clean run failed: $(tail -3 "$T/clean.err")"; exit 1; }
+
+runs="| seed | finished | bitwise = clean | kills recovered | wall s |"$'\n'"|---:|---|---|---:|---:|"
+kills="| seed | killed | at step | detect s | recover s | back at step |"$'\n'"|---:|---|---:|---:|---:|---:|"
+finished=0 bitwise=0
+for seed in $(seq 1 "$RUNS"); do
+  out="$T/run-$seed"
+  t0=$(date +%s.%N)
+  rc=0
+  "$ATOLL" launch "${C[@]}" --set parallel.dp=2 --set world.sites=3 --set world.ranks_per_site=2 \
+    --set world.link.latency_ms=5 --set world.link.bandwidth_mbps=200 \
+    --set world.link.jitter_ms=0 --set world.heartbeat_s=0.5 --insecure -q \
+    --chaos "$seed" --chaos-kills "$KILLS" --out "$out" >"$out.out" 2>"$out.err" || rc=$?
+  wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  same=no
+  if [[ $rc == 0 ]]; then
+    finished=$((finished + 1))
+    if cmp -s "$T/clean/checkpoint/model.safetensors" "$out/checkpoint/model.safetensors" &&
+      cmp -s "$T/clean/checkpoint/optimizer.safetensors" "$out/checkpoint/optimizer.safetensors"; then
+      same=yes
+      bitwise=$((bitwise + 1))
+    fi
+  fi
+  recovered=0 total=0
+  if [[ -f $out/chaos.jsonl ]]; then
+    while IFS= read -r line; do
+      total=$((total + 1))
+      row=$(python3 -c '
+import json, sys
+j = json.loads(sys.argv[1])
+r = j["recover_s"]
+print("| {} | {} | {} | {:.2f} | {} | {} |".format(sys.argv[2], j["kill"], max(j["at_steps"]),
+      j["detect_s"], "never" if r < 0 else "{:.2f}".format(r),
+      "-" if j["back_at"] < 0 else j["back_at"]))
+print("ok" if r >= 0 else "no", file=sys.stderr)' "$line" "$seed" 2>"$T/ok")
+      kills+=$'\n'"$row"
+      [[ $(cat "$T/ok") == ok ]] && recovered=$((recovered + 1))
+    done <"$out/chaos.jsonl"
+  fi
+  runs+=$'\n'"| $seed | $([[ $rc == 0 ]] && echo yes || echo "no (exit $rc)") | $same | $recovered / $total | $wall |"
+  [[ $rc == 0 ]] || { echo "seed $seed failed; its launch stderr:" >&2; tail -15 "$out.err" >&2; }
+done
+echo "$kills"
+echo
+echo "$runs"
+echo
+echo "$finished / $RUNS runs finished; $bitwise / $RUNS bitwise equal to the clean run"
