@@ -418,6 +418,8 @@ void AddLaunchCommand(CLI::App& app) {
                   "world recovered from the last; implies --rejoin (up to that many per site). "
                   "Writes DIR/chaos.jsonl and a table of what each cost");
   cmd->add_option("--chaos-kills", args->chaos_kills, "Kills with --chaos (default 3)");
+  cmd->add_option("--resume", args->resume,
+                  "Every site resumes from this checkpoint (`atoll train --resume`; sync)");
   cmd->callback([args] {
     auto rc = Launch(*args);
     ExitIfError(rc.status());

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/file.h"
 #include "plan/calibrate.h"
 #include "plan/frontier.h"
 #include "plan/goodput.h"
@@ -207,6 +208,8 @@ struct GoodputArgs {
   std::string restart = "120s", restart_per_1k = "7.5s", replica_cost = "2s";
   std::string replica_interval = "0", replica_restart = "30s", persistent_interval = "1h";
   std::string recovery = "checkpoint";
+  std::string startup;  // bench/startup.sh's JSON
+  int gpus_per_site = 8;
   bool json = false;
 };
 
@@ -229,6 +232,19 @@ void RunGoodputCommand(GoodputArgs a) {
     auto v = ParseSeconds(*d.text);
     ExitIfError(v.status().WithContext(fmt::format("plan goodput: {}", d.flag)));
     *d.out = *v;
+  }
+  if (!a.startup.empty()) {
+    auto text = ReadFile(a.startup);
+    ExitIfError(text.status().WithContext("plan goodput: --startup"));
+    const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded())
+      ExitIfError(Status::InvalidArgument(fmt::format(
+          "plan goodput: --startup {}: not JSON (bench/startup.sh writes it)", a.startup)));
+    auto m = ParseMeasuredStartup(j);
+    ExitIfError(m.status().WithContext(fmt::format("plan goodput: --startup {}", a.startup)));
+    if (a.gpus_per_site < 1)
+      ExitIfError(Status::InvalidArgument("plan goodput: --gpus-per-site must be >= 1"));
+    ApplyMeasuredStartup(*m, a.gpus_per_site, &a.s);
   }
   if (a.recovery == "checkpoint") {
     a.s.recovery = Recovery::kCheckpoint;
@@ -371,6 +387,13 @@ void AddPlanCommands(CLI::App& app) {
                 "Replica mode: persistent checkpoint every (for SDC roll-back)")
       ->capture_default_str();
   g->add_option("--recovery", gp->recovery, "Headline recovery: checkpoint or replica")
+      ->capture_default_str();
+  g->add_option("--startup", gp->startup,
+                "Restart constants atoll measured (bench/startup.sh's JSON): they replace "
+                "--restart, --restart-per-1k-gpus and --replica-restart")
+      ->check(CLI::ExistingFile);
+  g->add_option("--gpus-per-site", gp->gpus_per_site,
+                "With --startup: GPUs (ranks) per site, to scale the measured constants")
       ->capture_default_str();
   g->add_option("--trials", gp->s.trials, "Monte Carlo trials per interval")->capture_default_str();
   g->add_option("--seed", gp->s.seed, "Seed of the failure draws")->capture_default_str();

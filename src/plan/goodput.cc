@@ -1,5 +1,7 @@
 #include "plan/goodput.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -343,6 +345,35 @@ nlohmann::json GoodputJson(const GoodputResult& r, const GoodputSettings& s) {
           {"checkpoint_at_daly", stats(r.checkpoint_at_daly)},
           {"best_replica", stats(r.best_replica)},
           {"chosen", stats(r.chosen)}};
+}
+
+StatusOr<MeasuredStartup> ParseMeasuredStartup(const nlohmann::json& j) {
+  MeasuredStartup m;
+  struct Key {
+    const char* name;
+    double* out;
+  };
+  for (const Key& k :
+       {Key{"fixed_s", &m.fixed_s}, Key{"per_rank_s", &m.per_rank_s},
+        Key{"per_site_s", &m.per_site_s}, Key{"restart_from_memory_s", &m.restart_from_memory_s},
+        Key{"restart_from_disk_s", &m.restart_from_disk_s}}) {
+    if (!j.is_object() || !j.contains(k.name) || !j.at(k.name).is_number())
+      return Status::InvalidArgument(fmt::format("measured start-up: no number \"{}\"", k.name));
+    *k.out = j.at(k.name).get<double>();
+  }
+  // A negative slope (noise in a flat fit) is taken as no growth; the restarts must be positive.
+  m.per_rank_s = std::max(m.per_rank_s, 0.0);
+  m.per_site_s = std::max(m.per_site_s, 0.0);
+  if (m.restart_from_memory_s <= 0 || m.restart_from_disk_s <= 0)
+    return Status::InvalidArgument("measured start-up: the restart times must be positive");
+  return m;
+}
+
+void ApplyMeasuredStartup(const MeasuredStartup& m, int gpus_per_site, GoodputSettings* s) {
+  const double grown = m.per_rank_s * double(std::max(gpus_per_site, 1) - 1);
+  s->restart_base_s = m.restart_from_disk_s + grown;
+  s->replica_restart_base_s = m.restart_from_memory_s + grown;
+  s->restart_per_1k_gpus_s = m.per_site_s * 1000.0 / double(std::max(gpus_per_site, 1));
 }
 
 }  // namespace atl::plan

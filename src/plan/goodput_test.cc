@@ -103,5 +103,29 @@ TEST(Goodput, RefusesBadSettings) {
   EXPECT_EQ(RunGoodput(s).status().ExitCode(), 2);
 }
 
+// bench/startup.sh's constants become the model's restart times, scaled to the site size.
+TEST(Goodput, MeasuredStartupSetsTheRestartTimes) {
+  const nlohmann::json j = {{"fixed_s", 0.3},
+                            {"per_rank_s", 0.2},
+                            {"per_site_s", 0.1},
+                            {"restart_from_memory_s", 4.0},
+                            {"restart_from_disk_s", 1.0}};
+  auto m = ParseMeasuredStartup(j);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  GoodputSettings s;
+  ApplyMeasuredStartup(*m, 8, &s);
+  EXPECT_DOUBLE_EQ(s.restart_base_s, 1.0 + 0.2 * 7);
+  EXPECT_DOUBLE_EQ(s.replica_restart_base_s, 4.0 + 0.2 * 7);
+  EXPECT_DOUBLE_EQ(s.restart_per_1k_gpus_s, 0.1 * 1000 / 8);
+  s.gpus = 16384;
+  EXPECT_DOUBLE_EQ(RestartSeconds(s, Recovery::kCheckpoint), 2.4 + 12.5 * 16.384);
+  nlohmann::json missing = j;
+  missing.erase("per_site_s");
+  EXPECT_EQ(ParseMeasuredStartup(missing).status().code(), StatusCode::kInvalidArgument);
+  nlohmann::json zero = j;
+  zero["restart_from_disk_s"] = 0;
+  EXPECT_FALSE(ParseMeasuredStartup(zero).ok());
+}
+
 }  // namespace
 }  // namespace atl::plan

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <stdexcept>
 #include <thread>
 
@@ -73,6 +74,12 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchArgs& a) {
         p.chaos, PlanChaos(uint64_t(a.chaos), a.chaos_kills, sites, ranks, cfg.train.steps));
   } else if (a.chaos != -1) {
     return Status::InvalidArgument(fmt::format("launch: --chaos {}: a seed >= 0", a.chaos));
+  }
+  if (!a.resume.empty()) {
+    if (!FileExists(a.resume + "/manifest.json"))
+      return Status::InvalidArgument(
+          fmt::format("launch: --resume {}: not a checkpoint (no manifest.json)", a.resume));
+    p.resume = std::filesystem::absolute(a.resume).string();
   }
   std::string& dir = p.dir = a.out;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -161,6 +168,7 @@ std::vector<std::string> LaunchPlan::SiteArgv(int site, const std::string& coord
   if (rejoin) {
     argv.push_back("--rejoin");
   } else {
+    if (!resume.empty()) argv.insert(argv.end(), {"--resume", resume});
     for (const SiteFault& f : faults)
       if (f.site == site)
         argv.insert(argv.end(), {"--die-after-step", std::to_string(f.step), "--die-rank",

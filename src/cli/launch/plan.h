@@ -38,6 +38,7 @@ struct LaunchArgs {
   bool rejoin = false;                  // a lost site's process is started again (--rejoin)
   int64_t chaos = -1;                   // --chaos SEED (-1: none); implies rejoin
   int chaos_kills = 3;                  // --chaos-kills
+  std::string resume;                   // --resume CHECKPOINT: every site's first process
 };
 
 struct LaunchPlan {
@@ -47,6 +48,7 @@ struct LaunchPlan {
   std::string config_path;  // DIR/config.toml
   std::string certs;        // "" with --insecure
   std::string mpirun, self;
+  std::string resume;  // a checkpoint every site's first process resumes from ("": none)
   struct SiteFault {
     int site = 0, rank = 0;  // the rank of the site that dies
     int64_t step = 0;        // after this step

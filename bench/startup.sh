@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Start-up and restart cost of a world: launch-to-first-step against ranks per site (2 sites x
+# 1, 2, 4, 8 ranks) and against sites (2, 3, 4, 6, 8 sites x 1 rank), then a site restarted from
+# a live site's memory (--fail-site 1@4 --rejoin: from its death until it logged a step again)
+# and the whole world restarted from its disk checkpoint (a fresh launch --resume: until its
+# first step). configs/tiny.toml, links of 5 ms and 200 Mbit/s, heartbeat 0.5 s, --insecure.
+# Prints markdown tables and the fitted constants, and writes them as JSON to OUT for
+# `atoll plan goodput --startup OUT`:
+#   fixed_s, per_rank_s, per_site_s   launch-to-first-step = fixed + per_rank x (ranks per site)
+#                                     + per_site x sites (least squares over both sweeps)
+#   restart_from_memory_s             a lost site back (death to its first step), incl. the
+#                                     dead-site time
+#   restart_from_disk_s               a world of 3 sites started again from a checkpoint
+# Usage: bench/startup.sh ; env: OUT (default runs/startup.json), ATOLL, DATA.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/startup.json}
+ATOLL=${ATOLL:-build/release/atoll}
+DATA=${DATA:-.cache/data/sotu}
+grep -qw avx512f /proc/cpuinfo && export OPENBLAS_CORETYPE=SkylakeX
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+T=$(mktemp -d "${TMPDIR:-/tmp}/startup_bench.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+mkdir -p "$(dirname "$OUT")"
+
+C=(--config configs/tiny.toml --set data.dir="$DATA" --set train.micro_batch_size=1
+  --set train.eval_every=0 --set world.link.latency_ms=5 --set world.link.bandwidth_mbps=200
+  --set world.link.jitter_ms=0 --set world.heartbeat_s=0.5 --insecure -q)
+now() { date +%s.%N; }
+
+# first_step DIR SITES T0: seconds from T0 until every site of DIR logged step 1, less the
+# slowest first step's own time (so: until the first step began everywhere).
+first_step() {
+  local dir=$1 sites=$2 t0=$3 s
+  while :; do
+    local all=1
+    for ((s = 0; s < sites; s++)); do
+      [[ -s $dir/site-$s/metrics.jsonl ]] || { all=0; break; }
+    done
+    [[ $all == 1 ]] && break
+    sleep 0.02
+  done
+  local t1
+  t1=$(now)
+  local step_s
+  step_s=$(cat "$dir"/site-*/metrics.jsonl | head -n "$sites" |
+    sed -E 's/.*"step_ms":([0-9.e+-]+).*/\1/' | sort -g | tail -1)
+  awk -v a="$t0" -v b="$t1" -v s="$step_s" 'BEGIN { printf "%.3f", b - a - s / 1000 }'
+}
+
+rows=()  # "ranks sites seconds"
+measure() {  # measure RANKS SITES
+  local r=$1 s=$2 dir="$T/w_$1_$2" t0 secs
+  t0=$(now)
+  "$ATOLL" launch "${C[@]}" --set world.sites="$s" --set world.ranks_per_site="$r" \
+    --set parallel.dp="$r" --set train.batch_size=$((r * s)) --set train.steps=3 \
+    --out "$dir" >/dev/null 2>"$dir.err" &
+  local pid=$!
+  secs=$(first_step "$dir" "$s" "$t0")
+  wait "$pid" || { echo "launch of $s x $r failed: $(tail -3 "$dir.err")" >&2; exit 1; }
+  rows+=("$r $s $secs")
+  echo "| $s | $r | $secs |"
+}
+
+echo "| sites | ranks per site | launch to first step, s |"
+echo "|---:|---:|---:|"
+for r in 1 2 4 8; do measure "$r" 2; done
+for s in 3 4 6 8; do measure 1 "$s"; done
+
+# A site restarted from a live site's memory: site 1 dies after step 4 and comes back.
+W=(--set world.sites=3 --set train.batch_size=6 --set train.steps=16
+  --set parallel.reproducible=true)
+"$ATOLL" launch "${C[@]}" "${W[@]}" --fail-site 1@4 --rejoin --set train.checkpoint_every=8 \
+  --out "$T/m" >/dev/null 2>"$T/m.err" || { echo "rejoin run failed" >&2; exit 1; }
+# From the death (site 1's step 4 line, then its exit) to its new process's first step: the
+# others' step times in between, summed (site 0's lines after step 4 until site 1's next step).
+back=$(python3 - "$T/m" <<'PY'
+import json, sys
+d = sys.argv[1]
+s1 = [json.loads(l) for l in open(d + "/site-1/metrics.jsonl")]
+back = min(r["step"] for r in s1 if r["step"] > 4)
+s0 = [json.loads(l) for l in open(d + "/site-0/metrics.jsonl")]
+print("%.3f" % (sum(r["step_ms"] for r in s0 if 4 < r["step"] <= back) / 1000))
+PY
+)
+# The whole world from its disk checkpoint of step 8: a fresh launch with --resume.
+t0=$(now)
+"$ATOLL" launch "${C[@]}" "${W[@]}" --resume "$T/m/checkpoint-8" --out "$T/d" >/dev/null \
+  2>"$T/d.err" &
+pid=$!
+disk=$(first_step "$T/d" 3 "$t0")
+wait "$pid" || { echo "resume run failed: $(tail -3 "$T/d.err")" >&2; exit 1; }
+echo
+echo "| restart | s |"
+echo "|---|---:|"
+echo "| a site, from a live site's memory (death to its first step, incl. 1.5 s dead-site time) | $back |"
+echo "| the world, from its disk checkpoint (launch --resume to the first step) | $disk |"
+
+python3 - "$OUT" "$back" "$disk" "${rows[@]}" <<'PY'
+import json, sys
+rows = [tuple(float(x) for x in l.split()) for l in sys.argv[4:]]
+# Least squares of t = a + b r + c s (normal equations, 3 x 3).
+X = [(1.0, r, s) for r, s, _ in rows]
+y = [t for _, _, t in rows]
+A = [[sum(x[i] * x[j] for x in X) for j in range(3)] for i in range(3)]
+v = [sum(x[i] * t for x, t in zip(X, y)) for i in range(3)]
+for i in range(3):  # Gauss-Jordan
+    p = A[i][i]
+    A[i] = [a / p for a in A[i]]; v[i] /= p
+    for k in range(3):
+        if k != i:
+            f = A[k][i]
+            A[k] = [a - f * b for a, b in zip(A[k], A[i])]; v[k] -= f * v[i]
+out = {"fixed_s": round(v[0], 3), "per_rank_s": round(v[1], 3), "per_site_s": round(v[2], 3),
+       "restart_from_memory_s": float(sys.argv[2]), "restart_from_disk_s": float(sys.argv[3]),
+       "measured": [{"ranks": int(r), "sites": int(s), "seconds": t} for r, s, t in rows]}
+json.dump(out, open(sys.argv[1], "w"), indent=1)
+print("\nfit: launch to first step = {fixed_s} s + {per_rank_s} s x ranks per site + "
+      "{per_site_s} s x sites".format(**out))
+print("written to", sys.argv[1], "(atoll plan goodput --startup", sys.argv[1] + ")")
+PY
