@@ -97,4 +97,15 @@ expect_exit 2 "$ATOLL" eval --checkpoint "$T/nothing" --tokens "$DATA/val.bin"
 expect_exit 2 "$ATOLL" eval --checkpoint "$CK" --tokens "$T/none.bin"
 expect_err "none.bin"
 expect_exit 2 "$ATOLL" eval --checkpoint "$CK"
+
+# launch --resume of something that is not a checkpoint; plan goodput --startup of bad JSON.
+expect_exit 2 "$ATOLL" launch --config configs/tiny.toml --set world.sites=2 --insecure \
+  --resume "$T" --out "$T/w"
+expect_err "not a checkpoint"
+echo '{"fixed_s": 1}' >"$T/startup.json"
+expect_exit 2 "$ATOLL" plan goodput --startup "$T/startup.json"
+expect_err "per_rank_s"
+echo 'not json' >"$T/startup.json"
+expect_exit 2 "$ATOLL" plan goodput --startup "$T/startup.json"
+expect_err "not JSON"
 echo "PASS"
