@@ -29,24 +29,40 @@ C=(--config configs/tiny.toml --set data.dir="$DATA" --set train.micro_batch_siz
   --set world.link.jitter_ms=0 --set world.heartbeat_s=0.5 --insecure -q)
 now() { date +%s.%N; }
 
-# first_step DIR SITES T0: seconds from T0 until every site of DIR logged step 1, less the
-# slowest first step's own time (so: until the first step began everywhere).
+# first_step DIR SITES T0 PID: seconds from T0 until every site of DIR logged step 1, less the
+# slowest first step's own time (so: until the first step began everywhere). Gives up when the
+# launch PID ends first, or after 120 s.
 first_step() {
-  local dir=$1 sites=$2 t0=$3 s
-  while :; do
+  local dir=$1 sites=$2 t0=$3 pid=$4 s i
+  for ((i = 0; ; i++)); do
     local all=1
     for ((s = 0; s < sites; s++)); do
       [[ -s $dir/site-$s/metrics.jsonl ]] || { all=0; break; }
     done
     [[ $all == 1 ]] && break
+    if ! kill -0 "$pid" 2>/dev/null || ((i > 6000)); then
+      echo "launch in $dir ended or hung before every site's first step" >&2
+      exit 1
+    fi
     sleep 0.02
   done
-  local t1
+  local t1 step_s
   t1=$(now)
-  local step_s
-  step_s=$(cat "$dir"/site-*/metrics.jsonl | head -n "$sites" |
+  step_s=$(for ((s = 0; s < sites; s++)); do head -n 1 "$dir/site-$s/metrics.jsonl"; done |
     sed -E 's/.*"step_ms":([0-9.e+-]+).*/\1/' | sort -g | tail -1)
   awk -v a="$t0" -v b="$t1" -v s="$step_s" 'BEGIN { printf "%.3f", b - a - s / 1000 }'
+}
+
+# wait_line FILE PATTERN PID: the time when FILE first has a line matching PATTERN.
+wait_line() {
+  local i
+  for ((i = 0; i < 6000; i++)); do
+    [[ -f $1 ]] && grep -qE "$2" "$1" && { now; return; }
+    kill -0 "$3" 2>/dev/null || break
+    sleep 0.02
+  done
+  echo "no line /$2/ in $1" >&2
+  exit 1
 }
 
 rows=()  # "ranks sites seconds"
@@ -57,7 +73,7 @@ measure() {  # measure RANKS SITES
     --set parallel.dp="$r" --set train.batch_size=$((r * s)) --set train.steps=3 \
     --out "$dir" >/dev/null 2>"$dir.err" &
   local pid=$!
-  secs=$(first_step "$dir" "$s" "$t0")
+  secs=$(first_step "$dir" "$s" "$t0" "$pid")
   wait "$pid" || { echo "launch of $s x $r failed: $(tail -3 "$dir.err")" >&2; exit 1; }
   rows+=("$r $s $secs")
   echo "| $s | $r | $secs |"
@@ -68,33 +84,28 @@ echo "|---:|---:|---:|"
 for r in 1 2 4 8; do measure "$r" 2; done
 for s in 3 4 6 8; do measure 1 "$s"; done
 
-# A site restarted from a live site's memory: site 1 dies after step 4 and comes back.
+# A site restarted from a live site's memory: site 1 dies right after its step 4 line and comes
+# back; wall clock from that line to its new process's first one.
 W=(--set world.sites=3 --set train.batch_size=6 --set train.steps=16
   --set parallel.reproducible=true)
 "$ATOLL" launch "${C[@]}" "${W[@]}" --fail-site 1@4 --rejoin --set train.checkpoint_every=8 \
-  --out "$T/m" >/dev/null 2>"$T/m.err" || { echo "rejoin run failed" >&2; exit 1; }
-# From the death (site 1's step 4 line, then its exit) to its new process's first step: the
-# others' step times in between, summed (site 0's lines after step 4 until site 1's next step).
-back=$(python3 - "$T/m" <<'PY'
-import json, sys
-d = sys.argv[1]
-s1 = [json.loads(l) for l in open(d + "/site-1/metrics.jsonl")]
-back = min(r["step"] for r in s1 if r["step"] > 4)
-s0 = [json.loads(l) for l in open(d + "/site-0/metrics.jsonl")]
-print("%.3f" % (sum(r["step_ms"] for r in s0 if 4 < r["step"] <= back) / 1000))
-PY
-)
+  --out "$T/m" >/dev/null 2>"$T/m.err" &
+pid=$!
+died=$(wait_line "$T/m/site-1/metrics.jsonl" '"step":4,' "$pid")
+came=$(wait_line "$T/m/site-1/metrics.jsonl" '"step":([5-9]|1[0-9]),' "$pid")
+wait "$pid" || { echo "rejoin run failed: $(tail -3 "$T/m.err")" >&2; exit 1; }
+back=$(awk -v a="$died" -v b="$came" 'BEGIN { printf "%.3f", b - a }')
 # The whole world from its disk checkpoint of step 8: a fresh launch with --resume.
 t0=$(now)
 "$ATOLL" launch "${C[@]}" "${W[@]}" --resume "$T/m/checkpoint-8" --out "$T/d" >/dev/null \
   2>"$T/d.err" &
 pid=$!
-disk=$(first_step "$T/d" 3 "$t0")
+disk=$(first_step "$T/d" 3 "$t0" "$pid")
 wait "$pid" || { echo "resume run failed: $(tail -3 "$T/d.err")" >&2; exit 1; }
 echo
 echo "| restart | s |"
 echo "|---|---:|"
-echo "| a site, from a live site's memory (death to its first step, incl. 1.5 s dead-site time) | $back |"
+echo "| a site, from a live site's memory (its last step's line to its new process's first, incl. 1.5 s dead-site time) | $back |"
 echo "| the world, from its disk checkpoint (launch --resume to the first step) | $disk |"
 
 python3 - "$OUT" "$back" "$disk" "${rows[@]}" <<'PY'
@@ -114,6 +125,7 @@ for i in range(3):  # Gauss-Jordan
             A[k] = [a - f * b for a, b in zip(A[k], A[i])]; v[k] -= f * v[i]
 out = {"fixed_s": round(v[0], 3), "per_rank_s": round(v[1], 3), "per_site_s": round(v[2], 3),
        "restart_from_memory_s": float(sys.argv[2]), "restart_from_disk_s": float(sys.argv[3]),
+       "restart_sites": 3,
        "measured": [{"ranks": int(r), "sites": int(s), "seconds": t} for r, s, t in rows]}
 json.dump(out, open(sys.argv[1], "w"), indent=1)
 print("\nfit: launch to first step = {fixed_s} s + {per_rank_s} s x ranks per site + "

@@ -41,8 +41,9 @@ namespace atl::cli {
 
 namespace {
 
-// Times launch starts a coordinator again that died while the sites ran.
-constexpr int kCoordinatorRestarts = 3;
+// Times launch starts a coordinator again that died while the sites ran (each try counts; with
+// --chaos, also once per kill).
+constexpr int kCoordinatorRestarts = 5;
 
 // Reads the coordinator's first stdout line (its address) within `timeout_s`.
 StatusOr<std::string> ReadAddress(int fd, Child& coordinator, const std::string& stderr_path,
@@ -279,13 +280,16 @@ StatusOr<int> Launch(const LaunchArgs& a) {
     if (failed == nullptr && !Poll(coordinator) && !sites_done) {
       // The sites keep retrying it (up to their timeouts): start it again where it was, from its
       // durable state (membership, rounds, the parameter server's log and snapshot).
-      if (coordinator_restarts++ < kCoordinatorRestarts) {
+      // A start that fails (its port taken meanwhile, say) is tried again at the next tick.
+      if (coordinator_restarts++ < kCoordinatorRestarts + std::max(0, a.chaos_kills)) {
         std::fprintf(stderr, "launch: the coordinator ended (%s); starting it again at %s\n",
                      coordinator.how_it_ended().c_str(), address->c_str());
         if (auto again = start_coordinator(*address); !again.ok()) {
-          std::fprintf(stderr, "launch: the coordinator cannot be started again: %s\n",
+          std::fprintf(stderr,
+                       "launch: the coordinator cannot be started again (%s); trying again\n",
                        again.status().ToString().c_str());
-          failed = &coordinator;
+          std::vector<Child*> c = {&coordinator};
+          StopAll(c, 1.0);
         } else if (!coord_rest.empty() && coord_extra >= 0) {
           [[maybe_unused]] ssize_t w = ::write(coord_extra, coord_rest.data(), coord_rest.size());
         }

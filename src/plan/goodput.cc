@@ -364,6 +364,8 @@ StatusOr<MeasuredStartup> ParseMeasuredStartup(const nlohmann::json& j) {
   // A negative slope (noise in a flat fit) is taken as no growth; the restarts must be positive.
   m.per_rank_s = std::max(m.per_rank_s, 0.0);
   m.per_site_s = std::max(m.per_site_s, 0.0);
+  if (j.contains("restart_sites") && j.at("restart_sites").is_number_integer())
+    m.restart_sites = std::max(j.at("restart_sites").get<int>(), 0);
   if (m.restart_from_memory_s <= 0 || m.restart_from_disk_s <= 0)
     return Status::InvalidArgument("measured start-up: the restart times must be positive");
   return m;
@@ -371,7 +373,9 @@ StatusOr<MeasuredStartup> ParseMeasuredStartup(const nlohmann::json& j) {
 
 void ApplyMeasuredStartup(const MeasuredStartup& m, int gpus_per_site, GoodputSettings* s) {
   const double grown = m.per_rank_s * double(std::max(gpus_per_site, 1) - 1);
-  s->restart_base_s = m.restart_from_disk_s + grown;
+  // The measured world's own sites are counted by the growth per GPU already.
+  s->restart_base_s =
+      std::max(m.restart_from_disk_s - m.per_site_s * double(m.restart_sites), 0.0) + grown;
   s->replica_restart_base_s = m.restart_from_memory_s + grown;
   s->restart_per_1k_gpus_s = m.per_site_s * 1000.0 / double(std::max(gpus_per_site, 1));
 }

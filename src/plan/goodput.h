@@ -87,13 +87,15 @@ StatusOr<GoodputResult> RunGoodput(const GoodputSettings& s);
 struct MeasuredStartup {
   double fixed_s = 0, per_rank_s = 0, per_site_s = 0;
   double restart_from_memory_s = 0, restart_from_disk_s = 0;
+  int restart_sites = 3;  // of the world restarted from disk (one rank each)
 };
 // kInvalidArgument naming a missing or negative key.
 StatusOr<MeasuredStartup> ParseMeasuredStartup(const nlohmann::json& j);
 // The goodput model's restart constants from them, for sites of gpus_per_site GPUs (one rank a
-// GPU): a checkpoint restart is the whole world's (restart_from_disk_s, its sites grown from 1
-// rank to gpus_per_site), growing with the sites (per_site_s x 1000 / gpus_per_site per 1000
-// GPUs); a replica restart is a lost site's from memory (likewise grown).
+// GPU): a checkpoint restart is the whole world's (restart_from_disk_s less its restart_sites'
+// share, its sites grown from 1 rank to gpus_per_site), growing with the sites (per_site_s x
+// 1000 / gpus_per_site per 1000 GPUs); a replica restart is a lost site's from memory (likewise
+// grown).
 void ApplyMeasuredStartup(const MeasuredStartup& m, int gpus_per_site, GoodputSettings* s);
 std::string GoodputReport(const GoodputResult& r, const GoodputSettings& s);
 nlohmann::json GoodputJson(const GoodputResult& r, const GoodputSettings& s);

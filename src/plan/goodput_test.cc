@@ -114,11 +114,11 @@ TEST(Goodput, MeasuredStartupSetsTheRestartTimes) {
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   GoodputSettings s;
   ApplyMeasuredStartup(*m, 8, &s);
-  EXPECT_DOUBLE_EQ(s.restart_base_s, 1.0 + 0.2 * 7);
+  EXPECT_DOUBLE_EQ(s.restart_base_s, 1.0 - 0.1 * 3 + 0.2 * 7);  // its 3 sites counted once
   EXPECT_DOUBLE_EQ(s.replica_restart_base_s, 4.0 + 0.2 * 7);
   EXPECT_DOUBLE_EQ(s.restart_per_1k_gpus_s, 0.1 * 1000 / 8);
   s.gpus = 16384;
-  EXPECT_DOUBLE_EQ(RestartSeconds(s, Recovery::kCheckpoint), 2.4 + 12.5 * 16.384);
+  EXPECT_DOUBLE_EQ(RestartSeconds(s, Recovery::kCheckpoint), 2.1 + 12.5 * 16.384);
   nlohmann::json missing = j;
   missing.erase("per_site_s");
   EXPECT_EQ(ParseMeasuredStartup(missing).status().code(), StatusCode::kInvalidArgument);

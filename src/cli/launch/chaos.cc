@@ -25,6 +25,24 @@ std::vector<std::string> ProcStrings(pid_t pid, const char* what) {
   return out;
 }
 
+// The parent of pid (0: unknown).
+pid_t ParentOf(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/status", pid));
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("PPid:", 0) == 0) return pid_t(std::atoi(line.c_str() + 5));
+  return 0;
+}
+
+// Whether `ancestor` is pid's parent, grandparent, ... (a few levels: mpirun's children).
+bool DescendsFrom(pid_t pid, pid_t ancestor) {
+  for (int level = 0; level < 4 && pid > 1; ++level) {
+    pid = ParentOf(pid);
+    if (pid == ancestor) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 StatusOr<std::vector<ChaosKill>> PlanChaos(uint64_t seed, int kills, int sites, int ranks,
@@ -66,7 +84,7 @@ std::string Describe(const ChaosKill& k) {
   return "?";
 }
 
-std::optional<pid_t> FindRankPid(const std::string& config_path, int site, int rank) {
+std::optional<pid_t> FindRankPid(const std::string& config_path, int site, int rank, pid_t mpirun) {
   DIR* d = ::opendir("/proc");
   if (d == nullptr) return std::nullopt;
   std::optional<pid_t> found;
@@ -84,7 +102,7 @@ std::optional<pid_t> FindRankPid(const std::string& config_path, int site, int r
     }
     if (!train || !config || !this_site) continue;
     const std::vector<std::string> env = ProcStrings(pid, "environ");
-    if (std::find(env.begin(), env.end(), rank_env) != env.end()) {
+    if (std::find(env.begin(), env.end(), rank_env) != env.end() && DescendsFrom(pid, mpirun)) {
       found = pid;
       break;
     }
@@ -134,7 +152,7 @@ void ChaosMonkey::Tick(const std::vector<pid_t>& site_pids, pid_t coordinator_pi
     e.watched = victim = coordinator_pid;
   } else {
     e.watched = site_pids[size_t(k.site)];
-    const std::optional<pid_t> p = FindRankPid(config_path_, k.site, k.rank);
+    const std::optional<pid_t> p = FindRankPid(config_path_, k.site, k.rank, e.watched);
     if (!p) return;  // not started yet: try again at the next tick
     victim = *p;
   }

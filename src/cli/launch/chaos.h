@@ -38,8 +38,9 @@ StatusOr<std::vector<ChaosKill>> PlanChaos(uint64_t seed, int kills, int sites, 
 std::string Describe(const ChaosKill& k);
 
 // The pid of rank `rank` of site `site` of the world whose config is `config_path` (its
-// `atoll train` process, found in /proc by its arguments and OMPI_COMM_WORLD_RANK).
-std::optional<pid_t> FindRankPid(const std::string& config_path, int site, int rank);
+// `atoll train` process, found in /proc by its arguments and OMPI_COMM_WORLD_RANK, a descendant
+// of the site's mpirun `mpirun`).
+std::optional<pid_t> FindRankPid(const std::string& config_path, int site, int rank, pid_t mpirun);
 
 class ChaosMonkey {
  public:

@@ -111,8 +111,10 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchArgs& a) {
           MakeCerts(certs, sites, /*force=*/true).WithContext("launch: " + certs));
     }
   }
-  // A fresh run: an old coordinator log would be replayed, old metrics shown.
-  ::unlink((dir + "/coordinator.log").c_str());
+  // A fresh run: an old coordinator log would be replayed (and an old parameter server's state
+  // recovered), old metrics shown.
+  for (const char* old : {"coordinator.log", "ops.jsonl", "ps_params.bin", "chaos.jsonl"})
+    ::unlink((dir + "/" + old).c_str());
   for (int s = 0; s < sites; ++s) {
     ATOLL_RETURN_IF_ERROR(MakeDirs(fmt::format("{}/site-{}", dir, s)));
     ::unlink(fmt::format("{}/site-{}/metrics.jsonl", dir, s).c_str());

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <span>
 
 #include "core/file.h"
@@ -80,6 +81,14 @@ PsService::PsService(std::string state_dir, int sites, uint64_t coordinator_id,
 
 Status PsService::Start() {
   std::lock_guard<std::mutex> lk(mu_);
+  // A snapshot's temporary file left by a process killed while writing it (WriteFileAtomic).
+  {
+    std::error_code ec;
+    const std::filesystem::path snap(snapshot_path_);
+    for (const auto& e : std::filesystem::directory_iterator(snap.parent_path(), ec))
+      if (e.path().filename().string().rfind(snap.filename().string() + ".tmp.", 0) == 0)
+        std::filesystem::remove(e.path(), ec);
+  }
   ATOLL_ASSIGN_OR_RETURN(const LogContents contents, ReadLog(path_, "op log record"));
   if (contents.records.empty()) return Status::Ok();  // none, or only a torn init: start afresh
   ATOLL_ASSIGN_OR_RETURN(const OpLog log, ReadOpLog(path_));
@@ -137,10 +146,11 @@ Status PsService::RecoverLocked(const LogContents& contents, const OpLog& log) {
     next_id_ = std::max(next_id_, j.value("update_id", int64_t(-1)) + 1);
     if (site < 0 || size_t(site) >= memo_.size()) continue;
     last_step_[site] = std::max(last_step_[site], j.value("last_step", int64_t(0)));
-    if (!j.contains("seq")) continue;
+    if (j.value("seq", uint64_t(0)) == 0) continue;
     PushMemo m;
     if (!HexToHash(j.value("incarnation", std::string()), &m.incarnation)) continue;
     m.seq = j.value("seq", uint64_t(0));
+    m.reply.set_coordinator_id(coordinator_id_);
     m.reply.set_accepted(applied >= 0);
     m.reply.set_update_id(j.value("update_id", int64_t(-1)));
     m.reply.set_applied_version(applied);
