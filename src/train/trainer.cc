@@ -96,8 +96,10 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
 
 // The checkpoint of step `step` into dir, written by the lowest live site, and by the next when
 // that one is lost before the live sites meet again after it wrote (sync; otherwise site 0,
-// once). Collective over the world.
+// once). Every site keeps its own state beside it first (diloco, streaming). Collective over the
+// world.
 Status SaveOnLeadSite(Run& run, WorldStrategy& strategy, const std::string& dir, int64_t step) {
+  ATOLL_RETURN_IF_ERROR(strategy.SaveSiteState(dir, step, run.model->params()));
   for (int wrote = -1;;) {
     ATOLL_RETURN_IF_ERROR(strategy.AgreeOnLive());
     if (strategy.lead_site() == wrote) return Status::Ok();
@@ -212,6 +214,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   sc.n_params = n_params;
   sc.optimizer = run.optimizer.get();
   sc.resumed = options.resume != nullptr;
+  sc.resume_path = options.resume_path;
   if (run.trace != nullptr)
     sc.on_wan = [trace = run.trace.get()](std::span<const std::byte> sums, bool after) {
       trace->SetWan(sums.data(), sums.size(), after);

@@ -61,6 +61,26 @@ done
 grep -q '"join_round"' "$T/r/coordinator.log" || fail "the coordinator logged no rejoin"
 grep -q "reconnecting to site 2" "$T/r/site-0/train.log" || fail "site 0 did not reconnect to site 2"
 [[ -f $T/r/checkpoint/model.safetensors ]] || fail "rejoin: no checkpoint"
+# 1c. DiLoCo resumed from a mid-round checkpoint (step 8 of rounds of 5): every site takes its own
+# state from beside it (its replica, error feedback, inner AdamW, the global parameters and
+# momentum) and the run ends bitwise as the one that did not stop.
+rc=0
+"$ATOLL" launch "${W[@]}" --set world.strategy=diloco --set world.diloco.inner_steps=5 \
+  --set world.codec=int8 --set train.checkpoint_every=8 -q --out "$T/k" >/dev/null 2>"$T/k.err" ||
+  fail "diloco with checkpoints: $(tail -5 "$T/k.err")"
+[[ -f $T/k/checkpoint-8.sites/site-2.bin ]] || fail "no per-site state beside checkpoint-8"
+"$ATOLL" launch "${W[@]}" --set world.strategy=diloco --set world.diloco.inner_steps=5 \
+  --set world.codec=int8 --set train.checkpoint_every=8 -q --resume "$T/k/checkpoint-8" \
+  --out "$T/kr" >/dev/null 2>"$T/kr.err" || fail "diloco resumed: $(tail -5 "$T/kr.err")"
+[[ $(head -1 "$T/kr/site-1/metrics.jsonl" | column step /dev/stdin) == 9 ]] ||
+  fail "the resumed run did not start at step 9"
+same_files "$T/k/checkpoint/model.safetensors" "$T/kr/checkpoint/model.safetensors"
+same_files "$T/k/checkpoint/optimizer.safetensors" "$T/kr/checkpoint/optimizer.safetensors"
+rm "$T/k/checkpoint-8.sites/site-1.bin"
+expect_exit 2 "$ATOLL" launch "${W[@]}" --set world.strategy=diloco --resume "$T/k/checkpoint-8" \
+  --out "$T/kx"
+expect_err "site-1.bin is missing"
+
 # --rejoin is refused where it cannot work.
 expect_exit 2 "$ATOLL" train --config configs/tiny.toml --set data.dir="$DATA" --rejoin \
   --out "$T/bad"

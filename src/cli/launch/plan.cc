@@ -13,6 +13,7 @@
 
 #include "cli/launch/processes.h"
 #include "core/file.h"
+#include "train/strategies/world_strategy.h"
 #include "world/certs.h"
 
 namespace atl::cli {
@@ -80,6 +81,20 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchArgs& a) {
       return Status::InvalidArgument(
           fmt::format("launch: --resume {}: not a checkpoint (no manifest.json)", a.resume));
     p.resume = std::filesystem::absolute(a.resume).string();
+    const std::string& strategy = cfg.world.strategy;
+    if (strategy == "diloco" || strategy == "streaming") {
+      for (int s = 0; s < sites; ++s)
+        if (const std::string state = SiteStatePath(p.resume, s); !FileExists(state))
+          return Status::InvalidArgument(fmt::format(
+              "launch: --resume {}: world.strategy = \"{}\" needs every site's state beside the "
+              "checkpoint, and {} is missing (written at each checkpoint with no exchange in "
+              "flight)",
+              a.resume, strategy, state));
+    } else if (strategy == "async") {
+      return Status::InvalidArgument(
+          "launch: --resume: world.strategy = \"async\" cannot be resumed yet (the parameter "
+          "server's state is the coordinator's)");
+    }
   }
   std::string& dir = p.dir = a.out;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();

@@ -194,9 +194,26 @@ std::shared_ptr<const std::string> LowCommSync::QuietState(int64_t completed,
 void LowCommSync::Restore(const LowCommState& state) {
   global_ = state.global;
   momentum_ = state.momentum;
-  std::fill(residual_.begin(), residual_.end(), 0.0f);
+  if (state.residual.size() == residual_.size())
+    residual_ = state.residual;
+  else
+    std::fill(residual_.begin(), residual_.end(), 0.0f);
   rounds_ = state.rounds;
   completed_ = state.exchanges;
+}
+
+std::unique_ptr<LowCommState> LowCommSync::ResumeState(int64_t completed,
+                                                       const float* params) const {
+  if (!pending_.empty()) return nullptr;
+  auto st = std::make_unique<LowCommState>();
+  st->completed = completed;
+  st->rounds = rounds_;
+  st->exchanges = completed_;
+  st->global = global_;
+  st->momentum = momentum_;
+  st->params.assign(params, params + n_);
+  st->residual = residual_;
+  return st;
 }
 
 }  // namespace atl

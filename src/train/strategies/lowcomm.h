@@ -60,15 +60,24 @@ struct LowCommOptions {
 // replica (DiLoCo: equal to global). The newcomer starts its inner optimizer afresh (AdamW
 // moments zero) and its error feedback at zero, trains from step completed + 1, and takes part
 // from exchange `rounds` on.
+//
+// Resume (a checkpoint's per-site state, train/strategies/lowcomm_strategy.cc): the same at any
+// step with no exchange in flight, plus the error feedback and the inner optimizer, so a
+// resumed run goes on bitwise.
 struct LowCommState {
   int64_t completed = 0;  // inner steps done
   int64_t rounds = 0;     // exchanges started: the next one's round
   int64_t exchanges = 0;  // exchanges merged
   std::vector<float> global, momentum, params;
+  // Resume only (empty in a rejoin's): the error feedback (n), the inner AdamW's moments (n each)
+  // and update count.
+  std::vector<float> residual, adam_m, adam_v;
+  int64_t adam_steps = 0;
 };
-// Bytes: "ATLR", u32 version 1, u64 n, i64 completed, rounds, exchanges (little-endian), then
-// global, momentum and params as n float32 each. Decode checks every size (kCorruption) and n
-// against the model's (kInvalidArgument: another model).
+// Bytes: "ATLR", u32 version (1: a rejoin's, 2: with the resume fields), u64 n, i64 completed,
+// rounds, exchanges (little-endian), then global, momentum and params as n float32 each; version
+// 2: i64 adam_steps, then residual, adam_m and adam_v as n float32 each. Decode checks every
+// size (kCorruption) and n against the model's (kInvalidArgument: another model).
 std::string EncodeLowCommState(const LowCommState& state);
 StatusOr<LowCommState> DecodeLowCommState(std::string_view bytes, size_t n);
 
@@ -104,8 +113,12 @@ class LowCommSync {
   // none is pending (before the last step); null otherwise. params: the local parameters.
   std::shared_ptr<const std::string> QuietState(int64_t completed, const float* params) const;
   // Takes the state over (a rejoining site's leader, before its first step); the caller sets
-  // the local parameters to state.params.
+  // the local parameters to state.params. With state.residual (a resume): the error feedback too.
   void Restore(const LowCommState& state);
+  // The state for a resume after step `completed`, with the error feedback (the caller adds the
+  // inner optimizer's); null while an exchange is in flight (streaming between a send and its
+  // merge). params: the local parameters.
+  std::unique_ptr<LowCommState> ResumeState(int64_t completed, const float* params) const;
 
   uint64_t bytes_sent() const { return bytes_sent_; }
   int64_t rounds() const { return rounds_; }  // exchanges started (the next one's round)

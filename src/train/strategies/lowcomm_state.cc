@@ -10,7 +10,7 @@ namespace atl {
 
 namespace {
 constexpr char kStateMagic[4] = {'A', 'T', 'L', 'R'};
-constexpr uint32_t kStateVersion = 1;
+constexpr uint32_t kStateVersion = 2;  // reads 1 too
 constexpr size_t kStateHeader = 4 + 4 + 8 + 3 * 8;
 
 template <typename T>
@@ -27,16 +27,22 @@ T Get(std::string_view b, size_t at) {
 
 std::string EncodeLowCommState(const LowCommState& st) {
   const size_t n = st.global.size();
+  const bool resume = !st.residual.empty();
   std::string out;
-  out.reserve(kStateHeader + 3 * n * sizeof(float));
+  out.reserve(kStateHeader + (resume ? 6 : 3) * n * sizeof(float) + 8);
   out.append(kStateMagic, 4);
-  Put<uint32_t>(&out, kStateVersion);
+  Put<uint32_t>(&out, resume ? kStateVersion : 1);
   Put<uint64_t>(&out, n);
   Put<int64_t>(&out, st.completed);
   Put<int64_t>(&out, st.rounds);
   Put<int64_t>(&out, st.exchanges);
   for (const auto* v : {&st.global, &st.momentum, &st.params})
     out.append(reinterpret_cast<const char*>(v->data()), n * sizeof(float));
+  if (resume) {
+    Put<int64_t>(&out, st.adam_steps);
+    for (const auto* v : {&st.residual, &st.adam_m, &st.adam_v})
+      out.append(reinterpret_cast<const char*>(v->data()), n * sizeof(float));
+  }
   return out;
 }
 
@@ -44,16 +50,18 @@ StatusOr<LowCommState> DecodeLowCommState(std::string_view b, size_t n) {
   if (b.size() < kStateHeader || std::memcmp(b.data(), kStateMagic, 4) != 0)
     return Status::Corruption(
         fmt::format("rejoin state: {} bytes without the ATLR header", b.size()));
-  if (const uint32_t v = Get<uint32_t>(b, 4); v != kStateVersion)
-    return Status::Corruption(
-        fmt::format("rejoin state: version {} (this build reads {})", v, kStateVersion));
+  const uint32_t version = Get<uint32_t>(b, 4);
+  if (version != 1 && version != kStateVersion)
+    return Status::Corruption(fmt::format("rejoin state: version {} (this build reads 1 and {})",
+                                          version, kStateVersion));
   const uint64_t count = Get<uint64_t>(b, 8);
   if (count != n)
     return Status::InvalidArgument(fmt::format(
         "rejoin state: {} parameters, this model has {} (another model config?)", count, n));
-  if (b.size() != kStateHeader + 3 * n * sizeof(float))
-    return Status::Corruption(fmt::format("rejoin state: {} bytes, expected {}", b.size(),
-                                          kStateHeader + 3 * n * sizeof(float)));
+  const size_t want =
+      kStateHeader + (version == 1 ? 3 * n * sizeof(float) : 6 * n * sizeof(float) + 8);
+  if (b.size() != want)
+    return Status::Corruption(fmt::format("rejoin state: {} bytes, expected {}", b.size(), want));
   LowCommState st;
   st.completed = Get<int64_t>(b, 16);
   st.rounds = Get<int64_t>(b, 24);
@@ -64,10 +72,16 @@ StatusOr<LowCommState> DecodeLowCommState(std::string_view b, size_t n) {
                     "exchanges)",
                     st.completed, st.rounds, st.exchanges));
   const char* at = b.data() + kStateHeader;
-  for (auto* v : {&st.global, &st.momentum, &st.params}) {
+  auto floats = [&](std::vector<float>* v) {
     v->resize(n);
     std::memcpy(v->data(), at, n * sizeof(float));
     at += n * sizeof(float);
+  };
+  for (auto* v : {&st.global, &st.momentum, &st.params}) floats(v);
+  if (version == kStateVersion) {
+    std::memcpy(&st.adam_steps, at, sizeof st.adam_steps);
+    at += sizeof st.adam_steps;
+    for (auto* v : {&st.residual, &st.adam_m, &st.adam_v}) floats(v);
   }
   return st;
 }

@@ -4,6 +4,7 @@
 // and the take-over by a process that replaces a lost site.
 #include <fmt/format.h>
 
+#include "core/file.h"
 #include "core/log.h"
 #include "train/strategies/lowcomm.h"
 #include "train/strategies/world_strategy.h"
@@ -47,6 +48,7 @@ class LowCommStrategy final : public WorldStrategy {
     const WorldHooks& w = *c_.world;
     auto average = w.average;  // the leader's; the other ranks only follow the schedule
     sync_ = std::make_unique<LowCommSync>(options_, std::move(average), params, c_.n_params);
+    if (c_.resumed) return Resume(start, params);
     if (!w.rejoin) return start;
     // Where the leader goes on from, and its parameters, to the site's other ranks.
     double at = 0;
@@ -119,6 +121,60 @@ class LowCommStrategy final : public WorldStrategy {
  private:
   const StrategyContext c_;
   const LowCommOptions options_;
+  // A resumed run: this site's state beside the checkpoint (SaveSiteState): its replica, the
+  // global parameters and momentum, the error feedback, its inner optimizer, the counters.
+  StatusOr<int64_t> Resume(int64_t start, float* params) {
+    AdamW& o = *c_.optimizer;
+    int64_t adam_steps = 0;
+    if (c_.leader) {
+      const std::string path = SiteStatePath(c_.resume_path, c_.world->site);
+      auto bytes = ReadFile(path);
+      if (!bytes.ok())
+        return Status::InvalidArgument(fmt::format(
+            "--resume: world.strategy = \"{}\" needs each site's state beside the checkpoint: "
+            "{} ({}; a checkpoint written while a streaming exchange was in flight has none)",
+            c_.cfg->world.strategy, path, bytes.status().message()));
+      ATOLL_ASSIGN_OR_RETURN(LowCommState st, DecodeLowCommState(*bytes, c_.n_params));
+      if (st.residual.empty() || st.adam_m.size() != o.size())
+        return Status::InvalidArgument(fmt::format("--resume: {} is not a resume state", path));
+      if (st.completed != start)
+        return Status::InvalidArgument(fmt::format(
+            "--resume: {} is of step {}, the checkpoint of step {}", path, st.completed, start));
+      sync_->Restore(st);
+      std::copy(st.params.begin(), st.params.end(), params);
+      std::copy(st.adam_m.begin(), st.adam_m.end(), o.m());
+      std::copy(st.adam_v.begin(), st.adam_v.end(), o.v());
+      adam_steps = st.adam_steps;
+    }
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params, c_.n_params)));
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(o.m(), o.size())));
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(o.v(), o.size())));
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&adam_steps, 1)));
+    o.set_step_count(adam_steps);
+    return start;  // site 0 leads until the first merge, as at a fresh start
+  }
+
+  // Every rank keeps the same inner optimizer (tp = pp = 1, no ZeRO with sites): the leader
+  // writes the site's state.
+  Status SaveSiteState(const std::string& dir, int64_t step, const float* params) override {
+    if (!c_.leader) return Status::Ok();
+    std::unique_ptr<LowCommState> st = sync_->ResumeState(step, params);
+    if (st == nullptr) {
+      LogWarning(
+          "site {}: checkpoint of step {}: an exchange is in flight, so this site's state is not "
+          "kept beside it (a resume from it is refused)",
+          c_.world->site, step);
+      return Status::Ok();
+    }
+    const AdamW& o = *c_.optimizer;
+    st->adam_m.assign(o.m(), o.m() + o.size());
+    st->adam_v.assign(o.v(), o.v() + o.size());
+    st->adam_steps = o.step_count();
+    const std::string path = SiteStatePath(dir, c_.world->site);
+    ATOLL_RETURN_IF_ERROR(MakeDirs(path.substr(0, path.rfind('/'))));
+    return WriteFileAtomic(path, EncodeLowCommState(*st));
+  }
+
   // The lowest live site of the last merged exchange (the leader's) to the site's ranks.
   Status ShareLead() {
     int64_t lead = c_.leader && !sync_->last_sites().empty() ? sync_->last_sites().front() : lead_;
@@ -139,11 +195,6 @@ class LowCommStrategy final : public WorldStrategy {
 StatusOr<std::unique_ptr<WorldStrategy>> MakeLowCommStrategy(const StrategyContext& c) {
   const RunConfig& cfg = *c.cfg;
   const WorldConfig& w = cfg.world;
-  if (c.resumed)
-    return Status::InvalidArgument(fmt::format(
-        "--resume: world.strategy = \"{}\" keeps state across sites (outer momentum, the global "
-        "parameters) that checkpoints do not hold yet; resume is for sync runs",
-        w.strategy));
   if (c.leader && !c.world->average)
     return Status::InvalidArgument(
         fmt::format("world.strategy = \"{}\" needs the exchange among the sites", w.strategy));

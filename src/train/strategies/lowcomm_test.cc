@@ -317,7 +317,24 @@ TEST(LowCommState, RoundTripsAndRefusesBadBytes) {
   for (int64_t c = 1; c <= 12; ++c) {
     ASSERT_TRUE(s.AfterStep(c, p.data()).ok());
     EXPECT_EQ(s.QuietState(c, p.data()), nullptr) << "step " << c;
+    // Nor a resume state once the first fragment was sent (step 2): one is always in flight.
+    EXPECT_EQ(s.ResumeState(c, p.data()) == nullptr, c >= 2) << "step " << c;
   }
+  // A resume's state (version 2) carries the error feedback and the inner optimizer too.
+  st.residual = {0.25f, -0.5f, 1};
+  st.adam_m = {1, 1, 1};
+  st.adam_v = {2, 3, 4};
+  st.adam_steps = 29;
+  const std::string r = EncodeLowCommState(st);
+  EXPECT_EQ(r.size(), b.size() + 3 * 3 * sizeof(float) + 8);
+  back = DecodeLowCommState(r, 3);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->params, st.params);
+  EXPECT_EQ(back->residual, st.residual);
+  EXPECT_EQ(back->adam_v, st.adam_v);
+  EXPECT_EQ(back->adam_steps, 29);
+  EXPECT_EQ(DecodeLowCommState(r.substr(0, r.size() - 4), 3).status().code(),
+            StatusCode::kCorruption);
 }
 
 // The final exchange of a run is a plain average: every site ends with the mean of the sites'

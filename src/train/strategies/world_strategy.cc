@@ -77,6 +77,12 @@ StatusOr<FetchedState> RegisterAndFetch(const WorldHooks& w, int64_t rounds_per_
   }
 }
 
+std::string SiteStatePath(const std::string& checkpoint_dir, int site) {
+  std::string dir = checkpoint_dir;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return fmt::format("{}.sites/site-{}.bin", dir, site);
+}
+
 StatusOr<int> LowestLiveAfterTheEnd(const StrategyContext& c, int64_t round, int fallback) {
   int64_t lead = fallback;
   if (c.leader && c.world->commit) {

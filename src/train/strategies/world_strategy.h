@@ -147,6 +147,7 @@ struct StrategyContext {
   size_t n_params = 0;                // this rank's parameters (the whole model: tp = pp = 1)
   AdamW* optimizer = nullptr;         // this rank's (sync rejoins serve and take its moments)
   bool resumed = false;               // the run continues from a checkpoint
+  std::string resume_path;            // ... this one (its per-site states: SiteStatePath)
   // sync: called with the site's reduced gradients (SiteSums::fixed in the reproducible mode, else
   // grads, as bytes) just before they cross the WAN (after: false)
   // and with the world's sum just after (after: true): the audit replay's trace, where a
@@ -184,6 +185,13 @@ class WorldStrategy {
   // Before a validation that is not the last: the leader's lead_site() to the site's ranks (the
   // same on every rank, as the validation is collective in the site).
   virtual Status ShareLead() { return Status::Ok(); }
+  // Beside the checkpoint of step `step` in checkpoint_dir (written by the lead site): this
+  // site's own state, which a resume needs besides it (diloco, streaming: SiteStatePath). On
+  // every rank of every site.
+  virtual Status SaveSiteState(const std::string& checkpoint_dir, int64_t step,
+                               const float* params) {
+    return Status::Ok();
+  }
   // The number of changes of the live sites so far, the same on every rank of every live site.
   virtual int64_t generation() const { return 0; }
   // Whether the world goes on without a site that is lost or leaves (WorldHooks::leave) at a
@@ -259,6 +267,9 @@ StatusOr<FetchedState> RegisterAndFetch(const WorldHooks& w, int64_t rounds_per_
 // there, to the site's ranks. `fallback` without a coordinator. kUnavailable when this site is
 // not live in that round.
 StatusOr<int> LowestLiveAfterTheEnd(const StrategyContext& c, int64_t round, int fallback);
+
+// Where site `site` keeps its state beside the checkpoint in checkpoint_dir (DIR.sites/site-N.bin).
+std::string SiteStatePath(const std::string& checkpoint_dir, int site);
 
 // Inside the site: the leader's `data` to every rank (a no-op for one rank).
 template <class T>
