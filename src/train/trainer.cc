@@ -357,6 +357,9 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       }
       if (exclude) {  // this site: it leaves, the others go on
         if (leader && options.world.leave) (void)options.world.leave();
+        // The site's other ranks end only after the leader left: their error would abort the
+        // site's job (MPI_Abort) before it could, and the others would wait the dead-site time.
+        if (me.size() > 1) (void)me.world()->Barrier();
         return Status::Unavailable(fmt::format(
             "site {} leaves the world (sdc.on_faulty = exclude): {}", run.site, faulty.why));
       }

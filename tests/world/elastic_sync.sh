@@ -52,6 +52,23 @@ grep -q '"verdict":"faulty_rank"' "$T/x/site-0/metrics.jsonl" || fail "site 0 na
 same_files "$T/one/checkpoint/model.safetensors" "$T/x/checkpoint/model.safetensors"
 same_files "$T/one/checkpoint/optimizer.safetensors" "$T/x/checkpoint/optimizer.safetensors"
 
+# The same with sites of 3 ranks (dp 3 inside each): the in-site peer check names the rank, its
+# whole site leaves cleanly (a Leave, no death: its other ranks wait for it), and the others end
+# bitwise equal to one process.
+C9=(--config configs/tiny.toml --set data.dir="$DATA" --set train.batch_size=9
+  --set train.micro_batch_size=1 --set train.steps=10 --set train.eval_every=4
+  --set parallel.reproducible=true)
+"$ATOLL" train "${C9[@]}" -q --out "$T/one9" >/dev/null 2>"$T/one9.err" ||
+  fail "the single process (batch 9) failed: $(tail -5 "$T/one9.err")"
+rc=0
+"$ATOLL" launch "${C9[@]}" --set parallel.dp=3 --set world.sites=3 --set world.ranks_per_site=3 \
+  --set world.heartbeat_s=0.5 --set sdc.audit_every=1 --set sdc.on_faulty=exclude \
+  --set faults.inject=bad_core:step=5,site=2,layer=1,gemm=2,p=1,bit=27,stuck=1 \
+  --insecure -q --out "$T/x3" >"$T/x3.out" 2>"$T/x3.err" || rc=$?
+[[ $rc == 0 ]] || fail "3-rank sites excluding a faulty site exited $rc: $(tail -20 "$T/x3.err")"
+! grep -q '"death"' "$T/x3/coordinator.log" || fail "the faulty 3-rank site died instead of leaving"
+same_files "$T/one9/checkpoint/model.safetensors" "$T/x3/checkpoint/model.safetensors"
+
 rc=0
 # The emulated links keep the steps long enough (about 0.9 s) for the new process to start and
 # register before the run's end, also on a loaded machine.
