@@ -201,6 +201,7 @@ StatusOr<int> Launch(const LaunchArgs& a) {
     if (coord_out >= 0) ::close(coord_out);
     return s;
   };
+  std::vector<int> restarts(size_t(sites), 0);  // new processes started for each site
   // Site s's mpirun; with rejoin, a new process that takes over the lost site (`train
   // --rejoin`, its output in site-N/rejoin.log), without the fault injection.
   auto start_site = [&](int s, bool rejoin) -> Status {
@@ -208,7 +209,11 @@ StatusOr<int> Launch(const LaunchArgs& a) {
     Child& c = site_children[size_t(s)];
     c = Child{};
     c.name = fmt::format("site {}", s);
-    c.log = site_dir + (rejoin ? "/rejoin.log" : "/train.log");
+    // The first new process's output in rejoin.log, a later one's in rejoin-N.log (N = 2, ...).
+    const int again = rejoin ? restarts[size_t(s)] : 0;
+    c.log = site_dir + (!rejoin ? "/train.log"
+                        : again <= 1 ? "/rejoin.log"
+                                     : fmt::format("/rejoin-{}.log", again));
     const std::vector<std::string> argv = plan.SiteArgv(s, *address, rejoin);
     ATOLL_ASSIGN_OR_RETURN(const int fd, OpenLog(c.log));
     const std::string site_tmp =
@@ -235,7 +240,6 @@ StatusOr<int> Launch(const LaunchArgs& a) {
   const Child* failed = nullptr;
   const bool sync = cfg.world.strategy == "sync";
   std::vector<int> lost;
-  std::vector<int> restarts(size_t(sites), 0);  // new processes started for each site
   const bool rejoin = a.rejoin || a.chaos >= 0;
   const int max_restarts = a.chaos >= 0 ? a.chaos_kills : 1;
   int coordinator_restarts = 0;
@@ -251,8 +255,10 @@ StatusOr<int> Launch(const LaunchArgs& a) {
         // sync takes back a site that crashed (a signal, or the fault injection's exit 3; under
         // mpirun, 128 + the signal that ended one of its ranks), not one that stopped with an
         // error (a fault it found, the world's own error on every site).
-        const bool crashed = !sync || !WIFEXITED(c.wait_status) ||
-                             WEXITSTATUS(c.wait_status) == 3 || WEXITSTATUS(c.wait_status) > 128;
+        // Never one refused with exit 2 (bad input; a rejoin once the run is over).
+        const int code = WIFEXITED(c.wait_status) ? WEXITSTATUS(c.wait_status) : -1;
+        const bool crashed =
+            code != 2 && (!sync || code == -1 || code == 3 || code > 128);
         const bool again = rejoin && crashed && restarts[size_t(s)] < max_restarts;
         if (int(lost.size()) + 1 < sites) {
           lost.push_back(s);

@@ -28,7 +28,10 @@ class AsyncStrategy final : public WorldStrategy {
     }
     if (c_.leader) ATOLL_RETURN_IF_ERROR(client_.Start(params));
     ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params, c_.n_params)));
-    if (!w.rejoin) return start;
+    // The leader's (only it has the world's hooks): a new process for a lost site on every rank.
+    int64_t rejoin = w.rejoin ? 1 : 0;
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&rejoin, 1)));
+    if (rejoin == 0) return start;
     double at = 0;
     if (c_.leader) {
       at = double(client_.start_step());
@@ -38,7 +41,8 @@ class AsyncStrategy final : public WorldStrategy {
     ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<double>(&at, 1)));
     if (int64_t(at) >= steps)
       return Status::Unavailable(fmt::format(
-          "site {}: rejoin: the site's pushes already reach the last step {}", w.site, steps));
+          "site {}: rejoin: the site's pushes already reach the last step {}", c_.world->site,
+          steps));
     return int64_t(at);
   }
 

@@ -49,7 +49,10 @@ class LowCommStrategy final : public WorldStrategy {
     auto average = w.average;  // the leader's; the other ranks only follow the schedule
     sync_ = std::make_unique<LowCommSync>(options_, std::move(average), params, c_.n_params);
     if (c_.resumed) return Resume(start, params);
-    if (!w.rejoin) return start;
+    // The leader's (only it has the world's hooks): a new process for a lost site on every rank.
+    int64_t rejoin = w.rejoin ? 1 : 0;
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&rejoin, 1)));
+    if (rejoin == 0) return start;
     // Where the leader goes on from, and its parameters, to the site's other ranks.
     double at = 0;
     if (c_.leader) {

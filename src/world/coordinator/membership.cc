@@ -132,6 +132,15 @@ Verdict MembershipState::PlanRegister(const Registration& r, Json* record) const
     if (r.join_round < 0)
       return {Refusal::kBadRequest,
               fmt::format("site {}: join round {} is negative", s, r.join_round)};
+    bool others_live = false, others_left = false;
+    for (size_t i = 0; i < sites_.size(); ++i) {
+      if (int(i) == s) continue;
+      others_live |= sites_[i].state == State::kAlive;
+      others_left |= sites_[i].state == State::kLeft;
+    }
+    if (!others_live && others_left)
+      return {Refusal::kFinished,
+              fmt::format("site {}: the run is over: every other site has finished and left", s)};
     if (r.early_by < 0 || r.early_by > r.join_round)
       return {Refusal::kBadRequest, fmt::format("site {}: {} rounds early for join round {}", s,
                                                 r.early_by, r.join_round)};

@@ -50,6 +50,7 @@ enum class Refusal {
   kTooLate,         // OUT_OF_RANGE: a rejoin at a round a live site has reached
   kUnknownProcess,  // NOT_FOUND: not registered (anymore) as this process: register again
   kGone,            // ABORTED: this process's site was declared dead or has left
+  kFinished,        // FAILED_PRECONDITION: a rejoin after every other site left (run over)
 };
 
 struct Verdict {

@@ -130,6 +130,16 @@ TEST(Membership, ADeadSiteMustRejoinAfterTheQuorum) {
   ASSERT_TRUE(m.Apply(r).ok());
   EXPECT_EQ(m.Current().sites[1].last_round, 8);
   EXPECT_EQ(m.Current().sites[1].join_round, 9);
+  // The run is over once every other site has left: a rejoin then is refused.
+  Json leave, death2;
+  ASSERT_TRUE(m.PlanLeave(0, 100, &leave).ok());
+  ASSERT_TRUE(m.Apply(leave).ok());
+  m.Beat(0, 100, 200);
+  auto late = m.NextDeath(200);  // site 1's new process, silent
+  ASSERT_TRUE(late.has_value());
+  ASSERT_TRUE(m.Apply(*late).ok());
+  v = m.PlanRegister({1, 556, "b:3", 7, true, 20, "t"}, &r);
+  EXPECT_EQ(v.refusal, Refusal::kFinished) << v.message;
 }
 
 // A site that left did its part; only a site declared dead is one whose operations must fail.

@@ -76,6 +76,7 @@ grpc::StatusCode CodeOf(Refusal r) {
       return grpc::StatusCode::INVALID_ARGUMENT;
     case Refusal::kOtherConfig:
     case Refusal::kMustRejoin:
+    case Refusal::kFinished:
       return grpc::StatusCode::FAILED_PRECONDITION;
     case Refusal::kTaken:
       return grpc::StatusCode::ALREADY_EXISTS;
