@@ -8,7 +8,7 @@
 # STRATEGY=diloco|streaming|async: the same world with that strategy (H = 5, int8, 60 steps by
 # default, batch 12 of micro-batches of 2), against a clean launch of it: the last validation
 # loss of the lowest site that logged one, next to the clean run's (these do not end bitwise).
-# Usage: bench/chaos.sh ; env: RUNS (default 20), KILLS (default 3), STEPS (default 24; 60 with
+# Usage: bench/chaos.sh [--help] ; env: RUNS (default 20), KILLS (default 3), STEPS (default 24; 60 with
 #        STRATEGY), STRATEGY (default sync), ATOLL (default build/release/atoll), DATA (default
 #        .cache/data/sotu).
 set -euo pipefail
@@ -19,9 +19,9 @@ STRATEGY=${STRATEGY:-sync}
 [[ $STRATEGY == sync ]] && STEPS=${STEPS:-24} || STEPS=${STEPS:-60}
 ATOLL=${ATOLL:-build/release/atoll}
 DATA=${DATA:-.cache/data/sotu}
-grep -qw avx512f /proc/cpuinfo && export OPENBLAS_CORETYPE=SkylakeX
-export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source bench/bench_lib.sh
+bench_args "$0" "$@"
+export OMP_NUM_THREADS=1
 T=$(mktemp -d "${TMPDIR:-/tmp}/chaos_bench.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 

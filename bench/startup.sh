@@ -4,22 +4,22 @@
 # a live site's memory (--fail-site 1@4 --rejoin: from its death until it logged a step again)
 # and the whole world restarted from its disk checkpoint (a fresh launch --resume: until its
 # first step). configs/tiny.toml, links of 5 ms and 200 Mbit/s, heartbeat 0.5 s, --insecure.
-# Prints markdown tables and the fitted constants, and writes them as JSON to OUT for
-# `atoll plan goodput --startup OUT`:
+# Prints markdown tables and the fitted constants, and writes them as JSON to OUT (--out FILE,
+# default runs/startup.json) for `atoll plan goodput --startup OUT`:
 #   fixed_s, per_rank_s, per_site_s   launch-to-first-step = fixed + per_rank x (ranks per site)
 #                                     + per_site x sites (least squares over both sweeps)
 #   restart_from_memory_s             a lost site back (death to its first step), incl. the
 #                                     dead-site time
 #   restart_from_disk_s               a world of 3 sites started again from a checkpoint
-# Usage: bench/startup.sh ; env: OUT (default runs/startup.json), ATOLL, DATA.
+# Usage: bench/startup.sh [--out FILE] ; env: ATOLL, DATA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-runs/startup.json}
 ATOLL=${ATOLL:-build/release/atoll}
 DATA=${DATA:-.cache/data/sotu}
-grep -qw avx512f /proc/cpuinfo && export OPENBLAS_CORETYPE=SkylakeX
-export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source bench/bench_lib.sh
+bench_args "$0" "$@"
+OUT=${OUT:-runs/startup.json}
+export OMP_NUM_THREADS=1
 T=$(mktemp -d "${TMPDIR:-/tmp}/startup_bench.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 mkdir -p "$(dirname "$OUT")"

@@ -75,3 +75,17 @@ wait_for_step() {
   done
   fail "$1 did not reach step $2 within ${3:-60} s"
 }
+
+# kill_coordinator_at RUN STEP PID WHAT: once site 1 of the launch writing RUN (pid PID, stderr in
+# RUN.err) logged STEP, kills its coordinator (-9); launch must then finish (exit 0) having
+# started it again, with no site ended. WHAT names the run in failures.
+kill_coordinator_at() {
+  local run=$1 step=$2 pid=$3 what=$4 rc=0
+  wait_for_step "$run/site-1/metrics.jsonl" "$step"
+  pkill -9 -f "atoll coordinator .*--state $run " || { kill "$pid"; fail "no coordinator to kill"; }
+  wait "$pid" || rc=$?
+  [[ $rc == 0 ]] || fail "$what with its coordinator killed exited $rc: $(tail -20 "$run.err")"
+  grep -q "the coordinator ended (killed by signal 9" "$run.err" ||
+    fail "launch did not start the coordinator again: $(tail "$run.err")"
+  ! grep -q "site [0-9] ended" "$run.err" || fail "a site ended with the coordinator: $(cat "$run.err")"
+}

@@ -287,7 +287,7 @@ StatusOr<int> Launch(const LaunchArgs& a) {
       // The sites keep retrying it (up to their timeouts): start it again where it was, from its
       // durable state (membership, rounds, the parameter server's log and snapshot).
       // A start that fails (its port taken meanwhile, say) is tried again at the next tick.
-      if (coordinator_restarts++ < kCoordinatorRestarts + std::max(0, a.chaos_kills)) {
+      if (coordinator_restarts++ < kCoordinatorRestarts + (a.chaos >= 0 ? a.chaos_kills : 0)) {
         std::fprintf(stderr, "launch: the coordinator ended (%s); starting it again at %s\n",
                      coordinator.how_it_ended().c_str(), address->c_str());
         if (auto again = start_coordinator(*address); !again.ok()) {

@@ -113,18 +113,10 @@ same_files "$T/one/checkpoint/optimizer.safetensors" "$T/k/checkpoint/optimizer.
 
 # The coordinator killed (-9) after step 6: launch starts it again at its address, from its
 # durable log; the sites retry their rounds meanwhile and none of them exits.
-rc=0
 "$ATOLL" launch "${C[@]}" --set world.sites=3 --set world.link.latency_ms=5 \
   --set world.link.bandwidth_mbps=200 --set world.link.jitter_ms=0 --set world.heartbeat_s=0.5 \
   --insecure -q --out "$T/c" >"$T/c.out" 2>"$T/c.err" &
-launched=$!
-wait_for_step "$T/c/site-1/metrics.jsonl" 6
-pkill -9 -f "atoll coordinator .*--state $T/c " || { kill "$launched"; fail "no coordinator to kill"; }
-wait "$launched" || rc=$?
-[[ $rc == 0 ]] || fail "sync with its coordinator killed exited $rc: $(tail -20 "$T/c.err")"
-grep -q "the coordinator ended (killed by signal 9" "$T/c.err" ||
-  fail "launch did not start the coordinator again: $(tail "$T/c.err")"
-! grep -q "site [0-9] ended" "$T/c.err" || fail "a site ended with the coordinator: $(cat "$T/c.err")"
+kill_coordinator_at "$T/c" 6 $! sync
 same_files "$T/one/checkpoint/model.safetensors" "$T/c/checkpoint/model.safetensors"
 same_files "$T/one/checkpoint/optimizer.safetensors" "$T/c/checkpoint/optimizer.safetensors"
 echo "elastic sync: site 0 lost after step 6, a faulty site 2 excluded at step 5, site 1 lost"

@@ -162,18 +162,10 @@ grep -q "bitwise identical" "$T/out" || fail "replay of a rejoined run: $(cat "$
 # 3c. Async with the coordinator killed (-9) after step 20 of site 1: launch starts it again; the
 # parameter server's state comes back from its snapshot and op log, no site exits, and the run
 # replays bitwise.
-rc=0
 "$ATOLL" launch "${W[@]}" --set world.strategy=async --set world.diloco.inner_steps=4 \
   --set world.codec=int8 --set world.async.max_staleness=1 --set train.steps=120 -q \
   --out "$T/ac" >"$T/ac.out" 2>"$T/ac.err" &
-launched=$!
-wait_for_step "$T/ac/site-1/metrics.jsonl" 20
-pkill -9 -f "atoll coordinator .*--state $T/ac " || { kill "$launched"; fail "no coordinator to kill"; }
-wait "$launched" || rc=$?
-[[ $rc == 0 ]] || fail "async with its coordinator killed exited $rc: $(tail -20 "$T/ac.err")"
-grep -q "the coordinator ended (killed by signal 9" "$T/ac.err" ||
-  fail "launch did not start the coordinator again: $(tail "$T/ac.err")"
-! grep -q "site [0-9] ended" "$T/ac.err" || fail "a site ended with the coordinator"
+kill_coordinator_at "$T/ac" 20 $! async
 grep -q "parameter server recovered" "$T/ac/coordinator.stderr" ||
   fail "the parameter server did not recover: $(tail "$T/ac/coordinator.stderr")"
 expect_exit 0 "$ATOLL" replay --run "$T/ac" -q
