@@ -395,6 +395,9 @@ class WanCore : public std::enable_shared_from_this<WanCore> {
   std::map<uint64_t, std::string> aborts_;  // collective -> why a peer gave it up
   std::vector<int> ring_;
   std::vector<uint64_t> reconnects_;  // by site: Reconnect calls so far
+  // The addresses PeerLost declared dead, with why: a Reconnect to one fails at once (the verdict
+  // may come before this site reconnects to that incarnation, which would never answer).
+  std::map<std::string, std::string> dead_addresses_;
 
   // Set by Connect before configured_ (then read-only).
   int site_ = -1, n_ = 0;

@@ -101,13 +101,18 @@ void WanCore::PeerLost(int peer, const std::string& address, const std::string& 
     // cannot slip in between and have its new incarnation marked.
     std::lock_guard<std::mutex> lk(mu_);
     if (!connected_ || peer < 0 || peer >= n_ || peer == site_) return;
+    if (!address.empty()) dead_addresses_.emplace(address, why);
+    bool reconnecting;
     {
       // Only the incarnation that died: a new process at another address has a fresh link.
       std::lock_guard<std::mutex> alk(addr_mu_);
       if (!address.empty() && addresses_[size_t(peer)] != address) return;
+      reconnecting = !addresses_[size_t(peer)].empty();
     }
+    // An absent peer this site is reconnecting to (no stream from it yet) is marked too: the
+    // Reconnect waiting for its hello fails at once.
     Inbox& in = inboxes_[size_t(peer)];
-    if (!in.lost.empty() || in.absent) return;
+    if (!in.lost.empty() || (in.absent && !reconnecting)) return;
     in.lost = why;
     link = LinkTo(peer);  // that incarnation's link, not a later one
   }

@@ -39,8 +39,14 @@ Status WanCore::Reconnect(int peer, const std::string& address) {
     // The new address first, under mu_ too: PeerLost of the old incarnation (checked under mu_)
     // then never marks the new incarnation's inbox, which exists from the next line on.
     std::lock_guard<std::mutex> lk(mu_);
+    if (auto dead = dead_addresses_.find(address); dead != dead_addresses_.end())
+      return Status::Unavailable(
+          fmt::format("{}: site {} at {} is lost: {}", prefix, peer, address, dead->second));
     {
       std::lock_guard<std::mutex> alk(addr_mu_);
+      // A verdict on the old incarnation does not hold for a new one (its inbox is replaced
+      // when its stream is accepted; until then nothing but this call waits for it).
+      if (addresses_[peer] != address) inboxes_[peer].lost.clear();
       addresses_[peer] = address;
     }
     ++reconnects_[peer];
@@ -107,6 +113,9 @@ Status WanCore::Reconnect(int peer, const std::string& address) {
       continue;
     }
     if (in.generation == answered && in.rejoin_readies.count(nonce)) break;
+    if (!in.lost.empty())  // the coordinator declared this incarnation dead (PeerLost)
+      return Status::Unavailable(
+          fmt::format("{}: {} is lost: {}", prefix, PeerName(peer), in.lost));
     std::string link_error;
     {
       std::lock_guard<std::mutex> llk(l->mu);

@@ -274,6 +274,70 @@ TEST(WanRejoin, ReconnectFailsNamingWhatIsMissing) {
   comms.clear();
 }
 
+// The coordinator's verdict fails a Reconnect to the incarnation it declared dead at once, not
+// after timeout_s: whether it comes while the link connects (nobody listens), while this site
+// waits for the peer's hello (it listens but will never answer), or before the call.
+TEST(WanRejoin, ReconnectToAPeerDeclaredDeadFailsAtOnce) {
+  std::vector<std::unique_ptr<WanEndpoint>> eps;
+  std::vector<std::string> addr;
+  for (int s = 0; s < 2; ++s) {
+    auto ep = WanEndpoint::Listen("127.0.0.1:0", Insecure());
+    ASSERT_TRUE(ep.ok());
+    addr.push_back((*ep)->address());
+    eps.push_back(std::move(*ep));
+  }
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int s = 0; s < 2; ++s) {
+    WanOptions o;
+    o.site = s;
+    o.peers = {{0, s == 0 ? addr[0] : ""}, {1, s == 1 ? addr[1] : ""}};
+    o.timeout_s = 60;
+    auto c = eps[s]->Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    comms.push_back(std::move(*c));
+  }
+  const DeadAddress nobody;
+  for (const std::string& target : {nobody.str(), addr[1]}) {
+    const double t0 = NowSeconds();
+    std::thread verdict([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      eps[0]->PeerLost(1, target, "the coordinator declared it dead (epoch 7)");
+    });
+    Status st = eps[0]->Reconnect(1, target);
+    verdict.join();
+    EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+    EXPECT_NE(st.message().find("the coordinator declared it dead (epoch 7)"), std::string::npos)
+        << st.message();
+    EXPECT_LT(NowSeconds() - t0, 10) << target;  // not timeout_s (60)
+  }
+  // Declared dead before the call: at once.
+  const double t0 = NowSeconds();
+  Status st = eps[0]->Reconnect(1, nobody.str());
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("is lost: the coordinator declared it dead"), std::string::npos)
+      << st.message();
+  EXPECT_LT(NowSeconds() - t0, 1);
+  // A new incarnation of site 1 at another address is not held to the old verdict.
+  comms.pop_back();
+  eps.pop_back();
+  auto e1 = WanEndpoint::Listen("127.0.0.1:0", Insecure());
+  ASSERT_TRUE(e1.ok());
+  const std::string a1 = (*e1)->address();
+  WanOptions o;
+  o.site = 1;
+  o.peers = {{0, ""}, {1, a1}};
+  o.timeout_s = 60;
+  auto c1 = (*e1)->Connect(o);
+  ASSERT_TRUE(c1.ok()) << c1.status().ToString();
+  auto rs = Concurrently(
+      {[&] { return eps[0]->Reconnect(1, a1); }, [&] { return (*e1)->Reconnect(0, addr[0]); }});
+  for (const Status& r : rs) ASSERT_TRUE(r.ok()) << r.ToString();
+  ExpectMessage(*comms[0], **c1, 2, 1000);
+  ExpectMessage(**c1, *comms[0], 2, 1000);
+  comms.clear();
+  c1->reset();
+}
+
 struct FetchHookGuard {
   explicit FetchHookGuard(WanFetchHook h) { SetWanFetchHookForTesting(std::move(h)); }
   ~FetchHookGuard() { SetWanFetchHookForTesting(nullptr); }

@@ -67,6 +67,7 @@ Status WanCore::ConnectLink(Link* l, double deadline) {
     {
       std::lock_guard<std::mutex> lk(l->mu);
       if (l->closing) return Status::Unavailable("the endpoint is shutting down");
+      if (!l->error.empty()) return Status::Unavailable(l->error);  // PeerLost aborted it
     }
     const double now = NowSeconds();
     if (now >= deadline) {
