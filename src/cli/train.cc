@@ -279,7 +279,7 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
         SetRejoinHooks(a, link, kRoundsPerExchange, &options.world);
       } else if (strategy == "async") {
         options.world.ps = client->ps();
-        const int64_t end_round = cfg.train.steps;
+        const int64_t end_round = AsyncEndRound(cfg.train.steps);
         options.world.finish_barrier = [client, end_round]() -> Status {
           return client->Round(end_round).status().WithContext("the barrier at the end");
         };

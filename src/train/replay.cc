@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -71,7 +73,9 @@ ParameterServer* ReplayServer::ForSite(int site) { return views_[size_t(site)].g
 StatusOr<int64_t> ReplayServer::Init(int site, std::span<const float> params) {
   std::unique_lock lock(mu_);
   const uint64_t h = Hash64(params.data(), params.size_bytes());
-  if (params.size() != log_.count || h != log_.init_checksum)
+  // A new process that takes a site over pulls the server's parameters; its own initial ones
+  // (a resumed run's: not the checkpoint's) do not count.
+  if (process_[size_t(site)] == 0 && (params.size() != log_.count || h != log_.init_checksum))
     return Status::Internal(fmt::format(
         "replay: site {}'s initial parameters ({} floats, xxh3 {:016x}) are not the logged ones "
         "({} floats, xxh3 {:016x}): another config, seed or build",
@@ -190,6 +194,20 @@ StatusOr<ReplayReport> Replay(const ReplayOptions& options) {
         "each",
         cfg.world.ranks_per_site));
   ATOLL_ASSIGN_OR_RETURN(OpLog log, ReadOpLog(dir + "/ops.jsonl"));
+  // A run resumed from a checkpoint (launch --resume wrote where from): it is re-executed from
+  // there, each site from its state beside it.
+  std::optional<Checkpoint> from;
+  std::string from_path;
+  if (const std::string marker = dir + "/resumed_from"; FileExists(marker)) {
+    ATOLL_ASSIGN_OR_RETURN(from_path, ReadFile(marker));
+    while (!from_path.empty() && std::isspace(static_cast<unsigned char>(from_path.back())))
+      from_path.pop_back();
+    auto loaded = LoadCheckpoint(from_path, /*with_optimizer=*/true);
+    if (!loaded.ok())
+      return loaded.status().WithContext(
+          fmt::format("replay: the run was resumed from {} ({}/resumed_from)", from_path, dir));
+    from = std::move(*loaded);
+  }
   ATOLL_ASSIGN_OR_RETURN(Checkpoint ck, LoadCheckpoint(dir + "/checkpoint", false));
   if (ck.params.size() != log.count)
     return Status::InvalidArgument(
@@ -258,10 +276,15 @@ StatusOr<ReplayReport> Replay(const ReplayOptions& options) {
       o.world.site = s;
       o.world.ps = server.ForSite(s);
       o.world.join = [](int64_t, int64_t) { return Status::Ok(); };
+      if (from) {
+        o.resume = &*from;
+        o.resume_path = from_path;
+      }
       auto r = Train(rc, o);
       // Where the run's log has a new process take the site over, re-execute that one too.
       while (!r.ok() && r.status().message().find(kProcessEnded) != std::string::npos) {
         o.world.rejoin = true;
+        o.resume = nullptr;  // a new process takes the site over from the parameter server
         r = Train(rc, o);
       }
       results[size_t(s)] = r.status();

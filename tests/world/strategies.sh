@@ -10,8 +10,9 @@
 #      parameters bitwise; a tampered log is caught (exit 1, naming the update); a run with a site
 #      taken over by a new process (--rejoin; site 0, whose duties move to site 1 meanwhile)
 #      replays bitwise too; so does a run whose coordinator was killed (-9) and started again by
-#      launch (the parameter server's state from its snapshot); a run dir that is not async is
-#      refused (exit 2);
+#      launch (the parameter server's state from its snapshot); a run resumed from a checkpoint
+#      goes on from each site's state beside it and replays bitwise from there; a run dir that is
+#      not async is refused (exit 2);
 #   4. the memory checks found nothing in any of these runs.
 # Usage: strategies.sh ATOLL MPIEXEC
 set -euo pipefail
@@ -170,6 +171,33 @@ grep -q "parameter server recovered" "$T/ac/coordinator.stderr" ||
   fail "the parameter server did not recover: $(tail "$T/ac/coordinator.stderr")"
 expect_exit 0 "$ATOLL" replay --run "$T/ac" -q
 grep -q "bitwise identical" "$T/out" || fail "replay across a coordinator restart: $(cat "$T/out")"
+# 3d. Async resumed from checkpoint-8 (H = 4): the sites met around their push at step 8 (rounds
+# 15 and 16), each kept its error feedback and AdamW beside the checkpoint; the resumed run's
+# parameter server starts from the checkpoint, the sites from step 9, and its log replays
+# bitwise from the checkpoint (launch wrote where it resumed from). A missing site state is
+# refused (exit 2).
+AK=(--set world.strategy=async --set world.diloco.inner_steps=4 --set world.codec=int8
+  --set world.async.max_staleness=1 --set train.checkpoint_every=8 -q)
+"$ATOLL" launch "${W[@]}" "${AK[@]}" --out "$T/ak" >/dev/null 2>"$T/ak.err" ||
+  fail "async with checkpoints: $(tail -5 "$T/ak.err")"
+for s in 0 1 2; do
+  [[ -f $T/ak/checkpoint-8.sites/site-$s.bin ]] || fail "async: no state of site $s at step 8"
+done
+grep -q '"round":15,' "$T/ak/coordinator.log" && grep -q '"round":16,' "$T/ak/coordinator.log" ||
+  fail "async: the sites did not meet at step 8's checkpoint"
+"$ATOLL" launch "${W[@]}" "${AK[@]}" --resume "$T/ak/checkpoint-8" --out "$T/akr" >/dev/null \
+  2>"$T/akr.err" || fail "async resumed: $(tail -5 "$T/akr.err")"
+for s in 0 1 2; do
+  [[ $(head -1 "$T/akr/site-$s/metrics.jsonl" | column step /dev/stdin) == 9 ]] ||
+    fail "async resumed: site $s did not start at step 9"
+  [[ $(last_step "$T/akr/site-$s/metrics.jsonl") == 20 ]] || fail "async resumed: site $s"
+done
+grep -q '"first_step":9,' "$T/akr/ops.jsonl" || fail "async resumed: no push of steps 9.."
+expect_exit 0 "$ATOLL" replay --run "$T/akr" -q
+grep -q "bitwise identical" "$T/out" || fail "replay of a resumed async run: $(cat "$T/out")"
+rm "$T/ak/checkpoint-8.sites/site-2.bin"
+expect_exit 2 "$ATOLL" launch "${W[@]}" "${AK[@]}" --resume "$T/ak/checkpoint-8" --out "$T/akx"
+expect_err "site-2.bin is missing"
 # Not an async run.
 expect_exit 2 "$ATOLL" replay --run "$T/d" -q
 expect_err "async"

@@ -82,18 +82,16 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchArgs& a) {
           fmt::format("launch: --resume {}: not a checkpoint (no manifest.json)", a.resume));
     p.resume = std::filesystem::absolute(a.resume).string();
     const std::string& strategy = cfg.world.strategy;
-    if (strategy == "diloco" || strategy == "streaming") {
+    if (strategy == "diloco" || strategy == "streaming" || strategy == "async") {
       for (int s = 0; s < sites; ++s)
         if (const std::string state = SiteStatePath(p.resume, s); !FileExists(state))
           return Status::InvalidArgument(fmt::format(
               "launch: --resume {}: world.strategy = \"{}\" needs every site's state beside the "
-              "checkpoint, and {} is missing (written at each checkpoint with no exchange in "
-              "flight)",
-              a.resume, strategy, state));
-    } else if (strategy == "async") {
-      return Status::InvalidArgument(
-          "launch: --resume: world.strategy = \"async\" cannot be resumed yet (the parameter "
-          "server's state is the coordinator's)");
+              "checkpoint, and {} is missing ({})",
+              a.resume, strategy, state,
+              strategy == "async"
+                  ? "written at checkpoints on push steps, by the sites that met there"
+                  : "written at each checkpoint with no exchange in flight"));
     }
   }
   std::string& dir = p.dir = a.out;
@@ -128,8 +126,12 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchArgs& a) {
   }
   // A fresh run: an old coordinator log would be replayed (and an old parameter server's state
   // recovered), old metrics shown.
-  for (const char* old : {"coordinator.log", "ops.jsonl", "ps_params.bin", "chaos.jsonl"})
+  for (const char* old :
+       {"coordinator.log", "ops.jsonl", "ps_params.bin", "chaos.jsonl", "resumed_from"})
     ::unlink((dir + "/" + old).c_str());
+  // Where the run went on from: `atoll replay` of an async run starts there too.
+  if (!p.resume.empty())
+    ATOLL_RETURN_IF_ERROR(WriteFileAtomic(dir + "/resumed_from", p.resume + "\n"));
   for (int s = 0; s < sites; ++s) {
     ATOLL_RETURN_IF_ERROR(MakeDirs(fmt::format("{}/site-{}", dir, s)));
     ::unlink(fmt::format("{}/site-{}/metrics.jsonl", dir, s).c_str());

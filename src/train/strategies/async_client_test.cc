@@ -2,9 +2,11 @@
 // updates refused, and a refused push gives back the error feedback it consumed.
 #include "train/strategies/async_client.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace atl {
@@ -126,6 +128,65 @@ TEST(AsyncClient, ARefusedPushGivesBackTheResidualItConsumed) {
   ASSERT_EQ(cb.refused(), 1);
   const std::vector<float> after(cb.residual().begin(), cb.residual().end());
   EXPECT_EQ(after, residual) << "the refused push consumed the residual";
+}
+
+// A checkpoint's step with a barrier: push, meet (phase 0), pull, meet (phase 1), in that order;
+// the pull takes what every site pushed before the first meeting.
+TEST(AsyncClient, ABarrierStepPushesMeetsPullsAndMeetsAgain) {
+  MemoryServer ps;
+  const size_t n = 2;
+  std::vector<float> p(n, 0.0f), other(n, 0.0f);
+  AsyncClient c({.site = 0, .sites = 2, .inner_steps = 2, .max_staleness = 4}, &ps, n);
+  AsyncClient d({.site = 1, .sites = 2, .inner_steps = 2, .max_staleness = 4}, &ps, n);
+  ASSERT_TRUE(c.Start(p.data()).ok());
+  ASSERT_TRUE(d.Start(other.data()).ok());
+  std::vector<std::string> order;
+  for (float& x : p) x += 4.0f;
+  for (float& x : other) x += 2.0f;
+  auto meet = [&](int phase) -> Status {
+    order.push_back(fmt::format("meet {} after {} pushes", phase, ps.log_.size()));
+    // The other site pushes before the first meeting ends (it meets too).
+    if (phase == 0) EXPECT_TRUE(d.AfterStep(2, other.data()).ok());
+    return Status::Ok();
+  };
+  auto changed = c.AfterStep(2, p.data(), meet);
+  ASSERT_TRUE(changed.ok()) << changed.status().ToString();
+  EXPECT_TRUE(*changed);
+  EXPECT_EQ(order, (std::vector<std::string>{"meet 0 after 1 pushes", "meet 1 after 2 pushes"}));
+  EXPECT_FLOAT_EQ(p[0], 0.5f * 4 + 0.5f * 2);  // both pushes are in the pulled parameters
+  // A failed meeting fails the step.
+  auto failed = c.AfterStep(4, p.data(), [](int) { return Status::Unavailable("site 1 lost"); });
+  EXPECT_EQ(failed.status().code(), StatusCode::kUnavailable);
+}
+
+TEST(AsyncSiteState, RoundTripsAndCatchesDamage) {
+  AsyncSiteState st;
+  st.completed = 8;
+  st.pushes = 2;
+  st.refused = 1;
+  st.adam_steps = 8;
+  st.residual = {0.5f, -0.25f, 1e-3f};
+  st.adam_m = {1, 2, 3};
+  st.adam_v = {4, 5, 6};
+  const std::string bytes = EncodeAsyncSiteState(st);
+  auto back = DecodeAsyncSiteState(bytes, 3);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->completed, 8);
+  EXPECT_EQ(back->pushes, 2);
+  EXPECT_EQ(back->refused, 1);
+  EXPECT_EQ(back->adam_steps, 8);
+  EXPECT_EQ(back->residual, st.residual);
+  EXPECT_EQ(back->adam_m, st.adam_m);
+  EXPECT_EQ(back->adam_v, st.adam_v);
+  EXPECT_EQ(DecodeAsyncSiteState(bytes, 4).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeAsyncSiteState(bytes.substr(0, bytes.size() - 1), 3).status().code(),
+            StatusCode::kCorruption);
+  for (size_t at : {size_t(20), size_t(50), bytes.size() - 2}) {
+    std::string bad = bytes;
+    bad[at] ^= 0x10;
+    auto d = DecodeAsyncSiteState(bad, 3);
+    EXPECT_EQ(d.status().code(), StatusCode::kCorruption) << "flip at " << at;
+  }
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 // world.strategy = "async" in the training loop: AsyncClient (train/strategies/async_client.h) on
 // the site's leader after every optimizer step, the pulled parameters broadcast to the site's
-// other ranks, and the take-over by a process that replaces a lost site (it goes on after the
-// site's last decided push).
+// other ranks, the take-over by a process that replaces a lost site (it goes on after the site's
+// last decided push), and checkpoints a run resumes from: at a checkpoint's step the live sites
+// meet around their push and pull (a consistent cut: they all hold the parameter server's
+// parameters, which the checkpoint holds), and each keeps its error feedback and AdamW beside it;
+// a resumed run's parameter server starts from the checkpoint's parameters.
 #include <fmt/format.h>
 
 #include "core/log.h"
@@ -21,17 +24,38 @@ class AsyncStrategy final : public WorldStrategy {
     const WorldHooks& w = *c_.world;
     const int64_t steps = c_.cfg->train.steps;
     if (c_.leader && w.rejoin) {
-      // A new process for a lost site: a member from the barrier at the end on (the only round
-      // of async), then it goes on after the site's last decided push.
+      // A new process for a lost site: a member from the barrier at the end on (it meets the
+      // others at no checkpoint), then it goes on after the site's last decided push.
       if (!w.join) return Status::InvalidArgument("rejoin: no way to join the world");
-      ATOLL_RETURN_IF_ERROR(w.join(steps, 0).WithContext(fmt::format("site {}: rejoin", w.site)));
+      ATOLL_RETURN_IF_ERROR(
+          w.join(AsyncEndRound(steps), 0).WithContext(fmt::format("site {}: rejoin", w.site)));
     }
-    if (c_.leader) ATOLL_RETURN_IF_ERROR(client_.Start(params));
+    AsyncSiteState resumed;
+    if (c_.leader && c_.resumed) {
+      ATOLL_ASSIGN_OR_RETURN(const std::string bytes, ReadSiteState(c_));
+      ATOLL_ASSIGN_OR_RETURN(resumed, DecodeAsyncSiteState(bytes, c_.n_params));
+      if (resumed.completed != start || resumed.adam_m.size() != c_.optimizer->size())
+        return Status::InvalidArgument(
+            fmt::format("--resume: {} is of step {}, the checkpoint of step {}",
+                        SiteStatePath(c_.resume_path, w.site), resumed.completed, start));
+    }
+    if (c_.leader) ATOLL_RETURN_IF_ERROR(client_.Start(params, c_.resumed ? start : 0));
     ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params, c_.n_params)));
+    if (c_.resumed) {
+      if (c_.leader) {
+        client_.Restore(resumed);
+        AdamW& o = *c_.optimizer;
+        std::copy(resumed.adam_m.begin(), resumed.adam_m.end(), o.m());
+        std::copy(resumed.adam_v.begin(), resumed.adam_v.end(), o.v());
+      }
+      ATOLL_RETURN_IF_ERROR(ShareOptimizerInSite(c_, resumed.adam_steps));
+      return start;
+    }
     // The leader's (only it has the world's hooks): a new process for a lost site on every rank.
     int64_t rejoin = w.rejoin ? 1 : 0;
     ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&rejoin, 1)));
-    if (rejoin == 0) return start;
+    rejoined_ = rejoin != 0;
+    if (!rejoined_) return start;
     double at = 0;
     if (c_.leader) {
       at = double(client_.start_step());
@@ -40,9 +64,9 @@ class AsyncStrategy final : public WorldStrategy {
     }
     ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<double>(&at, 1)));
     if (int64_t(at) >= steps)
-      return Status::Unavailable(fmt::format(
-          "site {}: rejoin: the site's pushes already reach the last step {}", c_.world->site,
-          steps));
+      return Status::Unavailable(
+          fmt::format("site {}: rejoin: the site's pushes already reach the last step {}",
+                      c_.world->site, steps));
     return int64_t(at);
   }
 
@@ -56,10 +80,48 @@ class AsyncStrategy final : public WorldStrategy {
       ATOLL_RETURN_IF_ERROR(ShareInSite(c_, all));
       finished_ = true;
     } else {
-      if (c_.leader) ATOLL_RETURN_IF_ERROR(client_.AfterStep(completed, params).status());
+      const bool cut = CutAt(completed);
+      if (c_.leader) {
+        AsyncClient::Barrier meet;
+        if (cut && c_.world->commit)
+          meet = [this, completed](int phase) -> Status {
+            const int64_t round = AsyncCheckpointRound(completed, phase);
+            return c_.world->commit(round, std::nullopt)
+                .status()
+                .WithContext(fmt::format("the checkpoint of step {}: round {}", completed, round));
+          };
+        ATOLL_RETURN_IF_ERROR(client_.AfterStep(completed, params, meet).status());
+      }
       if (client_.PullsAt(completed)) ATOLL_RETURN_IF_ERROR(ShareInSite(c_, all));
+      if (cut) cut_at_ = completed;
     }
     return Status::Ok();
+  }
+
+  // At a consistent cut (a checkpoint's step where the sites met, or the end): the error feedback,
+  // the AdamW moments and the counters; the parameters are the checkpoint's.
+  Status SaveSiteState(const std::string& dir, int64_t step, const float*) override {
+    if (!c_.leader) return Status::Ok();
+    if (!finished_ && cut_at_ != step) {
+      LogWarning(
+          "site {}: checkpoint of step {}: {}, so this site's state is not kept beside it (a "
+          "resume from it is refused)",
+          c_.world->site, step,
+          rejoined_ ? "this process took the site over and meets the others only at the end"
+                    : fmt::format("not a push step (a multiple of world.diloco.inner_steps = {})",
+                                  c_.cfg->world.diloco.inner_steps));
+      return Status::Ok();
+    }
+    const AdamW& o = *c_.optimizer;
+    AsyncSiteState st;
+    st.completed = step;
+    st.pushes = client_.pushes();
+    st.refused = client_.refused();
+    st.residual.assign(client_.residual().begin(), client_.residual().end());
+    st.adam_m.assign(o.m(), o.m() + o.size());
+    st.adam_v.assign(o.v(), o.v() + o.size());
+    st.adam_steps = o.step_count();
+    return WriteSiteState(c_, dir, EncodeAsyncSiteState(st));
   }
 
   void Fill(StepMetrics* m) const override {
@@ -81,20 +143,31 @@ class AsyncStrategy final : public WorldStrategy {
   bool whole_batch() const override { return false; }
   int lead_site() const override { return lead_; }
 
-  // The barrier at the end (round train.steps) is async's only round: the agreements take the
-  // rounds after it. Before it, site 0 leads (the sites are at different steps).
+  // The agreements take the rounds after the barrier at the end. Before it, site 0 leads (the
+  // sites are at different steps).
   Status AgreeOnLive() override {
     if (!finished_) return Status::Ok();
     ATOLL_ASSIGN_OR_RETURN(
-        lead_, LowestLiveAfterTheEnd(c_, c_.cfg->train.steps + 1 + agreements_++, lead_));
+        lead_,
+        LowestLiveAfterTheEnd(c_, AsyncEndRound(c_.cfg->train.steps) + 1 + agreements_++, lead_));
     return Status::Ok();
   }
 
  private:
+  // Whether the sites meet around the push after step `completed` (a checkpoint's step before the
+  // last that is a push step; not a process that took a site over: it is a member only from the
+  // end on).
+  bool CutAt(int64_t completed) const {
+    const int64_t every = c_.cfg->train.checkpoint_every;
+    return every > 0 && completed % every == 0 && client_.PullsAt(completed) && !rejoined_;
+  }
+
   const StrategyContext c_;
   AsyncClient client_;
   int lead_ = 0;
   bool finished_ = false;   // after the barrier at the end
+  bool rejoined_ = false;   // this process took a lost site over
+  int64_t cut_at_ = -1;     // the step of the last consistent cut
   int64_t agreements_ = 0;  // AgreeOnLive's rounds after it
 };
 
@@ -102,10 +175,6 @@ class AsyncStrategy final : public WorldStrategy {
 
 StatusOr<std::unique_ptr<WorldStrategy>> MakeAsyncStrategy(const StrategyContext& c) {
   const WorldConfig& w = c.cfg->world;
-  if (c.resumed)
-    return Status::InvalidArgument(
-        "--resume: world.strategy = \"async\" keeps state across sites (the parameter server's) "
-        "that checkpoints do not hold yet; resume is for sync runs");
   if (c.leader && c.world->ps == nullptr)
     return Status::InvalidArgument("world.strategy = \"async\" needs the parameter server");
   ATOLL_ASSIGN_OR_RETURN(const Codec codec, ParseCodec(w.codec));

@@ -130,14 +130,9 @@ class LowCommStrategy final : public WorldStrategy {
     AdamW& o = *c_.optimizer;
     int64_t adam_steps = 0;
     if (c_.leader) {
+      ATOLL_ASSIGN_OR_RETURN(const std::string bytes, ReadSiteState(c_));
+      ATOLL_ASSIGN_OR_RETURN(LowCommState st, DecodeLowCommState(bytes, c_.n_params));
       const std::string path = SiteStatePath(c_.resume_path, c_.world->site);
-      auto bytes = ReadFile(path);
-      if (!bytes.ok())
-        return Status::InvalidArgument(fmt::format(
-            "--resume: world.strategy = \"{}\" needs each site's state beside the checkpoint: "
-            "{} ({}; a checkpoint written while a streaming exchange was in flight has none)",
-            c_.cfg->world.strategy, path, bytes.status().message()));
-      ATOLL_ASSIGN_OR_RETURN(LowCommState st, DecodeLowCommState(*bytes, c_.n_params));
       if (st.residual.empty() || st.adam_m.size() != o.size())
         return Status::InvalidArgument(fmt::format("--resume: {} is not a resume state", path));
       if (st.completed != start)
@@ -150,10 +145,7 @@ class LowCommStrategy final : public WorldStrategy {
       adam_steps = st.adam_steps;
     }
     ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params, c_.n_params)));
-    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(o.m(), o.size())));
-    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(o.v(), o.size())));
-    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&adam_steps, 1)));
-    o.set_step_count(adam_steps);
+    ATOLL_RETURN_IF_ERROR(ShareOptimizerInSite(c_, adam_steps));
     return start;  // site 0 leads until the first merge, as at a fresh start
   }
 
@@ -173,9 +165,7 @@ class LowCommStrategy final : public WorldStrategy {
     st->adam_m.assign(o.m(), o.m() + o.size());
     st->adam_v.assign(o.v(), o.v() + o.size());
     st->adam_steps = o.step_count();
-    const std::string path = SiteStatePath(dir, c_.world->site);
-    ATOLL_RETURN_IF_ERROR(MakeDirs(path.substr(0, path.rfind('/'))));
-    return WriteFileAtomic(path, EncodeLowCommState(*st));
+    return WriteSiteState(c_, dir, EncodeLowCommState(*st));
   }
 
   // The lowest live site of the last merged exchange (the leader's) to the site's ranks.

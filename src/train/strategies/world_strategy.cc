@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "core/file.h"
 #include "core/log.h"
 
 namespace atl {
@@ -81,6 +82,32 @@ std::string SiteStatePath(const std::string& checkpoint_dir, int site) {
   std::string dir = checkpoint_dir;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   return fmt::format("{}.sites/site-{}.bin", dir, site);
+}
+
+StatusOr<std::string> ReadSiteState(const StrategyContext& c) {
+  const std::string path = SiteStatePath(c.resume_path, c.world->site);
+  auto bytes = ReadFile(path);
+  if (!bytes.ok())
+    return Status::InvalidArgument(fmt::format(
+        "--resume: world.strategy = \"{}\" needs each site's state beside the checkpoint: {} "
+        "({}; see the warning its site logged when it wrote the checkpoint)",
+        c.cfg->world.strategy, path, bytes.status().message()));
+  return std::move(*bytes);
+}
+
+Status WriteSiteState(const StrategyContext& c, const std::string& dir, const std::string& bytes) {
+  const std::string path = SiteStatePath(dir, c.world->site);
+  ATOLL_RETURN_IF_ERROR(MakeDirs(path.substr(0, path.rfind('/'))));
+  return WriteFileAtomic(path, bytes);
+}
+
+Status ShareOptimizerInSite(const StrategyContext& c, int64_t adam_steps) {
+  AdamW& o = *c.optimizer;
+  ATOLL_RETURN_IF_ERROR(ShareInSite(c, std::span<float>(o.m(), o.size())));
+  ATOLL_RETURN_IF_ERROR(ShareInSite(c, std::span<float>(o.v(), o.size())));
+  ATOLL_RETURN_IF_ERROR(ShareInSite(c, std::span<int64_t>(&adam_steps, 1)));
+  o.set_step_count(adam_steps);
+  return Status::Ok();
 }
 
 StatusOr<int> LowestLiveAfterTheEnd(const StrategyContext& c, int64_t round, int fallback) {

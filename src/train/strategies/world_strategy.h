@@ -102,9 +102,9 @@ struct WorldHooks {
   // 16 J); fetch(min)
   // returns a live site's state with index >= min (kNotFound while there is none). The process
   // joins at J = current + 2, waits for the state that leads into J (polling fetch, up to
-  // rejoin_timeout_s in all) and trains from its step. async: join(train.steps) (the barrier at
-  // the end is async's only round), then the parameter server's Init tells the step after which
-  // the site goes on, and Pull the parameters.
+  // rejoin_timeout_s in all) and trains from its step. async: join(AsyncEndRound(train.steps)),
+  // then the parameter server's Init tells the step after which the site goes on, and Pull the
+  // parameters.
   std::function<void(uint64_t index, std::shared_ptr<const std::string> state)> publish;
   bool rejoin = false;
   std::function<StatusOr<int64_t>()> current_round;
@@ -125,6 +125,12 @@ struct WorldHooks {
 // far (the step's sums, each computed again, the detectors' collectives, the agreements before
 // checkpoints). A lost site's new process joins at the first round of a step.
 inline constexpr int64_t kSyncRoundsPerStep = 64;
+
+// async: the coordinator rounds. The sites meet only at a checkpoint's step k (rounds 2k - 1: every
+// push is in, and 2k: every pull is done, a consistent cut), at the barrier at the end (round
+// 2 * train.steps, which a lost site's new process joins) and in the agreements after it.
+inline int64_t AsyncCheckpointRound(int64_t step, int phase) { return 2 * step - 1 + phase; }
+inline int64_t AsyncEndRound(int64_t steps) { return 2 * steps; }
 
 // What a site sums with the others after backward (sync).
 struct SiteSums {
@@ -270,6 +276,15 @@ StatusOr<int> LowestLiveAfterTheEnd(const StrategyContext& c, int64_t round, int
 
 // Where site `site` keeps its state beside the checkpoint in checkpoint_dir (DIR.sites/site-N.bin).
 std::string SiteStatePath(const std::string& checkpoint_dir, int site);
+// A resumed run (diloco, streaming, async), on the leader: the bytes of this site's state beside
+// the checkpoint it resumes from (kInvalidArgument naming the file when there are none).
+StatusOr<std::string> ReadSiteState(const StrategyContext& c);
+// Writes this site's state beside the checkpoint in dir (the leader's), atomically.
+Status WriteSiteState(const StrategyContext& c, const std::string& dir, const std::string& bytes);
+// A resumed run: the leader's AdamW moments (set from its site state) and update count to the
+// site's other ranks (every rank of a site keeps the same inner optimizer: tp = pp = 1, no ZeRO
+// with sites).
+Status ShareOptimizerInSite(const StrategyContext& c, int64_t adam_steps);
 
 // Inside the site: the leader's `data` to every rank (a no-op for one rank).
 template <class T>
