@@ -35,6 +35,9 @@ if [[ $STRATEGY != sync ]]; then
   C=(--config configs/tiny.toml --set data.dir="$DATA" --set train.batch_size=12
     --set train.micro_batch_size=2 --set train.steps="$STEPS" --set world.strategy="$STRATEGY"
     --set world.diloco.inner_steps=5 --set world.codec=int8)
+  # streaming: 2 fragments (one every 2 or 3 steps), each exchange overlapping 1 inner step.
+  [[ $STRATEGY == streaming ]] &&
+    C+=(--set world.streaming.fragments=2 --set world.streaming.overlap_steps=1)
   "$ATOLL" launch "${C[@]}" "${L[@]}" --out "$T/clean" >/dev/null 2>"$T/clean.err" ||
     { echo "the clean run failed: $(tail -3 "$T/clean.err")"; exit 1; }
 else

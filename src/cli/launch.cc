@@ -211,7 +211,7 @@ StatusOr<int> Launch(const LaunchArgs& a) {
     c.name = fmt::format("site {}", s);
     // The first new process's output in rejoin.log, a later one's in rejoin-N.log (N = 2, ...).
     const int again = rejoin ? restarts[size_t(s)] : 0;
-    c.log = site_dir + (!rejoin ? "/train.log"
+    c.log = site_dir + (!rejoin      ? "/train.log"
                         : again <= 1 ? "/rejoin.log"
                                      : fmt::format("/rejoin-{}.log", again));
     const std::vector<std::string> argv = plan.SiteArgv(s, *address, rejoin);
@@ -257,8 +257,7 @@ StatusOr<int> Launch(const LaunchArgs& a) {
         // error (a fault it found, the world's own error on every site).
         // Never one refused with exit 2 (bad input; a rejoin once the run is over).
         const int code = WIFEXITED(c.wait_status) ? WEXITSTATUS(c.wait_status) : -1;
-        const bool crashed =
-            code != 2 && (!sync || code == -1 || code == 3 || code > 128);
+        const bool crashed = code != 2 && (!sync || code == -1 || code == 3 || code > 128);
         const bool again = rejoin && crashed && restarts[size_t(s)] < max_restarts;
         if (int(lost.size()) + 1 < sites) {
           lost.push_back(s);
@@ -419,6 +418,9 @@ void AddLaunchCommand(CLI::App& app) {
                   "Fault injection: SITE@STEP makes that site's leader (SITE.RANK@STEP: that "
                   "rank of it) die abruptly after the step (repeatable); the site's job ends and "
                   "the world goes on without it");
+  cmd->add_option("--slow-site", args->slow_sites,
+                  "SITE:FACTOR: that site's passes take FACTOR times as long (it sleeps for the "
+                  "difference): a slower datacenter, for world.balance (repeatable)");
   cmd->add_flag("--rejoin", args->rejoin,
                 "when a site is lost (a crash, or --fail-site), start a new process that takes it "
                 "over, once per site (`atoll train --rejoin`; output in DIR/site-N/rejoin.log)");

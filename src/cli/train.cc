@@ -40,6 +40,7 @@ struct TrainArgs {
   std::string wan_listen = "127.0.0.1:0";
   std::string checkpoint_dir;
   int64_t die_after_step = 0;
+  double slowdown = 1;
   int die_rank = 0;
   bool rejoin = false;
   std::vector<std::string> inject;  // fault specs added to [faults] inject
@@ -63,7 +64,7 @@ uint64_t WorldConfigHash(const RunConfig& cfg) {
   nlohmann::json agree;
   for (const char* k : {"sites", "strategy", "codec", "diloco.inner_steps", "diloco.outer_lr",
                         "diloco.outer_momentum", "streaming.fragments", "streaming.overlap_steps",
-                        "streaming.alpha", "async.max_staleness"})
+                        "streaming.alpha", "async.max_staleness", "balance"})
     agree[k] = j["world"][k];
   const std::string text = j["model"].dump() + j["train"].dump() + agree.dump();
   return Hash64(text.data(), text.size());
@@ -307,6 +308,7 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
   }
   options.checkpoint_dir = a.checkpoint_dir;
   options.die_after_step = a.die_after_step;
+  options.slowdown = a.slowdown;
   options.die_rank = a.die_rank;
   options.out_dir = a.out;
   options.resume = ck;
@@ -385,6 +387,10 @@ void AddTrainCommand(CLI::App& app) {
       "Take over a site whose process was lost: sync: fetch a live site's state and join at a "
       "step (tp = pp = 1, no ZeRO); diloco, streaming: fetch the state from a live site and "
       "join at an exchange; async: go on after the site's last push");
+  cmd->add_option("--slowdown", args->slowdown,
+                  "Emulate a slower site (benchmarks of world.balance): each step's passes take "
+                  "this many times as long (the ranks sleep for the difference)")
+      ->check(CLI::Range(1.0, 100.0));
   cmd->add_option("--die-after-step", args->die_after_step,
                   "Fault injection for tests: the site's leader exits abruptly (exit code 3, no "
                   "goodbye to the coordinator) after this step");

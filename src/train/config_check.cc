@@ -96,6 +96,16 @@ Status ValidateRunConfig(const RunConfig& c) {
     return bad("world.strategy", fmt::format("must be one of sync, diloco, streaming, async; got "
                                              "\"{}\"",
                                              w.strategy));
+  if (w.balance && w.sites > 1 && w.strategy != "sync")
+    return bad("world.balance",
+               fmt::format("shares by speed are for world.strategy = \"sync\" (got \"{}\"; "
+                           "diloco/streaming/async sites train apart at their own pace)",
+                           w.strategy));
+  if (w.balance && p.pp > 1)
+    return bad("world.balance",
+               fmt::format("needs parallel.pp = 1 (got {}): a share of any size breaks the "
+                           "pipeline schedule",
+                           p.pp));
   if (auto codec = ParseCodec(w.codec); !codec.ok())
     return bad("world.codec",
                fmt::format("must be one of none, bf16, int8, int4; got \"{}\"", w.codec));

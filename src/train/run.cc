@@ -328,10 +328,19 @@ void CheckReducedGradient(Run& run, int replicas) {
 }
 
 Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
-                       std::span<const int64_t> firsts) {
+                       std::span<const int64_t> firsts, std::span<const int64_t> counts) {
   const int64_t own[] = {run.first_micro};
   if (firsts.empty()) firsts = own;
-  local_losses->assign(firsts.size() * size_t(run.local_accum), 0.0);
+  // Where each block's losses start in local_losses, and the blocks' schedules (world.balance:
+  // a block of any size, one micro-batch after the other; pp = 1).
+  std::vector<size_t> offset(firsts.size() + 1, 0);
+  std::vector<std::vector<PipeOp>> sized(counts.size());
+  for (size_t b = 0; b < firsts.size(); ++b) {
+    const int64_t n = counts.empty() ? run.local_accum : counts[b];
+    offset[b + 1] = offset[b] + size_t(n);
+    if (!counts.empty()) sized[b] = MakePipeSchedule(PipeScheduleKind::k1F1B, 1, 0, int(n));
+  }
+  local_losses->assign(offset.back(), 0.0);
   const RunConfig& cfg = run.cfg;
   const Mesh& mesh = run.mesh;
   GPT<float>& model = *run.model;
@@ -367,16 +376,16 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
       bwd_sends(static_cast<size_t>(slots));
   std::vector<std::vector<float>> bwd_bufs(pp != nullptr && !first ? static_cast<size_t>(slots)
                                                                    : 0);
-  size_t last_backward = 0;
-  for (size_t i = 0; i < run.schedule.size(); ++i)
-    if (run.schedule[i].kind == PipeOp::kBackward) last_backward = i;
-
   // Block after block (its own micro-batches, then any it takes over), each in the schedule; the
   // reduction starts in the last block's last backward.
-  for (size_t b = 0; b < firsts.size(); ++b)
-    for (size_t i = 0; i < run.schedule.size(); ++i) {
+  for (size_t b = 0; b < firsts.size(); ++b) {
+    const std::vector<PipeOp>& schedule = counts.empty() ? run.schedule : sized[b];
+    size_t last_backward = 0;
+    for (size_t i = 0; i < schedule.size(); ++i)
+      if (schedule[i].kind == PipeOp::kBackward) last_backward = i;
+    for (size_t i = 0; i < schedule.size(); ++i) {
       const bool final_backward = b + 1 == firsts.size() && i == last_backward;
-      const PipeOp& op = run.schedule[i];
+      const PipeOp& op = schedule[i];
       const int64_t j = firsts[b] + op.micro;  // the micro-batch's index in the whole batch
       const int tag = 2 * op.micro;
       if (run.faults != nullptr) run.faults->At(s, j);
@@ -394,7 +403,7 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
         ATOLL_RETURN_IF_ERROR(fwd_sends[size_t(op.slot)].Wait());  // the slot's previous output
         const float loss = model.ForwardStage(op.slot, inputs.data(), recv.data(),
                                               last ? targets.data() : nullptr, micro, seq);
-        if (last) (*local_losses)[b * size_t(run.local_accum) + size_t(op.micro)] = double(loss);
+        if (last) (*local_losses)[offset[b] + size_t(op.micro)] = double(loss);
         if (!last)
           fwd_sends[size_t(op.slot)] =
               pp->ISend(std::span<const float>(model.stage_output(op.slot), acts), stage + 1, tag);
@@ -417,6 +426,7 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
       if (reproducible && reducer != nullptr && !final_backward)
         ATOLL_RETURN_IF_ERROR(reducer->Add(model.grads()));
     }
+  }
   for (CommHandle& h : fwd_sends) ATOLL_RETURN_IF_ERROR(h.Wait());
   for (CommHandle& h : bwd_sends) ATOLL_RETURN_IF_ERROR(h.Wait());
 

@@ -50,6 +50,9 @@ struct Run {
   // from lost sites) and the live sites' generation it ran in (WorldStrategy::generation).
   size_t blocks = 1;
   int64_t generation = 0;
+  // Emulates a slower site (benchmarks of world.balance): each step's passes take this many times
+  // as long (the rank sleeps for the difference).
+  double slowdown = 1;
   std::vector<PipeOp> schedule;
   std::unique_ptr<GPT<float>> model;  // this rank's shard
   std::unique_ptr<GradientReducer> reducer;
@@ -102,9 +105,11 @@ Status ResumeRun(const Checkpoint& ck, const std::string& path, Run& run);
 // stage's pipeline schedule, and the gradient reduction inside the site. firsts: the first
 // micro-batch of each block of local_accum micro-batches to compute (empty: run.first_micro's
 // alone; sync over sites: its own, then a lost site's replica's it takes over), whose gradients
-// are summed. Fills the losses of the blocks' micro-batches, block after block (last stage).
+// are summed. counts (world.balance, pp = 1): each block's micro-batches instead of local_accum,
+// one after the other (forward, backward). Fills the losses of the blocks' micro-batches, block
+// after block (last stage).
 Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
-                       std::span<const int64_t> firsts = {});
+                       std::span<const int64_t> firsts = {}, std::span<const int64_t> counts = {});
 // Data-parallel replica `replica`'s first micro-batch of a step, in the whole batch (the replicas
 // of every site, site-major).
 inline int64_t FirstMicro(const Run& run, int replica) {

@@ -5,10 +5,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -52,23 +54,43 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
   // The site's passes and its sums with the other sites, again when the live sites changed before
   // they agreed (sync: the survivors take over a lost site's micro-batches).
   for (bool agreed = false; !agreed;) {
-    // This replica's micro-batches: its own, then those of the lost sites it takes over.
-    std::vector<int64_t> firsts = {run.first_micro};
+    // This replica's micro-batches: its own, then those of the lost sites it takes over; with
+    // world.balance, its site's share of the sites' shares laid end to end, cut at their ends.
+    std::vector<int64_t> firsts = {run.first_micro}, counts;
     ATOLL_ASSIGN_OR_RETURN(const std::vector<int> taken, strategy.TakenOver());
     for (int lost : taken)
       firsts.push_back((int64_t(lost) * me.dp() + me.dp_rank()) * run.local_accum);
+    if (const auto share = strategy.Share(s); !share.empty()) {
+      firsts.clear();
+      const int64_t L = run.local_accum;
+      for (auto [from, to] : share)
+        for (int64_t x = from; x < to;) {
+          const int64_t site = x / L, end = std::min(to, (site + 1) * L);
+          firsts.push_back((site * me.dp() + me.dp_rank()) * L + x % L);
+          counts.push_back(end - x);
+          x = end;
+        }
+    }
+    const double t_passes = NowSeconds();
     try {
-      ATOLL_RETURN_IF_ERROR(ForwardBackward(run, s, &local_losses, firsts));
+      ATOLL_RETURN_IF_ERROR(ForwardBackward(run, s, &local_losses, firsts, counts));
     } catch (const std::runtime_error& e) {  // a failed tensor-parallel all-reduce
       return Status::Internal(fmt::format("step {}: {}", s + 1, e.what()));
+    }
+    double passes_s = NowSeconds() - t_passes;
+    if (run.slowdown > 1) {
+      std::this_thread::sleep_for(std::chrono::duration<double>((run.slowdown - 1) * passes_s));
+      passes_s *= run.slowdown;
     }
     // Every micro-batch's loss, summed in global order (the last stage's tp rank 0 of replica r
     // holds micro-batches r*k/D ...).
     std::fill(all_losses.begin(), all_losses.end(), 0.0);
     if (me.last_stage() && me.tp_rank() == 0)
-      for (size_t b = 0; b < firsts.size(); ++b)
-        std::copy_n(local_losses.begin() + std::ptrdiff_t(b * size_t(run.local_accum)),
-                    run.local_accum, all_losses.begin() + firsts[b]);
+      for (size_t b = 0, at = 0; b < firsts.size(); ++b) {
+        const int64_t n = counts.empty() ? run.local_accum : counts[b];
+        std::copy_n(local_losses.begin() + std::ptrdiff_t(at), n, all_losses.begin() + firsts[b]);
+        at += size_t(n);
+      }
     if (me.size() > 1) ATOLL_RETURN_IF_ERROR(me.world()->AllReduce(std::span<double>(all_losses)));
     if (run.faults != nullptr) run.faults->AtWan(s);
     // The sites' sums: the gradients (the reproducible mode's exact int64 sums), the losses and,
@@ -78,17 +100,27 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
         over_wan && run.grad_sums != nullptr ? run.grad_sums->records() : std::span<double>();
     std::vector<double> sums = all_losses;
     sums.insert(sums.end(), records.begin(), records.end());
+    // world.balance: this site's seconds per micro-batch in its slot, the others' zero.
+    const size_t timed = over_wan && run.cfg.world.balance ? size_t(run.sites) : 0;
+    sums.resize(sums.size() + timed, 0.0);
+    if (timed > 0) {
+      int64_t computed = 0;
+      for (size_t b = 0; b < firsts.size(); ++b)
+        computed += counts.empty() ? run.local_accum : counts[b];
+      sums[sums.size() - timed + size_t(run.site)] = passes_s / double(computed);
+    }
     SiteSums site;
     site.grads = std::span<float>(run.model->grads(), n_params);
     if (over_wan && run.reducer != nullptr) site.fixed = run.reducer->fixed_sums();
     site.losses = std::span<double>(sums);
+    site.seconds = std::span<double>(sums).last(timed);
     ATOLL_ASSIGN_OR_RETURN(agreed, strategy.AfterBackward(s, site));
     if (!agreed) continue;
     run.blocks = firsts.size();
     run.generation = strategy.generation();
     if (!site.fixed.empty()) run.reducer->ConvertFixed(run.model->grads());
     std::copy(sums.begin(), sums.begin() + run.accum, all_losses.begin());
-    std::copy(sums.begin() + run.accum, sums.end(), records.begin());
+    std::copy_n(sums.begin() + run.accum, records.size(), records.begin());
   }
   InjectBufferFaults(run, FaultKind::kGrad, s);
   CheckReducedGradient(run, me.dp() * (over_wan ? run.sites : 1));
@@ -179,7 +211,8 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
   NamedFaulty named;
   Communicator* sites = strategy.PeerSites();
   // Only each replica's own micro-batches are recomputed by its peers: not with a lost site's.
-  if (differing == 0 && run.mesh.tp() == 1 && run.mesh.pp() == 1 && run.blocks == 1) {
+  if (differing == 0 && run.mesh.tp() == 1 && run.mesh.pp() == 1 && run.blocks == 1 &&
+      !run.cfg.world.balance) {
     if (run.mesh.dp() > 1) {
       ATOLL_ASSIGN_OR_RETURN(peers,
                              CheckOnPeers(run, s, snapshot, *run.mesh.dp_group(), false, &named));

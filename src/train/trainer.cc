@@ -59,6 +59,7 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
   // Replicas: the dp replicas of every site, site-major.
   run.local_accum = run.accum / (pc.dp * run.sites);
   run.first_micro = FirstMicro(run, me.dp_rank());
+  run.slowdown = options.slowdown;
   run.schedule = MakePipeSchedule(schedule_kind, me.pp(), me.pp_rank(), int(run.local_accum));
   const ModelShard shard = ShardOf(cfg, me.tp_rank(), me.pp_rank());
   run.model = std::make_unique<GPT<float>>(cfg.model, int(tc.micro_batch_size), shard,

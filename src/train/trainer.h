@@ -100,7 +100,8 @@ struct TrainOptions {
   // Fault injection (tests, benchmarks): the site's leader ends its process abruptly, as a
   // crash would (no goodbye to the coordinator), right after this step; 0: never.
   int64_t die_after_step = 0;
-  int die_rank = 0;  // the rank of the site that dies (0: the leader)
+  int die_rank = 0;     // the rank of the site that dies (0: the leader)
+  double slowdown = 1;  // Run::slowdown: emulates a slower site (benchmarks)
   // ... but instead of ending the process, Train returns kUnavailable ("stopped after step N"):
   // a site of a world in one process (train/local_world.h) whose thread then drops its links.
   bool die_returns = false;

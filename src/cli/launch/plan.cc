@@ -70,6 +70,27 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchArgs& a) {
           f, sites, ranks, cfg.train.steps));
     p.faults.push_back(fault);
   }
+  for (const std::string& f : a.slow_sites) {
+    const size_t colon = f.find(':');
+    int site = -1;
+    double factor = 0;
+    try {
+      size_t used = 0;
+      if (colon == std::string::npos) throw std::invalid_argument(f);
+      site = std::stoi(f.substr(0, colon), &used);
+      if (used != colon) throw std::invalid_argument(f);
+      factor = std::stod(f.substr(colon + 1), &used);
+      if (used != f.size() - colon - 1) throw std::invalid_argument(f);
+    } catch (const std::exception&) {
+      site = -1;
+    }
+    if (site < 0 || site >= sites || !(factor >= 1 && factor <= 100))
+      return Status::InvalidArgument(fmt::format(
+          "launch: --slow-site {}: expected SITE:FACTOR with the site in [0, {}) and the factor "
+          "in [1, 100], e.g. 2:2",
+          f, sites));
+    p.slowdown[site] = factor;
+  }
   if (a.chaos >= 0) {
     ATOLL_ASSIGN_OR_RETURN(
         p.chaos, PlanChaos(uint64_t(a.chaos), a.chaos_kills, sites, ranks, cfg.train.steps));
@@ -184,6 +205,8 @@ std::vector<std::string> LaunchPlan::SiteArgv(int site, const std::string& coord
   AddSecurity(*this, &argv);
   argv.insert(argv.end(),
               {"--out", fmt::format("{}/site-{}", dir, site), "--checkpoint-dir", dir, "-q"});
+  if (auto slow = slowdown.find(site); slow != slowdown.end())
+    argv.insert(argv.end(), {"--slowdown", fmt::format("{}", slow->second)});
   if (rejoin) {
     argv.push_back("--rejoin");
   } else {

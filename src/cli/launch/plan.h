@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +40,7 @@ struct LaunchArgs {
   int64_t chaos = -1;                   // --chaos SEED (-1: none); implies rejoin
   int chaos_kills = 3;                  // --chaos-kills
   std::string resume;                   // --resume CHECKPOINT: every site's first process
+  std::vector<std::string> slow_sites;  // "SITE:FACTOR": emulate a slower site (benchmarks)
 };
 
 struct LaunchPlan {
@@ -53,9 +55,10 @@ struct LaunchPlan {
     int site = 0, rank = 0;  // the rank of the site that dies
     int64_t step = 0;        // after this step
   };
-  std::vector<SiteFault> faults;  // from --fail-site
-  std::vector<ChaosKill> chaos;   // from --chaos
-  std::vector<std::string> env;   // the children's environment
+  std::vector<SiteFault> faults;   // from --fail-site
+  std::vector<ChaosKill> chaos;    // from --chaos
+  std::map<int, double> slowdown;  // by site, from --slow-site
+  std::vector<std::string> env;    // the children's environment
 
   // listen: host:port ("127.0.0.1:0" at first; a restarted one takes the first one's again).
   std::vector<std::string> CoordinatorArgv(const std::string& listen) const;

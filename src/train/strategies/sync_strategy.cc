@@ -27,6 +27,7 @@
 #include "core/hash.h"
 #include "core/log.h"
 #include "train/sdc/memory.h"
+#include "train/strategies/balance.h"
 #include "train/strategies/sync_state.h"
 #include "train/strategies/world_strategy.h"
 #include "world/live_sites.h"
@@ -68,6 +69,31 @@ class SyncStrategy final : public WorldStrategy {
     return mine;
   }
 
+  // world.balance: the shares by the seconds per micro-batch the sites measured in the last
+  // agreed step, while the live sites are those it was measured with (after a change: equal
+  // shares for a step, which a joiner, with no measurement, computes alike). Fixed for a step.
+  std::vector<std::pair<int64_t, int64_t>> Share(int64_t step) override {
+    if (!c_.cfg->world.balance) return {};
+    if (step != share_step_ || generation_ != share_generation_) {
+      const int64_t total = int64_t(c_.cfg->world.sites) * LocalAccum();
+      const std::vector<double> none;
+      const std::vector<int64_t> counts =
+          BalancedCounts(live_, measured_generation_ == generation_ ? seconds_ : none, total);
+      share_ = ShareOfSite(live_, counts, c_.world->site);
+      share_step_ = step;
+      share_generation_ = generation_;
+      if (c_.leader && counts != last_counts_) {
+        std::string list;
+        for (size_t i = 0; i < live_.size(); ++i)
+          list += fmt::format("{}site {}: {}", i ? ", " : "", live_[i], counts[i]);
+        LogInfo("step {}: shares of the {} micro-batches (world.balance): {}", step + 1, total,
+                list);
+        last_counts_ = counts;
+      }
+    }
+    return share_;
+  }
+
   Status AgreeOnLive() override {
     if (c_.leader && c_.world->commit) {
       ATOLL_ASSIGN_OR_RETURN(const int64_t round, NextRound());
@@ -98,6 +124,15 @@ class SyncStrategy final : public WorldStrategy {
     else
       ATOLL_RETURN_IF_ERROR(ShareInSite(c_, sums.grads));
     ATOLL_RETURN_IF_ERROR(ShareInSite(c_, sums.losses));
+    if (!sums.seconds.empty() && step > measured_step_) {  // not an audit replay's
+      // Smoothed over the steps of this generation (every site alike: the same agreed sums).
+      if (measured_generation_ != generation_ || seconds_.size() != sums.seconds.size())
+        seconds_.assign(sums.seconds.size(), 0.0);
+      for (size_t i = 0; i < seconds_.size(); ++i)
+        seconds_[i] = seconds_[i] > 0 ? 0.5 * seconds_[i] + 0.5 * sums.seconds[i] : sums.seconds[i];
+      measured_step_ = step;
+      measured_generation_ = generation_;
+    }
     ++steps_;
     return true;
   }
@@ -447,7 +482,20 @@ class SyncStrategy final : public WorldStrategy {
   double wan_s_ = 0;    // this step's time in WAN all-reduces
   double total_s_ = 0;  // ... and the run's
   int64_t steps_ = 0;
+  // Micro-batches of a site's data-parallel replica in a step (Run::local_accum).
+  int64_t LocalAccum() const {
+    const RunConfig& c = *c_.cfg;
+    return c.train.batch_size / c.train.micro_batch_size / (c.parallel.dp * c.world.sites);
+  }
+
   int64_t step_ = -1, calls_ = 0;  // AfterBackward calls of step step_
+  // world.balance: the last agreed step's seconds per micro-batch by site, that step and the
+  // live sites' generation then; the shares of step share_step_ (in generation share_generation_).
+  std::vector<double> seconds_;
+  int64_t measured_step_ = -1, measured_generation_ = -1;
+  std::vector<std::pair<int64_t, int64_t>> share_;
+  int64_t share_step_ = -1, share_generation_ = -1;
+  std::vector<int64_t> last_counts_;
 };
 
 }  // namespace

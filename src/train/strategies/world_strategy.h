@@ -140,8 +140,12 @@ struct SiteSums {
   // gives the same bits). Otherwise empty.
   std::span<int64_t> fixed;
   // Every micro-batch's loss of the whole batch (the site's own filled in, the others' zero),
-  // followed by any other doubles the sites sum with them (the gradient checksum's records).
+  // followed by any other doubles the sites sum with them (the gradient checksum's records; with
+  // world.balance, `seconds`).
   std::span<double> losses;
+  // world.balance: by site, its passes' seconds per micro-batch in this step (this site's filled
+  // in, the others' zero): the tail of losses. Empty without.
+  std::span<double> seconds;
 };
 
 // Where a strategy runs: the run's config, the world, the site's ranks.
@@ -170,6 +174,11 @@ class WorldStrategy {
   // sorted (sync after a site was lost; otherwise none).
   // Collective over the site's ranks.
   virtual StatusOr<std::vector<int>> TakenOver() { return std::vector<int>{}; }
+  // world.balance (sync), after TakenOver: this site's part of step `step`'s micro-batches, as
+  // ranges [from, to) of the sites' shares laid end to end (position p: micro-batch
+  // p % local_accum of site p / local_accum's share). Empty: its own share and those TakenOver
+  // named. The same on every rank of the site, and for a step in every execution of it.
+  virtual std::vector<std::pair<int64_t, int64_t>> Share(int64_t step) { return {}; }
   // Step `step` (0-based): what the site sums with the others (SiteSums). false: the live sites
   // changed before the sums were agreed; compute the step's passes again, with TakenOver(), and
   // call again (the sums were not changed).
