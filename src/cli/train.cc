@@ -103,6 +103,9 @@ StatusOr<WorldLink> JoinWorld(const RunConfig& cfg, const TrainArgs& a) {
     for (const SiteInfo& s : m.Dead(me))
       ep->PeerLost(s.site, s.wan_address,
                    fmt::format("the coordinator declared it dead (epoch {})", m.epoch));
+    // A process registered since (perhaps where a dead one listened: a fixed --wan-listen).
+    for (const SiteInfo& s : m.sites)
+      if (s.alive && s.site != me && !s.wan_address.empty()) ep->PeerAlive(s.site, s.wan_address);
   };
   ATOLL_ASSIGN_OR_RETURN(link.coordinator, CoordinatorClient::Connect(co));
   WanOptions wo;

@@ -203,6 +203,10 @@ class WanEndpoint {
   // gives the site a fresh link. Ignored when the site's link is to another address now (a new
   // process took it over). Any thread.
   virtual void PeerLost(int site, const std::string& address, const std::string& why) = 0;
+  // The coordinator counts a process of `site` at `address` live (a later membership): a
+  // Reconnect to that address is allowed again (a new process may listen where a dead one did,
+  // e.g. a fixed --wan-listen port). Any thread.
+  virtual void PeerAlive(int site, const std::string& address) = 0;
   // Installs (null: removes) the payload fault of every link of this endpoint (WanPayloadFault).
   // Any thread; chunks already written are not changed.
   virtual void SetPayloadFault(WanPayloadFault fault) = 0;

@@ -6,6 +6,7 @@
 // parameters, which the checkpoint holds), and each keeps its error feedback and AdamW beside it;
 // a resumed run's parameter server starts from the checkpoint's parameters.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "core/log.h"
 #include "train/strategies/async_client.h"
@@ -110,6 +111,8 @@ class AsyncStrategy final : public WorldStrategy {
           rejoined_ ? "this process took the site over and meets the others only at the end"
                     : fmt::format("not a push step (a multiple of world.diloco.inner_steps = {})",
                                   c_.cfg->world.diloco.inner_steps));
+      // Not one an earlier run left in the same place: a resume must find none.
+      ::unlink(SiteStatePath(dir, c_.world->site).c_str());
       return Status::Ok();
     }
     const AdamW& o = *c_.optimizer;

@@ -3,6 +3,7 @@
 // fragments broadcast to the site's other ranks, the quiet-point states published for rejoins,
 // and the take-over by a process that replaces a lost site.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "core/file.h"
 #include "core/log.h"
@@ -159,6 +160,7 @@ class LowCommStrategy final : public WorldStrategy {
           "site {}: checkpoint of step {}: an exchange is in flight, so this site's state is not "
           "kept beside it (a resume from it is refused)",
           c_.world->site, step);
+      ::unlink(SiteStatePath(dir, c_.world->site).c_str());  // not an earlier run's: refused
       return Status::Ok();
     }
     const AdamW& o = *c_.optimizer;

@@ -328,6 +328,10 @@ class WanCore : public std::enable_shared_from_this<WanCore> {
   void AbortLinkObject(Link& l, const std::string& why);
   // The peer at `address` is dead (the coordinator said so): fails what waits for it, at once.
   void PeerLost(int peer, const std::string& address, const std::string& why);
+  // A process at `address` is live again (WanEndpoint::PeerAlive): it is no longer dead here.
+  void PeerAlive(int peer, const std::string& address);
+  // Whether PeerLost declared `address` dead (and no PeerAlive since); why, or "".
+  std::string DeadAt(const std::string& address) const;
   void CountReceived(size_t bytes) { bytes_received_ += bytes; }
   void CountOp() {
     std::lock_guard<std::mutex> lk(stats_mu_);

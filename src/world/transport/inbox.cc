@@ -121,6 +121,17 @@ void WanCore::PeerLost(int peer, const std::string& address, const std::string& 
   cv_.notify_all();
 }
 
+void WanCore::PeerAlive(int, const std::string& address) {
+  std::lock_guard<std::mutex> lk(mu_);
+  dead_addresses_.erase(address);
+}
+
+std::string WanCore::DeadAt(const std::string& address) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = dead_addresses_.find(address);
+  return it == dead_addresses_.end() ? "" : it->second;
+}
+
 Status WanCore::CollectivesAllowed() const {
   std::lock_guard<std::mutex> lk(mu_);
   for (int p = 0; p < n_; ++p) {

@@ -44,9 +44,10 @@ Status WanCore::Reconnect(int peer, const std::string& address) {
           fmt::format("{}: site {} at {} is lost: {}", prefix, peer, address, dead->second));
     {
       std::lock_guard<std::mutex> alk(addr_mu_);
-      // A verdict on the old incarnation does not hold for a new one (its inbox is replaced
-      // when its stream is accepted; until then nothing but this call waits for it).
-      if (addresses_[peer] != address) inboxes_[peer].lost.clear();
+      // A verdict on the old incarnation does not hold for the one this call is for (the caller
+      // learnt of it from a later membership; its inbox is replaced when its stream is accepted,
+      // and until then nothing but this call waits for it).
+      inboxes_[peer].lost.clear();
       addresses_[peer] = address;
     }
     ++reconnects_[peer];

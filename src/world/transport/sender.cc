@@ -69,6 +69,9 @@ Status WanCore::ConnectLink(Link* l, double deadline) {
       if (l->closing) return Status::Unavailable("the endpoint is shutting down");
       if (!l->error.empty()) return Status::Unavailable(l->error);  // PeerLost aborted it
     }
+    // Declared dead before this link was installed (PeerLost aborted the one before it).
+    if (std::string dead = DeadAt(l->address); !dead.empty())
+      return Status::Unavailable(fmt::format("{} is lost: {}", PeerName(l->peer), dead));
     const double now = NowSeconds();
     if (now >= deadline) {
       return Status::Unavailable(fmt::format("{} did not answer within {} s (last: {})",
