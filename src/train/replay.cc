@@ -73,9 +73,7 @@ ParameterServer* ReplayServer::ForSite(int site) { return views_[size_t(site)].g
 StatusOr<int64_t> ReplayServer::Init(int site, std::span<const float> params) {
   std::unique_lock lock(mu_);
   const uint64_t h = Hash64(params.data(), params.size_bytes());
-  // A new process that takes a site over pulls the server's parameters; its own initial ones
-  // (a resumed run's: not the checkpoint's) do not count.
-  if (process_[size_t(site)] == 0 && (params.size() != log_.count || h != log_.init_checksum))
+  if (params.size() != log_.count || h != log_.init_checksum)
     return Status::Internal(fmt::format(
         "replay: site {}'s initial parameters ({} floats, xxh3 {:016x}) are not the logged ones "
         "({} floats, xxh3 {:016x}): another config, seed or build",
@@ -283,8 +281,7 @@ StatusOr<ReplayReport> Replay(const ReplayOptions& options) {
       auto r = Train(rc, o);
       // Where the run's log has a new process take the site over, re-execute that one too.
       while (!r.ok() && r.status().message().find(kProcessEnded) != std::string::npos) {
-        o.world.rejoin = true;
-        o.resume = nullptr;  // a new process takes the site over from the parameter server
+        o.world.rejoin = true;  // (of a resumed run: resumed too, as launch starts it)
         r = Train(rc, o);
       }
       results[size_t(s)] = r.status();

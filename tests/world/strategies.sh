@@ -172,8 +172,11 @@ grep -q "parameter server recovered" "$T/ac/coordinator.stderr" ||
 expect_exit 0 "$ATOLL" replay --run "$T/ac" -q
 grep -q "bitwise identical" "$T/out" || fail "replay across a coordinator restart: $(cat "$T/out")"
 # 3d. Async resumed from checkpoint-8 (H = 4): the sites met around their push at step 8 (rounds
-# 15 and 16), each kept its error feedback and AdamW beside the checkpoint; the resumed run's
-# parameter server starts from the checkpoint, the sites from step 9, and its log replays
+# 15 and 16), each kept its error feedback, AdamW and counters beside the checkpoint; the resumed
+# run (to step 160) starts its parameter server from the checkpoint and every site at step 9
+# (site 2's push count goes on from its 2). Site 1 dies after step 9, before its first push
+# since: its new process goes on from the site's state beside the checkpoint; site 0 dies after
+# its push at 12: its new process goes on from there (a rejoin record). The resumed run replays
 # bitwise from the checkpoint (launch wrote where it resumed from). A missing site state is
 # refused (exit 2).
 AK=(--set world.strategy=async --set world.diloco.inner_steps=4 --set world.codec=int8
@@ -185,13 +188,21 @@ for s in 0 1 2; do
 done
 grep -q '"round":15,' "$T/ak/coordinator.log" && grep -q '"round":16,' "$T/ak/coordinator.log" ||
   fail "async: the sites did not meet at step 8's checkpoint"
-"$ATOLL" launch "${W[@]}" "${AK[@]}" --resume "$T/ak/checkpoint-8" --out "$T/akr" >/dev/null \
-  2>"$T/akr.err" || fail "async resumed: $(tail -5 "$T/akr.err")"
+"$ATOLL" launch "${W[@]}" "${AK[@]}" --set train.steps=160 --resume "$T/ak/checkpoint-8" \
+  --fail-site 1@9 --fail-site 0@12 --rejoin --out "$T/akr" >/dev/null 2>"$T/akr.err" ||
+  fail "async resumed: $(tail -5 "$T/akr.err")"
 for s in 0 1 2; do
   [[ $(head -1 "$T/akr/site-$s/metrics.jsonl" | column step /dev/stdin) == 9 ]] ||
     fail "async resumed: site $s did not start at step 9"
-  [[ $(last_step "$T/akr/site-$s/metrics.jsonl") == 20 ]] || fail "async resumed: site $s"
+  [[ $(last_step "$T/akr/site-$s/metrics.jsonl") == 160 ]] || fail "async resumed: site $s"
 done
+grep -q "site 2: 40 pushes" "$T/akr/site-2/train.log" ||
+  fail "async resumed: site 2's counters: $(grep pushes "$T/akr/site-2/train.log")"
+grep -q "took over at step 8 from the site's state" "$T/akr/site-1/rejoin.log" ||
+  fail "async resumed: site 1's new process: $(tail -5 "$T/akr/site-1/rejoin.log")"
+grep -q "took over after step 12" "$T/akr/site-0/rejoin.log" ||
+  fail "async resumed: site 0's new process: $(tail -5 "$T/akr/site-0/rejoin.log")"
+[[ $(grep -c '"t":"rejoin"' "$T/akr/ops.jsonl") == 1 ]] || fail "async resumed: rejoin records"
 grep -q '"first_step":9,' "$T/akr/ops.jsonl" || fail "async resumed: no push of steps 9.."
 expect_exit 0 "$ATOLL" replay --run "$T/akr" -q
 grep -q "bitwise identical" "$T/out" || fail "replay of a resumed async run: $(cat "$T/out")"

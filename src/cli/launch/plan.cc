@@ -209,6 +209,10 @@ std::vector<std::string> LaunchPlan::SiteArgv(int site, const std::string& coord
     argv.insert(argv.end(), {"--slowdown", fmt::format("{}", slow->second)});
   if (rejoin) {
     argv.push_back("--rejoin");
+    // async: the parameter server of a resumed run holds the checkpoint's parameters, and a site
+    // that has not pushed since goes on from its state beside it.
+    if (!resume.empty() && cfg.world.strategy == "async")
+      argv.insert(argv.end(), {"--resume", resume});
   } else {
     if (!resume.empty()) argv.insert(argv.end(), {"--resume", resume});
     for (const SiteFault& f : faults)

@@ -31,31 +31,39 @@ class AsyncStrategy final : public WorldStrategy {
       ATOLL_RETURN_IF_ERROR(
           w.join(AsyncEndRound(steps), 0).WithContext(fmt::format("site {}: rejoin", w.site)));
     }
-    AsyncSiteState resumed;
-    if (c_.leader && c_.resumed) {
-      ATOLL_ASSIGN_OR_RETURN(const std::string bytes, ReadSiteState(c_));
-      ATOLL_ASSIGN_OR_RETURN(resumed, DecodeAsyncSiteState(bytes, c_.n_params));
-      if (resumed.completed != start || resumed.adam_m.size() != c_.optimizer->size())
-        return Status::InvalidArgument(
-            fmt::format("--resume: {} is of step {}, the checkpoint of step {}",
-                        SiteStatePath(c_.resume_path, w.site), resumed.completed, start));
-    }
     if (c_.leader) ATOLL_RETURN_IF_ERROR(client_.Start(params, c_.resumed ? start : 0));
     ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params, c_.n_params)));
-    if (c_.resumed) {
+    // The leader's (only it has the world's hooks), to the site's ranks: whether this process
+    // takes a lost site over, and whether it goes on from the site's state beside the checkpoint
+    // it resumes from: the first process of a resumed run, and one that takes over a site that
+    // had not pushed since the resume (its predecessor changed nothing anywhere, so it does what
+    // that one would have done; the op log has no rejoin then, and replay re-executes one).
+    int64_t flags[2] = {w.rejoin ? 1 : 0,
+                        c_.resumed && (!w.rejoin || client_.start_step() == start) ? 1 : 0};
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(flags, 2)));
+    rejoined_ = flags[0] != 0;
+    if (flags[1] != 0) {
+      int64_t adam_steps = 0;
       if (c_.leader) {
-        client_.Restore(resumed);
+        ATOLL_ASSIGN_OR_RETURN(const std::string bytes, ReadSiteState(c_));
+        ATOLL_ASSIGN_OR_RETURN(const AsyncSiteState st, DecodeAsyncSiteState(bytes, c_.n_params));
+        if (st.completed != start)
+          return Status::InvalidArgument(
+              fmt::format("--resume: {} is of step {}, the checkpoint of step {}",
+                          SiteStatePath(c_.resume_path, w.site), st.completed, start));
+        client_.Restore(st);
         AdamW& o = *c_.optimizer;
-        std::copy(resumed.adam_m.begin(), resumed.adam_m.end(), o.m());
-        std::copy(resumed.adam_v.begin(), resumed.adam_v.end(), o.v());
+        std::copy(st.adam_m.begin(), st.adam_m.end(), o.m());
+        std::copy(st.adam_v.begin(), st.adam_v.end(), o.v());
+        adam_steps = st.adam_steps;
       }
-      ATOLL_RETURN_IF_ERROR(ShareOptimizerInSite(c_, resumed.adam_steps));
+      ATOLL_RETURN_IF_ERROR(ShareOptimizerInSite(c_, adam_steps));
+      if (rejoined_ && c_.leader)
+        LogInfo("site {}: rejoin: took over at step {} from the site's state beside {} (no push "
+                "since)",
+                w.site, start, c_.resume_path);
       return start;
     }
-    // The leader's (only it has the world's hooks): a new process for a lost site on every rank.
-    int64_t rejoin = w.rejoin ? 1 : 0;
-    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&rejoin, 1)));
-    rejoined_ = rejoin != 0;
     if (!rejoined_) return start;
     double at = 0;
     if (c_.leader) {

@@ -338,6 +338,50 @@ TEST(WanRejoin, ReconnectToAPeerDeclaredDeadFailsAtOnce) {
   c1->reset();
 }
 
+// A new process may listen where a dead one did (a fixed --wan-listen port): once the
+// coordinator counts it live there (PeerAlive), a Reconnect to that address works again.
+TEST(WanRejoin, ANewProcessAtADeadOnesAddressIsReconnectedOncePeerAlive) {
+  auto e0 = WanEndpoint::Listen("127.0.0.1:0", Insecure());
+  ASSERT_TRUE(e0.ok());
+  auto e1 = WanEndpoint::Listen("127.0.0.1:0", Insecure());
+  ASSERT_TRUE(e1.ok());
+  const std::string a0 = (*e0)->address(), a1 = (*e1)->address();
+  auto connect = [](WanEndpoint& ep, int site, const std::string& a0, const std::string& a1) {
+    WanOptions o;
+    o.site = site;
+    o.peers = {{0, site == 0 ? a0 : ""}, {1, site == 1 ? a1 : ""}};
+    o.timeout_s = 30;
+    return ep.Connect(o);
+  };
+  auto c0 = connect(**e0, 0, a0, a1);
+  ASSERT_TRUE(c0.ok()) << c0.status().ToString();
+  {
+    auto c1 = connect(**e1, 1, a0, a1);
+    ASSERT_TRUE(c1.ok()) << c1.status().ToString();
+    auto rs = Concurrently({[&] { return (*e0)->Reconnect(1, a1); },
+                            [&] { return (*e1)->Reconnect(0, a0); }});
+    for (const Status& r : rs) ASSERT_TRUE(r.ok()) << r.ToString();
+    c1->reset();
+  }
+  e1->reset();  // site 1's process dies; the coordinator says so
+  (*e0)->PeerLost(1, a1, "the coordinator declared it dead (epoch 3)");
+  Status st = (*e0)->Reconnect(1, a1);
+  EXPECT_NE(st.message().find("is lost"), std::string::npos) << st.ToString();
+  // Its new process listens at the same address and registers: live there again.
+  auto n1 = WanEndpoint::Listen(a1, Insecure());
+  ASSERT_TRUE(n1.ok()) << n1.status().ToString();
+  auto d1 = connect(**n1, 1, a0, a1);
+  ASSERT_TRUE(d1.ok()) << d1.status().ToString();
+  (*e0)->PeerAlive(1, a1);
+  auto rs = Concurrently({[&] { return (*e0)->Reconnect(1, a1); },
+                          [&] { return (*n1)->Reconnect(0, a0); }});
+  for (const Status& r : rs) ASSERT_TRUE(r.ok()) << r.ToString();
+  ExpectMessage(**c0, **d1, 4, 1000);
+  ExpectMessage(**d1, **c0, 4, 1000);
+  d1->reset();
+  c0->reset();
+}
+
 struct FetchHookGuard {
   explicit FetchHookGuard(WanFetchHook h) { SetWanFetchHookForTesting(std::move(h)); }
   ~FetchHookGuard() { SetWanFetchHookForTesting(nullptr); }
