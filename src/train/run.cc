@@ -378,6 +378,7 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
                                                                    : 0);
   // Block after block (its own micro-batches, then any it takes over), each in the schedule; the
   // reduction starts in the last block's last backward.
+  const double t_passes = NowSeconds();
   for (size_t b = 0; b < firsts.size(); ++b) {
     const std::vector<PipeOp>& schedule = counts.empty() ? run.schedule : sized[b];
     size_t last_backward = 0;
@@ -427,6 +428,7 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
         ATOLL_RETURN_IF_ERROR(reducer->Add(model.grads()));
     }
   }
+  run.passes_s = NowSeconds() - t_passes;
   for (CommHandle& h : fwd_sends) ATOLL_RETURN_IF_ERROR(h.Wait());
   for (CommHandle& h : bwd_sends) ATOLL_RETURN_IF_ERROR(h.Wait());
 

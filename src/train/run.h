@@ -53,6 +53,9 @@ struct Run {
   // Emulates a slower site (benchmarks of world.balance): each step's passes take this many times
   // as long (the rank sleeps for the difference).
   double slowdown = 1;
+  // The last ForwardBackward's passes alone (not the gradients' zeroing or reduction), seconds:
+  // what world.balance compares across sites.
+  double passes_s = 0;
   std::vector<PipeOp> schedule;
   std::unique_ptr<GPT<float>> model;  // this rank's shard
   std::unique_ptr<GradientReducer> reducer;

@@ -53,10 +53,12 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
   std::vector<double> all_losses(static_cast<size_t>(run.accum), 0.0);
   // The site's passes and its sums with the other sites, again when the live sites changed before
   // they agreed (sync: the survivors take over a lost site's micro-batches).
+  // This replica's micro-batches: its own, then those of the lost sites it takes over; with
+  // world.balance, its site's share of the sites' shares laid end to end, cut at their ends.
+  std::vector<int64_t> firsts, counts;
   for (bool agreed = false; !agreed;) {
-    // This replica's micro-batches: its own, then those of the lost sites it takes over; with
-    // world.balance, its site's share of the sites' shares laid end to end, cut at their ends.
-    std::vector<int64_t> firsts = {run.first_micro}, counts;
+    firsts = {run.first_micro};
+    counts.clear();
     ATOLL_ASSIGN_OR_RETURN(const std::vector<int> taken, strategy.TakenOver());
     for (int lost : taken)
       firsts.push_back((int64_t(lost) * me.dp() + me.dp_rank()) * run.local_accum);
@@ -71,13 +73,12 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
           x = end;
         }
     }
-    const double t_passes = NowSeconds();
     try {
       ATOLL_RETURN_IF_ERROR(ForwardBackward(run, s, &local_losses, firsts, counts));
     } catch (const std::runtime_error& e) {  // a failed tensor-parallel all-reduce
       return Status::Internal(fmt::format("step {}: {}", s + 1, e.what()));
     }
-    double passes_s = NowSeconds() - t_passes;
+    double passes_s = run.passes_s;
     if (run.slowdown > 1) {
       std::this_thread::sleep_for(std::chrono::duration<double>((run.slowdown - 1) * passes_s));
       passes_s *= run.slowdown;
@@ -125,7 +126,11 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
   InjectBufferFaults(run, FaultKind::kGrad, s);
   CheckReducedGradient(run, me.dp() * (over_wan ? run.sites : 1));
   if (run.trace != nullptr) {
-    run.trace->SetLosses(local_losses, run.first_micro);
+    std::vector<int64_t> micros;  // the whole batch's index of each local micro-batch
+    for (size_t b = 0; b < firsts.size(); ++b)
+      for (int64_t j = 0; j < (counts.empty() ? run.local_accum : counts[b]); ++j)
+        micros.push_back(firsts[b] + j);
+    run.trace->SetLosses(local_losses, std::move(micros));
     if (Zero(run))
       run.trace->SetGrads({}, run.reducer->shard_grads(), run.optimizer->size());
     else

@@ -29,6 +29,13 @@ void StepTrace::SetWan(const void* sums, size_t bytes, bool after) {
 void StepTrace::SetLosses(const std::vector<double>& losses, int64_t first_micro) {
   losses_ = losses;
   first_micro_ = first_micro;
+  micros_.clear();
+}
+
+void StepTrace::SetLosses(const std::vector<double>& losses, std::vector<int64_t> micros) {
+  losses_ = losses;
+  first_micro_ = micros.empty() ? 0 : micros.front();
+  micros_ = std::move(micros);
 }
 
 void StepTrace::OnOp(FaultKind kind, int layer, int gemm, const float* out, size_t n) {
@@ -66,7 +73,7 @@ std::optional<TraceDifference> FirstDifference(const StepTrace& first, const Ste
   for (size_t j = 0; j < std::min(la.size(), lb.size()); ++j) {
     if (std::memcmp(&la[j], &lb[j], sizeof(double)) == 0) continue;
     TraceDifference d;
-    d.micro = first.first_micro() + int64_t(j);
+    d.micro = first.MicroAt(j);
     d.op = "loss";
     return d;
   }

@@ -72,8 +72,15 @@ class StepTrace {
   // they cross the WAN (world.strategy = sync), and the sum that came back (after): a sum that
   // differs while what was sent does not came over the WAN.
   void SetWan(const void* sums, size_t bytes, bool after);
-  // The losses of this rank's micro-batches (the last pipeline stage's; by local index).
+  // The losses of this rank's micro-batches (the last pipeline stage's; by local index), which
+  // are micro-batches first_micro, first_micro + 1, ... of the whole batch, or `micros` (several
+  // blocks: a lost site's taken over, world.balance's shares).
   void SetLosses(const std::vector<double>& losses, int64_t first_micro);
+  void SetLosses(const std::vector<double>& losses, std::vector<int64_t> micros);
+  // The whole batch's index of this rank's local micro-batch j.
+  int64_t MicroAt(size_t j) const {
+    return j < micros_.size() ? micros_[j] : first_micro_ + int64_t(j);
+  }
 
   const std::vector<Op>& ops() const { return ops_; }
   const std::vector<uint64_t>& grads() const { return grads_; }
@@ -86,6 +93,7 @@ class StepTrace {
 
  private:
   int64_t micro_ = -1, first_micro_ = 0;
+  std::vector<int64_t> micros_;  // SetLosses's (empty: from first_micro_)
   double seconds_ = 0;
   std::vector<Op> ops_;
   std::vector<uint64_t> grads_;

@@ -59,9 +59,10 @@ class AsyncStrategy final : public WorldStrategy {
       }
       ATOLL_RETURN_IF_ERROR(ShareOptimizerInSite(c_, adam_steps));
       if (rejoined_ && c_.leader)
-        LogInfo("site {}: rejoin: took over at step {} from the site's state beside {} (no push "
-                "since)",
-                w.site, start, c_.resume_path);
+        LogInfo(
+            "site {}: rejoin: took over at step {} from the site's state beside {} (no push "
+            "since)",
+            w.site, start, c_.resume_path);
       return start;
     }
     if (!rejoined_) return start;

@@ -358,8 +358,8 @@ TEST(WanRejoin, ANewProcessAtADeadOnesAddressIsReconnectedOncePeerAlive) {
   {
     auto c1 = connect(**e1, 1, a0, a1);
     ASSERT_TRUE(c1.ok()) << c1.status().ToString();
-    auto rs = Concurrently({[&] { return (*e0)->Reconnect(1, a1); },
-                            [&] { return (*e1)->Reconnect(0, a0); }});
+    auto rs = Concurrently(
+        {[&] { return (*e0)->Reconnect(1, a1); }, [&] { return (*e1)->Reconnect(0, a0); }});
     for (const Status& r : rs) ASSERT_TRUE(r.ok()) << r.ToString();
     c1->reset();
   }
@@ -373,8 +373,8 @@ TEST(WanRejoin, ANewProcessAtADeadOnesAddressIsReconnectedOncePeerAlive) {
   auto d1 = connect(**n1, 1, a0, a1);
   ASSERT_TRUE(d1.ok()) << d1.status().ToString();
   (*e0)->PeerAlive(1, a1);
-  auto rs = Concurrently({[&] { return (*e0)->Reconnect(1, a1); },
-                          [&] { return (*n1)->Reconnect(0, a0); }});
+  auto rs = Concurrently(
+      {[&] { return (*e0)->Reconnect(1, a1); }, [&] { return (*n1)->Reconnect(0, a0); }});
   for (const Status& r : rs) ASSERT_TRUE(r.ok()) << r.ToString();
   ExpectMessage(**c0, **d1, 4, 1000);
   ExpectMessage(**d1, **c0, 4, 1000);
