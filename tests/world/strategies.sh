@@ -171,6 +171,19 @@ grep -q "parameter server recovered" "$T/ac/coordinator.stderr" ||
   fail "the parameter server did not recover: $(tail "$T/ac/coordinator.stderr")"
 expect_exit 0 "$ATOLL" replay --run "$T/ac" -q
 grep -q "bitwise identical" "$T/out" || fail "replay across a coordinator restart: $(cat "$T/out")"
+# 3c'. Async losing site 0 for good after step 10 (it wrote checkpoint-8 and validated at 10),
+# with checkpoints every 8 steps (push steps, H = 4): at the next checkpoint's cut the sites that
+# met there agree that site 1 leads, so site 1 writes the mid-run checkpoints and validates from
+# then on.
+"$ATOLL" launch "${W[@]}" --set world.strategy=async --set world.diloco.inner_steps=4 \
+  --set world.codec=int8 --set train.checkpoint_every=8 --set train.steps=40 --fail-site 0@10 \
+  -q --out "$T/al" >/dev/null 2>"$T/al.err" || fail "async losing site 0: $(tail -5 "$T/al.err")"
+for k in 16 24 32; do
+  [[ -f $T/al/checkpoint-$k/model.safetensors ]] || fail "async: no checkpoint-$k after site 0 died"
+done
+grep -q '"step":20,.*"val_loss"' "$T/al/site-1/metrics.jsonl" ||
+  fail "async: site 1 did not validate at step 20 after site 0 died"
+! grep -q '"step":20,.*"val_loss"' "$T/al/site-2/metrics.jsonl" || fail "async: site 2 validated"
 # 3d. Async resumed from checkpoint-8 (H = 4): the sites met around their push at step 8 (rounds
 # 15 and 16), each kept its error feedback, AdamW and counters beside the checkpoint; the resumed
 # run (to step 160) starts its parameter server from the checkpoint and every site at step 9

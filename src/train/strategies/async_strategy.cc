@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <numeric>
+
 #include "core/log.h"
 #include "train/strategies/async_client.h"
 #include "train/strategies/world_strategy.h"
@@ -42,6 +44,9 @@ class AsyncStrategy final : public WorldStrategy {
                         c_.resumed && (!w.rejoin || client_.start_step() == start) ? 1 : 0};
     ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(flags, 2)));
     rejoined_ = flags[0] != 0;
+    // Not among the sites that meet at checkpoints: once one may have moved the lead, it does
+    // not know who leads until the end (without any, site 0 leads throughout, as everywhere).
+    if (rejoined_ && AnyCut()) lead_ = -1;
     if (flags[1] != 0) {
       int64_t adam_steps = 0;
       if (c_.leader) {
@@ -91,19 +96,29 @@ class AsyncStrategy final : public WorldStrategy {
       finished_ = true;
     } else {
       const bool cut = CutAt(completed);
+      int64_t lead = lead_;
       if (c_.leader) {
         AsyncClient::Barrier meet;
         if (cut && c_.world->commit)
-          meet = [this, completed](int phase) -> Status {
+          meet = [this, completed, &lead](int phase) -> Status {
             const int64_t round = AsyncCheckpointRound(completed, phase);
-            return c_.world->commit(round, std::nullopt)
-                .status()
-                .WithContext(fmt::format("the checkpoint of step {}: round {}", completed, round));
+            StatusOr<Membership> met = c_.world->commit(round, std::nullopt);
+            if (!met.ok())
+              return met.status().WithContext(
+                  fmt::format("the checkpoint of step {}: round {}", completed, round));
+            // The lowest site that met here leads from now on (site 0 may be lost).
+            if (const std::vector<int> live = met->LiveInRound(round); phase == 1 && !live.empty())
+              lead = live.front();
+            return Status::Ok();
           };
         ATOLL_RETURN_IF_ERROR(client_.AfterStep(completed, params, meet).status());
       }
       if (client_.PullsAt(completed)) ATOLL_RETURN_IF_ERROR(ShareInSite(c_, all));
-      if (cut) cut_at_ = completed;
+      if (cut) {
+        cut_at_ = completed;
+        ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&lead, 1)));
+        lead_ = int(lead);
+      }
     }
     return Status::Ok();
   }
@@ -155,8 +170,9 @@ class AsyncStrategy final : public WorldStrategy {
   bool whole_batch() const override { return false; }
   int lead_site() const override { return lead_; }
 
-  // The agreements take the rounds after the barrier at the end. Before it, site 0 leads (the
-  // sites are at different steps).
+  // The agreements take the rounds after the barrier at the end. Before it, site 0 leads, then
+  // the lowest site that met at the last checkpoint's cut (the sites are at different steps; a
+  // process that took a site over meets them only at the end, and leads nothing before it).
   Status AgreeOnLive() override {
     if (!finished_) return Status::Ok();
     ATOLL_ASSIGN_OR_RETURN(
@@ -172,6 +188,12 @@ class AsyncStrategy final : public WorldStrategy {
   bool CutAt(int64_t completed) const {
     const int64_t every = c_.cfg->train.checkpoint_every;
     return every > 0 && completed % every == 0 && client_.PullsAt(completed) && !rejoined_;
+  }
+
+  // Whether the run has a cut at all: a checkpoint step before the last that is a push step.
+  bool AnyCut() const {
+    const int64_t every = c_.cfg->train.checkpoint_every, h = c_.cfg->world.diloco.inner_steps;
+    return every > 0 && std::lcm(every, h) < c_.cfg->train.steps;
   }
 
   const StrategyContext c_;

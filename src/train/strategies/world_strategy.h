@@ -191,7 +191,8 @@ class WorldStrategy {
   // the sites); false: over the site's share of it (the sites train apart between exchanges).
   virtual bool whole_batch() const = 0;
   // The site that validates and writes the checkpoints: the lowest live site (sync: of the last
-  // round; diloco, streaming: of the last merged exchange; async: site 0 until the end).
+  // round; diloco, streaming: of the last merged exchange; async: site 0, then the lowest site that
+  // met at the last checkpoint's cut, until the end).
   virtual int lead_site() const { return 0; }
   // With a coordinator: the live sites meet in a round and adopt who is live there (a site lost
   // since the last step's sums is seen). sync: any time; the others: after the last step's end
