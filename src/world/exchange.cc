@@ -49,6 +49,7 @@ bool IsGiveUp(const std::vector<uint8_t>& bytes) {
 SiteExchange::SiteExchange(Communicator* wan, ExchangeOptions options)
     : wan_(wan), options_(std::move(options)), linked_(options_.addresses) {
   linked_.resize(size_t(std::max(options_.sites, 1)));
+  linked_join_.assign(linked_.size(), 0);
 }
 
 StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> data,
@@ -114,13 +115,18 @@ StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> d
       for (int s : live) {
         if (s == me || size_t(s) >= linked_.size() || size_t(s) >= begin->sites.size()) continue;
         const std::string& now = begin->sites[size_t(s)].wan_address;
-        if (now.empty() || now == linked_[size_t(s)]) continue;
+        const int64_t joined = begin->sites[size_t(s)].join_round;
+        // A new process: at a new address, or where a dead one listened (a fixed --wan-listen)
+        // but registered for another round.
+        if (now.empty() || (now == linked_[size_t(s)] && joined == linked_join_[size_t(s)]))
+          continue;
         LogInfo("{}: reconnecting to site {} at {} (a new process or link)", at, s, now);
         if (Status r = options_.reconnect(s, now); !r.ok()) {
           failed.Add(s, r);  // its receives fail too: see commit
           continue;
         }
         linked_[size_t(s)] = now;
+        linked_join_[size_t(s)] = joined;
       }
     }
 

@@ -127,7 +127,8 @@ class SiteExchange {
  private:
   Communicator* wan_;
   ExchangeOptions options_;
-  std::vector<std::string> linked_;  // the address each site's link is made with now
+  std::vector<std::string> linked_;   // the address each site's link is made with now
+  std::vector<int64_t> linked_join_;  // ... and that process's join round (0: the first one)
 };
 
 }  // namespace atl

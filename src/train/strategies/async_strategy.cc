@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/log.h"
@@ -46,7 +47,7 @@ class AsyncStrategy final : public WorldStrategy {
     rejoined_ = flags[0] != 0;
     // Not among the sites that meet at checkpoints: once one may have moved the lead, it does
     // not know who leads until the end (without any, site 0 leads throughout, as everywhere).
-    if (rejoined_ && AnyCut()) lead_ = -1;
+    if (rejoined_ && AnyCut(start)) lead_ = -1;
     if (flags[1] != 0) {
       int64_t adam_steps = 0;
       if (c_.leader) {
@@ -71,6 +72,14 @@ class AsyncStrategy final : public WorldStrategy {
       return start;
     }
     if (!rejoined_) return start;
+    if (c_.resumed) {
+      // It goes on after its site's last push with a fresh inner optimizer, as any process that
+      // takes a site over (not the checkpoint's, which another site's moments filled).
+      AdamW& o = *c_.optimizer;
+      std::fill(o.m(), o.m() + o.size(), 0.0f);
+      std::fill(o.v(), o.v() + o.size(), 0.0f);
+      o.set_step_count(0);
+    }
     double at = 0;
     if (c_.leader) {
       at = double(client_.start_step());
@@ -190,10 +199,13 @@ class AsyncStrategy final : public WorldStrategy {
     return every > 0 && completed % every == 0 && client_.PullsAt(completed) && !rejoined_;
   }
 
-  // Whether the run has a cut at all: a checkpoint step before the last that is a push step.
-  bool AnyCut() const {
+  // Whether the run has a cut after step `from`: a checkpoint step before the last that is a
+  // push step (CutAt).
+  bool AnyCut(int64_t from) const {
     const int64_t every = c_.cfg->train.checkpoint_every, h = c_.cfg->world.diloco.inner_steps;
-    return every > 0 && std::lcm(every, h) < c_.cfg->train.steps;
+    if (every <= 0) return false;
+    const int64_t l = std::lcm(every, h);
+    return (from / l + 1) * l < c_.cfg->train.steps;
   }
 
   const StrategyContext c_;

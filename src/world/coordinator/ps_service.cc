@@ -311,6 +311,7 @@ grpc::Status PsService::Init(grpc::ServerContext* ctx, const coord::PsInitReques
         "(version {})",
         site, last_step, version_);
   }
+  current_[site] = req.incarnation();
   reply->set_coordinator_id(coordinator_id_);
   reply->set_version(version_);
   reply->set_max_staleness(max_staleness_);
@@ -352,6 +353,13 @@ grpc::Status PsService::Push(grpc::ServerContext* ctx, const coord::PsPushReques
                                   req.base_version(), req.first_step(), req.last_step()));
   std::lock_guard<std::mutex> lk(mu_);
   if (auto st = UsableLocked(*ctx, rpc, site, /*init=*/false); !st.ok()) return st;
+  // The caller check above ran before this lock: a new process may have taken the site over
+  // since (its Init came in between); the old one's push must not count its steps again.
+  if (auto it = current_.find(site); it != current_.end() && it->second != req.incarnation())
+    return RefuseCall(*ctx, rpc, grpc::StatusCode::FAILED_PRECONDITION,
+                      fmt::format("site {}: a push of process {:016x}, which a newer process "
+                                  "({:016x}) has taken over from",
+                                  site, req.incarnation(), it->second));
   auto& memo = memo_[size_t(site)];
   if (req.seq() != 0) {
     for (const auto& m : memo)

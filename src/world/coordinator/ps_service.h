@@ -86,10 +86,13 @@ class PsService {
   int64_t max_staleness_ = 0;
   std::vector<float> params_, scratch_;
   int64_t version_ = 0, next_id_ = 0;
-  std::map<int, int64_t> last_step_;        // by site: the last step of its decided pushes
-  std::map<int, uint64_t> rejoined_;        // by site: the process whose rejoin is logged
-  std::string build_, cpu_;                 // of the init record ("" : an older log)
-  std::map<int, uint64_t> build_noted_;     // by site: the process whose other build is logged
+  std::map<int, int64_t> last_step_;     // by site: the last step of its decided pushes
+  std::map<int, uint64_t> rejoined_;     // by site: the process whose rejoin is logged
+  std::string build_, cpu_;              // of the init record ("" : an older log)
+  std::map<int, uint64_t> build_noted_;  // by site: the process whose other build is logged
+  // By site: the process whose Init came last (since this server started): a push of an older
+  // one, decided after a new process took the site over, is refused.
+  std::map<int, uint64_t> current_;
   std::string broken_;                      // non-empty: every call is refused with this reason
   std::vector<std::deque<PushMemo>> memo_;  // per site: recent pushes, for retries
 };

@@ -100,8 +100,9 @@ void WanCore::PeerLost(int peer, const std::string& address, const std::string& 
     // The check and the mark under one lock: a Reconnect (which changes the address under mu_)
     // cannot slip in between and have its new incarnation marked.
     std::lock_guard<std::mutex> lk(mu_);
-    if (!connected_ || peer < 0 || peer >= n_ || peer == site_) return;
+    // Kept even before Connect: a link to that address then fails at once (DeadAt).
     if (!address.empty()) dead_addresses_.emplace(address, why);
+    if (!connected_ || peer < 0 || peer >= n_ || peer == site_) return;
     bool reconnecting;
     {
       // Only the incarnation that died: a new process at another address has a fresh link.
