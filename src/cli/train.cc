@@ -297,6 +297,16 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
           return ep->Reconnect(s, address);
         };
       }
+      if (a.rejoin && strategy == "async") {
+        // The latest coordinator round any process reached, this site's lost one's too
+        // (AsyncStrategy's Join picks a checkpoint cut past it).
+        options.world.current_round = [client]() -> StatusOr<int64_t> {
+          ATOLL_ASSIGN_OR_RETURN(Membership m, client->Peek());
+          int64_t last = -1;
+          for (const SiteInfo& s : m.sites) last = std::max(last, s.last_round);
+          return last;
+        };
+      }
       if (a.rejoin) {
         options.world.rejoin = true;
         options.world.join = [client, ep](int64_t round, int64_t early_by) -> Status {

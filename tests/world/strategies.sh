@@ -148,16 +148,26 @@ grep -q "otherdata" "$T/a4/config.toml" || fail "could not point the run at othe
 expect_exit 2 "$ATOLL" replay --run "$T/a4" -q
 expect_err "is not the run's"
 # 3b. Async with a lost site taken over by a new process: it goes on after the site's last push,
-# the op log records it, and replay re-executes both processes bitwise.
+# the op log records it, and replay re-executes both processes bitwise. With checkpoints every 40
+# steps, the new process meets the others from the cut after the next one past the latest round
+# (step 80 or 120) on, so the later checkpoints keep its site's state too.
 rc=0
 "$ATOLL" launch "${W[@]}" --set world.strategy=async --set world.diloco.inner_steps=4 \
   --set world.codec=int8 --set world.async.max_staleness=1 --set train.steps=240 \
-  --fail-site 0@8 --rejoin --out "$T/ar" >"$T/ar.out" 2>"$T/ar.err" || rc=$?
+  --set train.checkpoint_every=40 --fail-site 0@8 --rejoin --out "$T/ar" >"$T/ar.out" \
+  2>"$T/ar.err" || rc=$?
 [[ $rc == 0 ]] || fail "async with a rejoining site exited $rc: $(tail -20 "$T/ar.err")"
 grep -q "took over after step 8" "$T/ar/site-0/rejoin.log" ||
   fail "async: site 0 did not take over: $(tail -20 "$T/ar/site-0/rejoin.log")"
 [[ $(last_step "$T/ar/site-0/metrics.jsonl") == 240 ]] || fail "async: site 0 did not finish"
 grep -q '"t":"rejoin"' "$T/ar/ops.jsonl" || fail "async: no rejoin record in the op log"
+k=$(grep -o "meets the others from the checkpoint cut at step [0-9]*" "$T/ar/site-0/rejoin.log" |
+  grep -o "[0-9]*$" || true)
+[[ -n $k && $k -le 200 ]] ||
+  fail "async: site 0's new process did not join a cut: $(grep -i cut "$T/ar/site-0/rejoin.log")"
+for s in 0 1 2; do
+  [[ -f $T/ar/checkpoint-200.sites/site-$s.bin ]] || fail "async: no state of site $s at step 200"
+done
 expect_exit 0 "$ATOLL" replay --run "$T/ar" -q
 grep -q "bitwise identical" "$T/out" || fail "replay of a rejoined run: $(cat "$T/out")"
 # 3c. Async with the coordinator killed (-9) after step 20 of site 1: launch starts it again; the

@@ -28,12 +28,12 @@ class AsyncStrategy final : public WorldStrategy {
     const WorldHooks& w = *c_.world;
     const int64_t steps = c_.cfg->train.steps;
     if (c_.leader && w.rejoin) {
-      // A new process for a lost site: a member from the barrier at the end on (it meets the
-      // others at no checkpoint), then it goes on after the site's last decided push.
+      // A new process for a lost site: a member from a checkpoint's cut on (or the barrier at
+      // the end), then it goes on after the site's last decided push.
       if (!w.join) return Status::InvalidArgument("rejoin: no way to join the world");
-      ATOLL_RETURN_IF_ERROR(
-          w.join(AsyncEndRound(steps), 0).WithContext(fmt::format("site {}: rejoin", w.site)));
+      ATOLL_ASSIGN_OR_RETURN(join_cut_, Join(w, steps));
     }
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&join_cut_, 1)));
     if (c_.leader) ATOLL_RETURN_IF_ERROR(client_.Start(params, c_.resumed ? start : 0));
     ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params, c_.n_params)));
     // The leader's (only it has the world's hooks), to the site's ranks: whether this process
@@ -141,9 +141,13 @@ class AsyncStrategy final : public WorldStrategy {
           "site {}: checkpoint of step {}: {}, so this site's state is not kept beside it (a "
           "resume from it is refused)",
           c_.world->site, step,
-          rejoined_ ? "this process took the site over and meets the others only at the end"
-                    : fmt::format("not a push step (a multiple of world.diloco.inner_steps = {})",
-                                  c_.cfg->world.diloco.inner_steps));
+          rejoined_ && step < join_cut_
+              ? fmt::format("this process took the site over and meets the others from {} on",
+                            join_cut_ < c_.cfg->train.steps
+                                ? fmt::format("the cut at step {}", join_cut_)
+                                : std::string("the end"))
+              : fmt::format("not a push step (a multiple of world.diloco.inner_steps = {})",
+                            c_.cfg->world.diloco.inner_steps));
       // Not one an earlier run left in the same place: a resume must find none.
       ::unlink(SiteStatePath(dir, c_.world->site).c_str());
       return Status::Ok();
@@ -196,7 +200,34 @@ class AsyncStrategy final : public WorldStrategy {
   // end on).
   bool CutAt(int64_t completed) const {
     const int64_t every = c_.cfg->train.checkpoint_every;
-    return every > 0 && completed % every == 0 && client_.PullsAt(completed) && !rejoined_;
+    return every > 0 && completed % every == 0 && client_.PullsAt(completed) &&
+           completed < c_.cfg->train.steps && completed >= join_cut_;
+  }
+
+  // A new process for a lost site registers for the cut after the next one past the latest
+  // coordinator round any process of the world reached (its predecessor's too, which may have
+  // pushed at the next cut's step before it died: this process goes on after that push, so it
+  // could not meet there), or for the barrier at the end when there is no such cut. The others
+  // wait for it at that cut while it catches up. The cut's step (train.steps: the end).
+  StatusOr<int64_t> Join(const WorldHooks& w, int64_t steps) {
+    const std::string who = fmt::format("site {}: rejoin", w.site);
+    const int64_t every = c_.cfg->train.checkpoint_every, h = c_.cfg->world.diloco.inner_steps;
+    for (int tries = 0; every > 0 && w.current_round && tries < 8; ++tries) {
+      ATOLL_ASSIGN_OR_RETURN(const int64_t reached, w.current_round());
+      const int64_t l = std::lcm(every, h);
+      // The first cut whose first round (2c - 1) is past `reached`, then the one after it.
+      const int64_t k = ((std::max<int64_t>(reached, 0) + 1) / 2 / l + 2) * l;
+      if (k >= steps) break;
+      Status st = w.join(AsyncCheckpointRound(k, 0), 0);
+      if (st.ok()) {
+        LogInfo("{}: meets the others from the checkpoint cut at step {} on", who, k);
+        return k;
+      }
+      if (st.code() != StatusCode::kNotFound) return st.WithContext(who);
+      // A live site began that round meanwhile: the next cut.
+    }
+    ATOLL_RETURN_IF_ERROR(w.join(AsyncEndRound(steps), 0).WithContext(who));
+    return steps;
   }
 
   // Whether the run has a cut after step `from`: a checkpoint step before the last that is a
@@ -213,6 +244,7 @@ class AsyncStrategy final : public WorldStrategy {
   int lead_ = 0;
   bool finished_ = false;   // after the barrier at the end
   bool rejoined_ = false;   // this process took a lost site over
+  int64_t join_cut_ = 0;    // ... and meets the others from this cut's step on (steps: the end)
   int64_t cut_at_ = -1;     // the step of the last consistent cut
   int64_t agreements_ = 0;  // AgreeOnLive's rounds after it
 };
