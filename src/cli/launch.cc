@@ -125,7 +125,9 @@ StatusOr<int> Launch(const LaunchArgs& a) {
   Child coordinator{.name = "the coordinator", .log = dir + "/coordinator.stderr"};
   int coord_out = -1;
   std::string coord_rest;
-  auto start_coordinator = [&](const std::string& listen) -> StatusOr<std::string> {
+  // wait: until it prints its address (the first start); a restart does not wait (the watch
+  // loop goes on: its stdout is drained there, and a start that failed is seen as its end).
+  auto start_coordinator = [&](const std::string& listen, bool wait) -> StatusOr<std::string> {
     const std::vector<std::string> argv = plan.CoordinatorArgv(listen);
     int pipe_fds[2];
     if (::pipe2(pipe_fds, O_CLOEXEC) != 0)
@@ -148,9 +150,10 @@ StatusOr<int> Launch(const LaunchArgs& a) {
     if (coord_out >= 0) ::close(coord_out);
     coord_out = pipe_fds[0];
     coord_rest.clear();
+    if (!wait) return listen;
     return ReadAddress(coord_out, coordinator, coordinator.log, 30.0, &coord_rest);
   };
-  auto address = start_coordinator("127.0.0.1:0");
+  auto address = start_coordinator("127.0.0.1:0", true);
   if (!address.ok()) {
     std::vector<Child*> all = {&coordinator};
     StopAll(all, 5.0);
@@ -289,7 +292,7 @@ StatusOr<int> Launch(const LaunchArgs& a) {
       if (coordinator_restarts++ < kCoordinatorRestarts + (a.chaos >= 0 ? a.chaos_kills : 0)) {
         std::fprintf(stderr, "launch: the coordinator ended (%s); starting it again at %s\n",
                      coordinator.how_it_ended().c_str(), address->c_str());
-        if (auto again = start_coordinator(*address); !again.ok()) {
+        if (auto again = start_coordinator(*address, false); !again.ok()) {
           std::fprintf(stderr,
                        "launch: the coordinator cannot be started again (%s); trying again\n",
                        again.status().ToString().c_str());
