@@ -8,6 +8,7 @@
 
 #include "core/hash.h"
 #include "core/log.h"
+#include "train/strategies/state_bytes.h"
 
 namespace atl {
 
@@ -15,18 +16,10 @@ namespace {
 constexpr char kAsyncStateMagic[4] = {'A', 'T', 'L', 'A'};
 constexpr uint32_t kAsyncStateVersion = 1;
 constexpr size_t kAsyncStateHeader = 4 + 4 + 8 + 4 * 8;
-
-template <typename T>
-void Put(std::string* out, T v) {
-  out->append(reinterpret_cast<const char*>(&v), sizeof(v));  // little-endian hosts only
-}
-template <typename T>
-T Get(std::string_view b, size_t at) {
-  T v;
-  std::memcpy(&v, b.data() + at, sizeof(v));
-  return v;
-}
 }  // namespace
+
+using state_bytes::Get;
+using state_bytes::Put;
 
 std::string EncodeAsyncSiteState(const AsyncSiteState& st) {
   const size_t n = st.residual.size();

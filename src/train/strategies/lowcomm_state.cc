@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "train/strategies/lowcomm.h"
+#include "train/strategies/state_bytes.h"
 
 namespace atl {
 
@@ -12,18 +13,10 @@ namespace {
 constexpr char kStateMagic[4] = {'A', 'T', 'L', 'R'};
 constexpr uint32_t kStateVersion = 2;  // reads 1 too
 constexpr size_t kStateHeader = 4 + 4 + 8 + 3 * 8;
-
-template <typename T>
-void Put(std::string* out, T v) {
-  out->append(reinterpret_cast<const char*>(&v), sizeof(v));  // little-endian hosts only
-}
-template <typename T>
-T Get(std::string_view b, size_t at) {
-  T v;
-  std::memcpy(&v, b.data() + at, sizeof(v));
-  return v;
-}
 }  // namespace
+
+using state_bytes::Get;
+using state_bytes::Put;
 
 std::string EncodeLowCommState(const LowCommState& st) {
   const size_t n = st.global.size();
