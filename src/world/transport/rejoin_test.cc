@@ -48,6 +48,27 @@ std::vector<Status> Concurrently(const std::vector<std::function<Status()>>& cal
   return st;
 }
 
+// n endpoints listening on loopback, and their addresses.
+void ListenOnLoopback(int n, std::vector<std::unique_ptr<WanEndpoint>>* eps,
+                      std::vector<std::string>* addr) {
+  for (int s = 0; s < n; ++s) {
+    auto ep = WanEndpoint::Listen("127.0.0.1:0", Insecure());
+    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+    addr->push_back((*ep)->address());
+    eps->push_back(std::move(*ep));
+  }
+}
+
+// The options of `ep` connecting as `site` of a world of n sites whose other sites are all absent
+// (a process taking a site over, or peers not known yet): no links until Reconnect.
+WanOptions AloneOptions(const WanEndpoint& ep, int site, int n, double timeout_s) {
+  WanOptions o;
+  o.site = site;
+  for (int p = 0; p < n; ++p) o.peers.push_back({p, p == site ? ep.address() : ""});
+  o.timeout_s = timeout_s;
+  return o;
+}
+
 TEST(WanRejoin, CrashedSiteRejoinsAndTalksToEveryPeer) {
   auto w = Start(3, [](WanOptions& o) {
     o.chunk_bytes = 4096;
@@ -65,11 +86,8 @@ TEST(WanRejoin, CrashedSiteRejoinsAndTalksToEveryPeer) {
   auto ep = WanEndpoint::Listen("127.0.0.1:0", Insecure());
   ASSERT_TRUE(ep.ok());
   const std::string a2 = (*ep)->address();
-  WanOptions o;
-  o.site = 2;
-  o.peers = {{0, ""}, {1, ""}, {2, a2}};
+  WanOptions o = AloneOptions(**ep, 2, 3, 10);
   o.chunk_bytes = 4096;
-  o.timeout_s = 10;
   const double t0 = NowSeconds();
   auto c2 = (*ep)->Connect(o);
   ASSERT_TRUE(c2.ok()) << c2.status().ToString();
@@ -117,11 +135,7 @@ TEST(WanRejoin, OldIncarnationStillRunningIsCutOff) {
   auto ep = WanEndpoint::Listen("127.0.0.1:0", Insecure());
   ASSERT_TRUE(ep.ok());
   const std::string a0 = w->eps[0]->address(), a1 = (*ep)->address();
-  WanOptions o;
-  o.site = 1;
-  o.peers = {{0, ""}, {1, a1}};
-  o.timeout_s = 10;
-  auto c1 = (*ep)->Connect(o);
+  auto c1 = (*ep)->Connect(AloneOptions(**ep, 1, 2, 10));
   ASSERT_TRUE(c1.ok()) << c1.status().ToString();
   WanEndpoint* e1 = ep->get();
   auto rs = Concurrently(
@@ -213,22 +227,13 @@ TEST(WanRejoin, ReconnectFailsNamingWhatIsMissing) {
   // Two endpoints that each connected with the other absent.
   std::vector<std::unique_ptr<WanEndpoint>> eps;
   std::vector<std::string> addr;
-  for (int s = 0; s < 2; ++s) {
-    auto ep = WanEndpoint::Listen("127.0.0.1:0", Insecure());
-    ASSERT_TRUE(ep.ok());
-    addr.push_back((*ep)->address());
-    eps.push_back(std::move(*ep));
-  }
+  ASSERT_NO_FATAL_FAILURE(ListenOnLoopback(2, &eps, &addr));
   Status st = eps[0]->Reconnect(1, addr[1]);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
   EXPECT_NE(st.message().find("Connect has not succeeded"), std::string::npos) << st.message();
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int s = 0; s < 2; ++s) {
-    WanOptions o;
-    o.site = s;
-    o.peers = {{0, s == 0 ? addr[0] : ""}, {1, s == 1 ? addr[1] : ""}};
-    o.timeout_s = 1;
-    auto c = eps[s]->Connect(o);
+    auto c = eps[s]->Connect(AloneOptions(*eps[s], s, 2, 1));
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     comms.push_back(std::move(*c));
   }
@@ -280,19 +285,10 @@ TEST(WanRejoin, ReconnectFailsNamingWhatIsMissing) {
 TEST(WanRejoin, ReconnectToAPeerDeclaredDeadFailsAtOnce) {
   std::vector<std::unique_ptr<WanEndpoint>> eps;
   std::vector<std::string> addr;
-  for (int s = 0; s < 2; ++s) {
-    auto ep = WanEndpoint::Listen("127.0.0.1:0", Insecure());
-    ASSERT_TRUE(ep.ok());
-    addr.push_back((*ep)->address());
-    eps.push_back(std::move(*ep));
-  }
+  ASSERT_NO_FATAL_FAILURE(ListenOnLoopback(2, &eps, &addr));
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int s = 0; s < 2; ++s) {
-    WanOptions o;
-    o.site = s;
-    o.peers = {{0, s == 0 ? addr[0] : ""}, {1, s == 1 ? addr[1] : ""}};
-    o.timeout_s = 60;
-    auto c = eps[s]->Connect(o);
+    auto c = eps[s]->Connect(AloneOptions(*eps[s], s, 2, 60));
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     comms.push_back(std::move(*c));
   }
@@ -323,11 +319,7 @@ TEST(WanRejoin, ReconnectToAPeerDeclaredDeadFailsAtOnce) {
   auto e1 = WanEndpoint::Listen("127.0.0.1:0", Insecure());
   ASSERT_TRUE(e1.ok());
   const std::string a1 = (*e1)->address();
-  WanOptions o;
-  o.site = 1;
-  o.peers = {{0, ""}, {1, a1}};
-  o.timeout_s = 60;
-  auto c1 = (*e1)->Connect(o);
+  auto c1 = (*e1)->Connect(AloneOptions(**e1, 1, 2, 60));
   ASSERT_TRUE(c1.ok()) << c1.status().ToString();
   auto rs = Concurrently(
       {[&] { return eps[0]->Reconnect(1, a1); }, [&] { return (*e1)->Reconnect(0, addr[0]); }});
@@ -346,17 +338,10 @@ TEST(WanRejoin, ANewProcessAtADeadOnesAddressIsReconnectedOncePeerAlive) {
   auto e1 = WanEndpoint::Listen("127.0.0.1:0", Insecure());
   ASSERT_TRUE(e1.ok());
   const std::string a0 = (*e0)->address(), a1 = (*e1)->address();
-  auto connect = [](WanEndpoint& ep, int site, const std::string& a0, const std::string& a1) {
-    WanOptions o;
-    o.site = site;
-    o.peers = {{0, site == 0 ? a0 : ""}, {1, site == 1 ? a1 : ""}};
-    o.timeout_s = 30;
-    return ep.Connect(o);
-  };
-  auto c0 = connect(**e0, 0, a0, a1);
+  auto c0 = (*e0)->Connect(AloneOptions(**e0, 0, 2, 30));
   ASSERT_TRUE(c0.ok()) << c0.status().ToString();
   {
-    auto c1 = connect(**e1, 1, a0, a1);
+    auto c1 = (*e1)->Connect(AloneOptions(**e1, 1, 2, 30));
     ASSERT_TRUE(c1.ok()) << c1.status().ToString();
     auto rs = Concurrently(
         {[&] { return (*e0)->Reconnect(1, a1); }, [&] { return (*e1)->Reconnect(0, a0); }});
@@ -370,7 +355,7 @@ TEST(WanRejoin, ANewProcessAtADeadOnesAddressIsReconnectedOncePeerAlive) {
   // Its new process listens at the same address and registers: live there again.
   auto n1 = WanEndpoint::Listen(a1, Insecure());
   ASSERT_TRUE(n1.ok()) << n1.status().ToString();
-  auto d1 = connect(**n1, 1, a0, a1);
+  auto d1 = (*n1)->Connect(AloneOptions(**n1, 1, 2, 30));
   ASSERT_TRUE(d1.ok()) << d1.status().ToString();
   (*e0)->PeerAlive(1, a1);
   auto rs = Concurrently(
