@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -55,15 +56,17 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
   // they agreed (sync: the survivors take over a lost site's micro-batches).
   // This replica's micro-batches: its own, then those of the lost sites it takes over; with
   // world.balance, its site's share of the sites' shares laid end to end, cut at their ends.
-  std::vector<int64_t> firsts, counts;
+  std::vector<int64_t> firsts, counts;  // each block's first micro-batch and micro-batches
   for (bool agreed = false; !agreed;) {
     firsts = {run.first_micro};
-    counts.clear();
     ATOLL_ASSIGN_OR_RETURN(const std::vector<int> taken, strategy.TakenOver());
     for (int lost : taken)
       firsts.push_back((int64_t(lost) * me.dp() + me.dp_rank()) * run.local_accum);
-    if (const auto share = strategy.Share(s); !share.empty()) {
+    counts.assign(firsts.size(), run.local_accum);
+    const auto share = strategy.Share(s);
+    if (!share.empty()) {
       firsts.clear();
+      counts.clear();
       const int64_t L = run.local_accum;
       for (auto [from, to] : share)
         for (int64_t x = from; x < to;) {
@@ -74,7 +77,9 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
         }
     }
     try {
-      ATOLL_RETURN_IF_ERROR(ForwardBackward(run, s, &local_losses, firsts, counts));
+      // Blocks of any size only with world.balance (they take a schedule each).
+      ATOLL_RETURN_IF_ERROR(ForwardBackward(run, s, &local_losses, firsts,
+                                            share.empty() ? std::span<const int64_t>() : counts));
     } catch (const std::runtime_error& e) {  // a failed tensor-parallel all-reduce
       return Status::Internal(fmt::format("step {}: {}", s + 1, e.what()));
     }
@@ -88,9 +93,9 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
     std::fill(all_losses.begin(), all_losses.end(), 0.0);
     if (me.last_stage() && me.tp_rank() == 0)
       for (size_t b = 0, at = 0; b < firsts.size(); ++b) {
-        const int64_t n = counts.empty() ? run.local_accum : counts[b];
-        std::copy_n(local_losses.begin() + std::ptrdiff_t(at), n, all_losses.begin() + firsts[b]);
-        at += size_t(n);
+        std::copy_n(local_losses.begin() + std::ptrdiff_t(at), counts[b],
+                    all_losses.begin() + firsts[b]);
+        at += size_t(counts[b]);
       }
     if (me.size() > 1) ATOLL_RETURN_IF_ERROR(me.world()->AllReduce(std::span<double>(all_losses)));
     if (run.faults != nullptr) run.faults->AtWan(s);
@@ -105,9 +110,7 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
     const size_t timed = over_wan && run.cfg.world.balance ? size_t(run.sites) : 0;
     sums.resize(sums.size() + timed, 0.0);
     if (timed > 0) {
-      int64_t computed = 0;
-      for (size_t b = 0; b < firsts.size(); ++b)
-        computed += counts.empty() ? run.local_accum : counts[b];
+      const int64_t computed = std::accumulate(counts.begin(), counts.end(), int64_t(0));
       sums[sums.size() - timed + size_t(run.site)] = passes_s / double(computed);
     }
     SiteSums site;
@@ -128,8 +131,7 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
   if (run.trace != nullptr) {
     std::vector<int64_t> micros;  // the whole batch's index of each local micro-batch
     for (size_t b = 0; b < firsts.size(); ++b)
-      for (int64_t j = 0; j < (counts.empty() ? run.local_accum : counts[b]); ++j)
-        micros.push_back(firsts[b] + j);
+      for (int64_t j = 0; j < counts[b]; ++j) micros.push_back(firsts[b] + j);
     run.trace->SetLosses(local_losses, std::move(micros));
     if (Zero(run))
       run.trace->SetGrads({}, run.reducer->shard_grads(), run.optimizer->size());
