@@ -275,9 +275,9 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
         link.exchange = std::make_unique<SiteExchange>(link.wan.get(), eo);
         SiteExchange* ex = link.exchange.get();
         options.world.average = [ex](int64_t round, std::span<float> data,
-                                     std::span<float> residual,
-                                     const SiteExchange::Digest& digest) {
-          return ex->Average(round, data, residual, digest);
+                                     std::span<float> residual, const SiteExchange::Digest& digest,
+                                     double pace) {
+          return ex->Average(round, data, residual, digest, pace);
         };
         // Rejoins: every quiet point's state is served to a lost site's new process.
         SetRejoinHooks(a, link, kRoundsPerExchange, &options.world);

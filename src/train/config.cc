@@ -184,7 +184,8 @@ std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
       {"world", "quorum", &c.world.quorum, "fewest live sites a round needs (0: a majority)"},
       {"world", "codec", &c.world.codec, "sent across sites: none, bf16, int8 or int4"},
       {"world", "balance", &c.world.balance,
-       "sync: shares of each step's micro-batches by the sites' measured speed"},
+       "shares of each step's micro-batches by the sites' measured speed (sync, diloco, "
+       "streaming)"},
       {"world", "diloco.inner_steps", &c.world.diloco.inner_steps,
        "H: inner steps per outer step (diloco, streaming) or per push (async)"},
       {"world", "diloco.outer_lr", &c.world.diloco.outer_lr, "outer Nesterov learning rate"},

@@ -85,8 +85,10 @@ struct WorldConfig {
   int64_t dead_after_beats = 3;  // a site silent for this many intervals is declared dead
   int64_t quorum = 0;            // fewest live sites an exchange may complete with; 0: a majority
   std::string codec = "none";    // what crosses sites (not sync): none, bf16, int8, int4
-  // sync: each site's share of a step's micro-batches follows its measured speed (the last step's
-  // compute time per micro-batch); false: equal shares. Needs parallel.pp = 1.
+  // Each site's share of a step's micro-batches follows its measured speed (its compute time per
+  // micro-batch: sync, the agreed steps'; diloco, streaming: the paces voted at the last merged
+  // exchange, so the sites' rounds take about the same wall time); false: equal shares. Not for
+  // async. Needs parallel.pp = 1.
   bool balance = false;
   struct DiLoCo {
     int64_t inner_steps = 100;    // H: inner (AdamW) steps between outer steps / async pushes

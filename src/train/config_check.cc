@@ -96,11 +96,10 @@ Status ValidateRunConfig(const RunConfig& c) {
     return bad("world.strategy", fmt::format("must be one of sync, diloco, streaming, async; got "
                                              "\"{}\"",
                                              w.strategy));
-  if (w.balance && w.sites > 1 && w.strategy != "sync")
+  if (w.balance && w.sites > 1 && w.strategy == "async")
     return bad("world.balance",
-               fmt::format("shares by speed are for world.strategy = \"sync\" (got \"{}\"; "
-                           "diloco/streaming/async sites train apart at their own pace)",
-                           w.strategy));
+               "shares by speed are for world.strategy = sync, diloco and streaming (async sites "
+               "push at their own pace and wait for nobody)");
   if (w.balance && p.pp > 1)
     return bad("world.balance",
                fmt::format("needs parallel.pp = 1 (got {}): a share of any size breaks the "

@@ -57,7 +57,11 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
   // This replica's micro-batches: its own, then those of the lost sites it takes over; with
   // world.balance, its site's share of the sites' shares laid end to end, cut at their ends.
   std::vector<int64_t> firsts, counts;  // each block's first micro-batch and micro-batches
+  // The objective's micro-batches: `objective`, or with a share of the sites' that this site's
+  // replica trains on alone (diloco, streaming), the share's.
+  int64_t own = objective;
   for (bool agreed = false; !agreed;) {
+    own = objective;
     firsts = {run.first_micro};
     ATOLL_ASSIGN_OR_RETURN(const std::vector<int> taken, strategy.TakenOver());
     for (int lost : taken)
@@ -75,7 +79,10 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
           counts.push_back(end - x);
           x = end;
         }
+      if (!strategy.whole_batch())
+        own = me.dp() * std::accumulate(counts.begin(), counts.end(), int64_t(0));
     }
+    run.loss_scale = 1.0f / float(own);
     try {
       // Blocks of any size only with world.balance (they take a schedule each).
       ATOLL_RETURN_IF_ERROR(ForwardBackward(run, s, &local_losses, firsts,
@@ -106,8 +113,9 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
         over_wan && run.grad_sums != nullptr ? run.grad_sums->records() : std::span<double>();
     std::vector<double> sums = all_losses;
     sums.insert(sums.end(), records.begin(), records.end());
-    // world.balance: this site's seconds per micro-batch in its slot, the others' zero.
-    const size_t timed = over_wan && run.cfg.world.balance ? size_t(run.sites) : 0;
+    // world.balance: this site's seconds per micro-batch in its slot, the others' zero (sync
+    // sums them over the sites; diloco and streaming vote with their own at exchanges).
+    const size_t timed = run.sites > 1 && run.cfg.world.balance ? size_t(run.sites) : 0;
     sums.resize(sums.size() + timed, 0.0);
     if (timed > 0) {
       const int64_t computed = std::accumulate(counts.begin(), counts.end(), int64_t(0));
@@ -140,7 +148,7 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
   }
   double loss_sum = 0.0;
   for (double l : all_losses) loss_sum += l;
-  m->loss = loss_sum / double(objective);
+  m->loss = loss_sum / double(own);
   ATOLL_ASSIGN_OR_RETURN(const double squared_norm, SquaredGradNorm(run));
   m->grad_norm = std::sqrt(squared_norm);
   m->lr = LearningRate(tc, s);

@@ -248,9 +248,9 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   };
   seal_at_rest();
   // The objective of a site's replica: the mean loss over the whole batch (sync), or over the
-  // site's share of it (the sites train apart between exchanges).
+  // site's share of it (the sites train apart between exchanges; with world.balance ComputeStep
+  // takes the share's size, and sets run.loss_scale each step).
   const int64_t objective = strategy->whole_batch() ? run.accum : run.accum / run.sites;
-  run.loss_scale = 1.0f / float(objective);
 
   const std::string& out = options.out_dir;
   const std::string ck_dir = options.checkpoint_dir.empty() ? out : options.checkpoint_dir;

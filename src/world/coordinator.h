@@ -114,6 +114,9 @@ struct CoordinatorOptions {
 struct RoundVote {
   bool failed = false;
   uint64_t digest = 0;
+  // world.balance (diloco, streaming): the voter's measured seconds per micro-batch (0: none),
+  // so every site of the round learns every site's speed alike.
+  double seconds = 0;
   bool operator==(const RoundVote&) const = default;
 };
 

@@ -53,7 +53,8 @@ SiteExchange::SiteExchange(Communicator* wan, ExchangeOptions options)
 }
 
 StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> data,
-                                               std::span<float> residual, const Digest& digest) {
+                                               std::span<float> residual, const Digest& digest,
+                                               double pace) {
   const double t0 = NowSeconds();
   const int me = options_.site;
   const Codec codec = options_.codec;
@@ -228,6 +229,7 @@ StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> d
     // The vote: whether this site's part failed, and a digest of what it would commit.
     RoundVote vote;
     vote.failed = !failed.from.empty();
+    vote.seconds = pace;
     if (!vote.failed)
       vote.digest = digest ? digest(out) : Hash64(out.data(), out.size() * sizeof(float));
     StatusOr<Membership> commit = options_.round(base + kCommit, vote);
@@ -284,6 +286,9 @@ StatusOr<ExchangeResult> SiteExchange::Average(int64_t round, std::span<float> d
     }
     std::copy(out.begin(), out.end(), data.begin());
     result.sites = live;
+    result.paces.assign(size_t(std::max(options_.sites, 1)), 0.0);
+    for (int s : live)
+      if (s < int(result.paces.size())) result.paces[size_t(s)] = commit->votes.at(s).seconds;
     result.seconds = NowSeconds() - t0;
     return result;
   }

@@ -23,11 +23,12 @@
 //   every site of L whose address in M differs from the one its link was made with; a failed
 //   reconnect fails the receives from that site in this attempt (see commit).
 //   4. commit: every site casts its vote in round R' (world/coordinator.h RoundVote): whether
-//      its part failed (a receive, a piece that does not decode, a failed reconnect) and a digest
+//      its part failed (a receive, a piece that does not decode, a failed reconnect), a digest
 //      of the result it would commit: digest(mean) when the caller passes one (DiLoCo hashes the
-//      new global parameters the mean leads to), else the XXH3-64 of the mean's bytes. The
-//      round gives M' with every live site's vote, the same on every site, so every site decides
-//      alike — the round commits everywhere or nowhere:
+//      new global parameters the mean leads to), else the XXH3-64 of the mean's bytes, and its
+//      pace (world.balance; ExchangeResult::paces). The round gives M' with every live site's
+//      vote, the same on every site, so every site decides alike — the round commits everywhere
+//      or nowhere:
 //      - a site of L dead in M' (one died during the exchange): the whole exchange is redone over
 //        the survivors (the residual is restored to its value at the call first);
 //      - a site of L voted failure (or cast no vote): no site commits; the attempt is tried once
@@ -110,6 +111,9 @@ struct ExchangeResult {
   int attempts = 1;
   uint64_t bytes_sent = 0;  // encoded bytes this site sent over the WAN, every attempt
   double seconds = 0;
+  // By site: the pace (seconds per micro-batch, world.balance) each site of `sites` voted with
+  // in the committed round, the same on every site; 0 for the others and a site that gave none.
+  std::vector<double> paces;
 };
 
 class SiteExchange {
@@ -120,9 +124,10 @@ class SiteExchange {
   // leads to, hashed); must be the same function of the mean on every site.
   using Digest = std::function<uint64_t(std::span<const float> mean)>;
   // residual: empty or data.size() floats (this site's error feedback for the codec). digest:
-  // empty for the XXH3-64 of the mean itself.
+  // empty for the XXH3-64 of the mean itself. pace: this site's measured seconds per micro-batch
+  // (world.balance; 0: none), carried in its commit vote to every site (ExchangeResult::paces).
   StatusOr<ExchangeResult> Average(int64_t round, std::span<float> data, std::span<float> residual,
-                                   const Digest& digest = nullptr);
+                                   const Digest& digest = nullptr, double pace = 0);
 
  private:
   Communicator* wan_;
@@ -130,5 +135,10 @@ class SiteExchange {
   std::vector<std::string> linked_;   // the address each site's link is made with now
   std::vector<int64_t> linked_join_;  // ... and that process's join round (0: the first one)
 };
+
+// SiteExchange::Average as a function (what DiLoCo and streaming are given; tests fake it).
+using AverageFn = std::function<StatusOr<ExchangeResult>(
+    int64_t round, std::span<float> data, std::span<float> residual,
+    const SiteExchange::Digest& digest, double pace)>;
 
 }  // namespace atl

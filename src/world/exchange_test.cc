@@ -212,6 +212,8 @@ TEST(Exchange, ASiteDeadAtTheStartIsLeftOut) {
     EXPECT_TRUE(SameBits(data[s], expect)) << "site " << s;
     EXPECT_EQ(out[s].result.sites, live);
     EXPECT_EQ(out[s].result.attempts, 1);
+    // Every live site's pace, from its commit vote; none for the dead one.
+    EXPECT_EQ(out[s].result.paces, (std::vector<double>{PaceOf(0), PaceOf(1), 0, PaceOf(3)}));
   }
   EXPECT_TRUE(rounds.calls(2).empty());
   EXPECT_EQ(w.eps[2]->stats().bytes_received, received);  // nothing was sent to the dead site

@@ -179,6 +179,9 @@ struct Outcome {
   ExchangeResult result;
 };
 
+// The pace site s votes with in RunAll (ExchangeResult::paces).
+inline double PaceOf(int s) { return 0.25 * (s + 1); }
+
 // Runs Average(round) on every site in `sites` (each on its own thread) over `world`.
 inline std::vector<Outcome> RunAll(World& w, FakeRounds& rounds, const std::vector<int>& sites,
                                    Codec codec, int quorum, int64_t round,
@@ -199,7 +202,7 @@ inline std::vector<Outcome> RunAll(World& w, FakeRounds& rounds, const std::vect
       o.round = rounds.For(s);
       Communicator* c = comm_override.count(s) ? comm_override[s] : w.comms[s].get();
       SiteExchange ex(c, o);
-      auto r = ex.Average(round, data[s], residual[s], digest ? digest(s) : nullptr);
+      auto r = ex.Average(round, data[s], residual[s], digest ? digest(s) : nullptr, PaceOf(s));
       if (r.ok())
         out[s].result = *r;
       else

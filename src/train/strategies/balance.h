@@ -1,8 +1,9 @@
-// world.balance (sync): how a step's micro-batches are shared among the live sites by their
-// measured speed. A pure function of what every site knows alike (the live sites and the seconds
-// per micro-batch each measured in an agreed step), so every site computes the same shares; in
-// the reproducible mode the sums do not depend on who computed which micro-batch, so a run gives
-// the same bits whatever the shares (as when the live sites take over a lost site's).
+// world.balance: how a step's micro-batches are shared among the live sites by their measured
+// speed. A pure function of what every site knows alike (the live sites and the seconds per
+// micro-batch each measured: sync, in an agreed step's sums; diloco and streaming, in the votes
+// of the last merged exchange), so every site computes the same shares. In sync's reproducible
+// mode the sums do not depend on who computed which micro-batch, so a run gives the same bits
+// whatever the shares (as when the live sites take over a lost site's).
 #pragma once
 
 #include <cstdint>

@@ -95,19 +95,22 @@ void LowCommSync::Start(int fragment, int64_t merge_at, const float* params) {
   std::shared_future<void> before = previous_;
   std::promise<void> done;
   previous_ = done.get_future().share();
-  p->result =
-      std::async(std::launch::async, [this, raw, before, round, done = std::move(done)]() mutable {
-        // The next exchange may start when this one ends, however it ends.
-        struct Release {
-          std::promise<void>& done;
-          ~Release() { done.set_value(); }
-        } release{done};
-        if (before.valid()) before.wait();
-        return average_(round, raw->delta, raw->residual, [this, raw](std::span<const float> mean) {
+  p->result = std::async(std::launch::async, [this, raw, before, round, pace = pace_,
+                                              done = std::move(done)]() mutable {
+    // The next exchange may start when this one ends, however it ends.
+    struct Release {
+      std::promise<void>& done;
+      ~Release() { done.set_value(); }
+    } release{done};
+    if (before.valid()) before.wait();
+    return average_(
+        round, raw->delta, raw->residual,
+        [this, raw](std::span<const float> mean) {
           Outcome(*raw, mean);
           return DigestOf(*raw);
-        });
-      });
+        },
+        pace);
+  });
   pending_.push_back(std::move(p));
 }
 
@@ -124,6 +127,7 @@ Status LowCommSync::Merge(Pending& p, float* params, float alpha) {
   bytes_sent_ += r->bytes_sent;
   ++completed_;
   last_sites_ = r->sites;
+  last_paces_ = r->paces;
   // The average committed: what its digest was computed from. (A digest callback that did not
   // run, as in tests with a fake exchange, leaves it to be computed here from the same average.)
   if (p.new_global.size() != f.size()) Outcome(p, p.delta);

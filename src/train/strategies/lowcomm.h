@@ -85,9 +85,8 @@ class LowCommSync {
  public:
   // SiteExchange::Average on the leader: averages data over the live sites with error feedback
   // (residual), committing only when every site's digest of the result agrees.
-  using Average = std::function<StatusOr<ExchangeResult>(int64_t round, std::span<float> data,
-                                                         std::span<float> residual,
-                                                         const SiteExchange::Digest& digest)>;
+  // pace: this site's seconds per micro-batch (SetPace), voted in the commit round.
+  using Average = AverageFn;
   // params: the initial parameters (n floats, identical on every site).
   LowCommSync(LowCommOptions options, Average average, const float* params, size_t n);
   ~LowCommSync();  // waits for an exchange still running
@@ -125,6 +124,10 @@ class LowCommSync {
   int64_t exchanges() const { return completed_; }
   double last_wait_s() const { return last_wait_s_; }  // blocked in the last call
   const std::vector<int>& last_sites() const { return last_sites_; }
+  // world.balance: this site's seconds per micro-batch, voted with in the exchanges started from
+  // now on; and the paces by site the last merged exchange's sites voted with (empty: none yet).
+  void SetPace(double seconds_per_micro) { pace_ = seconds_per_micro; }
+  const std::vector<double>& last_paces() const { return last_paces_; }
 
  private:
   // One exchange, from its start to its merge. The vectors are packed: the fragment's elements
@@ -160,6 +163,8 @@ class LowCommSync {
   uint64_t bytes_sent_ = 0;
   double last_wait_s_ = 0;
   std::vector<int> last_sites_;
+  double pace_ = 0;
+  std::vector<double> last_paces_;
 };
 
 }  // namespace atl

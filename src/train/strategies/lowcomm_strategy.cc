@@ -7,6 +7,7 @@
 
 #include "core/file.h"
 #include "core/log.h"
+#include "train/strategies/balance.h"
 #include "train/strategies/lowcomm.h"
 #include "train/strategies/world_strategy.h"
 #include "world/codec.h"
@@ -69,7 +70,33 @@ class LowCommStrategy final : public WorldStrategy {
     return int64_t(at);
   }
 
-  StatusOr<bool> AfterBackward(int64_t, const SiteSums&) override { return true; }
+  // world.balance: the leader's pace (seconds per micro-batch, smoothed over steps), which it
+  // votes with in the exchanges it starts. An audit replay's second execution is not counted.
+  StatusOr<bool> AfterBackward(int64_t step, const SiteSums& sums) override {
+    const size_t me = size_t(c_.world->site);
+    if (c_.leader && step > paced_step_ && me < sums.seconds.size() && sums.seconds[me] > 0) {
+      pace_ = pace_ > 0 ? 0.5 * pace_ + 0.5 * sums.seconds[me] : sums.seconds[me];
+      sync_->SetPace(pace_);
+      paced_step_ = step;
+    }
+    return true;
+  }
+
+  // world.balance: after a merge, the step's micro-batches are shared among the sites of the
+  // merged exchange by the paces they voted with there (so every site computes the same
+  // shares, and a lost site's micro-batches go to the live ones); until the first merge, and on
+  // a site that is not among its sites (one that came back and has not merged yet), each site
+  // trains on its own part. The sites train apart, so shares change only what each one computes.
+  std::vector<std::pair<int64_t, int64_t>> Share(int64_t) override {
+    std::vector<int> live;
+    std::vector<int64_t> counts;
+    for (size_t s = 0; s < counts_.size(); ++s)
+      if (counts_[s] > 0) {
+        live.push_back(int(s));
+        counts.push_back(counts_[s]);
+      }
+    return ShareOfSite(live, counts, c_.world->site);
+  }
 
   Status AfterStep(int64_t completed, float* params, bool last) override {
     const WorldHooks& w = *c_.world;
@@ -83,7 +110,7 @@ class LowCommStrategy final : public WorldStrategy {
     for (int f : merged)
       for (const Range& r : sync_->fragments()[size_t(f)].ranges)
         ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params + r.begin, r.size())));
-    if (!merged.empty()) ATOLL_RETURN_IF_ERROR(ShareLead());
+    if (!merged.empty()) ATOLL_RETURN_IF_ERROR(AfterMerge(completed));
     wait_s_ = sync_->last_wait_s();
     if (last) {
       if (c_.leader) ATOLL_RETURN_IF_ERROR(sync_->Finish(params));
@@ -170,8 +197,35 @@ class LowCommStrategy final : public WorldStrategy {
     return WriteSiteState(c_, dir, EncodeLowCommState(*st));
   }
 
+  // After a merge: the lead (ShareLead) and, with world.balance, the shares (counts_) that follow
+  // from the merged exchange's paces, to the site's ranks.
+  Status AfterMerge(int64_t completed) {
+    ATOLL_RETURN_IF_ERROR(ShareLead());
+    const RunConfig& cfg = *c_.cfg;
+    if (!cfg.world.balance || completed >= cfg.train.steps) return Status::Ok();
+    const int64_t sites = cfg.world.sites;
+    const int64_t total =
+        sites * (cfg.train.batch_size / cfg.train.micro_batch_size / (cfg.parallel.dp * sites));
+    std::vector<int64_t> counts(size_t(sites), 0);
+    if (c_.leader) {
+      const std::vector<int>& live = sync_->last_sites();
+      const std::vector<int64_t> got = BalancedCounts(live, sync_->last_paces(), total);
+      for (size_t i = 0; i < live.size(); ++i) counts[size_t(live[i])] = got[i];
+      if (counts != counts_) {
+        std::string list;
+        for (size_t i = 0; i < live.size(); ++i)
+          list += fmt::format("{}site {}: {}", i ? ", " : "", live[i], got[i]);
+        LogInfo("step {}: shares of the {} micro-batches (world.balance): {}", completed + 1, total,
+                list);
+      }
+    }
+    ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(counts)));
+    counts_ = std::move(counts);
+    return Status::Ok();
+  }
+
   // The lowest live site of the last merged exchange (the leader's) to the site's ranks.
-  Status ShareLead() {
+  Status ShareLead() override {
     int64_t lead = c_.leader && !sync_->last_sites().empty() ? sync_->last_sites().front() : lead_;
     ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&lead, 1)));
     lead_ = int(lead);
@@ -183,6 +237,11 @@ class LowCommStrategy final : public WorldStrategy {
   int lead_ = 0;            // lead_site()
   bool finished_ = false;   // after the final exchange
   int64_t agreements_ = 0;  // AgreeOnLive's rounds after it
+  // world.balance: the leader's smoothed pace and the last step it counted; the shares by site
+  // (0: none; empty: each site its own part).
+  double pace_ = 0;
+  int64_t paced_step_ = -1;
+  std::vector<int64_t> counts_;
 };
 
 }  // namespace

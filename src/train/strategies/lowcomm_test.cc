@@ -58,39 +58,44 @@ TEST(LowCommSync, StaggeredScheduleSendsEachFragmentEveryHSteps) {
 }
 
 // Two sites in threads, averaging through a shared slot (what SiteExchange does over the WAN),
-// and comparing the digests of the result as its commit round does.
+// and comparing the digests of the result as its commit round does; the paces the sites pass
+// come back in every site's result, as the commit votes carry them.
 class TwoSiteAverage {
  public:
   LowCommSync::Average For(int site) {
-    return [this, site](int64_t round, std::span<float> data, std::span<float>,
-                        const SiteExchange::Digest& digest) -> StatusOr<ExchangeResult> {
-      {
-        std::lock_guard lock(mu_);
-        rounds_[site].push_back(round);
-        auto& slot = slots_[round];
-        slot.resize(2);
-        slot[size_t(site)].assign(data.begin(), data.end());
-      }
-      sync_.arrive_and_wait();
-      std::vector<float> mean(data.size());
-      {
-        std::lock_guard lock(mu_);
-        const auto& slot = slots_[round];
-        for (size_t i = 0; i < data.size(); ++i) mean[i] = (slot[0][i] + slot[1][i]) * 0.5f;
-        digests_[round][size_t(site)] = digest ? digest(mean) : 0;
-      }
-      sync_.arrive_and_wait();
-      {
-        std::lock_guard lock(mu_);
-        if (digests_[round][0] != digests_[round][1])
-          return Status::Corruption(fmt::format("round {}: the digests differ", round));
-      }
-      std::copy(mean.begin(), mean.end(), data.begin());
-      ExchangeResult r;
-      r.sites = {0, 1};
-      r.bytes_sent = data.size() * sizeof(float);
-      return r;
-    };
+    return
+        [this, site](int64_t round, std::span<float> data, std::span<float>,
+                     const SiteExchange::Digest& digest, double pace) -> StatusOr<ExchangeResult> {
+          {
+            std::lock_guard lock(mu_);
+            rounds_[site].push_back(round);
+            paces_[round][size_t(site)] = pace;
+            auto& slot = slots_[round];
+            slot.resize(2);
+            slot[size_t(site)].assign(data.begin(), data.end());
+          }
+          sync_.arrive_and_wait();
+          std::vector<float> mean(data.size());
+          {
+            std::lock_guard lock(mu_);
+            const auto& slot = slots_[round];
+            for (size_t i = 0; i < data.size(); ++i) mean[i] = (slot[0][i] + slot[1][i]) * 0.5f;
+            digests_[round][size_t(site)] = digest ? digest(mean) : 0;
+          }
+          sync_.arrive_and_wait();
+          {
+            std::lock_guard lock(mu_);
+            if (digests_[round][0] != digests_[round][1])
+              return Status::Corruption(fmt::format("round {}: the digests differ", round));
+          }
+          std::copy(mean.begin(), mean.end(), data.begin());
+          ExchangeResult r;
+          r.sites = {0, 1};
+          r.bytes_sent = data.size() * sizeof(float);
+          std::lock_guard lock(mu_);
+          r.paces.assign(paces_[round].begin(), paces_[round].end());
+          return r;
+        };
   }
   std::vector<int64_t> rounds(int site) {
     std::lock_guard lock(mu_);
@@ -106,6 +111,7 @@ class TwoSiteAverage {
   std::mutex mu_;
   std::map<int64_t, std::vector<std::vector<float>>> slots_;
   std::map<int64_t, std::array<uint64_t, 2>> digests_;
+  std::map<int64_t, std::array<double, 2>> paces_;
   std::map<int, std::vector<int64_t>> rounds_;
 };
 
@@ -126,7 +132,11 @@ TEST(LowCommSync, DiLoCoAveragesTheSitesAndEndsIdentical) {
   for (int site = 0; site < 2; ++site) {
     th.emplace_back([&, site] {
       LowCommSync s(o, avg.For(site), params[size_t(site)].data(), n);
+      // world.balance: each exchange carries the pace set before it started, and every site
+      // learns both at the merge.
+      const double pace = site == 0 ? 0.25 : 0.75;
       for (int64_t c = 1; c <= 5; ++c) {
+        s.SetPace(pace * double(c));
         for (float& x : params[size_t(site)]) x += site == 0 ? 1.0f : 3.0f;
         if (Status e = s.AfterStep(c, params[size_t(site)].data()); !e.ok()) {
           st[size_t(site)] = e;
@@ -137,6 +147,8 @@ TEST(LowCommSync, DiLoCoAveragesTheSitesAndEndsIdentical) {
           const float want = c == 2 ? 5.0f : 9.0f;
           for (float x : params[size_t(site)])
             if (x != want) st[size_t(site)] = Status::Internal("bad average");
+          if (s.last_paces() != std::vector<double>{0.25 * double(c), 0.75 * double(c)})
+            st[size_t(site)] = Status::Internal("the exchange did not carry the sites' paces");
         }
       }
       st[size_t(site)] = s.Finish(params[size_t(site)].data());
@@ -311,8 +323,8 @@ TEST(LowCommState, RoundTripsAndRefusesBadBytes) {
   std::vector<float> p(4, 0.0f);
   LowCommSync s(
       o,
-      [](int64_t, std::span<float>, std::span<float>,
-         const SiteExchange::Digest&) -> StatusOr<ExchangeResult> { return ExchangeResult{}; },
+      [](int64_t, std::span<float>, std::span<float>, const SiteExchange::Digest&,
+         double) -> StatusOr<ExchangeResult> { return ExchangeResult{}; },
       p.data(), p.size());
   for (int64_t c = 1; c <= 12; ++c) {
     ASSERT_TRUE(s.AfterStep(c, p.data()).ok());

@@ -84,10 +84,7 @@ struct WorldHooks {
   // for it at once (sdc.on_faulty = exclude). May be empty.
   std::function<Status()> leave;
   // diloco, streaming: the average over the live sites (SiteExchange::Average, world/exchange.h).
-  std::function<StatusOr<ExchangeResult>(int64_t round, std::span<float> data,
-                                         std::span<float> residual,
-                                         const SiteExchange::Digest& digest)>
-      average;
+  AverageFn average;
   // Rejoins. sync (train/strategies/sync_state.h): a new process for a lost site joins at step
   // J = current + 2 (current_round(): the latest step a live site has begun;
   // join(kSyncRoundsPerStep * J, kSyncRoundsPerStep): refused when a live site began step
@@ -132,7 +129,8 @@ inline constexpr int64_t kSyncRoundsPerStep = 64;
 inline int64_t AsyncCheckpointRound(int64_t step, int phase) { return 2 * step - 1 + phase; }
 inline int64_t AsyncEndRound(int64_t steps) { return 2 * steps; }
 
-// What a site sums with the others after backward (sync).
+// What a site has after backward: sync sums it with the other sites; diloco and streaming read
+// only their own `seconds` (world.balance).
 struct SiteSums {
   std::span<float> grads;  // the site's reduced gradients (n_params)
   // The reproducible mode: their exact int64 sums (GradientReducer::fixed_sums), summed over the
@@ -144,7 +142,8 @@ struct SiteSums {
   // world.balance, `seconds`).
   std::span<double> losses;
   // world.balance: by site, its passes' seconds per micro-batch in this step (this site's filled
-  // in, the others' zero): the tail of losses. Empty without.
+  // in, the others' zero): the tail of losses (sync sums them; diloco and streaming vote with
+  // their own at exchanges). Empty without.
   std::span<double> seconds;
 };
 
@@ -174,7 +173,8 @@ class WorldStrategy {
   // sorted (sync after a site was lost; otherwise none).
   // Collective over the site's ranks.
   virtual StatusOr<std::vector<int>> TakenOver() { return std::vector<int>{}; }
-  // world.balance (sync), after TakenOver: this site's part of step `step`'s micro-batches, as
+  // world.balance (sync, diloco, streaming), after TakenOver: this site's part of step `step`'s
+  // micro-batches, as
   // ranges [from, to) of the sites' shares laid end to end (position p: micro-batch
   // p % local_accum of site p / local_accum's share). Empty: its own share and those TakenOver
   // named. The same on every rank of the site, and for a step in every execution of it.

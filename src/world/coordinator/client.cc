@@ -391,6 +391,7 @@ StatusOr<Membership> ClientImpl::Round(int64_t round, std::optional<RoundVote> v
     req.set_has_vote(true);
     req.set_vote_failed(vote->failed);
     req.set_vote_digest(vote->digest);
+    req.set_vote_seconds(vote->seconds);
   }
   const auto deadline = Deadline();
   coord::Reply reply;

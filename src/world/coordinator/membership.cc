@@ -67,7 +67,8 @@ Status MembershipState::Apply(const Json& j) {
         for (const Json& v : j.at("votes")) {
           const int s = v.at("site").get<int>();
           if (s < 0 || s >= sites()) return bad(fmt::format("a vote of site {} out of range", s));
-          m.votes[s] = RoundVote{v.at("failed").get<bool>(), FromHex(v, "digest")};
+          m.votes[s] =
+              RoundVote{v.at("failed").get<bool>(), FromHex(v, "digest"), v.value("seconds", 0.0)};
         }
       }
       rounds_[r] = std::move(m);
@@ -196,8 +197,9 @@ std::optional<Json> MembershipState::NextConsequence() const {
   for (int s : live) {
     const Site& rec = sites_[size_t(s)];
     if (rec.vote_round != m) continue;
-    votes.push_back(
-        {{"site", s}, {"failed", rec.vote.failed}, {"digest", HashToHex(rec.vote.digest)}});
+    Json v = {{"site", s}, {"failed", rec.vote.failed}, {"digest", HashToHex(rec.vote.digest)}};
+    if (rec.vote.seconds > 0) v["seconds"] = rec.vote.seconds;
+    votes.push_back(std::move(v));
   }
   if (!votes.empty()) j["votes"] = std::move(votes);
   return j;

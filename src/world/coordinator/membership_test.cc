@@ -61,7 +61,7 @@ TEST(Membership, PlanningChangesNothingUntilApplied) {
 TEST(Membership, ReplayingTheRecordsRebuildsTheState) {
   MembershipState live(3, 1.0, 3);
   std::vector<Json> log = RegisterAll(live, 3);
-  for (int s = 0; s < 3; ++s) live.ReachRound(s, 4, RoundVote{s == 1, uint64_t(s)});
+  for (int s = 0; s < 3; ++s) live.ReachRound(s, 4, RoundVote{s == 1, uint64_t(s), 0.5 * s});
   for (const Json& r : Settle(live)) log.push_back(r);
   auto death = live.NextDeath(10.0);  // silent since 0, limit 3 s
   ASSERT_TRUE(death.has_value());
@@ -76,7 +76,7 @@ TEST(Membership, ReplayingTheRecordsRebuildsTheState) {
     EXPECT_EQ(a.sites[size_t(s)].last_round, b.sites[size_t(s)].last_round) << s;
   }
   EXPECT_EQ(replayed.RoundResult(4).votes, live.RoundResult(4).votes);
-  EXPECT_EQ(replayed.RoundResult(4).votes.at(1), (RoundVote{true, 1}));
+  EXPECT_EQ(replayed.RoundResult(4).votes.at(1), (RoundVote{true, 1, 0.5}));  // pace kept
   // A log of another world size is refused.
   MembershipState other(4, 1.0, 3);
   EXPECT_EQ(other.Apply(log[0]).code(), StatusCode::kInvalidArgument);

@@ -1,6 +1,8 @@
 // The parameter server the coordinator hosts (world/ps.h), over gRPC: init, pull, push, staleness,
 // bad updates, its op log, large parameters, a restart that lost its state, unregistered callers
 // and retried pushes.
+#include "world/coordinator/ps_service.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -550,6 +552,62 @@ TEST_F(CoordinatorTest, ParameterServerRefusesUnregisteredCallersAndAnswersRetri
   log = ReadOpLog(state_ + "/ops.jsonl");
   ASSERT_TRUE(log.ok());
   EXPECT_EQ(log->entries.size(), 1u);
+}
+
+// The caller check and the push's lock are apart: a process's push can pass the check just
+// before a new process of its site takes it over (Init). Its push then must not count: the new
+// process goes on after the site's last decided step, and the old one's steps would be counted
+// twice. (The check is made to let every incarnation through, as in that race.)
+TEST_F(CoordinatorTest, ParameterServerRefusesAPushOfAProcessTakenOverFrom) {
+  PsService ps(
+      state_, 2, /*coordinator_id=*/7,
+      [](const grpc::ServerContext&, const char*, int, uint64_t) { return grpc::Status::OK; });
+  ASSERT_TRUE(ps.Start().ok());
+  grpc::ServerContext ctx;
+  const std::vector<float> params = Floats(64, 41);
+  auto init = [&](uint64_t incarnation) {
+    coord::PsInitRequest req;
+    req.set_site(1);
+    req.set_incarnation(incarnation);
+    req.set_params(reinterpret_cast<const char*>(params.data()), params.size() * 4);
+    coord::PsInitReply reply;
+    const grpc::Status st = ps.Init(&ctx, req, &reply);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return reply;
+  };
+  std::vector<uint8_t> enc;
+  Encode(Codec::kNone, Floats(64, 42), &enc);
+  auto push = [&](uint64_t incarnation, uint64_t seq, int64_t base, int64_t first, int64_t last,
+                  coord::PsPushReply* reply) {
+    coord::PsPushRequest req;
+    req.set_site(1);
+    req.set_incarnation(incarnation);
+    req.set_seq(seq);
+    req.set_base_version(base);
+    req.set_first_step(first);
+    req.set_last_step(last);
+    req.set_weight(1.0f);
+    req.set_encoded(reinterpret_cast<const char*>(enc.data()), enc.size());
+    return ps.Push(&ctx, req, reply);
+  };
+  init(77);
+  coord::PsPushReply a;
+  ASSERT_TRUE(push(77, 1, 0, 1, 4, &a).ok());
+  ASSERT_TRUE(a.accepted());
+  EXPECT_EQ(init(78).last_step(), 4);  // a new process takes site 1 over after its step 4
+  coord::PsPushReply late;
+  const grpc::Status refused = push(77, 2, 1, 5, 8, &late);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(refused.error_message().find("a newer process"), std::string::npos)
+      << refused.error_message();
+  coord::PsPushReply b;
+  ASSERT_TRUE(push(78, 1, 1, 5, 8, &b).ok());  // the new process's own push counts
+  EXPECT_TRUE(b.accepted());
+  EXPECT_EQ(b.applied_version(), 2);
+  auto log = ReadOpLog(state_ + "/ops.jsonl");
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  ASSERT_EQ(log->entries.size(), 2u);  // the old process's late push is not in the log
+  EXPECT_EQ(log->entries[1].first_step, 5);
 }
 
 // A site that runs another build or CPU than the one that initialized the server is named in

@@ -596,7 +596,7 @@ grpc::Status CoordinatorImpl::Round(grpc::ServerContext* ctx, const coord::Round
   if (auto st = StatusOf(state_.CheckMember(req.site(), req.incarnation())); !st.ok())
     return Answer(lk, st);
   std::optional<RoundVote> vote;
-  if (req.has_vote()) vote = RoundVote{req.vote_failed(), req.vote_digest()};
+  if (req.has_vote()) vote = RoundVote{req.vote_failed(), req.vote_digest(), req.vote_seconds()};
   state_.ReachRound(req.site(), r, vote);
   if (auto next = state_.NextConsequence(); next && !CommitLocked(*next)) return ServingLocked();
   const auto deadline = WaitDeadline(*ctx);

@@ -25,6 +25,7 @@ inline void ToProto(const Membership& m, coord::Membership* p) {
     q->set_site(site);
     q->set_failed(v.failed);
     q->set_digest(v.digest);
+    q->set_seconds(v.seconds);
   }
 }
 
@@ -34,7 +35,8 @@ inline Membership FromProto(const coord::Membership& p) {
   for (const auto& q : p.sites())
     m.sites.push_back(
         {q.site(), q.wan_address(), q.alive(), q.last_round(), q.join_round(), q.left()});
-  for (const auto& q : p.votes()) m.votes[q.site()] = RoundVote{q.failed(), q.digest()};
+  for (const auto& q : p.votes())
+    m.votes[q.site()] = RoundVote{q.failed(), q.digest(), q.seconds()};
   return m;
 }
 
