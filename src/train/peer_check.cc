@@ -1,5 +1,7 @@
 // The peer check of an audit replay (train/run.h CheckOnPeers): other replicas' executions of a
 // step's micro-batches, compared with each one's own (train/sdc/peers.h).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -8,6 +10,7 @@
 #include "core/log.h"
 #include "kernels/ops.h"
 #include "train/run.h"
+#include "train/sdc/monitor.h"
 #include "train/sdc/peers.h"
 
 namespace atl {
@@ -16,6 +19,15 @@ StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepS
                                                 Communicator& group, bool sites,
                                                 NamedFaulty* named) {
   const int n = group.size(), d = group.rank();
+  // tp or pp > 1: a replica is several ranks, and every rank of the site takes part, each in the
+  // dp group of its (tp, pp) position; a replica's ranks recompute together.
+  const Mesh& mesh = run.mesh;
+  Communicator* world = mesh.world();
+  const bool spread = !sites && world != nullptr && world->size() > n;
+  // The world rank of replica x's rank at this position.
+  auto rank_of = [&](int x) {
+    return spread ? (mesh.pp_rank() * mesh.dp() + x) * mesh.tp() + mesh.tp_rank() : x;
+  };
   // Replica r's first micro-batch: the site's replicas, or site r's (one replica each: dp 1).
   auto first_of = [&](int r) {
     return sites ? (int64_t(r) * run.mesh.dp() + run.mesh.dp_rank()) * run.local_accum
@@ -42,6 +54,14 @@ StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepS
       SharePeerCheck(group, own, next, prev, first, run.site, s,
                      Hash64(before.params().data(), n_params * sizeof(float)),
                      Hash64(backend.data(), backend.size()), &comparable, sites));
+  if (spread) {  // compared only where every position's executions are comparable
+    int64_t not_comparable = comparable ? 0 : 1;
+    ATOLL_RETURN_IF_ERROR(world->AllReduce(std::span<int64_t>(&not_comparable, 1)));
+    if (not_comparable > 0) {
+      comparable = false;
+      found.clear();
+    }
+  }
   if (!comparable && run.mesh.rank() == 0)
     LogWarning(
         "step {}: the replicas started from different parameters or run different kernels; "
@@ -51,14 +71,29 @@ StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepS
   int again = -1;
   for (const PeerFinding& f : found)
     if (f.recomputer == d) again = f.data_of;
-  const bool confirm = std::any_of(found.begin(), found.end(),
-                                   [](const PeerFinding& f) { return f.recomputer >= 0; });
+  bool confirm = std::any_of(found.begin(), found.end(),
+                             [](const PeerFinding& f) { return f.recomputer >= 0; });
+  // Spread: the positions' findings may differ (a fault shows on the ranks it reached), and a
+  // recomputation needs all of a replica's ranks: each replica repeats the one any of its
+  // positions asks for (the highest), and a position whose own finding asked for another one
+  // leaves its verdict unconfirmed.
+  int redo = again;
+  if (spread) {
+    std::vector<int64_t> asks(size_t(world->size()));
+    const int64_t mine = again;
+    ATOLL_RETURN_IF_ERROR(world->AllGather(&mine, asks.data(), 1, DType::kInt64));
+    confirm = false;
+    for (int r = 0; r < world->size(); ++r) {
+      confirm |= asks[size_t(r)] >= 0;
+      if ((r / mesh.tp()) % mesh.dp() == d) redo = std::max(redo, int(asks[size_t(r)]));
+    }
+  }
   if (confirm) {
     int64_t repeated = -1;
-    if (again >= 0) {
-      ATOLL_RETURN_IF_ERROR(ReplicaPass(run, s, first_of(again)));
-      const StepTrace& earlier = again == next_replica ? next : prev;
-      repeated = TraceWords(*run.trace) == TraceWords(earlier) ? 1 : 0;
+    if (redo >= 0) {
+      ATOLL_RETURN_IF_ERROR(ReplicaPass(run, s, first_of(redo)));
+      const StepTrace& earlier = redo == next_replica ? next : prev;
+      if (again == redo) repeated = TraceWords(*run.trace) == TraceWords(earlier) ? 1 : 0;
     }
     std::vector<int64_t> all(static_cast<size_t>(n));
     ATOLL_RETURN_IF_ERROR(
@@ -84,7 +119,18 @@ StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepS
       named->sites.push_back(site);
   }
   if (!comparable) return std::vector<std::string>();
-  return PeerEvents(found, run.site, s, run.mesh.rank() == 0);
+  if (!spread) return PeerEvents(found, run.site, s, run.mesh.rank() == 0);
+  // Spread: the events name world ranks; every position's, the same on every rank.
+  for (PeerFinding& f : found) {
+    f.event.rank = rank_of(f.event.rank);
+    if (f.event.peer >= 0) f.event.peer = rank_of(f.event.peer);
+    f.event.what = fmt::format("micro-batches of replica {}", f.data_of);
+  }
+  std::vector<std::string> mine = PeerEvents(found, run.site, s, group.rank() == 0);
+  if (!HasFaultyRank(mine)) mine.pop_back();  // the "agree" event: added once below
+  ATOLL_ASSIGN_OR_RETURN(std::vector<std::string> events, ShareEvents(*world, mine));
+  if (!HasFaultyRank(events)) events.push_back(PeerEvents({}, run.site, s, false).back());
+  return events;
 }
 
 }  // namespace atl

@@ -123,7 +123,8 @@ inline int64_t FirstMicro(const Run& run, int replica) {
 // data-parallel replica of the site, or another site's) on this rank, from the parameters it
 // holds, without any reduction, into run.trace (its ops and losses; not its gradients). The
 // detectors do not see it; the faults strike it as any computation of the rank. Leaves the
-// model's gradients those of the replica's micro-batches. REQUIRES: tp = pp = 1.
+// model's gradients those of the replica's micro-batches. With tp or pp > 1, collective over the
+// replica's ranks (each passes the same `first`).
 Status ReplicaPass(Run& run, int64_t s, int64_t first);
 // The peer check of step s of an audit replay (train/sdc/peers.h), when every rank's replay matched
 // its first run: this rank recomputes its neighbouring replicas' micro-batches from the parameters
@@ -132,7 +133,8 @@ Status ReplicaPass(Run& run, int64_t s, int64_t first);
 // sites (group: their leaders; sites true). A rank named for a neighbour's micro-batches, which it
 // ran once, runs them again: only a repeated result names it faulty; another is a transient fault
 // of the check ("transient", run "peer check"; the step stands). The events, the same on every
-// rank; named: the faulty ranks they name. Collective over the group.
+// rank; named: the faulty ranks they name. Collective over the group; with tp or pp > 1 (several
+// dp groups) over the site's ranks, whose events name world ranks and replicas.
 struct NamedFaulty {
   std::vector<int> sites;  // the sites of the ranks named by a majority of executions
   bool unsure = false;     // a rank named without a majority (two executions disagree)

@@ -226,8 +226,10 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
   NamedFaulty named;
   Communicator* sites = strategy.PeerSites();
   // Only each replica's own micro-batches are recomputed by its peers: not with a lost site's.
-  if (differing == 0 && run.mesh.tp() == 1 && run.mesh.pp() == 1 && run.blocks == 1 &&
-      !run.cfg.world.balance) {
+  // The site's replicas may span several ranks each (tp, pp); the sites' leaders hold whole
+  // replicas only with tp = pp = 1.
+  const bool whole = run.mesh.tp() == 1 && run.mesh.pp() == 1;
+  if (differing == 0 && (run.mesh.dp() > 1 || whole) && run.blocks == 1 && !run.cfg.world.balance) {
     if (run.mesh.dp() > 1) {
       ATOLL_ASSIGN_OR_RETURN(peers,
                              CheckOnPeers(run, s, snapshot, *run.mesh.dp_group(), false, &named));
@@ -260,11 +262,13 @@ Status ReplayStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objectiv
   if (faulty->named) {  // the step is not trusted: its line with the verdicts
     std::vector<std::string> events = std::move(m->sdc);
     events.insert(events.end(), verdict.begin(), verdict.end());
-    const auto e = std::find_if(events.begin(), events.end(),
-                                [](const std::string& x) { return HasFaultyRank({x}); });
+    // Every named rank: with tp or pp > 1 a fault shows on several ranks of its replica.
+    std::string named_events;
+    for (const std::string& e : events)
+      if (HasFaultyRank({e})) named_events += (named_events.empty() ? "" : "; ") + e;
     faulty->why = fmt::format(
         "step {}: a rank (or site) computes wrong results that its own replay repeats ({})", s + 1,
-        e != events.end() ? *e : std::string("on another site"));
+        named_events.empty() ? std::string("on another site") : named_events);
     kept.sdc = std::move(events);
     *m = std::move(kept);
     return Status::Ok();

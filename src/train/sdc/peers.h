@@ -19,9 +19,10 @@
 // A rank named faulty stops the run (train/trainer.cc): its results cannot be trusted, and
 // leaving it out needs a world that can shrink.
 //
-// Only pure data parallelism (tp = pp = 1, where every rank holds the whole model and its
-// micro-batches need no other rank): the site's replicas, or with sync over sites of one rank
-// each, the sites (their leaders joined by the WAN), which then name a site.
+// The replicas: the site's (dp >= 2; with tp or pp > 1 a replica's ranks recompute together, and
+// each rank's traces are compared over its dp group, the same (tp, pp) position of every
+// replica: train/peer_check.cc), or with sync over sites of one rank each (tp = pp = 1), the
+// sites (their leaders joined by the WAN), which then name a site.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,8 @@
 // The peer check of an audit replay (train/sdc/peers.h): the verdict from the replicas' traces,
-// and in real data-parallel runs (in-process ranks): clean steps are confirmed by other ranks and
-// the run ends bitwise as without audits; a stuck core, which its own replay repeats, is named by
-// the other ranks (dp 3: the rank; dp 2: both ranks) and stops the run.
+// and in real data-parallel runs (in-process ranks; replicas of one rank, or of several with tp
+// or pp > 1): clean steps are confirmed by other ranks and the run ends bitwise as without
+// audits; a stuck core, which its own replay repeats, is named by the other ranks (dp 3: the
+// rank; dp 2: both ranks) and stops the run.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -242,6 +243,64 @@ TEST_F(PeersTrainTest, AStuckCoreIsNamedByTheOtherRanksAndStopsTheRun) {
   EXPECT_EQ(
       std::set<int>({r2.back().second["rank"].get<int>(), r2.back().second["peer"].get<int>()}),
       std::set<int>({0, 1}));
+}
+
+// Replicas of several ranks (tp or pp > 1): a replica's ranks recompute their neighbours'
+// micro-batches together, each rank comparing with the same position of the other replicas.
+// Clean steps are confirmed and the run ends as without audits; a stuck core on rank 3 (replica
+// 1's tensor-parallel rank 1) is named by the other replicas: the events name ranks of replica 1
+// only, rank 3 where its GEMM went wrong, and every rank stops.
+TEST_F(PeersTrainTest, ReplicasOfSeveralRanksAreCheckedTogether) {
+  for (const auto& [dp, tp, pp] : {std::tuple{2, 2, 1}, std::tuple{2, 1, 2}, std::tuple{3, 2, 1}}) {
+    SCOPED_TRACE(fmt::format("dp {} tp {} pp {}", dp, tp, pp));
+    RunConfig c = cfg_;
+    c.parallel.dp = dp;
+    c.parallel.tp = tp;
+    c.parallel.pp = pp;
+    c.train.batch_size = 2 * dp;
+    c.train.micro_batch_size = 1;
+    const std::string plain = root_ + "/plain", audited = root_ + "/audited";
+    ASSERT_TRUE(RunRanks(c, dp * tp * pp, plain));
+    c.sdc.audit_every = 3;
+    ASSERT_TRUE(RunRanks(c, dp * tp * pp, audited));
+    EXPECT_EQ(FinalState(audited), FinalState(plain));
+    EXPECT_EQ(LossColumns(audited), LossColumns(plain));
+    const auto replays = Replays(audited);
+    ASSERT_EQ(replays.size(), 2u);  // steps 3 and 6
+    for (const auto& [step, e] : replays) {
+      EXPECT_EQ(e["verdict"], "reproduced") << e.dump();
+      EXPECT_EQ(e["peers"], "agree") << e.dump();
+    }
+  }
+  RunConfig c = cfg_;
+  c.parallel.dp = 3;
+  c.parallel.tp = 2;
+  c.train.batch_size = 6;
+  c.train.micro_batch_size = 2;  // one micro-batch per replica: replica r's is micro-batch r
+  c.sdc.audit_every = 1;
+  c.faults.inject = "bad_core:step=5,rank=3,layer=1,gemm=2,p=1,bit=27,stuck=1";
+  const std::string dir = root_ + "/tp2";
+  for (const Status& st : RankStatuses(c, 6, dir)) {
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("computes wrong results"), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find("\"rank\":3"), std::string::npos) << st.ToString();
+  }
+  const auto replays = Replays(dir);
+  ASSERT_FALSE(replays.empty());
+  bool at_the_core = false;
+  for (const auto& [step, e] : replays) {
+    if (e["verdict"] != "faulty_rank") {
+      EXPECT_EQ(e["peers"], "agree") << e.dump();
+      continue;
+    }
+    EXPECT_EQ(step, 5);
+    EXPECT_TRUE(e["rank"] == 2 || e["rank"] == 3) << e.dump();  // replica 1's ranks
+    EXPECT_EQ(e["majority"], true) << e.dump();
+    EXPECT_EQ(e["what"], "micro-batches of replica 1") << e.dump();
+    EXPECT_EQ(e["micro"], 1) << e.dump();
+    if (e["rank"] == 3 && e["layer"] == 1 && e["op"] == "gemm_fwd 2") at_the_core = true;
+  }
+  EXPECT_TRUE(at_the_core) << "no event names rank 3's GEMM";
 }
 
 }  // namespace
