@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,46 @@
 #include "train/sdc/peers.h"
 
 namespace atl {
+
+namespace {
+
+// Replicas of several ranks: of the ranks a replica's findings name faulty, only those whose
+// first difference comes first in the step's data flow (FlowKey, over the site's ranks) keep
+// the verdict; the others' differences came from them ("reached"). Collective over the site.
+Status KeepOrigins(Communicator& world, const Mesh& mesh, const StepTrace& layout,
+                   std::vector<PeerFinding>* found) {
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+  const size_t dp = size_t(mesh.dp()), words = 4;
+  auto replica_of = [&](const PeerFinding& f) { return size_t(f.event.rank); };  // a dp rank
+  auto key_of = [&](const PeerFinding& f) { return FlowKey(f, layout, mesh.pp_rank(), mesh.pp()); };
+  // This rank's earliest key per replica, then the site's.
+  std::vector<int64_t> mine(dp * words, kNone);
+  for (const PeerFinding& f : *found) {
+    if (f.event.verdict != "faulty_rank") continue;
+    const auto k = key_of(f);
+    int64_t* at = mine.data() + replica_of(f) * words;
+    if (std::lexicographical_compare(k.begin(), k.end(), at, at + words))
+      std::copy(k.begin(), k.end(), at);
+  }
+  std::vector<int64_t> all(mine.size() * size_t(world.size()));
+  ATOLL_RETURN_IF_ERROR(world.AllGather(mine.data(), all.data(), mine.size(), DType::kInt64));
+  std::vector<int64_t> first(mine.size(), kNone);
+  for (int r = 0; r < world.size(); ++r)
+    for (size_t x = 0; x < dp; ++x) {
+      const int64_t* k = all.data() + (size_t(r) * dp + x) * words;
+      int64_t* at = first.data() + x * words;
+      if (std::lexicographical_compare(k, k + words, at, at + words)) std::copy(k, k + words, at);
+    }
+  for (PeerFinding& f : *found) {
+    if (f.event.verdict != "faulty_rank") continue;
+    const auto k = key_of(f);
+    if (!std::equal(k.begin(), k.end(), first.begin() + ptrdiff_t(replica_of(f) * words)))
+      f.event.verdict = "reached";
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepSnapshot& before,
                                                 Communicator& group, bool sites,
@@ -49,19 +90,24 @@ StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepS
   for (int r = 0; r < n; ++r) first[size_t(r)] = first_of(r);
   const std::string backend = kernels::InitBackend().blas_core + " " + __VERSION__;
   bool comparable = true;
-  ATOLL_ASSIGN_OR_RETURN(
-      std::vector<PeerFinding> found,
+  StatusOr<std::vector<PeerFinding>> shared =
       SharePeerCheck(group, own, next, prev, first, run.site, s,
                      Hash64(before.params().data(), n_params * sizeof(float)),
-                     Hash64(backend.data(), backend.size()), &comparable, sites));
-  if (spread) {  // compared only where every position's executions are comparable
-    int64_t not_comparable = comparable ? 0 : 1;
-    ATOLL_RETURN_IF_ERROR(world->AllReduce(std::span<int64_t>(&not_comparable, 1)));
-    if (not_comparable > 0) {
+                     Hash64(backend.data(), backend.size()), &comparable, sites);
+  if (spread) {  // every position ends alike: compared only where every one's executions are
+    int64_t flags[2] = {shared.ok() ? 0 : 1, shared.ok() && comparable ? 0 : 1};
+    ATOLL_RETURN_IF_ERROR(world->AllReduce(std::span<int64_t>(flags)));
+    if (flags[0] > 0 && shared.ok())
+      return Status::Internal(fmt::format(
+          "step {}: the replicas' ranks at another (tp, pp) position traced different numbers "
+          "of ops; cannot compare their executions",
+          s + 1));
+    if (flags[1] > 0 && shared.ok()) {
       comparable = false;
-      found.clear();
+      shared->clear();
     }
   }
+  ATOLL_ASSIGN_OR_RETURN(std::vector<PeerFinding> found, std::move(shared));
   if (!comparable && run.mesh.rank() == 0)
     LogWarning(
         "step {}: the replicas started from different parameters or run different kernels; "
@@ -75,8 +121,8 @@ StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepS
                              [](const PeerFinding& f) { return f.recomputer >= 0; });
   // Spread: the positions' findings may differ (a fault shows on the ranks it reached), and a
   // recomputation needs all of a replica's ranks: each replica repeats the one any of its
-  // positions asks for (the highest), and a position whose own finding asked for another one
-  // leaves its verdict unconfirmed.
+  // positions asks for (the highest). A position whose own finding asked for another one leaves
+  // it unconfirmed: it stands, naming the rank (two faults at once; the run stops either way).
   int redo = again;
   if (spread) {
     std::vector<int64_t> asks(size_t(world->size()));
@@ -109,6 +155,7 @@ StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepS
   }
   std::copy(after.begin(), after.end(), run.model->params());
   *run.trace = own;
+  if (spread) ATOLL_RETURN_IF_ERROR(KeepOrigins(*world, mesh, own, &found));
   *named = NamedFaulty();
   for (const PeerFinding& f : found) {
     if (f.event.verdict != "faulty_rank") continue;

@@ -455,7 +455,13 @@ Status ReplicaPass(Run& run, int64_t s, int64_t first) {
   run.first_micro = first;
   run.replica_pass = true;
   std::vector<double> losses(static_cast<size_t>(run.local_accum));
-  const Status st = ForwardBackward(run, s, &losses);
+  Status st;
+  try {
+    st = ForwardBackward(run, s, &losses);
+  } catch (const std::runtime_error& e) {  // a failed tensor-parallel all-reduce
+    st = Status::Internal(
+        fmt::format("step {}: the peer check's recomputation: {}", s + 1, e.what()));
+  }
   run.replica_pass = false;
   run.first_micro = own_first;
   run.reducer = std::move(reducer);

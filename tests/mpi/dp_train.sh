@@ -3,7 +3,8 @@
 # Usage: dp_train.sh ATOLL MPIEXEC equivalence|reproducible|faulty_rank
 #  equivalence:  dp2 (micro 2) and dp4 (micro 1) give the single-process loss and validation
 #                curves within 1e-5 relative; only rank 0 writes; the manifest records the mesh;
-#                a world size that is not dp*tp*pp, and tp/pp > 1, are exit-2 errors.
+#                a world size that is not dp*tp*pp, and a tp that does not divide n_head, are
+#                exit-2 errors.
 #  faulty_rank:  dp 3, a stuck core on rank 1: the audit's peer check names rank 1, the run
 #                stops with exit 1; the same with tp 2 (6 ranks), the core on rank 3.
 #  reproducible: parallel.reproducible = true gives bitwise-identical final model and optimizer
@@ -77,15 +78,15 @@ faulty_rank)
   [[ $(grep -c '"peers":"agree"' "$T/faulty/metrics.jsonl") == 3 ]] ||
     fail "steps 1-3 were not confirmed by the other ranks"
   # Replicas of two ranks (tp 2): the stuck core on rank 3 (replica 1's tp rank 1) is named
-  # where its GEMM went wrong, and its replica's other rank where the fault reached it.
+  # where its GEMM went wrong, and its replica's other rank as one the fault reached.
   expect_exit 1 "$MPIEXEC" -n 6 "$ATOLL" train --config configs/tiny.toml --set data.dir="$DATA" \
     -q --set parallel.dp=3 --set parallel.tp=2 --set train.batch_size=6 \
     --set train.micro_batch_size=2 --set sdc.audit_every=1 --out "$T/faulty_tp" \
     --inject bad_core:step=4,rank=3,layer=1,gemm=2,p=1,bit=26,stuck=1
   expect_err '"rank":3,"detector":"replay","what":"micro-batches of replica 1","verdict":"faulty_rank","micro":1,"layer":1,"op":"gemm_fwd 2"'
   last=$(tail -n 1 "$T/faulty_tp/metrics.jsonl")
-  [[ $last == *'"step":4,'* && $last == *'"rank":2,"detector":"replay","what":"micro-batches of replica 1"'* ]] ||
-    fail "step 4 does not name replica 1's ranks: $last"
+  [[ $last == *'"step":4,'* && $last == *'"rank":2,"detector":"replay","what":"micro-batches of replica 1","verdict":"reached"'* ]] ||
+    fail "step 4 does not name rank 2 as reached: $last"
   [[ $(grep -c '"peers":"agree"' "$T/faulty_tp/metrics.jsonl") == 3 ]] ||
     fail "tp 2: steps 1-3 were not confirmed by the other replicas"
   ;;

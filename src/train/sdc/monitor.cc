@@ -108,6 +108,11 @@ std::string SdcEvent::ToString() const {
               : fmt::format("rank {} or rank {} (no third execution decides)", rank, peer),
           across_sites ? "site" : "rank", at, what);
     if (!what.empty()) at += fmt::format(" ({})", what);
+    if (verdict == "reached")
+      return fmt::format(
+          "step {} ({}): replay: rank {}'s execution differs only because a faulty rank of its "
+          "replica passed it wrong values; first difference: {}",
+          step, where, rank, at);
     return fmt::format(
         "step {} ({}): replay: a transient fault in the {} run; first difference: {}", step, where,
         run, at);

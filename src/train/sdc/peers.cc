@@ -23,9 +23,10 @@ std::vector<uint64_t> TraceWords(const StepTrace& t) {
 
 namespace {
 
-// Where execution `bad` of replica x's micro-batches first differs from `good`.
-void NameDifference(const std::vector<uint64_t>& bad, const std::vector<uint64_t>& good,
-                    const StepTrace& layout, int64_t first_micro, SdcEvent* e) {
+// Where execution `bad` of replica x's micro-batches first differs from `good` (the word's index,
+// TraceWords).
+size_t NameDifference(const std::vector<uint64_t>& bad, const std::vector<uint64_t>& good,
+                      const StepTrace& layout, int64_t first_micro, SdcEvent* e) {
   size_t i = 0;
   while (i < std::min(bad.size(), good.size()) && bad[i] == good[i]) ++i;
   const auto& ops = layout.ops();
@@ -34,10 +35,11 @@ void NameDifference(const std::vector<uint64_t>& bad, const std::vector<uint64_t
     e->micro = op.micro - layout.first_micro() + first_micro;
     e->layer = op.layer;
     e->op = OpName(op.kind, op.gemm);
-    return;
+    return i;
   }
   e->micro = first_micro + int64_t(i - ops.size());
   e->op = "loss";
+  return i;
 }
 
 }  // namespace
@@ -67,7 +69,7 @@ std::vector<PeerFinding> PeerVerdict(const std::vector<std::vector<uint64_t>>& o
     e.detector = "replay";
     e.verdict = "faulty_rank";
     e.what = fmt::format("micro-batches of {} {}", sites ? "site" : "rank", x);
-    NameDifference(bad, good, layout, first_micro[size_t(x)], &e);
+    f.first_word = NameDifference(bad, good, layout, first_micro[size_t(x)], &e);
     f.data_of = x;
     f.recomputer = recomputer;
     found.push_back(f);
@@ -171,6 +173,16 @@ StatusOr<std::vector<PeerFinding>> SharePeerCheck(Communicator& dp_group, const 
     pv[r].assign(base + ptrdiff_t(2 * n), base + ptrdiff_t(3 * n));
   }
   return PeerVerdict(o, nx, pv, own, first_micro, site, s, sites);
+}
+
+std::array<int64_t, 4> FlowKey(const PeerFinding& f, const StepTrace& layout, int stage,
+                               int stages) {
+  const auto& ops = layout.ops();
+  // The loss ends the forward pass (the last stage's, after its ops).
+  const bool backward =
+      f.first_word < ops.size() && ops[f.first_word].kind == FaultKind::kGemmBackward;
+  return {f.event.micro, backward ? 1 : 0, backward ? stages - 1 - stage : stage,
+          int64_t(f.first_word)};
 }
 
 bool HasFaultyRank(const std::vector<std::string>& events) {

@@ -25,6 +25,7 @@
 // sites (their leaders joined by the WAN), which then name a site.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -47,7 +48,18 @@ struct PeerFinding {
   SdcEvent event;
   int data_of = -1;
   int recomputer = -1;
+  size_t first_word = 0;  // where the faulty execution's words first differ (TraceWords)
 };
+
+// Replicas of several ranks (tp, pp > 1): where a finding's first difference lies in the step's
+// data flow, to tell the rank a fault struck from the ranks of its replica it reached (through
+// the tensor-parallel all-reduce or the pipeline's sends), whose first differences come later:
+// by micro-batch (micro-batches do not mix within a step), then forward before backward, then
+// the stage's place in that pass (forward: the first stage first; backward: the last), then the
+// op's place in the rank's trace (the tp ranks of a stage trace the same ops in the same order).
+// layout: the rank's own trace; stage, stages: its pipeline stage and their number.
+std::array<int64_t, 4> FlowKey(const PeerFinding& f, const StepTrace& layout, int stage,
+                               int stages);
 
 // The verdict from every replica's three traces' words, by dp rank: own[x] its own execution,
 // next[x] its execution of replica x+1's micro-batches, prev[x] of replica x-1's (dp >= 3).

@@ -247,10 +247,8 @@ TEST_F(PeersTrainTest, AStuckCoreIsNamedByTheOtherRanksAndStopsTheRun) {
 
 // Replicas of several ranks (tp or pp > 1): a replica's ranks recompute their neighbours'
 // micro-batches together, each rank comparing with the same position of the other replicas.
-// Clean steps are confirmed and the run ends as without audits; a stuck core on rank 3 (replica
-// 1's tensor-parallel rank 1) is named by the other replicas: the events name ranks of replica 1
-// only, rank 3 where its GEMM went wrong, and every rank stops.
-TEST_F(PeersTrainTest, ReplicasOfSeveralRanksAreCheckedTogether) {
+// Clean steps are confirmed and the run ends as without audits.
+TEST_F(PeersTrainTest, ReplicasOfSeveralRanksConfirmCleanSteps) {
   for (const auto& [dp, tp, pp] : {std::tuple{2, 2, 1}, std::tuple{2, 1, 2}, std::tuple{3, 2, 1}}) {
     SCOPED_TRACE(fmt::format("dp {} tp {} pp {}", dp, tp, pp));
     RunConfig c = cfg_;
@@ -272,35 +270,109 @@ TEST_F(PeersTrainTest, ReplicasOfSeveralRanksAreCheckedTogether) {
       EXPECT_EQ(e["peers"], "agree") << e.dump();
     }
   }
+}
+
+// A stuck core on one rank of a replica of several: the fault reaches the replica's other ranks
+// (through the tensor-parallel all-reduce, or the pipeline's sends), and the peer check names
+// the rank where it struck (faulty_rank, at its GEMM) and the others as reached; every rank stops,
+// its message naming the faulty rank only. dp 3: a majority names it; dp 2: the recomputation
+// confirms the two suspects.
+TEST_F(PeersTrainTest, AStuckCoreInAReplicaOfSeveralRanksIsNamedWhereItStruck) {
+  struct Case {
+    int dp, tp, pp;
+    int faulty, peer;     // the faulty_rank event's rank and peer
+    int reached, beside;  // the reached event's rank and peer
+    bool majority;
+  };
+  // World rank = (pp_rank * dp + dp_rank) * tp + tp_rank; the core is on a rank of replica 1.
+  // dp 2: no third execution decides, so the events name the two replicas' ranks at their
+  // position (the suspects, either way round).
+  for (const Case& k : {Case{3, 2, 1, 3, 1, 2, 0, true}, Case{2, 2, 1, 3, 1, 2, 0, false},
+                        Case{3, 1, 2, 4, 3, 1, 0, true}}) {
+    SCOPED_TRACE(fmt::format("dp {} tp {} pp {}", k.dp, k.tp, k.pp));
+    RunConfig c = cfg_;
+    c.parallel.dp = k.dp;
+    c.parallel.tp = k.tp;
+    c.parallel.pp = k.pp;
+    c.train.batch_size = 2 * k.dp;
+    c.train.micro_batch_size = 2;  // one micro-batch per replica: replica r's is micro-batch r
+    c.sdc.audit_every = 1;
+    c.faults.inject =
+        fmt::format("bad_core:step=5,rank={},layer=1,gemm=2,p=1,bit=27,stuck=1", k.faulty);
+    const std::string dir = root_ + "/stuck";
+    auto names = [](const std::string& text, int rank) {
+      return text.find(fmt::format("\"rank\":{},", rank)) != std::string::npos ||
+             text.find(fmt::format("\"peer\":{},", rank)) != std::string::npos;
+    };
+    for (const Status& st : RankStatuses(c, k.dp * k.tp * k.pp, dir)) {
+      EXPECT_FALSE(st.ok());
+      EXPECT_NE(st.message().find("computes wrong results"), std::string::npos) << st.ToString();
+      EXPECT_TRUE(names(st.message(), k.faulty)) << st.ToString();
+      EXPECT_FALSE(names(st.message(), k.reached)) << st.ToString();
+    }
+    auto pair = [&](const nlohmann::json& e, int a, int b) {
+      if (k.majority) return e["rank"] == a && e["peer"] == b;
+      return std::set<int>{e["rank"].get<int>(), e["peer"].get<int>()} == std::set<int>{a, b};
+    };
+    int named = 0, passed_on = 0;
+    for (const auto& [step, e] : Replays(dir)) {
+      if (e["verdict"] == "reproduced") {
+        EXPECT_EQ(e["peers"], "agree") << e.dump();
+        continue;
+      }
+      EXPECT_EQ(step, 5);
+      EXPECT_EQ(e["majority"], k.majority) << e.dump();
+      if (k.majority) {
+        EXPECT_EQ(e["what"], "micro-batches of replica 1") << e.dump();
+        EXPECT_EQ(e["micro"], 1) << e.dump();
+      }
+      if (e["verdict"] == "faulty_rank") {
+        EXPECT_TRUE(pair(e, k.faulty, k.peer)) << e.dump();
+        EXPECT_EQ(e["layer"], 1) << e.dump();
+        EXPECT_EQ(e["op"], "gemm_fwd 2") << e.dump();
+        ++named;
+      } else {
+        EXPECT_EQ(e["verdict"], "reached") << e.dump();
+        EXPECT_TRUE(pair(e, k.reached, k.beside)) << e.dump();
+        ++passed_on;
+      }
+    }
+    EXPECT_EQ(named, 1);
+    EXPECT_EQ(passed_on, 1);
+  }
+}
+
+// A transient fault that strikes only the peer check, on a replica of two ranks: rank 5 (replica
+// 2's tp rank 1) computing replica 1's micro-batch. The fault reaches its tp peer (rank 4) too;
+// replica 2 runs the micro-batch again, gets the majority's result, and the events say
+// "transient" (run "peer check") for replica 2's ranks; the step stands.
+TEST_F(PeersTrainTest, AFaultInThePeerCheckOfAReplicaOfSeveralRanksIsTransient) {
   RunConfig c = cfg_;
   c.parallel.dp = 3;
   c.parallel.tp = 2;
   c.train.batch_size = 6;
-  c.train.micro_batch_size = 2;  // one micro-batch per replica: replica r's is micro-batch r
+  c.train.micro_batch_size = 2;
   c.sdc.audit_every = 1;
-  c.faults.inject = "bad_core:step=5,rank=3,layer=1,gemm=2,p=1,bit=27,stuck=1";
-  const std::string dir = root_ + "/tp2";
-  for (const Status& st : RankStatuses(c, 6, dir)) {
-    EXPECT_FALSE(st.ok());
-    EXPECT_NE(st.message().find("computes wrong results"), std::string::npos) << st.ToString();
-    EXPECT_NE(st.message().find("\"rank\":3"), std::string::npos) << st.ToString();
-  }
-  const auto replays = Replays(dir);
-  ASSERT_FALSE(replays.empty());
-  bool at_the_core = false;
-  for (const auto& [step, e] : replays) {
-    if (e["verdict"] != "faulty_rank") {
+  const std::string clean = root_ + "/clean", dir = root_ + "/faulty";
+  ASSERT_TRUE(RunRanks(c, 6, clean));
+  c.faults.inject = "gemm_fwd:step=4,rank=5,layer=1,gemm=2,micro=1,bit=27";
+  ASSERT_TRUE(RunRanks(c, 6, dir));
+  EXPECT_EQ(FinalState(dir), FinalState(clean));
+  std::set<int> ranks;
+  for (const auto& [step, e] : Replays(dir)) {
+    if (e["verdict"] == "reproduced") {
       EXPECT_EQ(e["peers"], "agree") << e.dump();
       continue;
     }
-    EXPECT_EQ(step, 5);
-    EXPECT_TRUE(e["rank"] == 2 || e["rank"] == 3) << e.dump();  // replica 1's ranks
-    EXPECT_EQ(e["majority"], true) << e.dump();
-    EXPECT_EQ(e["what"], "micro-batches of replica 1") << e.dump();
-    EXPECT_EQ(e["micro"], 1) << e.dump();
-    if (e["rank"] == 3 && e["layer"] == 1 && e["op"] == "gemm_fwd 2") at_the_core = true;
+    EXPECT_EQ(step, 4);
+    EXPECT_EQ(e["verdict"], "transient") << e.dump();
+    EXPECT_EQ(e["run"], "peer check");
+    EXPECT_EQ(e["micro"], 1);
+    ranks.insert(e["rank"].get<int>());
+    if (e["rank"] == 5) EXPECT_EQ(e["op"], "gemm_fwd 2");
   }
-  EXPECT_TRUE(at_the_core) << "no event names rank 3's GEMM";
+  EXPECT_TRUE(ranks.count(5)) << "rank 5's execution is not named";
+  for (int r : ranks) EXPECT_TRUE(r == 4 || r == 5) << r;
 }
 
 }  // namespace
