@@ -191,6 +191,23 @@ StatusOr<Message> Validate(std::span<const uint8_t> in, size_t expected_count) {
                                           in.size(), want, CodecName(codec), expected_count));
   }
   const uint8_t* payload = in.data() + kCodecHeaderBytes;
+  // float32 and bfloat16 values: an infinity or a NaN (all exponent bits set) is refused, as an
+  // int8/int4 block's non-finite scale is: a peer's bad update stops at the receiver.
+  if (codec == Codec::kNone) {
+    for (size_t i = 0; i < count; ++i) {
+      uint32_t u;
+      std::memcpy(&u, payload + 4 * i, 4);
+      if ((u & 0x7f800000u) == 0x7f800000u)
+        return Status::Corruption(fmt::format("codec: a non-finite value at element {}", i));
+    }
+  } else if (codec == Codec::kBf16) {
+    for (size_t i = 0; i < count; ++i) {
+      uint16_t h;
+      std::memcpy(&h, payload + 2 * i, 2);
+      if ((h & 0x7f80u) == 0x7f80u)
+        return Status::Corruption(fmt::format("codec: a non-finite value at element {}", i));
+    }
+  }
   if (codec == Codec::kInt8 || codec == Codec::kInt4) {
     const uint8_t* p = payload;
     for (size_t blk = 0; blk < NumBlocks(count); ++blk) {

@@ -12,12 +12,13 @@
 //           nibbles q in [-7, 7], the even element in the low nibble (a last odd nibble is 0)
 //   The last block may be short. Decoding gives q * scale (float32), never fused with anything
 //   (no FMA contraction), so every site gets the same bits whatever its CPU.
-// Non-finite values: none and bf16 carry them as they are. For int8/int4 a block holding an
-// infinity or a NaN is encoded with a NaN scale (q = 0), which Decode refuses: a bad update is
-// caught at the receiver rather than spread. A block whose absmax / qmax underflows to 0 is sent
-// as scale 0 (decodes to zeros; with error feedback the values stay in the residual).
-// Encoding is a pure function of its input (no threads, no randomness), so every site decodes
-// the same bits from the same message.
+// Non-finite values are refused by Decode for every codec, so a bad update is caught at the
+// receiver (the exchange, the parameter server) rather than spread: none and bf16 encode them as
+// they are and Decode refuses any infinity or NaN among the values; for int8/int4 a block holding
+// one is encoded with a NaN scale (q = 0), which Decode refuses. A block whose absmax / qmax
+// underflows to 0 is sent as scale 0 (decodes to zeros; with error feedback the values stay in the
+// residual). Encoding is a pure function of its input (no threads, no randomness), so every site
+// decodes the same bits from the same message.
 //
 // Error feedback: with a residual (same length as x, kept by the sender between calls), Encode
 // encodes y = x + residual and sets residual = y - Decode(encoded): what the codec lost this time
@@ -57,9 +58,9 @@ void Encode(Codec codec, std::span<const float> x, std::vector<uint8_t>* out,
 
 // Decodes `in` into out (out.size() must equal the header's count). A bad magic, an unknown
 // codec, nonzero reserved header bytes, a count other than out.size(), a size other than
-// EncodedBytes, a non-finite or negative scale, a q outside the range (int8 -128, int4 -8) or a
-// nonzero int4 padding nibble is kCorruption naming what was wrong; the whole message is
-// validated before anything is written, so `out` is then left untouched.
+// EncodedBytes, a non-finite value (none, bf16) or scale, a negative scale, a q outside the range
+// (int8 -128, int4 -8) or a nonzero int4 padding nibble is kCorruption naming what was wrong; the
+// whole message is validated before anything is written, so `out` is then left untouched.
 Status Decode(std::span<const uint8_t> in, std::span<float> out);
 
 // As Decode, but out[i] += weight * decoded[i] (no temporary; the same validation).

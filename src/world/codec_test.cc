@@ -96,7 +96,7 @@ TEST(CodecTest, HeaderLayout) {
 
 TEST(CodecTest, NoneIsExact) {
   std::vector<float> x = RandomVector(1000, 2);
-  x[3] = std::numeric_limits<float>::infinity();
+  x[3] = std::numeric_limits<float>::lowest();
   x[4] = -0.0f;
   x[5] = std::numeric_limits<float>::denorm_min();
   std::vector<float> dec = RoundTrip(Codec::kNone, x);
@@ -212,6 +212,27 @@ TEST(CodecTest, NonFiniteInputIsRefusedAtTheReceiver) {
       EXPECT_EQ(s.code(), StatusCode::kCorruption);
       EXPECT_NE(s.message().find("non-finite scale in block 3"), std::string::npos) << s.message();
       for (float v : out) ASSERT_EQ(v, 9.0f);
+    }
+  }
+}
+
+// float32 and bfloat16 carry a non-finite value as it is: the receiver refuses it too.
+TEST(CodecTest, NonFiniteValuesOfNoneAndBf16AreRefusedAtTheReceiver) {
+  for (Codec c : {Codec::kNone, Codec::kBf16}) {
+    for (float bad : {std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity(), std::nanf("")}) {
+      std::vector<float> x = RandomVector(300, 4);
+      x[217] = bad;
+      std::vector<uint8_t> enc;
+      Encode(c, x, &enc);
+      std::vector<float> out(x.size(), 9.0f);
+      Status s = Decode(enc, out);
+      ASSERT_FALSE(s.ok()) << CodecName(c);
+      EXPECT_EQ(s.code(), StatusCode::kCorruption);
+      EXPECT_NE(s.message().find("non-finite value at element 217"), std::string::npos)
+          << s.message();
+      for (float v : out) ASSERT_EQ(v, 9.0f);
+      EXPECT_FALSE(DecodeAdd(enc, 1.0f, out).ok());
     }
   }
 }

@@ -261,6 +261,33 @@ TEST(Exchange, APartThatKeepsFailingCommitsNowhere) {
   }
 }
 
+// Site 2 contributes a NaN (a diverged or corrupt replica), with codecs that carry it as it is:
+// the owner of its piece refuses it (naming site 2 and the non-finite value), so no site commits,
+// every site fails, and nobody's data changes.
+TEST(Exchange, ANonFiniteContributionCommitsNowhere) {
+  for (Codec codec : {Codec::kNone, Codec::kBf16}) {
+    SCOPED_TRACE(CodecName(codec));
+    World w(3);
+    ASSERT_TRUE(w.ok());
+    FakeRounds rounds(3);
+    const size_t n = 3001;
+    const std::vector<int> all{0, 1, 2};
+    auto inputs = Inputs(3, n);
+    inputs[2][7] = std::nanf("");
+    auto data = inputs;
+    std::vector<std::vector<float>> residual(3);
+    auto out = RunAll(w, rounds, all, codec, 2, 3, data, residual);
+    int named = 0;  // the owner of the NaN's piece (site 0) names it; the others see it missed
+    for (int s : all) {
+      EXPECT_EQ(out[s].status.code(), StatusCode::kUnavailable) << out[s].status.ToString();
+      named += out[s].status.message().find("non-finite value") != std::string::npos;
+      EXPECT_TRUE(SameBits(data[s], inputs[s])) << "site " << s << "'s data changed";
+    }
+    EXPECT_EQ(named, 1);
+    EXPECT_NE(out[0].status.message().find("site 2"), std::string::npos) << out[0].status.ToString();
+  }
+}
+
 // Every site receives everything, but site 2 would commit something else (its digest of the
 // result differs: another build's arithmetic, or a flipped bit): nobody commits, every site
 // fails with kCorruption naming the two camps.

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <bit>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
@@ -158,6 +159,13 @@ TEST_F(CoordinatorTest, ParameterServerAppliesPushesInOrderAndLogsThem) {
   EXPECT_EQ(ps1->Push(bad).status().code(), StatusCode::kCorruption);
   bad = MakeUpdate(1, 2, 5, 9, std::numeric_limits<float>::infinity(), Codec::kNone, Floats(kN, 5));
   EXPECT_EQ(ps1->Push(bad).status().code(), StatusCode::kInvalidArgument);
+  // A non-finite value in the update, whatever the codec, changes nothing.
+  for (Codec c : {Codec::kNone, Codec::kBf16, Codec::kInt8}) {
+    std::vector<float> nan = Floats(kN, 5);
+    nan[kN / 2] = std::nanf("");
+    bad = MakeUpdate(1, 2, 5, 9, 1.0f, c, nan);
+    EXPECT_EQ(ps1->Push(bad).status().code(), StatusCode::kCorruption) << CodecName(c);
+  }
   bad = MakeUpdate(1, 3, 5, 9, 1.0f, Codec::kNone, Floats(kN, 5));  // from the future
   EXPECT_EQ(ps1->Push(bad).status().code(), StatusCode::kInvalidArgument);
   bad = MakeUpdate(0, 2, 5, 9, 1.0f, Codec::kNone, Floats(kN, 5));  // another site's update
@@ -465,7 +473,7 @@ TEST_F(CoordinatorTest, ParameterServerRefusesUnregisteredCallersAndAnswersRetri
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   auto coord = std::move(started).value();
   const WorldSecurity sec = Sec("site-1");
-  auto stub = coord::Coordinator::NewStub(MakeChannel(coord->address(), sec));
+  auto stub = coord::Coordinator::NewStub(MakeChannel(coord->address(), sec, kCoordinatorParty));
   auto call = [&](auto rpc, const auto& req, auto* reply, const WorldSecurity& s) {
     grpc::ClientContext ctx;
     AddToken(&ctx, s);
@@ -543,7 +551,7 @@ TEST_F(CoordinatorTest, ParameterServerRefusesUnregisteredCallersAndAnswersRetri
   started = Coordinator::Start(o);
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   coord = std::move(started).value();
-  stub = coord::Coordinator::NewStub(MakeChannel(address, sec));
+  stub = coord::Coordinator::NewStub(MakeChannel(address, sec, kCoordinatorParty));
   coord::PsPushReply after;
   st = call(&coord::Coordinator::Stub::PsPush, push, &after, sec);
   ASSERT_TRUE(st.ok()) << st.error_message();
@@ -632,7 +640,7 @@ TEST_F(CoordinatorTest, ParameterServerLogsASiteOfAnotherBuild) {
   init.set_build_id("0123456789abcdef");
   init.set_cpu("Another CPU | avx2");
   const WorldSecurity sec = Sec("site-1");
-  auto stub = coord::Coordinator::NewStub(MakeChannel(coord->address(), sec));
+  auto stub = coord::Coordinator::NewStub(MakeChannel(coord->address(), sec, kCoordinatorParty));
   for (int attempt = 0; attempt < 2; ++attempt) {  // the second: a retry of the same process
     grpc::ClientContext ctx;
     AddToken(&ctx, sec);
