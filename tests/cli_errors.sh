@@ -108,4 +108,17 @@ expect_err "per_rank_s"
 echo 'not json' >"$T/startup.json"
 expect_exit 2 "$ATOLL" plan goodput --startup "$T/startup.json"
 expect_err "not JSON"
+
+# certs: one more party's certificate from the CA directory; bad parties and arguments refused.
+"$ATOLL" certs --out "$T/certs" --sites 2 >/dev/null 2>&1 || fail "atoll certs failed"
+"$ATOLL" certs --ca "$T/certs-ca" --issue site-2 --out "$T/site2" >/dev/null 2>&1 ||
+  fail "atoll certs --issue failed"
+[[ -f $T/site2/site-2.key && -f $T/site2/token && ! -e $T/site2/ca.key ]] ||
+  fail "certs --issue wrote: $(ls "$T/site2")"
+expect_exit 2 "$ATOLL" certs --ca "$T/certs-ca" --issue site-02 --out "$T/bad"
+expect_err "a party is"
+expect_exit 2 "$ATOLL" certs --issue site-3 --out "$T/bad"
+expect_err "--ca"
+expect_exit 2 "$ATOLL" certs --out "$T/bad"
+expect_err "--sites"
 echo "PASS"

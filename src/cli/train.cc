@@ -160,7 +160,7 @@ void SetRejoinHooks(const TrainArgs& a, const WorldLink& link, int64_t rounds_pe
     bool waiting = false;  // a live site has no state for min_index yet: poll again
     for (const SiteInfo& s : m.sites) {
       if (!s.alive || s.site == me || s.wan_address.empty()) continue;
-      auto got = FetchSnapshot(s.wan_address, security, me, min_index, 120);
+      auto got = FetchSnapshot(s.wan_address, security, me, min_index, 120, s.site);
       if (got.ok()) return got;
       if (got.status().code() == StatusCode::kNotFound) {
         waiting = true;

@@ -107,7 +107,7 @@ StatusOr<Cert> MakeCert(EVP_PKEY* key, const std::string& cn, const std::string&
     ATOLL_RETURN_IF_ERROR(
         AddExt(x.get(), iss, NID_key_usage, "critical,digitalSignature,keyAgreement"));
     ATOLL_RETURN_IF_ERROR(AddExt(x.get(), iss, NID_ext_key_usage, "serverAuth,clientAuth"));
-    const std::string san = std::string("DNS:") + kTlsName;
+    const std::string san = "DNS:" + cn;  // the party's name: what a client verifies
     ATOLL_RETURN_IF_ERROR(AddExt(x.get(), iss, NID_subject_alt_name, san.c_str()));
   }
   if (X509_sign(x.get(), issuer_key, EVP_sha256()) <= 0)
@@ -172,20 +172,17 @@ Status WritePrivateAtomic(const std::string& path, std::string_view contents) {
 
 Status WriteParty(const std::string& dir, const std::string& name, X509* ca, EVP_PKEY* ca_key) {
   ATOLL_ASSIGN_OR_RETURN(PKey key, NewKey());
-  ATOLL_ASSIGN_OR_RETURN(Cert cert, MakeCert(key.get(), kTlsName, name, ca, ca_key));
+  ATOLL_ASSIGN_OR_RETURN(Cert cert, MakeCert(key.get(), name, "", ca, ca_key));
   ATOLL_ASSIGN_OR_RETURN(std::string key_pem, KeyPem(key.get()));
   ATOLL_ASSIGN_OR_RETURN(std::string cert_pem, CertPem(cert.get()));
   ATOLL_RETURN_IF_ERROR(WritePrivateAtomic(dir + "/" + name + ".key", key_pem));
   return WriteFileAtomic(dir + "/" + name + ".pem", cert_pem);
 }
 
-}  // namespace
-
-Status MakeCerts(const std::string& dir, int sites, bool force) {
+// A directory for keys: created 0700, or an existing one that is empty (or `force`).
+Status PrepareDir(const std::string& dir, bool force) {
   namespace fs = std::filesystem;
   if (dir.empty()) return Status::InvalidArgument("certs: the output directory is empty");
-  if (sites < 1 || sites > 100000)
-    return Status::InvalidArgument(fmt::format("certs: --sites must be >= 1 (got {})", sites));
   std::error_code ec;
   if (fs::exists(dir, ec)) {
     if (!fs::is_directory(dir, ec))
@@ -195,29 +192,119 @@ Status MakeCerts(const std::string& dir, int sites, bool force) {
           fmt::format("certs: {} is not empty (it may hold a world's keys); choose another "
                       "directory or pass --force to replace the certificates in it",
                       dir));
-  } else {
-    ATOLL_RETURN_IF_ERROR(MakeDirs(dir));
-    fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace, ec);
-    if (ec) return Status::IoError(fmt::format("certs: chmod 0700 of {}: {}", dir, ec.message()));
+    return Status::Ok();
   }
+  ATOLL_RETURN_IF_ERROR(MakeDirs(dir));
+  fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace, ec);
+  if (ec) return Status::IoError(fmt::format("certs: chmod 0700 of {}: {}", dir, ec.message()));
+  return Status::Ok();
+}
+
+// ca.pem and token into a party's directory.
+Status WriteShared(const std::string& dir, const std::string& ca_pem, const std::string& token) {
+  ATOLL_RETURN_IF_ERROR(WriteFileAtomic(dir + "/ca.pem", ca_pem));
+  return WritePrivateAtomic(dir + "/token", token);
+}
+
+struct Authority {
+  Cert ca;
+  PKey key;
+  std::string ca_pem, token;
+};
+
+StatusOr<Authority> ReadAuthority(const std::string& ca_dir) {
+  Authority a;
+  auto read = [&](const char* name) -> StatusOr<std::string> {
+    auto text = ReadFile(ca_dir + "/" + name);
+    if (!text.ok())
+      return Status::NotFound(fmt::format(
+          "certs: cannot read {}/{} ({}): --ca names the CA directory `atoll certs --out DIR` "
+          "made (DIR/ca)",
+          ca_dir, name, text.status().message()));
+    return text;
+  };
+  ATOLL_ASSIGN_OR_RETURN(a.ca_pem, read("ca.pem"));
+  ATOLL_ASSIGN_OR_RETURN(const std::string key_pem, read("ca.key"));
+  ATOLL_ASSIGN_OR_RETURN(a.token, read("token"));
+  Bio cb(BIO_new_mem_buf(a.ca_pem.data(), int(a.ca_pem.size())));
+  a.ca.reset(cb ? PEM_read_bio_X509(cb.get(), nullptr, nullptr, nullptr) : nullptr);
+  if (a.ca == nullptr) return SslError(fmt::format("reading {}/ca.pem", ca_dir));
+  Bio kb(BIO_new_mem_buf(key_pem.data(), int(key_pem.size())));
+  a.key.reset(kb ? PEM_read_bio_PrivateKey(kb.get(), nullptr, nullptr, nullptr) : nullptr);
+  if (a.key == nullptr) return SslError(fmt::format("reading {}/ca.key", ca_dir));
+  if (X509_check_private_key(a.ca.get(), a.key.get()) != 1)
+    return Status::InvalidArgument(
+        fmt::format("certs: {}/ca.key is not the key of {}/ca.pem", ca_dir, ca_dir));
+  return a;
+}
+
+}  // namespace
+
+std::string DefaultCaDir(const std::string& dir) {
+  std::string d = std::filesystem::absolute(dir).lexically_normal().string();
+  while (d.size() > 1 && d.back() == '/') d.pop_back();
+  return d + "-ca";
+}
+
+Status MakeCerts(const std::string& dir, int sites, bool force, std::string ca_dir) {
+  if (sites < 1 || sites > 100000)
+    return Status::InvalidArgument(fmt::format("certs: --sites must be >= 1 (got {})", sites));
+  ATOLL_RETURN_IF_ERROR(PrepareDir(dir, force));
+  if (ca_dir.empty()) ca_dir = DefaultCaDir(dir);
+  ATOLL_RETURN_IF_ERROR(PrepareDir(ca_dir, /*force=*/true));
+  // A key left by an older layout, beside the parties' files, is not left behind.
+  ::unlink((dir + "/ca.key").c_str());
 
   ATOLL_ASSIGN_OR_RETURN(PKey ca_key, NewKey());
   ATOLL_ASSIGN_OR_RETURN(Cert ca, MakeCert(ca_key.get(), "atoll CA", "", nullptr, ca_key.get()));
   ATOLL_ASSIGN_OR_RETURN(std::string ca_key_pem, KeyPem(ca_key.get()));
   ATOLL_ASSIGN_OR_RETURN(std::string ca_pem, CertPem(ca.get()));
-  ATOLL_RETURN_IF_ERROR(WritePrivateAtomic(dir + "/ca.key", ca_key_pem));
-  ATOLL_RETURN_IF_ERROR(WriteFileAtomic(dir + "/ca.pem", ca_pem));
-
-  ATOLL_RETURN_IF_ERROR(WriteParty(dir, "coordinator", ca.get(), ca_key.get()));
-  for (int s = 0; s < sites; ++s)
-    ATOLL_RETURN_IF_ERROR(WriteParty(dir, fmt::format("site-{}", s), ca.get(), ca_key.get()));
-
   unsigned char raw[32];
   if (RAND_bytes(raw, sizeof raw) != 1) return SslError("drawing the token");
   std::string token;
   for (unsigned char c : raw) token += fmt::format("{:02x}", c);
   token += '\n';
-  ATOLL_RETURN_IF_ERROR(WritePrivateAtomic(dir + "/token", token));
+  ATOLL_RETURN_IF_ERROR(WritePrivateAtomic(ca_dir + "/ca.key", ca_key_pem));
+  ATOLL_RETURN_IF_ERROR(WriteShared(ca_dir, ca_pem, token));
+  ATOLL_RETURN_IF_ERROR(SyncDir(ca_dir));
+
+  ATOLL_RETURN_IF_ERROR(WriteShared(dir, ca_pem, token));
+  ATOLL_RETURN_IF_ERROR(WriteParty(dir, kCoordinatorParty, ca.get(), ca_key.get()));
+  for (int s = 0; s < sites; ++s)
+    ATOLL_RETURN_IF_ERROR(WriteParty(dir, SiteParty(s), ca.get(), ca_key.get()));
+  return SyncDir(dir);
+}
+
+Status IssueCert(const std::string& ca_dir, const std::string& party, const std::string& dir,
+                 bool force) {
+  bool named = party == kCoordinatorParty;
+  if (!named && party.rfind("site-", 0) == 0 && party.size() > 5 && party.size() < 12) {
+    named = party.find_first_not_of("0123456789", 5) == std::string::npos &&
+            (party[5] != '0' || party.size() == 6);
+  }
+  if (!named)
+    return Status::InvalidArgument(fmt::format(
+        "certs: --issue {}: a party is \"coordinator\" or \"site-N\" (N = 0, 1, ...)", party));
+  ATOLL_ASSIGN_OR_RETURN(const Authority a, ReadAuthority(ca_dir));
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(dir + "/" + party + ".key", ec) && !force)
+    return Status::InvalidArgument(
+        fmt::format("certs: {}/{}.key exists; pass --force to replace it", dir, party));
+  if (!fs::exists(dir, ec)) ATOLL_RETURN_IF_ERROR(PrepareDir(dir, false));
+  if (fs::exists(dir + "/ca.key", ec))
+    return Status::InvalidArgument(fmt::format(
+        "certs: {} holds a CA key: a party's directory must not (issue into another one)", dir));
+  // Another world's party in the same directory would lose its CA and token.
+  for (const auto& [file, want] : {std::pair{"ca.pem", &a.ca_pem}, std::pair{"token", &a.token}}) {
+    auto have = ReadFile(dir + "/" + file);
+    if (have.ok() && *have != *want && !force)
+      return Status::InvalidArgument(fmt::format(
+          "certs: {}/{} is another world's; issue into another directory or pass --force", dir,
+          file));
+  }
+  ATOLL_RETURN_IF_ERROR(WriteShared(dir, a.ca_pem, a.token));
+  ATOLL_RETURN_IF_ERROR(WriteParty(dir, party, a.ca.get(), a.key.get()));
   return SyncDir(dir);
 }
 

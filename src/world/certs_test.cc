@@ -51,12 +51,20 @@ class CertsTest : public ::testing::Test {
 TEST_F(CertsTest, WritesCaPartiesAndToken) {
   const std::string dir = root_ + "/certs";
   ASSERT_TRUE(MakeCerts(dir, 2).ok());
-  for (const char* f : {"ca.pem", "ca.key", "coordinator.pem", "coordinator.key", "site-0.pem",
-                        "site-0.key", "site-1.pem", "site-1.key", "token"})
+  for (const char* f : {"ca.pem", "coordinator.pem", "coordinator.key", "site-0.pem", "site-0.key",
+                        "site-1.pem", "site-1.key", "token"})
     EXPECT_TRUE(FileExists(dir + "/" + f)) << f;
+  // The CA's key only in the authority's directory, beside DIR (what is copied to the parties).
+  const std::string ca = root_ + "/certs-ca";
+  EXPECT_EQ(DefaultCaDir(dir + "/"), ca);
+  for (const char* f : {"ca.pem", "ca.key", "token"}) EXPECT_TRUE(FileExists(ca + "/" + f)) << f;
   EXPECT_FALSE(FileExists(dir + "/site-2.pem"));
+  EXPECT_FALSE(FileExists(dir + "/ca.key"));
+  EXPECT_FALSE(FileExists(dir + "/ca"));
   EXPECT_EQ(Mode(dir), 0700);
-  for (const char* f : {"ca.key", "coordinator.key", "site-0.key", "site-1.key", "token"})
+  EXPECT_EQ(Mode(ca), 0700);
+  for (const char* f : {"ca.key", "token"}) EXPECT_EQ(Mode(ca + "/" + f), 0600) << f;
+  for (const char* f : {"coordinator.key", "site-0.key", "site-1.key", "token"})
     EXPECT_EQ(Mode(dir + "/" + f), 0600) << f;
   auto token = ReadFile(dir + "/token");
   ASSERT_TRUE(token.ok());
@@ -75,7 +83,7 @@ TEST_F(CertsTest, WritesCaPartiesAndToken) {
   }
 }
 
-TEST_F(CertsTest, CertificatesChainToTheCaWithTheTlsName) {
+TEST_F(CertsTest, CertificatesChainToTheCaAndNameTheirParty) {
   const std::string dir = root_ + "/certs";
   ASSERT_TRUE(MakeCerts(dir, 1).ok());
   X509* ca = ReadCert(dir + "/ca.pem");
@@ -84,10 +92,15 @@ TEST_F(CertsTest, CertificatesChainToTheCaWithTheTlsName) {
   for (const char* party : {"site-0", "coordinator"}) {
     X509* x = ReadCert(dir + "/" + party + ".pem");
     ASSERT_NE(x, nullptr);
-    EXPECT_EQ(X509_check_host(x, kTlsName, 0, 0, nullptr), 1) << party;
+    // The party's name, as subjectAltName DNS (what a client verifies) and CN (what a server
+    // reads); no other party's, nor the shared name older certificates had.
+    EXPECT_EQ(X509_check_host(x, party, 0, 0, nullptr), 1) << party;
+    for (const char* other : {"atoll", "site-1", "site-0", "coordinator"})
+      if (std::string(other) != party)
+        EXPECT_NE(X509_check_host(x, other, 0, 0, nullptr), 1) << party << " as " << other;
     char cn[64] = {};
     X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, cn, sizeof cn);
-    EXPECT_STREQ(cn, "atoll");
+    EXPECT_STREQ(cn, party);
     int days = 0, secs = 0;
     ASSERT_EQ(ASN1_TIME_diff(&days, &secs, X509_get0_notBefore(x), X509_get0_notAfter(x)), 1);
     EXPECT_GE(days, 3650);
@@ -129,5 +142,49 @@ TEST_F(CertsTest, RefusesBadArguments) {
   EXPECT_EQ(MakeCerts(root_ + "/file", 1).code(), StatusCode::kInvalidArgument);
 }
 
+// One more party's certificate from the CA directory, for another host: it chains to the same CA,
+// names its party, comes with the world's token, and its directory never gets the CA's key.
+TEST_F(CertsTest, IssuesOnePartysCertificateWithoutTheCaKey) {
+  const std::string dir = root_ + "/certs", other = root_ + "/site3";
+  ASSERT_TRUE(MakeCerts(dir, 2).ok());
+  const std::string ca = root_ + "/certs-ca";
+  ASSERT_TRUE(IssueCert(ca, "site-3", other).ok());
+  for (const char* f : {"ca.pem", "token", "site-3.pem", "site-3.key"})
+    EXPECT_TRUE(FileExists(other + "/" + f)) << f;
+  EXPECT_FALSE(FileExists(other + "/ca.key"));
+  EXPECT_EQ(*ReadFile(other + "/token"), *ReadFile(dir + "/token"));
+  EXPECT_EQ(*ReadFile(other + "/ca.pem"), *ReadFile(dir + "/ca.pem"));
+  X509* x = ReadCert(other + "/site-3.pem");
+  EXPECT_EQ(X509_check_host(x, "site-3", 0, 0, nullptr), 1);
+  X509_STORE* store = X509_STORE_new();
+  X509* ca_cert = ReadCert(dir + "/ca.pem");
+  ASSERT_EQ(X509_STORE_add_cert(store, ca_cert), 1);
+  X509_STORE_CTX* ctx = X509_STORE_CTX_new();
+  ASSERT_EQ(X509_STORE_CTX_init(ctx, store, x, nullptr), 1);
+  EXPECT_EQ(X509_verify_cert(ctx), 1);
+  X509_STORE_CTX_free(ctx);
+  X509_STORE_free(store);
+  X509_free(ca_cert);
+  X509_free(x);
+  EXPECT_TRUE(LoadSecurity(other, "site-3").ok());
+  // Refused: an existing key (without --force), a name that is not a party, a directory holding
+  // the CA's key, a directory holding another world's token, a CA directory without its key.
+  EXPECT_EQ(IssueCert(ca, "site-3", other).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(IssueCert(ca, "site-3", other, /*force=*/true).ok());
+  for (const char* bad : {"atoll", "site-", "site-01", "site-x", "Coordinator", "site-1/../x"})
+    EXPECT_EQ(IssueCert(ca, bad, root_ + "/bad").code(), StatusCode::kInvalidArgument) << bad;
+  EXPECT_EQ(IssueCert(ca, "site-4", ca).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(IssueCert(dir, "site-4", root_ + "/x").code(), StatusCode::kNotFound);
+  ASSERT_TRUE(MakeCerts(root_ + "/world2", 1).ok());
+  EXPECT_EQ(IssueCert(root_ + "/world2-ca", "site-4", other).code(),
+            StatusCode::kInvalidArgument);  // other holds the first world's token
+  // A site whose directory holds the CA's key does not start.
+  ASSERT_TRUE(WriteFileAtomic(other + "/ca.key", *ReadFile(ca + "/ca.key")).ok());
+  const auto loaded = LoadSecurity(other, "site-3");
+  EXPECT_EQ(loaded.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(loaded.status().message().find("CA's private key"), std::string::npos);
+}
+
 }  // namespace
+
 }  // namespace atl

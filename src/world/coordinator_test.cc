@@ -74,7 +74,7 @@ TEST_F(CoordinatorTest, RefusesAWrongProtocolVersion) {
   auto coord = StartCoordinator(2);
   ASSERT_NE(coord, nullptr);
   const WorldSecurity sec = Sec("site-0");
-  auto stub = coord::Coordinator::NewStub(MakeChannel(coord->address(), sec));
+  auto stub = coord::Coordinator::NewStub(MakeChannel(coord->address(), sec, kCoordinatorParty));
   grpc::ClientContext ctx;
   AddToken(&ctx, sec);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -422,6 +422,58 @@ TEST_F(CoordinatorTest, RefusesBadOptions) {
   o.dead_after_beats = 3;
   o.state_dir = "";
   EXPECT_EQ(Coordinator::Start(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Identities (world/security.h): a site's valid certificate used to claim another site is refused
+// (PERMISSION_DENIED naming both), and nothing about that site changes; a server holding a site's
+// certificate cannot pose as the coordinator (the client checks the server's name).
+TEST_F(CoordinatorTest, ACertificateOfAnotherPartyIsRefused) {
+  auto coord = StartCoordinator(3);
+  ASSERT_NE(coord, nullptr);
+  CoordinatorClientOptions o = ClientOptions(coord->address(), 2, /*timeout_s=*/3);
+  o.security = Sec("site-1");  // site 1's key, claiming site 2
+  auto impostor = Client(o);
+  ASSERT_NE(impostor, nullptr);
+  auto m = impostor->Register("10.0.0.2:9000");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("its certificate is for \"site-1\" but it claims to be "
+                                      "site-2"),
+            std::string::npos)
+      << m.status().ToString();
+  EXPECT_EQ(coord->membership().live(), 0);
+  EXPECT_TRUE(coord->membership().sites[2].wan_address.empty());
+  // Every other site call is held to the same check (a heartbeat, a round, a pull of the
+  // parameter server's state, a peek at the membership, leaving).
+  const WorldSecurity one = Sec("site-1");
+  auto stub = coord::Coordinator::NewStub(MakeChannel(coord->address(), one, kCoordinatorParty));
+  auto denied = [&](auto rpc, auto req, auto reply) {
+    req.set_site(2);
+    grpc::ClientContext ctx;
+    AddToken(&ctx, one);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const grpc::Status st = ((*stub).*rpc)(&ctx, req, &reply);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  };
+  denied(&coord::Coordinator::Stub::Heartbeat, coord::HeartbeatRequest(), coord::Reply());
+  denied(&coord::Coordinator::Stub::Round, coord::RoundRequest(), coord::Reply());
+  denied(&coord::Coordinator::Stub::Peek, coord::PeekRequest(), coord::Reply());
+  denied(&coord::Coordinator::Stub::Leave, coord::LeaveRequest(), coord::Reply());
+  denied(&coord::Coordinator::Stub::PsPull, coord::PsPullRequest(), coord::PsPullReply());
+  denied(&coord::Coordinator::Stub::PsInit, coord::PsInitRequest(), coord::PsInitReply());
+  denied(&coord::Coordinator::Stub::PsPush, coord::PsPushRequest(), coord::PsPushReply());
+
+  // A "coordinator" serving with site 0's certificate: site 1 refuses it.
+  auto fake = StartCoordinator(3, "127.0.0.1:0", kHeartbeat,
+                               [](CoordinatorOptions& c) { c.security = Sec("site-0"); });
+  ASSERT_NE(fake, nullptr);
+  auto victim = Client(ClientOptions(fake->address(), 1, /*timeout_s=*/3));
+  ASSERT_NE(victim, nullptr);
+  auto r = victim->Register("10.0.0.1:9000");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("Peer name coordinator is not in peer certificate"),
+            std::string::npos)
+      << r.status().ToString();
+  EXPECT_EQ(fake->membership().live(), 0);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "world/security.h"
 
 #include <fmt/format.h>
+#include <openssl/crypto.h>
 
 #include "core/file.h"
 
@@ -10,9 +11,10 @@ namespace {
 StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
   auto text = ReadFile(path);
   if (!text.ok())
-    return Status::NotFound(fmt::format("{}: cannot read the {} ({}); make a certs directory "
-                                        "with `atoll certs --out DIR --sites N`",
-                                        path, what, text.status().message()));
+    return Status::NotFound(
+        fmt::format("{}: cannot read the {} ({}); make a certs directory "
+                    "with `atoll certs --out DIR --sites N`",
+                    path, what, text.status().message()));
   if (text->find("-----BEGIN ") == std::string::npos)
     return Status::InvalidArgument(fmt::format("{}: the {} is not PEM", path, what));
   return text;
@@ -20,6 +22,12 @@ StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
 }  // namespace
 
 StatusOr<WorldSecurity> LoadSecurity(const std::string& dir, const std::string& name) {
+  // A site never holds the CA's key: whoever holds it can make any party's certificate.
+  if (name.rfind("site-", 0) == 0 && FileExists(dir + "/ca.key"))
+    return Status::InvalidArgument(fmt::format(
+        "{}/ca.key: the CA's private key is in {}'s certificates directory; keep it only where "
+        "the certificates are made (`atoll certs` puts it in DIR-ca) and remove it here",
+        dir, name));
   WorldSecurity s;
   ATOLL_ASSIGN_OR_RETURN(s.ca_pem, ReadPem(dir + "/ca.pem", "CA certificate"));
   ATOLL_ASSIGN_OR_RETURN(s.cert_pem, ReadPem(dir + "/" + name + ".pem", "certificate"));
@@ -28,8 +36,8 @@ StatusOr<WorldSecurity> LoadSecurity(const std::string& dir, const std::string& 
   if (!token.ok())
     return Status::NotFound(fmt::format("{}/token: cannot read the shared token", dir));
   s.token = *token;
-  while (!s.token.empty() && (s.token.back() == '\n' || s.token.back() == '\r' ||
-                              s.token.back() == ' '))
+  while (!s.token.empty() &&
+         (s.token.back() == '\n' || s.token.back() == '\r' || s.token.back() == ' '))
     s.token.pop_back();
   if (s.token.size() < 16)
     return Status::InvalidArgument(
@@ -46,12 +54,15 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const WorldSecurity& 
   return grpc::SslServerCredentials(opts);
 }
 
+std::string SiteParty(int site) { return fmt::format("site-{}", site); }
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const WorldSecurity& s,
-                                           int max_message_bytes) {
-  return MakeChannel(address, s, grpc::ChannelArguments(), max_message_bytes);
+                                           const std::string& server_party, int max_message_bytes) {
+  return MakeChannel(address, s, server_party, grpc::ChannelArguments(), max_message_bytes);
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const WorldSecurity& s,
+                                           const std::string& server_party,
                                            grpc::ChannelArguments args, int max_message_bytes) {
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
@@ -61,7 +72,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Wor
   opts.pem_root_certs = s.ca_pem;
   opts.pem_private_key = s.key_pem;
   opts.pem_cert_chain = s.cert_pem;
-  args.SetSslTargetNameOverride(kTlsName);
+  args.SetSslTargetNameOverride(server_party);
   return grpc::CreateCustomChannel(address, grpc::SslCredentials(opts), args);
 }
 
@@ -73,9 +84,41 @@ grpc::Status CheckToken(const grpc::ServerContext& context, const WorldSecurity&
   if (s.insecure) return grpc::Status::OK;
   const auto& md = context.client_metadata();
   auto it = md.find(kTokenHeader);
-  if (it == md.end() || std::string(it->second.data(), it->second.size()) != s.token)
+  // Constant time in the token's contents: how much of a guess matches is not timed.
+  if (it == md.end() || it->second.size() != s.token.size() ||
+      CRYPTO_memcmp(it->second.data(), s.token.data(), s.token.size()) != 0)
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         fmt::format("peer {}: missing or wrong token", context.peer()));
+  return grpc::Status::OK;
+}
+
+std::string CallerParty(const grpc::ServerContext& context) {
+  auto auth = context.auth_context();
+  if (!auth || !auth->IsPeerAuthenticated()) return "";
+  // gRPC's peer identity: the subjectAltName DNS names if there are any (what a client verifies a
+  // server by), else the CN. A certificate names one party: several names, or a CN that differs
+  // from its one SAN name, name none.
+  const auto ids = auth->GetPeerIdentity();
+  if (ids.size() != 1) return "";
+  const std::string id(ids.front().data(), ids.front().size());
+  for (const auto& cn : auth->FindPropertyValues("x509_common_name"))
+    if (std::string(cn.data(), cn.size()) != id) return "";
+  return id;
+}
+
+grpc::Status CheckCaller(const grpc::ServerContext& context, const WorldSecurity& s,
+                         const std::string& party) {
+  if (grpc::Status st = CheckToken(context, s); !st.ok()) return st;
+  if (s.insecure) return grpc::Status::OK;
+  const std::string named = CallerParty(context);
+  if (named != party)
+    return grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        fmt::format("peer {}: its certificate is for \"{}\" but it claims to be {}{}",
+                    context.peer(), named, party,
+                    named == "atoll" ? " (a certificate of an older `atoll certs`, which named "
+                                       "no party: make the certificates again)"
+                                     : ""));
   return grpc::Status::OK;
 }
 

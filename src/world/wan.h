@@ -37,11 +37,11 @@
 // are in a fixed order for a given ring (the same bits on every site), not in site order.
 //
 // Validation: every received chunk is checked before use: protocol version and sender (the site
-// the stream claimed when it opened; with TLS, a client certificate whose common name is
-// "site-N" must be for the site it claims, while certificates for the shared name "atoll" bind
-// no site), the operation's sequence number, kind, dtype and size, root, ring step, the exact
-// offset and length expected next, payload size, and an XXH3 checksum of the payload. Every
-// RPC's token is checked (security.h); refusals are logged. A bad chunk fails the operation with
+// the stream claimed when it opened; with TLS, the client certificate must name that site,
+// "site-N", and the server's must name the site dialled: world/security.h), the operation's
+// sequence number, kind, dtype and size, root, ring step, the exact offset and length expected
+// next, payload size, and an XXH3 checksum of the payload. Every RPC's token and certificate
+// are checked (security.h); refusals are logged. A bad chunk fails the operation with
 // an error naming the peer, the operation and the check ("site 1: all_reduce of 1000 float32:
 // bad chunk from site 0 (HOST:PORT): checksum mismatch ..."); the site that fails a collective
 // tells every peer (they fail it at once, "site 1 gave it up: ..."), and late chunks of a failed
@@ -222,10 +222,12 @@ class WanEndpoint {
 // only an older index) is published there (poll again later); kCorruption when the pieces do not
 // fit together or the bytes do not match the checksum of the whole snapshot; kUnavailable when
 // the endpoint cannot be reached, refuses this site (token, certificate) or runs out of time;
-// kInvalidArgument for bad arguments.
+// kInvalidArgument for bad arguments. server_site: the site whose endpoint is at `address` (with
+// TLS its certificate must name it; required then).
 StatusOr<std::pair<uint64_t, std::string>> FetchSnapshot(const std::string& address,
                                                          const WorldSecurity& security, int site,
-                                                         uint64_t min_index, double timeout_s);
+                                                         uint64_t min_index, double timeout_s,
+                                                         int server_site = -1);
 
 // The ring (a permutation of 0..n-1 starting with 0) maximizing the minimum of
 // bandwidth[ring[i]][ring[i+1 mod n]] (bytes/s), ties broken by the smaller total latency

@@ -45,6 +45,11 @@ check_world "$T/insecure"
 expect_exit 0 timeout 100 "$ATOLL" launch "${W[@]}" --out "$T/tls"
 check_world "$T/tls"
 [[ -f $T/tls/certs/ca.pem && -f $T/tls/certs/token ]] || fail "launch made no certificates"
+# The CA's key apart from what the sites read; each party's certificate names it.
+[[ -f $T/tls/ca/ca.key && ! -e $T/tls/certs/ca.key && ! -e $T/tls/certs/ca ]] ||
+  fail "the CA key is not kept apart: $(ls -R "$T/tls/certs" "$T/tls/ca" 2>&1)"
+openssl x509 -in "$T/tls/certs/site-1.pem" -noout -subject | grep -q "CN *= *site-1" ||
+  fail "site-1.pem does not name site-1: $(openssl x509 -in "$T/tls/certs/site-1.pem" -noout -subject)"
 expect_err "coordinator at 127.0.0.1:"
 
 # Bad configs: exit 2 before anything starts.

@@ -140,9 +140,10 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchArgs& a) {
   if (!a.insecure) {
     std::string& certs = p.certs = a.certs;
     if (certs.empty()) {
+      // The sites read DIR/certs; the CA's key is kept apart, in DIR/ca.
       certs = dir + "/certs";
       ATOLL_RETURN_IF_ERROR(
-          MakeCerts(certs, sites, /*force=*/true).WithContext("launch: " + certs));
+          MakeCerts(certs, sites, /*force=*/true, dir + "/ca").WithContext("launch: " + certs));
     }
   }
   // A fresh run: an old coordinator log would be replayed (and an old parameter server's state

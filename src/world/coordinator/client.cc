@@ -58,12 +58,12 @@ class ClientImpl final : public CoordinatorClient {
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     stub_ = coord::Coordinator::NewStub(
-        MakeChannel(o.address, o.security, args, kCoordinatorMaxMessageBytes));
+        MakeChannel(o.address, o.security, kCoordinatorParty, args, kCoordinatorMaxMessageBytes));
     // Heartbeats get a connection of their own: never queued behind a parameter-server transfer
     // of hundreds of MB on the main one (a channel with its own subchannel pool does not share
     // the main channel's connection).
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    auto beat_channel = MakeChannel(o.address, o.security, args, 1 << 20);
+    auto beat_channel = MakeChannel(o.address, o.security, kCoordinatorParty, args, 1 << 20);
     beat_channel->GetState(/*try_to_connect=*/true);  // connected (TLS too) before the first beat
     beat_stub_ = coord::Coordinator::NewStub(beat_channel);
   }
@@ -191,7 +191,9 @@ class ClientImpl final : public CoordinatorClient {
         if (++tls_failures >= 3)
           return Status::InvalidArgument(fmt::format(
               "site {}: the TLS handshake with the coordinator at {} failed: {} (do the site and "
-              "the coordinator use certificates from the same CA? see `atoll certs`)",
+              "the coordinator use certificates from the same CA, and does the server's "
+              "certificate name "
+              "\"coordinator\"? see `atoll certs`)",
               options_.site, options_.address, st.error_message()));
       } else {
         tls_failures = 0;

@@ -197,7 +197,9 @@ class CoordinatorImpl final : public Coordinator {
   PsService& ps() { return ps_; }
 
  private:
-  grpc::Status Authorize(const grpc::ServerContext& ctx, const char* rpc) const;
+  // The token, the site's range, and that the caller's certificate names `site` (logged when
+  // refused).
+  grpc::Status Authorize(const grpc::ServerContext& ctx, const char* rpc, int site) const;
   grpc::Status CheckSite(const grpc::ServerContext& ctx, const char* rpc, int site) const;
   grpc::Status CheckPsCaller(const grpc::ServerContext& ctx, const char* rpc, int site,
                              uint64_t incarnation);
@@ -412,8 +414,11 @@ void CoordinatorImpl::FillReply(const Membership& m, coord::Reply* reply) const 
   reply->set_heartbeat_s(options_.heartbeat_s);
 }
 
-grpc::Status CoordinatorImpl::Authorize(const grpc::ServerContext& ctx, const char* rpc) const {
+grpc::Status CoordinatorImpl::Authorize(const grpc::ServerContext& ctx, const char* rpc,
+                                        int site) const {
   grpc::Status st = CheckToken(ctx, options_.security);
+  if (st.ok()) st = CheckSite(ctx, rpc, site);
+  if (st.ok()) st = CheckCaller(ctx, options_.security, SiteParty(site));
   if (!st.ok()) LogWarning("coordinator: refused {}: {}", rpc, st.error_message());
   return st;
 }
@@ -430,8 +435,7 @@ grpc::Status CoordinatorImpl::CheckSite(const grpc::ServerContext& ctx, const ch
 
 grpc::Status CoordinatorImpl::CheckPsCaller(const grpc::ServerContext& ctx, const char* rpc,
                                             int site, uint64_t incarnation) {
-  if (auto st = Authorize(ctx, rpc); !st.ok()) return st;
-  if (auto st = CheckSite(ctx, rpc, site); !st.ok()) return st;
+  if (auto st = Authorize(ctx, rpc, site); !st.ok()) return st;
   std::unique_lock<std::mutex> lk(mu_);
   if (auto st = ServingLocked(); !st.ok()) return st;
   if (auto st = StatusOf(state_.CheckMember(site, incarnation)); !st.ok()) return Answer(lk, st);
@@ -499,14 +503,13 @@ void CoordinatorImpl::Syncer() {
 
 grpc::Status CoordinatorImpl::Register(grpc::ServerContext* ctx, const coord::RegisterRequest& req,
                                        coord::Reply* reply) {
-  if (auto st = Authorize(*ctx, "Register"); !st.ok()) return st;
   const int site = req.site();
+  if (auto st = Authorize(*ctx, "Register", site); !st.ok()) return st;
   if (req.version() != kCoordinatorProtocolVersion)
     return RefuseCall(*ctx, "Register", grpc::StatusCode::INVALID_ARGUMENT,
                       fmt::format("site {}: coordinator protocol version {} differs from the "
                                   "coordinator's {}: run the same atoll release everywhere",
                                   site, req.version(), kCoordinatorProtocolVersion));
-  if (auto st = CheckSite(*ctx, "Register", site); !st.ok()) return st;
   if (req.wan_address().empty() || req.wan_address().size() > 1024)
     return RefuseCall(*ctx, "Register", grpc::StatusCode::INVALID_ARGUMENT,
                       fmt::format("site {}: the WAN address must be HOST:PORT (got '{}')", site,
@@ -565,8 +568,7 @@ grpc::Status CoordinatorImpl::Register(grpc::ServerContext* ctx, const coord::Re
 
 grpc::Status CoordinatorImpl::Heartbeat(grpc::ServerContext* ctx,
                                         const coord::HeartbeatRequest& req, coord::Reply* reply) {
-  if (auto st = Authorize(*ctx, "Heartbeat"); !st.ok()) return st;
-  if (auto st = CheckSite(*ctx, "Heartbeat", req.site()); !st.ok()) return st;
+  if (auto st = Authorize(*ctx, "Heartbeat", req.site()); !st.ok()) return st;
   if (halted_) {
     std::lock_guard<std::mutex> lk(mu_);
     return ServingLocked();
@@ -585,8 +587,7 @@ grpc::Status CoordinatorImpl::Heartbeat(grpc::ServerContext* ctx,
 
 grpc::Status CoordinatorImpl::Round(grpc::ServerContext* ctx, const coord::RoundRequest& req,
                                     coord::Reply* reply) {
-  if (auto st = Authorize(*ctx, "Round"); !st.ok()) return st;
-  if (auto st = CheckSite(*ctx, "Round", req.site()); !st.ok()) return st;
+  if (auto st = Authorize(*ctx, "Round", req.site()); !st.ok()) return st;
   const int64_t r = req.round();
   if (r < 0)
     return RefuseCall(*ctx, "Round", grpc::StatusCode::INVALID_ARGUMENT,
@@ -617,8 +618,7 @@ grpc::Status CoordinatorImpl::Round(grpc::ServerContext* ctx, const coord::Round
 
 grpc::Status CoordinatorImpl::Peek(grpc::ServerContext* ctx, const coord::PeekRequest& req,
                                    coord::Reply* reply) {
-  if (auto st = Authorize(*ctx, "Peek"); !st.ok()) return st;
-  if (auto st = CheckSite(*ctx, "Peek", req.site()); !st.ok()) return st;
+  if (auto st = Authorize(*ctx, "Peek", req.site()); !st.ok()) return st;
   std::unique_lock<std::mutex> lk(mu_);
   if (auto st = ServingLocked(); !st.ok()) return st;
   FillReply(state_.Current(), reply);
@@ -627,8 +627,7 @@ grpc::Status CoordinatorImpl::Peek(grpc::ServerContext* ctx, const coord::PeekRe
 
 grpc::Status CoordinatorImpl::Leave(grpc::ServerContext* ctx, const coord::LeaveRequest& req,
                                     coord::Reply* reply) {
-  if (auto st = Authorize(*ctx, "Leave"); !st.ok()) return st;
-  if (auto st = CheckSite(*ctx, "Leave", req.site()); !st.ok()) return st;
+  if (auto st = Authorize(*ctx, "Leave", req.site()); !st.ok()) return st;
   std::unique_lock<std::mutex> lk(mu_);
   if (auto st = ServingLocked(); !st.ok()) return st;
   Json record;

@@ -188,7 +188,7 @@ class RawSite {
       : sec_(sec),
         site_(site),
         incarnation_(incarnation),
-        stub_(coord::Coordinator::NewStub(MakeChannel(address, sec))) {}
+        stub_(coord::Coordinator::NewStub(MakeChannel(address, sec, kCoordinatorParty))) {}
   ~RawSite() { StopBeats(); }
 
   template <class Rpc, class Req>

@@ -130,7 +130,9 @@ TEST(Wan, InvalidOptions) {
   EXPECT_FALSE(WanEndpoint::Listen("256.1.1.1:0", Insecure()).ok());
 }
 
-// Certificates made with the openssl command line: a CA and one certificate for "atoll".
+// Certificates made with the openssl command line (not atoll's own `certs`): a CA, and for
+// site-0 and site-1 a certificate naming the site (CN and subjectAltName DNS); "impostor" is a
+// second valid site-1 certificate, which site 0 uses to claim to be itself.
 class TlsFiles {
  public:
   TlsFiles() {
@@ -138,24 +140,25 @@ class TlsFiles {
            fmt::format("atoll_wan_tls_{}_{}", getpid(), std::rand());
     std::filesystem::create_directories(dir_);
     const std::string d = dir_.string();
-    std::ofstream(d + "/ext.cnf") << "subjectAltName=DNS:atoll\nbasicConstraints=CA:FALSE\n"
-                                     "keyUsage=digitalSignature,keyEncipherment\n"
-                                     "extendedKeyUsage=serverAuth,clientAuth\n";
-    const std::string cmd = fmt::format(
+    std::string cmd = fmt::format(
         "cd {0} && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
         "-keyout ca.key -out ca.pem -days 2 -subj /CN=atoll-test-ca "
-        "-addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign "
-        "&& openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "
-        "site-0.key -out site.csr -subj /CN=atoll "
-        "&& openssl x509 -req -in site.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out "
-        "site-0.pem -days 2 -extfile ext.cnf "
-        "&& cp site-0.pem site-1.pem && cp site-0.key site-1.key "
-        "&& openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "
-        "impostor.key -out impostor.csr -subj /CN=site-1 "
-        "&& openssl x509 -req -in impostor.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out "
-        "impostor.pem -days 2 -extfile ext.cnf "
-        "&& echo 0123456789abcdef-token > token",
+        "-addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign",
         d);
+    for (const auto& [file, party] : {std::pair{"site-0", "site-0"}, std::pair{"site-1", "site-1"},
+                                      std::pair{"impostor", "site-1"}}) {
+      std::ofstream(d + "/" + file + ".cnf")
+          << "subjectAltName=DNS:" << party << "\nbasicConstraints=CA:FALSE\n"
+          << "keyUsage=digitalSignature,keyEncipherment\n"
+          << "extendedKeyUsage=serverAuth,clientAuth\n";
+      cmd += fmt::format(
+          " && openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "
+          "{0}.key -out {0}.csr -subj /CN={1} && openssl x509 -req -in {0}.csr -CA ca.pem "
+          "-CAkey ca.key -CAcreateserial -out {0}.pem -days 2 -extfile {0}.cnf",
+          file, party);
+    }
+    // The CA's key is not left where the sites read their certificates (they refuse that).
+    cmd += " && echo 0123456789abcdef-token > token && rm ca.key";
     ok_ = std::system(("(" + cmd + ") >/dev/null 2>&1").c_str()) == 0;
   }
   ~TlsFiles() { std::filesystem::remove_all(dir_); }
@@ -196,6 +199,9 @@ TEST(WanTls, MutualTlsWithTokenWorksAndAWrongTokenIsRefused) {
   }
 }
 
+// Site 0 holds a valid certificate of site 1 (the "impostor"): site 1's server refuses its
+// stream (the certificate names another site than the one claimed), and site 1, dialling site 0,
+// refuses a server whose certificate does not name site 0.
 TEST(WanTls, CertificateNamingAnotherSiteIsRefused) {
   if (std::system("openssl version >/dev/null 2>&1") != 0) GTEST_SKIP() << "no openssl";
   TlsFiles files;
@@ -204,13 +210,16 @@ TEST(WanTls, CertificateNamingAnotherSiteIsRefused) {
   auto impostor = LoadSecurity(files.dir(), "impostor");  // CN site-1, used by site 0
   ASSERT_TRUE(good.ok() && impostor.ok());
   World w;
+  ::testing::internal::CaptureStderr();  // the servers' refusals are logged there
   auto st = TryStart(w, 2, [](WanOptions& o) { o.timeout_s = 3; }, {*impostor, *good});
+  const std::string log = ::testing::internal::GetCapturedStderr();
   ASSERT_FALSE(st[1].ok());
-  EXPECT_NE(st[1].message().find("site 0"), std::string::npos) << st[1].message();
-  EXPECT_NE(st[1].message().find("its certificate is for site-1 but it claims site 0"),
-            std::string::npos)
-      << st[1].message();
   EXPECT_FALSE(st[0].ok());
+  EXPECT_NE(st[1].message().find("site 0"), std::string::npos) << st[1].message();
+  EXPECT_NE(st[1].message().find("Peer name site-0 is not in peer certificate"), std::string::npos)
+      << st[1].message();
+  EXPECT_NE(log.find("its certificate is for \"site-1\" but it claims site 0"), std::string::npos)
+      << log;
 }
 
 TEST(WanTls, PlaintextPeerCannotReachATlsEndpoint) {
@@ -237,21 +246,34 @@ TEST(WanTls, FetchSnapshotNeedsTheToken) {
   ASSERT_TRUE(ep.ok());
   auto blob = RandomBlob(100000, 5);
   (*ep)->Publish(1, blob);
-  auto f = FetchSnapshot((*ep)->address(), *client, 1, 0, 5);
+  auto f = FetchSnapshot((*ep)->address(), *client, 1, 0, 5, /*server_site=*/0);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   EXPECT_TRUE(f->second == *blob);
   client->token = "another-token-of-16+chars";
-  f = FetchSnapshot((*ep)->address(), *client, 1, 0, 5);
+  f = FetchSnapshot((*ep)->address(), *client, 1, 0, 5, 0);
   EXPECT_EQ(f.status().code(), StatusCode::kUnavailable) << f.status().ToString();
   EXPECT_NE(f.status().message().find("refused this site"), std::string::npos)
       << f.status().message();
   EXPECT_NE(f.status().message().find("token"), std::string::npos) << f.status().message();
   auto impostor = LoadSecurity(files.dir(), "impostor");  // CN site-1
   ASSERT_TRUE(impostor.ok());
-  f = FetchSnapshot((*ep)->address(), *impostor, 0, 0, 5);
-  EXPECT_NE(f.status().message().find("its certificate is for site-1 but it claims site 0"),
+  f = FetchSnapshot((*ep)->address(), *impostor, 0, 0, 5, 0);
+  EXPECT_NE(f.status().message().find("its certificate is for \"site-1\" but it claims site 0"),
             std::string::npos)
       << f.status().message();
+  // A server whose certificate names another site than the one dialled: the client refuses it
+  // (here site 1's endpoint, fetched from as if it were site 0's). With TLS the serving site must
+  // be named.
+  client->token = server->token;
+  auto other = WanEndpoint::Listen("127.0.0.1:0", *client);
+  ASSERT_TRUE(other.ok());
+  (*other)->Publish(1, blob);
+  f = FetchSnapshot((*other)->address(), *server, 0, 0, 5, /*server_site=*/0);
+  EXPECT_EQ(f.status().code(), StatusCode::kUnavailable) << f.status().ToString();
+  f = FetchSnapshot((*other)->address(), *server, 0, 0, 5, /*server_site=*/1);
+  EXPECT_TRUE(f.ok()) << f.status().ToString();
+  f = FetchSnapshot((*other)->address(), *server, 0, 0, 5);
+  EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument) << f.status().ToString();
 }
 
 }  // namespace

@@ -92,7 +92,8 @@ bool IsCollectiveOp(uint32_t op);
 // The site a call's metadata claims (-1: none or malformed).
 int ClaimedSite(const grpc::ServerContext& ctx);
 // With TLS: why the caller's certificate does not fit the site it claims ("" when it does).
-std::string CertificateMismatch(const grpc::ServerContext& ctx, int claimed);
+std::string CertificateMismatch(const grpc::ServerContext& ctx, const WorldSecurity& security,
+                                int claimed);
 
 // The outgoing chunks of one operation: how many are still queued, and why one failed.
 struct OpTracker {

@@ -85,7 +85,7 @@ Status WanCore::ConnectLink(Link* l, double deadline) {
       // dropping idle WAN connections.
       for (const auto& [name, value] : KeepaliveArgs(options_.keepalive_s, /*server=*/false))
         args.SetInt(name, value);
-      l->channel = MakeChannel(l->address, security_, args, kMaxMessageBytes);
+      l->channel = MakeChannel(l->address, security_, SiteParty(l->peer), args, kMaxMessageBytes);
       l->stub = pb::Transport::NewStub(l->channel);
       fresh = false;
     }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <malloc.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 
@@ -39,21 +40,15 @@ int ClaimedSite(const grpc::ServerContext& ctx) {
   return site;
 }
 
-// With TLS: if the client certificate's common name names a site ("site-N"), it must be the site
-// the stream claims. Certificates issued for the shared name "atoll" identify no site; then the
-// claim made at stream open is what every chunk is held to.
-std::string CertificateMismatch(const grpc::ServerContext& ctx, int claimed) {
-  auto auth = ctx.auth_context();
-  if (!auth || !auth->IsPeerAuthenticated()) return "";
-  for (const auto& v : auth->FindPropertyValues("x509_common_name")) {
-    std::string cn(v.data(), v.size());
-    if (cn.rfind("site-", 0) != 0) continue;
-    int site = -1;
-    auto [p, ec] = std::from_chars(cn.data() + 5, cn.data() + cn.size(), site);
-    if (ec == std::errc() && p == cn.data() + cn.size() && site != claimed)
-      return fmt::format("its certificate is for {} but it claims site {}", cn, claimed);
-  }
-  return "";
+// With TLS: the client certificate must name the site the call claims ("site-N"); a certificate
+// of another site, of the coordinator, or of an older `atoll certs` (CN "atoll", no party) does
+// not.
+std::string CertificateMismatch(const grpc::ServerContext& ctx, const WorldSecurity& security,
+                                int claimed) {
+  if (security.insecure) return "";
+  const std::string named = CallerParty(ctx);
+  if (named == SiteParty(claimed)) return "";
+  return fmt::format("its certificate is for \"{}\" but it claims site {}", named, claimed);
 }
 
 grpc::Status WanCore::HandlePing(grpc::ServerContext* context, const pb::Probe* request,
@@ -63,6 +58,11 @@ grpc::Status WanCore::HandlePing(grpc::ServerContext* context, const pb::Probe* 
     LogWarning("wan {}: refused a ping from {}: {}", address_, context->peer(),
                auth.error_message());
     return auth;
+  }
+  const int claimed = int(std::min<uint32_t>(request->from_site(), 1u << 30));
+  if (std::string bad = CertificateMismatch(*context, security_, claimed); !bad.empty()) {
+    LogWarning("wan {}: refused a ping from {}: {}", address_, context->peer(), bad);
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, bad);
   }
   if (request->version() != kWanProtocolVersion) {
     LogWarning("wan {}: refused a ping from {}: protocol version {}, this endpoint speaks {}",
@@ -102,7 +102,7 @@ grpc::Status WanCore::HandleStream(grpc::ServerContext* context,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         fmt::format("the stream must name its site in {}", kSiteHeader));
   }
-  if (std::string bad = CertificateMismatch(*context, claimed); !bad.empty()) {
+  if (std::string bad = CertificateMismatch(*context, security_, claimed); !bad.empty()) {
     LogWarning("wan {}: refused a stream from {}: {}", address_, context->peer(), bad);
     NoteRefusal(claimed, bad);
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, bad);

@@ -1,6 +1,8 @@
 // Snapshots: Publish, serving one to a fetching site (paced like the link), and FetchSnapshot.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/hash.h"
 #include "world/transport/core.h"
 
@@ -32,7 +34,8 @@ grpc::Status WanCore::HandleFetch(grpc::ServerContext* context, const pb::FetchR
     return refuse(grpc::StatusCode::INVALID_ARGUMENT,
                   fmt::format("the request is from site {} but its {} header says otherwise", from,
                               kSiteHeader));
-  if (std::string bad = CertificateMismatch(*context, static_cast<int>(from)); !bad.empty())
+  if (std::string bad = CertificateMismatch(*context, security_, static_cast<int>(from));
+      !bad.empty())
     return refuse(grpc::StatusCode::PERMISSION_DENIED, bad);
   std::shared_ptr<Snapshot> snap;
   {
@@ -105,7 +108,8 @@ using transport::kSiteHeader;
 
 StatusOr<std::pair<uint64_t, std::string>> FetchSnapshot(const std::string& address,
                                                          const WorldSecurity& security, int site,
-                                                         uint64_t min_index, double timeout_s) {
+                                                         uint64_t min_index, double timeout_s,
+                                                         int server_site) {
   const std::string prefix = fmt::format("site {}: fetch snapshot from {}", site, address);
   if (address.empty())
     return Status::InvalidArgument(fmt::format("site {}: fetch snapshot: no address", site));
@@ -113,7 +117,11 @@ StatusOr<std::pair<uint64_t, std::string>> FetchSnapshot(const std::string& addr
   if (!(timeout_s > 0) || !std::isfinite(timeout_s))
     return Status::InvalidArgument(
         fmt::format("{}: timeout_s {} must be a finite number > 0", prefix, timeout_s));
-  auto channel = MakeChannel(address, security, grpc::ChannelArguments(), kMaxMessageBytes);
+  if (!security.insecure && server_site < 0)
+    return Status::InvalidArgument(fmt::format(
+        "{}: with TLS the serving site must be named (its certificate is checked)", prefix));
+  auto channel = MakeChannel(address, security, SiteParty(std::max(server_site, 0)),
+                             grpc::ChannelArguments(), kMaxMessageBytes);
   auto stub = pb::Transport::NewStub(channel);
   grpc::ClientContext ctx;
   AddToken(&ctx, security);
