@@ -157,6 +157,27 @@ TEST_F(CoordinatorTest, RefusesAWrongToken) {
   EXPECT_NE(m.status().message().find("missing or wrong token"), std::string::npos)
       << m.status().message();
   EXPECT_EQ(coord->membership().live(), 0);
+
+  // Refused on its metadata, before the server reads its body (32 MB of parameters here): the
+  // refusal is the auth processor's, not a handler's.
+  const WorldSecurity sec = o.security;
+  auto stub = coord::Coordinator::NewStub(MakeChannel(coord->address(), sec, kCoordinatorParty));
+  coord::PsInitRequest init;
+  init.set_site(0);
+  init.set_params(std::string(size_t{32} << 20, '\0'));
+  coord::PsInitReply reply;
+  grpc::ClientContext ctx;
+  AddToken(&ctx, sec);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  ::testing::internal::CaptureStderr();
+  const grpc::Status st = stub->PsInit(&ctx, init, &reply);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << st.error_message();
+  EXPECT_NE(log.find("refused a caller with the certificate of \"site-0\" before reading its "
+                     "call: missing or wrong token"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("coordinator: refused PsInit"), std::string::npos) << log;
 }
 
 TEST_F(CoordinatorTest, RefusesACertificateFromAnotherCa) {

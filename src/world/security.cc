@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 #include <openssl/crypto.h>
 
+#include <string_view>
+
 #include "core/file.h"
+#include "core/log.h"
 
 namespace atl {
 
@@ -45,13 +48,49 @@ StatusOr<WorldSecurity> LoadSecurity(const std::string& dir, const std::string& 
   return s;
 }
 
+namespace {
+
+bool SameToken(std::string_view got, const std::string& token) {
+  // Constant time in the token's contents: how much of a guess matches is not timed.
+  return got.size() == token.size() && CRYPTO_memcmp(got.data(), token.data(), token.size()) == 0;
+}
+
+// The token, checked on the call's metadata before gRPC reads the request's body or calls the
+// handler: a caller without it costs the server no message buffer (the handlers check again).
+class TokenProcessor final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit TokenProcessor(std::string token) : token_(std::move(token)) {}
+  bool IsBlocking() const override { return false; }  // a comparison: run it in line
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context, OutputMetadata*,
+                       OutputMetadata*) override {
+    auto it = metadata.find(kTokenHeader);
+    if (it != metadata.end() &&
+        SameToken(std::string_view(it->second.data(), it->second.size()), token_))
+      return grpc::Status::OK;
+    std::string who = "a caller";
+    if (context != nullptr)
+      for (const auto& id : context->GetPeerIdentity())
+        who = fmt::format("a caller with the certificate of \"{}\"",
+                          std::string(id.data(), id.size()));
+    LogWarning("refused {} before reading its call: missing or wrong token", who);
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong token");
+  }
+
+ private:
+  const std::string token_;
+};
+
+}  // namespace
+
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const WorldSecurity& s) {
   if (s.insecure) return grpc::InsecureServerCredentials();
   grpc::SslServerCredentialsOptions opts(
       GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
   opts.pem_root_certs = s.ca_pem;
   opts.pem_key_cert_pairs.push_back({s.key_pem, s.cert_pem});
-  return grpc::SslServerCredentials(opts);
+  auto creds = grpc::SslServerCredentials(opts);
+  creds->SetAuthMetadataProcessor(std::make_shared<TokenProcessor>(s.token));
+  return creds;
 }
 
 std::string SiteParty(int site) { return fmt::format("site-{}", site); }
@@ -84,9 +123,7 @@ grpc::Status CheckToken(const grpc::ServerContext& context, const WorldSecurity&
   if (s.insecure) return grpc::Status::OK;
   const auto& md = context.client_metadata();
   auto it = md.find(kTokenHeader);
-  // Constant time in the token's contents: how much of a guess matches is not timed.
-  if (it == md.end() || it->second.size() != s.token.size() ||
-      CRYPTO_memcmp(it->second.data(), s.token.data(), s.token.size()) != 0)
+  if (it == md.end() || !SameToken(std::string_view(it->second.data(), it->second.size()), s.token))
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         fmt::format("peer {}: missing or wrong token", context.peer()));
   return grpc::Status::OK;

@@ -39,7 +39,8 @@ struct WorldSecurity {
 // DIR holds ca.key (the CA's key).
 StatusOr<WorldSecurity> LoadSecurity(const std::string& dir, const std::string& name);
 
-// Server credentials: TLS requiring a client certificate signed by the CA (or insecure).
+// Server credentials: TLS requiring a client certificate signed by the CA, and the token checked
+// on each call's metadata before its body is read (an auth metadata processor); or insecure.
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const WorldSecurity& s);
 // A channel to host:port with TLS (client certificate; the server's certificate must name
 // `server_party`: kCoordinatorParty or SiteParty(n)) or insecure. `max_message_bytes` raises

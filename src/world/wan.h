@@ -222,8 +222,10 @@ class WanEndpoint {
 // only an older index) is published there (poll again later); kCorruption when the pieces do not
 // fit together or the bytes do not match the checksum of the whole snapshot; kUnavailable when
 // the endpoint cannot be reached, refuses this site (token, certificate) or runs out of time;
-// kInvalidArgument for bad arguments. server_site: the site whose endpoint is at `address` (with
-// TLS its certificate must name it; required then).
+// kInvalidArgument for bad arguments. A snapshot announced over kMaxSnapshotBytes is refused
+// (kCorruption); memory grows with the bytes received, not with the size announced. server_site:
+// the site whose endpoint is at `address` (with TLS its certificate must name it; required then).
+inline constexpr uint64_t kMaxSnapshotBytes = uint64_t{64} << 30;
 StatusOr<std::pair<uint64_t, std::string>> FetchSnapshot(const std::string& address,
                                                          const WorldSecurity& security, int site,
                                                          uint64_t min_index, double timeout_s,

@@ -145,8 +145,12 @@ StatusOr<std::pair<uint64_t, std::string>> FetchSnapshot(const std::string& addr
       checksum = piece.checksum();
       if (index < min_index)
         bad = fmt::format("it sent snapshot {}, older than the {} asked for", index, min_index);
+      else if (total > kMaxSnapshotBytes)
+        bad = fmt::format("it announces a snapshot of {} bytes, over the {} accepted", total,
+                          kMaxSnapshotBytes);
       else
-        out.reserve(std::min<uint64_t>(total, uint64_t{4} << 30));
+        // Grown as bytes arrive beyond this: a peer's `total` reserves no more than 64 MiB.
+        out.reserve(std::min<uint64_t>(total, uint64_t{64} << 20));
     } else if (piece.index() != index || piece.total() != total || piece.checksum() != checksum) {
       bad = fmt::format(
           "a piece says snapshot {} of {} bytes (checksum {}), the first said {} of {} ({})",
