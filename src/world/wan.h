@@ -134,6 +134,11 @@ struct WanOptions {
   double keepalive_s = 10;
   uint64_t seed = 0;        // jitter draws
   bool choose_ring = true;  // false: ring in site order (no probes)
+  // Payload bytes a peer may have waiting here, not yet taken by a receive (collective chunks
+  // and messages). A peer over it (one that floods, or sends what is never received) is
+  // refused: every later operation with it fails. Far above what the protocol keeps in flight
+  // (a ring step's piece or a message per peer).
+  uint64_t max_queued_bytes = uint64_t{16} << 30;
   // true: a receive keeps its verified chunks and writes the caller's buffer only when the whole
   // message has arrived (a failed receive leaves the buffer as it was). false: each chunk is
   // written into the caller's buffer as soon as it has been verified, overlapping that copy with

@@ -213,6 +213,32 @@ TEST(WanFault, APeerDeclaredLostFailsWhatWaitsForItAtOnce) {
   EXPECT_NE(later.message().find("is lost"), std::string::npos) << later.ToString();
 }
 
+// A peer that sends what is never received (a flood, or messages on a tag nobody asks for):
+// past WanOptions::max_queued_bytes it is refused, so it cannot fill this site's memory, and the
+// operations with it fail naming why. Bytes that are received do not count.
+TEST(WanFault, APeerOverTheQueuedBytesLimitIsRefused) {
+  auto w = Start(2, [](WanOptions& o) {
+    o.max_queued_bytes = 1 << 20;
+    o.chunk_bytes = 64 << 10;
+  });
+  ASSERT_TRUE(w->comms[0] && w->comms[1]);
+  std::vector<float> msg((256 << 10) / sizeof(float), 1.0f);
+  // Received as they come: far more than the limit in all, never more than a message waiting.
+  for (int i = 0; i < 8; ++i) {
+    CommHandle r = w->comms[1]->IRecv(msg.data(), msg.size(), DType::kFloat32, 0, 5);
+    ASSERT_TRUE(w->comms[0]->Send(msg.data(), msg.size(), DType::kFloat32, 1, 5).ok());
+    ASSERT_TRUE(r.Wait().ok()) << i;
+  }
+  // Never received: the fifth 256 KiB message goes over 1 MiB.
+  for (int i = 0; i < 6; ++i)
+    (void)w->comms[0]->Send(msg.data(), msg.size(), DType::kFloat32, 1, 9);
+  const Status later = w->comms[1]->Recv(msg.data(), msg.size(), DType::kFloat32, 0, 6);
+  ASSERT_FALSE(later.ok());
+  EXPECT_EQ(later.code(), StatusCode::kCorruption) << later.ToString();
+  EXPECT_NE(later.message().find("more than this site has received from it"), std::string::npos)
+      << later.ToString();
+}
+
 // Site 2 of ASilentPeerFailsTheOperationWithinTheKeepalive, in its own process: listens, tells
 // the parent its address, connects, and runs all-reduces until one fails; it tells the parent
 // when it starts the third (then the parent stops it).

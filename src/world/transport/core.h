@@ -198,6 +198,7 @@ struct Inbox {
   std::string refused;  // why the last stream claiming to be this site was refused
   std::deque<Received> collective;
   std::map<uint32_t, P2pTag> p2p;
+  uint64_t queued = 0;  // payload bytes in collective and p2p (WanOptions::max_queued_bytes)
   std::vector<double> probe_arrivals;
   std::map<uint32_t, double> pongs;       // ping tag -> arrival time
   std::map<uint32_t, std::string> infos;  // exchange kind -> payload

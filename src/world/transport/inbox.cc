@@ -15,11 +15,14 @@ StatusOr<Received> WanCore::PopCollective(int peer, uint64_t seq,
     if (auto a = aborts_.find(seq); a != aborts_.end()) return Status::Unavailable(a->second);
     Inbox& in = inboxes_[peer];
     while (!in.collective.empty() && in.collective.front().chunk->op_seq() < seq &&
-           failed_ops_.count(in.collective.front().chunk->op_seq()))
+           failed_ops_.count(in.collective.front().chunk->op_seq())) {
+      in.queued -= in.collective.front().chunk->payload().size();
       in.collective.pop_front();  // late chunks of an operation that failed here
+    }
     if (!in.collective.empty()) {
       Received r = std::move(in.collective.front());
       in.collective.pop_front();
+      in.queued -= r.chunk->payload().size();
       return r;
     }
     // Every site takes part in every collective: one that can no longer (lost, gone, poisoned,
@@ -52,6 +55,7 @@ StatusOr<Received> WanCore::PopMessage(int peer, uint32_t tag, uint64_t seq) {
       if (s != t->second.slots.end() && !s->second.empty()) {
         Received r = std::move(s->second.front());
         s->second.pop_front();
+        in.queued -= r.chunk->payload().size();
         return r;
       }
     }
@@ -67,8 +71,13 @@ StatusOr<Received> WanCore::PopMessage(int peer, uint32_t tag, uint64_t seq) {
 
 void WanCore::EraseMessage(int peer, uint32_t tag, uint64_t seq) {
   std::lock_guard<std::mutex> lk(mu_);
-  auto t = inboxes_[peer].p2p.find(tag);
-  if (t != inboxes_[peer].p2p.end()) t->second.slots.erase(seq);
+  Inbox& in = inboxes_[peer];
+  auto t = in.p2p.find(tag);
+  if (t == in.p2p.end()) return;
+  if (auto s = t->second.slots.find(seq); s != t->second.slots.end()) {
+    for (const Received& r : s->second) in.queued -= r.chunk->payload().size();
+    t->second.slots.erase(s);
+  }
 }
 
 std::string WanCore::LinkError(int p) const {

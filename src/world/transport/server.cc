@@ -219,6 +219,19 @@ void WanCore::Dispatch(int from, PooledChunk chunk, double now, uint64_t generat
     std::lock_guard<std::mutex> lk(mu_);
     Inbox& in = inboxes_[from];
     if (generation != 0 && in.generation != generation) return;  // late, of a replaced stream
+    const uint64_t bytes = data ? chunk->payload().size() : 0;
+    if (data && in.queued + bytes > options_.max_queued_bytes) {
+      if (in.poison.empty()) {
+        in.poison = fmt::format(
+            "it has sent {} bytes more than this site has received from it (the limit is {})",
+            in.queued + bytes, options_.max_queued_bytes);
+        LogWarning("wan site {}: {}: {}; every later operation with it fails", site_,
+                   PeerName(from), in.poison);
+      }
+      cv_.notify_all();
+      return;
+    }
+    in.queued += bytes;
     if (IsCollectiveOp(op)) {
       in.collective.push_back({std::move(chunk), hash});
     } else if (op == uint32_t(CommOp::kSend)) {
