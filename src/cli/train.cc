@@ -38,6 +38,7 @@ struct TrainArgs {
   std::string certs;
   bool insecure = false;
   std::string wan_listen = "127.0.0.1:0";
+  std::string wan_advertise;  // the address the other sites dial (empty: wan_listen's)
   std::string checkpoint_dir;
   int64_t die_after_step = 0;
   double slowdown = 1;
@@ -52,6 +53,7 @@ struct WorldLink {
   WorldSecurity security;
   std::vector<std::string> addresses;  // the WAN address each site's link was made with
   std::unique_ptr<WanEndpoint> endpoint;
+  std::string advertised;  // the endpoint's address as the other sites dial it
   std::unique_ptr<CoordinatorClient> coordinator;
   std::unique_ptr<Communicator> wan;
   std::unique_ptr<SiteExchange> exchange;  // diloco, streaming
@@ -68,6 +70,51 @@ uint64_t WorldConfigHash(const RunConfig& cfg) {
     agree[k] = j["world"][k];
   const std::string text = j["model"].dump() + j["train"].dump() + agree.dump();
   return Hash64(text.data(), text.size());
+}
+
+// HOST:PORT split at its last colon (the host may be [v6]); false when there is no port.
+bool SplitHostPort(const std::string& a, std::string* host, std::string* port) {
+  const size_t colon = a.rfind(':');
+  if (colon == std::string::npos || colon + 1 == a.size()) return false;
+  *host = a.substr(0, colon);
+  *port = a.substr(colon + 1);
+  return port->find_first_not_of("0123456789") == std::string::npos;
+}
+
+bool IsWildcardHost(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::" || host == "*";
+}
+
+// --wan-listen / --wan-advertise: a wildcard listen address is no address to dial, so it needs
+// the advertised one (kInvalidArgument otherwise).
+Status CheckWanAddresses(const TrainArgs& a) {
+  std::string host, port;
+  if (!SplitHostPort(a.wan_listen, &host, &port))
+    return Status::InvalidArgument(
+        fmt::format("train: --wan-listen {} is not HOST:PORT", a.wan_listen));
+  if (!a.wan_advertise.empty()) {
+    std::string ahost, aport;
+    if (!SplitHostPort(a.wan_advertise, &ahost, &aport) || IsWildcardHost(ahost))
+      return Status::InvalidArgument(fmt::format(
+          "train: --wan-advertise {} must be HOST:PORT with a host the other sites can dial",
+          a.wan_advertise));
+  } else if (IsWildcardHost(host)) {
+    return Status::InvalidArgument(fmt::format(
+        "train: --wan-listen {} listens on every interface, which is no address for the other "
+        "sites to dial: pass --wan-advertise HOST:PORT (this machine's address they reach, e.g. "
+        "10.0.0.5:{})",
+        a.wan_listen, port));
+  }
+  return Status::Ok();
+}
+
+// What the other sites dial: --wan-advertise (port 0: the port bound), or the bound address.
+std::string AdvertisedAddress(const TrainArgs& a, const std::string& bound) {
+  if (a.wan_advertise.empty()) return bound;
+  std::string host, port, bhost, bport;
+  SplitHostPort(a.wan_advertise, &host, &port);
+  if (port == "0" && SplitHostPort(bound, &bhost, &bport)) return host + ":" + bport;
+  return a.wan_advertise;
 }
 
 // The leader's side of joining the world: listen for WAN peers, register with the coordinator,
@@ -88,6 +135,7 @@ StatusOr<WorldLink> JoinWorld(const RunConfig& cfg, const TrainArgs& a) {
   const double dead_s = cfg.world.heartbeat_s * double(cfg.world.dead_after_beats);
   const double keepalive_s = std::max(20.0, 2 * dead_s);
   ATOLL_ASSIGN_OR_RETURN(link.endpoint, WanEndpoint::Listen(a.wan_listen, security, keepalive_s));
+  link.advertised = AdvertisedAddress(a, link.endpoint->address());
   CoordinatorClientOptions co;
   co.address = a.coordinator;
   co.site = a.site;
@@ -118,9 +166,9 @@ StatusOr<WorldLink> JoinWorld(const RunConfig& cfg, const TrainArgs& a) {
     // fetched the state and registered for that exchange (Train, TrainOptions::rejoin).
     ATOLL_ASSIGN_OR_RETURN(members, link.coordinator->Peek());
     for (const SiteInfo& s : members.sites)
-      wo.peers.push_back({s.site, s.site == a.site ? link.endpoint->address() : std::string()});
+      wo.peers.push_back({s.site, s.site == a.site ? link.advertised : std::string()});
   } else {
-    ATOLL_ASSIGN_OR_RETURN(members, link.coordinator->Register(link.endpoint->address()));
+    ATOLL_ASSIGN_OR_RETURN(members, link.coordinator->Register(link.advertised));
     for (const SiteInfo& s : members.sites) wo.peers.push_back({s.site, s.wan_address});
   }
   for (const WanPeer& p : wo.peers)
@@ -247,6 +295,7 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
       return Status::InvalidArgument(
           "train: world.sites > 1 needs exactly one of --certs DIR (mutual TLS + token) or "
           "--insecure");
+    ATOLL_RETURN_IF_ERROR(CheckWanAddresses(a));
     options.world.site = a.site;
     if (leader) {
       ATOLL_ASSIGN_OR_RETURN(link, JoinWorld(cfg, a));
@@ -309,8 +358,9 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
       }
       if (a.rejoin) {
         options.world.rejoin = true;
-        options.world.join = [client, ep](int64_t round, int64_t early_by) -> Status {
-          return client->Rejoin(ep->address(), round, early_by).status();
+        options.world.join = [client, address = link.advertised](int64_t round,
+                                                                 int64_t early_by) -> Status {
+          return client->Rejoin(address, round, early_by).status();
         };
       }
     }
@@ -393,6 +443,9 @@ void AddTrainCommand(CLI::App& app) {
                 "No TLS and no token between sites (tests, trusted networks only)");
   cmd->add_option("--wan-listen", args->wan_listen,
                   "HOST:PORT the site leader listens on for WAN peers (default 127.0.0.1:0)");
+  cmd->add_option("--wan-advertise", args->wan_advertise,
+                  "HOST:PORT the other sites dial to reach this one (needed with a wildcard "
+                  "--wan-listen such as 0.0.0.0:7100; port 0: the port bound)");
   cmd->add_option("--checkpoint-dir", args->checkpoint_dir,
                   "Where checkpoints go (default: --out); several sites: site 0 writes them");
   cmd->add_flag(

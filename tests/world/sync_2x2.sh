@@ -2,7 +2,8 @@
 # Hierarchical synchronous training across sites, by hand (no launcher): a coordinator and two
 # sites of two MPI ranks each (configs/tiny.toml, 20 steps, micro-batches of 1, emulated links of
 # 5 ms and 200 Mbit/s) give the single-process loss curve within 1e-5 relative; site 0 writes the
-# checkpoint; each site's metrics carry its index and the WAN time. Then the faults: a site with a
+# checkpoint; each site's metrics carry its index and the WAN time. Site 0 listens on 0.0.0.0 and
+# advertises 127.0.0.1 (a wildcard without --wan-advertise: exit 2). Then the faults: a site with a
 # different model config is refused at registration (exit 2) with a message on both sides.
 # Usage: sync_2x2.sh ATOLL MPIEXEC
 set -euo pipefail
@@ -33,8 +34,14 @@ W=(--config configs/tiny.toml --set data.dir="$DATA" --set train.micro_batch_siz
 
 coordinator 2
 rc0=0 rc1=0
+# Site 0 listens on every interface and advertises the address the others dial (port 0: the port
+# it bound); a wildcard listen without --wan-advertise is refused before anything starts.
+expect_exit 2 "$ATOLL" train "${W[@]}" --coordinator "$ADDR" --site 0 --out "$T/x" \
+  --wan-listen 0.0.0.0:0
+expect_err "--wan-advertise"
 "$MPIEXEC" -n 2 "$ATOLL" train "${W[@]}" --coordinator "$ADDR" --site 0 --out "$T/site-0" \
-  --checkpoint-dir "$T/w" >"$T/s0.out" 2>"$T/s0.err" &
+  --checkpoint-dir "$T/w" --wan-listen 0.0.0.0:0 --wan-advertise 127.0.0.1:0 \
+  >"$T/s0.out" 2>"$T/s0.err" &
 p0=$!
 "$MPIEXEC" -n 2 "$ATOLL" train "${W[@]}" --coordinator "$ADDR" --site 1 --out "$T/site-1" \
   --checkpoint-dir "$T/w" >"$T/s1.out" 2>"$T/s1.err" || rc1=$?
