@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake ninja-build pkg-config git
   libopenblas-dev libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libxxhash-dev
-  libgtest-dev libgmock-dev libbenchmark-dev python3 python3-torch python3-numpy
+  libgtest-dev libgmock-dev libbenchmark-dev python3 python3-torch python3-numpy python3-grpcio
   openmpi-bin libopenmpi-dev
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev libssl-dev)
 

@@ -1,0 +1,111 @@
+"""Hostile and broken clients against `atoll coordinator`, from a gRPC stack that is not atoll's
+(Debian's python3-grpcio; protobuf messages encoded by hand). Each is refused; a well-formed
+client still gets the same membership afterwards (its reply's bytes hashed before and after).
+
+Usage: hostile_clients.py HOST:PORT CERTS_DIR OTHER_CERTS_DIR
+Prints one line per case; exits 1 on the first case that is not refused as expected.
+"""
+import hashlib
+import os
+import socket
+import sys
+import time
+
+import grpc
+
+ADDR, CERTS, OTHER = sys.argv[1], sys.argv[2], sys.argv[3]
+TOKEN = open(os.path.join(CERTS, "token")).read().strip()
+
+
+def varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def field(num, value):
+    if isinstance(value, int):
+        return varint(num << 3) + varint(value)
+    return varint(num << 3 | 2) + varint(len(value)) + value
+
+
+def read(d, name):
+    with open(os.path.join(d, name), "rb") as f:
+        return f.read()
+
+
+def channel(party="site-1", certs=CERTS, tls=True):
+    if not tls:
+        return grpc.insecure_channel(ADDR)
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=read(CERTS, "ca.pem"),  # trusts this world's CA
+        private_key=read(certs, party + ".key"),
+        certificate_chain=read(certs, party + ".pem"))
+    return grpc.secure_channel(ADDR, creds, options=[("grpc.ssl_target_name_override",
+                                                      "coordinator")])
+
+
+def call(ch, method, request, token=TOKEN):
+    rpc = ch.unary_unary("/atl.coord.Coordinator/" + method)
+    metadata = [("x-atoll-token", token)] if token is not None else []
+    return rpc(request, metadata=metadata, timeout=5)
+
+
+def peek(site=1):
+    return call(channel("site-%d" % site), "Peek", field(1, site))
+
+
+def expect(name, code, fn):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        if e.code() == code:
+            print("refused as expected: %s: %s (%s)" % (name, e.code().name, e.details()))
+            return
+        print("FAIL: %s: %s (%s), expected %s" % (name, e.code().name, e.details(), code.name))
+        sys.exit(1)
+    print("FAIL: %s was accepted" % name)
+    sys.exit(1)
+
+
+before = hashlib.sha256(peek()).hexdigest()
+print("a well-formed client's Peek: membership hash %s" % before[:16])
+
+expect("plaintext to the TLS port", grpc.StatusCode.UNAVAILABLE,
+       lambda: call(channel(tls=False), "Peek", field(1, 1)))
+expect("no token", grpc.StatusCode.UNAUTHENTICATED,
+       lambda: call(channel(), "Peek", field(1, 1), token=None))
+expect("a wrong token", grpc.StatusCode.UNAUTHENTICATED,
+       lambda: call(channel(), "Peek", field(1, 1), token="f" * len(TOKEN)))
+register = field(1, 9999) + field(2, 0) + field(3, b"10.0.0.0:7100") + field(4, 1) + field(5, 7)
+expect("site 1's certificate claiming site 0", grpc.StatusCode.PERMISSION_DENIED,
+       lambda: call(channel("site-1"), "Register", register))
+expect("the coordinator's own certificate claiming site 1", grpc.StatusCode.PERMISSION_DENIED,
+       lambda: call(channel("coordinator"), "Heartbeat", field(1, 1)))
+expect("a client certificate of another CA", grpc.StatusCode.UNAVAILABLE,
+       lambda: call(channel("site-1", certs=OTHER), "Peek", field(1, 1), token=None))
+expect("garbage for a message", grpc.StatusCode.INTERNAL,
+       lambda: call(channel(), "Peek", b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"))
+
+# Below gRPC: garbage bytes on the port, and a connection that opens and never sends. The
+# coordinator answers a well-formed client meanwhile, and after.
+host, port = ADDR.rsplit(":", 1)
+junk = socket.create_connection((host, int(port)), timeout=5)
+junk.sendall(os.urandom(4096))
+silent = socket.create_connection((host, int(port)), timeout=5)
+time.sleep(0.5)
+during = hashlib.sha256(peek()).hexdigest()
+junk.close()
+time.sleep(0.5)
+after = hashlib.sha256(peek(site=0)).hexdigest()
+silent.close()
+print("garbage bytes and a silent connection: the coordinator still answers")
+if not (before == during):
+    print("FAIL: the membership changed (%s -> %s)" % (before[:16], during[:16]))
+    sys.exit(1)
+print("the membership is unchanged (hash %s)" % during[:16])
+print("PASS")
