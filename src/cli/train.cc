@@ -1,4 +1,6 @@
 // atoll train: train a GPT on this machine (see train/trainer.h).
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -73,16 +75,27 @@ uint64_t WorldConfigHash(const RunConfig& cfg) {
 }
 
 // HOST:PORT split at its last colon (the host may be [v6]); false when there is no port.
+// An IPv6 host must be in brackets ([fe80::1]:7100): a bare one is refused.
 bool SplitHostPort(const std::string& a, std::string* host, std::string* port) {
   const size_t colon = a.rfind(':');
   if (colon == std::string::npos || colon + 1 == a.size()) return false;
   *host = a.substr(0, colon);
   *port = a.substr(colon + 1);
+  if (host->find(':') != std::string::npos && !(host->front() == '[' && host->back() == ']'))
+    return false;
   return port->find_first_not_of("0123456789") == std::string::npos;
 }
 
-bool IsWildcardHost(const std::string& host) {
-  return host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::" || host == "*";
+// Every interface: an empty host, *, 0, or an unspecified IPv4/IPv6 address ([::], [::0], ...).
+bool IsWildcardHost(std::string host) {
+  if (host.empty() || host == "*" || host == "0") return true;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  unsigned char addr[16] = {};
+  if (::inet_pton(AF_INET, host.c_str(), addr) == 1 ||
+      ::inet_pton(AF_INET6, host.c_str(), addr) == 1)
+    return std::all_of(std::begin(addr), std::end(addr), [](unsigned char b) { return b == 0; });
+  return false;
 }
 
 // --wan-listen / --wan-advertise: a wildcard listen address is no address to dial, so it needs
@@ -159,6 +172,10 @@ StatusOr<WorldLink> JoinWorld(const RunConfig& cfg, const TrainArgs& a) {
   WanOptions wo;
   wo.site = a.site;
   wo.keepalive_s = keepalive_s;
+  // What a peer may have waiting here: far above the protocol's (a ring step ahead, or a whole
+  // buffer of int64 gradient sums, for the largest models too).
+  wo.max_queued_bytes =
+      std::max<uint64_t>(wo.max_queued_bytes, 4 * 8 * uint64_t(NumParameters(cfg.model)));
   Membership members;
   if (a.rejoin) {
     // Taking over a lost site: no links yet. They are made at the first exchange this process

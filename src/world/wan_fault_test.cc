@@ -239,6 +239,27 @@ TEST(WanFault, APeerOverTheQueuedBytesLimitIsRefused) {
       << later.ToString();
 }
 
+// A peer whose control messages are not the protocol's (an info with a tag nobody sends, here
+// site 0's message rewritten into one on the wire) is refused like one that floods data: this
+// site holds only what the protocol needs of them.
+TEST(WanFault, APeerSendingUnknownControlMessagesIsRefused) {
+  auto w = Start(2);
+  ASSERT_TRUE(w->comms[0] && w->comms[1]);
+  HookGuard hook([](int from, int, wan::Chunk& c) {
+    if (from == 0 && c.op() == uint32_t(CommOp::kSend)) {
+      c.set_op(kWanOpInfo);
+      c.set_tag(77);
+    }
+  });
+  float x = 1;
+  ASSERT_TRUE(w->comms[0]->Send(&x, 1, DType::kFloat32, 1, 5).ok());
+  const Status st = w->comms[1]->Recv(&x, 1, DType::kFloat32, 0, 5);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+  EXPECT_NE(st.message().find("more control messages (op 103, tag 77)"), std::string::npos)
+      << st.ToString();
+}
+
 // Site 2 of ASilentPeerFailsTheOperationWithinTheKeepalive, in its own process: listens, tells
 // the parent its address, connects, and runs all-reduces until one fails; it tells the parent
 // when it starts the third (then the parent stops it).

@@ -76,6 +76,10 @@ constexpr uint32_t kExchangeReady = 2;  // every outgoing stream works (+ the li
 // the nonce of a hello that arrived on the peer's current stream).
 constexpr uint32_t kExchangeRejoin = 3;
 constexpr uint32_t kExchangeRejoinReady = 4;
+// Bounds on what a peer's control messages (pings, probes, infos, aborts) make this site hold:
+// each payload's bytes, and the entries of each set or map they fill (the protocol sends a few).
+constexpr size_t kMaxControlBytes = 1 << 20;  // above kWanProbeBytes (a bandwidth probe)
+constexpr size_t kMaxControlEntries = 65536;
 constexpr int kMaxMessageBytes = static_cast<int>(kWanMaxChunkBytes + (16 << 20));
 constexpr int kPingRounds = 3;
 

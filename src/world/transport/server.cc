@@ -215,26 +215,39 @@ void WanCore::Dispatch(int from, PooledChunk chunk, double now, uint64_t generat
   uint64_t hash = 0;
   const bool data = IsCollectiveOp(op) || op == uint32_t(CommOp::kSend);
   if (data) hash = Hash64(chunk->payload().data(), chunk->payload().size());
+  std::string refused;  // why this chunk makes the peer unusable (logged after the lock)
   {
     std::lock_guard<std::mutex> lk(mu_);
     Inbox& in = inboxes_[from];
     if (generation != 0 && in.generation != generation) return;  // late, of a replaced stream
-    const uint64_t bytes = data ? chunk->payload().size() : 0;
-    if (data && in.queued + bytes > options_.max_queued_bytes) {
-      if (in.poison.empty()) {
-        in.poison = fmt::format(
-            "it has sent {} bytes more than this site has received from it (the limit is {})",
-            in.queued + bytes, options_.max_queued_bytes);
-        LogWarning("wan site {}: {}: {}; every later operation with it fails", site_,
-                   PeerName(from), in.poison);
-      }
-      cv_.notify_all();
-      return;
-    }
-    in.queued += bytes;
-    if (IsCollectiveOp(op)) {
+    if (!in.poison.empty()) return;  // refused already: nothing it sends is kept
+    // What a peer can make this site hold is bounded: data not yet received by
+    // WanOptions::max_queued_bytes; control messages are a few bytes each, keyed from small
+    // sets, and as many as the protocol needs.
+    const uint64_t bytes = chunk->payload().size();
+    if (data && in.queued + bytes > options_.max_queued_bytes)
+      refused = fmt::format(
+          "it has sent {} bytes more than this site has received from it (the limit is {})",
+          in.queued + bytes, options_.max_queued_bytes);
+    else if (!data && bytes > kMaxControlBytes)
+      refused = fmt::format("a control message (op {}) of {} bytes, over the {} allowed", op, bytes,
+                            kMaxControlBytes);
+    else if ((op == kWanOpInfo &&
+              (chunk->tag() < kExchangeHello || chunk->tag() > kExchangeRejoinReady)) ||
+             (op == kWanOpInfo && chunk->tag() == kExchangeRejoinReady &&
+              in.rejoin_readies.size() >= kMaxControlEntries) ||
+             (op == kWanOpPong && in.pongs.size() >= kMaxControlEntries) ||
+             (op == kWanOpProbe && in.probe_arrivals.size() >= kMaxControlEntries) ||
+             (op == kWanOpAbort && aborts_.size() >= kMaxControlEntries))
+      refused = fmt::format("more control messages (op {}, tag {}) than the protocol sends", op,
+                            chunk->tag());
+    if (!refused.empty()) {
+      in.poison = refused;
+    } else if (IsCollectiveOp(op)) {
+      in.queued += bytes;
       in.collective.push_back({std::move(chunk), hash});
     } else if (op == uint32_t(CommOp::kSend)) {
+      in.queued += bytes;
       P2pTag& t = in.p2p[chunk->tag()];
       // A message's chunks are consecutive on the stream; the last one ends it. Whether the
       // chunk really belongs to that message (op_seq, offsets) is checked by the receive.
@@ -254,9 +267,12 @@ void WanCore::Dispatch(int from, PooledChunk chunk, double now, uint64_t generat
       aborts_.emplace(chunk->op_seq(),
                       fmt::format("site {} gave it up: {}", from, std::string(chunk->payload())));
     } else {
-      in.poison = fmt::format("a chunk has unknown op {}", op);
+      in.poison = refused = fmt::format("a chunk has unknown op {}", op);
     }
   }
+  if (!refused.empty())
+    LogWarning("wan site {}: {}: {}; every later operation with it fails", site_, PeerName(from),
+               refused);
   cv_.notify_all();
 }
 
