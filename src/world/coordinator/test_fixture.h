@@ -14,6 +14,7 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -27,6 +28,15 @@
 #include "world/proto/coordinator.grpc.pb.h"
 
 namespace atl::testing_coordinator {
+
+// n normally distributed floats (a seeded draw): parameters and updates.
+inline std::vector<float> Floats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
 
 namespace fs = std::filesystem;
 constexpr double kHeartbeat = 0.2;
