@@ -69,6 +69,11 @@ namespace pb = ::atl::wan;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kSiteHeader = "x-atoll-site";
+// The address the opening site is reached at (its own entry of WanOptions::peers: what the
+// membership says of it). A stream is accepted only from the address the receiver knows for that
+// site, so a stale incarnation (an old process still running) is fenced off once a new one has
+// taken the site over.
+constexpr const char* kAddressHeader = "x-atoll-address";
 constexpr uint32_t kUnconfigured = 0xffffffffu;
 constexpr uint32_t kExchangeHello = 1;  // every incoming stream works
 constexpr uint32_t kExchangeReady = 2;  // every outgoing stream works (+ the link measurements)

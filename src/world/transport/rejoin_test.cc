@@ -149,6 +149,29 @@ TEST(WanRejoin, OldIncarnationStillRunningIsCutOff) {
   // The old process finds its links with site 0 gone.
   Status st = w->comms[1]->Recv(std::span<int64_t>(old), 0, 4);
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  // Fenced: once the coordinator's verdict on the old process reaches site 0, a stream that comes
+  // from its address (here a process speaking for it) is refused at once, and the new process's
+  // traffic goes on.
+  const std::string stale = w->eps[1]->address();
+  w->eps[0]->PeerLost(1, stale, "declared dead (test)");
+  auto zombie = WanEndpoint::Listen("127.0.0.1:0", Insecure());
+  ASSERT_TRUE(zombie.ok());
+  WanOptions zo = AloneOptions(**zombie, 1, 2, 5);
+  zo.peers[1].address = stale;
+  auto zc = (*zombie)->Connect(zo);
+  ASSERT_TRUE(zc.ok()) << zc.status().ToString();
+  ::testing::internal::CaptureStderr();  // site 0 logs its refusal
+  const Status z = (*zombie)->Reconnect(0, a0);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(z.ok());
+  EXPECT_NE(log.find(fmt::format("refused a stream from ipv4:127.0.0.1"), 0), std::string::npos)
+      << log;
+  EXPECT_NE(log.find(fmt::format("a stream claiming site 1 from {}, a process of it declared "
+                                 "dead (declared dead (test))",
+                                 stale)),
+            std::string::npos)
+      << log;
+  ExpectMessage(**c1, *w->comms[0], 6, 10);
 }
 
 TEST(WanRejoin, LiveSitesReconnectAndDropWhatTheOldStreamsHeld) {

@@ -121,6 +121,11 @@ Status WanCore::ConnectLink(Link* l, double deadline) {
   auto ctx = std::make_unique<grpc::ClientContext>();
   AddToken(ctx.get(), security_);
   ctx->AddMetadata(kSiteHeader, std::to_string(site_));
+  {
+    std::lock_guard<std::mutex> alk(addr_mu_);
+    const std::string& self = addresses_[size_t(site_)];
+    ctx->AddMetadata(kAddressHeader, self.empty() ? address_ : self);
+  }
   grpc::ClientContext* raw = ctx.get();
   {
     std::lock_guard<std::mutex> lk(l->mu);

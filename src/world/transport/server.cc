@@ -121,15 +121,39 @@ grpc::Status WanCore::HandleStream(grpc::ServerContext* context,
       // of a site that died), or one replacing any earlier stream once this site called
       // Reconnect for that site after it was accepted (the old one may not have noticed its end
       // yet). Otherwise the peer may have called Reconnect before this site: wait for that.
+      // And from the address this site knows for that site: another is a stale incarnation
+      // (or one this site has not reconnected to yet: wait for that).
+      auto md = context->client_metadata().find(kAddressHeader);
+      const std::string declared = md == context->client_metadata().end()
+                                       ? ""
+                                       : std::string(md->second.data(), md->second.size());
+      auto known = [&] {
+        std::lock_guard<std::mutex> alk(addr_mu_);
+        return addresses_[size_t(claimed)];
+      };
       auto acceptable = [&] {
         const Inbox& in = inboxes_[claimed];
-        return (!in.connected && !in.absent) || in.ended ||
-               reconnects_[claimed] > in.reconnects_at_accept;
+        const std::string at = known();
+        return ((!in.connected && !in.absent) || in.ended ||
+                reconnects_[claimed] > in.reconnects_at_accept) &&
+               (at.empty() || declared == at);
       };
+      // An address declared dead (PeerLost: the coordinator's verdict on that process) never
+      // becomes acceptable: refused at once.
+      auto dead = [&] { return !declared.empty() && dead_addresses_.count(declared) > 0; };
       cv_.wait_until(lk, SteadyAt(NowSeconds() + options_.timeout_s),
-                     [&] { return shutting_down_ || acceptable(); });
+                     [&] { return shutting_down_ || acceptable() || dead(); });
       if (shutting_down_) return grpc::Status(grpc::StatusCode::CANCELLED, "shutting down");
-      if (!acceptable()) {
+      if (dead()) {
+        bad = fmt::format("a stream claiming site {} from {}, a process of it declared dead ({})",
+                          claimed, declared, dead_addresses_.at(declared));
+      } else if (!acceptable() && !known().empty() && declared != known()) {
+        bad = fmt::format(
+            "a stream claiming site {} from {}, but site {} is at {} now (a stale incarnation of "
+            "it, or one this site never reconnected to within {} s)",
+            claimed, declared.empty() ? "no address" : declared, claimed, known(),
+            options_.timeout_s);
+      } else if (!acceptable()) {
         bad = inboxes_[claimed].connected
                   ? fmt::format(
                         "site {} already has a stream here (and this site did not call "
