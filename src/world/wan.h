@@ -108,7 +108,7 @@
 
 namespace atl {
 
-inline constexpr uint32_t kWanProtocolVersion = 1;
+inline constexpr uint32_t kWanProtocolVersion = 2;  // 2: streams name their address
 
 struct WanPeer {
   int site = 0;

@@ -105,6 +105,11 @@ std::string WanCore::Unusable(int p, bool awaited) const {
 
 void WanCore::PeerLost(int peer, const std::string& address, const std::string& why) {
   std::shared_ptr<Link> link;
+  // A stream from that address waiting to be accepted is refused now (HandleStream).
+  struct Notify {
+    std::condition_variable& cv;
+    ~Notify() { cv.notify_all(); }
+  } notify{cv_};
   {
     // The check and the mark under one lock: a Reconnect (which changes the address under mu_)
     // cannot slip in between and have its new incarnation marked.
@@ -128,12 +133,14 @@ void WanCore::PeerLost(int peer, const std::string& address, const std::string& 
   }
   LogInfo("wan site {}: {} is lost ({}): its operations fail", site_, PeerName(peer), why);
   if (link) AbortLinkObject(*link, fmt::format("{} is lost: {}", PeerName(peer), why));
-  cv_.notify_all();
 }
 
 void WanCore::PeerAlive(int, const std::string& address) {
-  std::lock_guard<std::mutex> lk(mu_);
-  dead_addresses_.erase(address);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    dead_addresses_.erase(address);
+  }
+  cv_.notify_all();  // a stream from that address waiting to be accepted may be now
 }
 
 std::string WanCore::DeadAt(const std::string& address) const {

@@ -131,16 +131,18 @@ grpc::Status WanCore::HandleStream(grpc::ServerContext* context,
         std::lock_guard<std::mutex> alk(addr_mu_);
         return addresses_[size_t(claimed)];
       };
+      // An address declared dead (PeerLost: the coordinator's verdict on that process) that is
+      // not the one this site knows for the site now is refused at once; one that is (a new
+      // process at the dead one's fixed address, before PeerAlive lifts the verdict) waits.
+      auto is_dead = [&] { return !declared.empty() && dead_addresses_.count(declared) > 0; };
+      auto dead = [&] { return is_dead() && declared != known(); };
       auto acceptable = [&] {
         const Inbox& in = inboxes_[claimed];
         const std::string at = known();
         return ((!in.connected && !in.absent) || in.ended ||
                 reconnects_[claimed] > in.reconnects_at_accept) &&
-               (at.empty() || declared == at);
+               (at.empty() || declared == at) && !is_dead();
       };
-      // An address declared dead (PeerLost: the coordinator's verdict on that process) never
-      // becomes acceptable: refused at once.
-      auto dead = [&] { return !declared.empty() && dead_addresses_.count(declared) > 0; };
       cv_.wait_until(lk, SteadyAt(NowSeconds() + options_.timeout_s),
                      [&] { return shutting_down_ || acceptable() || dead(); });
       if (shutting_down_) return grpc::Status(grpc::StatusCode::CANCELLED, "shutting down");
