@@ -66,9 +66,7 @@ StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepS
   Communicator* world = mesh.world();
   const bool spread = !sites && world != nullptr && world->size() > n;
   // The world rank of replica x's rank at this position.
-  auto rank_of = [&](int x) {
-    return spread ? (mesh.pp_rank() * mesh.dp() + x) * mesh.tp() + mesh.tp_rank() : x;
-  };
+  auto rank_of = [&](int x) { return spread ? mesh.RankOf(x, mesh.tp_rank(), mesh.pp_rank()) : x; };
   // Replica r's first micro-batch: the site's replicas, or site r's (one replica each: dp 1).
   auto first_of = [&](int r) {
     return sites ? (int64_t(r) * run.mesh.dp() + run.mesh.dp_rank()) * run.local_accum
@@ -128,11 +126,10 @@ StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepS
     std::vector<int64_t> asks(size_t(world->size()));
     const int64_t mine = again;
     ATOLL_RETURN_IF_ERROR(world->AllGather(&mine, asks.data(), 1, DType::kInt64));
-    confirm = false;
-    for (int r = 0; r < world->size(); ++r) {
-      confirm |= asks[size_t(r)] >= 0;
-      if ((r / mesh.tp()) % mesh.dp() == d) redo = std::max(redo, int(asks[size_t(r)]));
-    }
+    confirm = std::any_of(asks.begin(), asks.end(), [](int64_t a) { return a >= 0; });
+    for (int t = 0; t < mesh.tp(); ++t)
+      for (int p = 0; p < mesh.pp(); ++p)
+        redo = std::max(redo, int(asks[size_t(mesh.RankOf(d, t, p))]));
   }
   if (confirm) {
     int64_t repeated = -1;

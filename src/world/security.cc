@@ -143,9 +143,8 @@ std::string CallerParty(const grpc::ServerContext& context) {
   return id;
 }
 
-grpc::Status CheckCaller(const grpc::ServerContext& context, const WorldSecurity& s,
-                         const std::string& party) {
-  if (grpc::Status st = CheckToken(context, s); !st.ok()) return st;
+grpc::Status CheckParty(const grpc::ServerContext& context, const WorldSecurity& s,
+                        const std::string& party) {
   if (s.insecure) return grpc::Status::OK;
   const std::string named = CallerParty(context);
   if (named != party)

@@ -2,7 +2,7 @@
 // which names it: CN and subjectAltName DNS "coordinator" or "site-N") plus a shared token sent
 // with every call. A client verifies that the server's certificate names the party it dials (the
 // coordinator, or site N); a server checks that the caller's certificate names the site the call
-// claims to come from (CheckCaller). So one site's key cannot act as another site or as the
+// claims to come from (CheckParty). So one site's key cannot act as another site or as the
 // coordinator.
 //
 // A certs directory (made by `atoll certs`, world/certs.h, or by hand with your own CA) holds
@@ -62,9 +62,9 @@ grpc::Status CheckToken(const grpc::ServerContext& context, const WorldSecurity&
 // The party the caller's verified certificate names: its one subjectAltName DNS name (or, with
 // none, its CN), which its CN must equal; "" in insecure mode or when it names none or several.
 std::string CallerParty(const grpc::ServerContext& context);
-// CheckToken, then (TLS) that the caller's certificate names `party` (the site the call claims
-// to come from): PERMISSION_DENIED naming both otherwise (the caller logs it).
-grpc::Status CheckCaller(const grpc::ServerContext& context, const WorldSecurity& s,
-                         const std::string& party);
+// (TLS) That the caller's certificate names `party` (the site the call claims to come from):
+// PERMISSION_DENIED naming both otherwise (the caller logs it). After CheckToken.
+grpc::Status CheckParty(const grpc::ServerContext& context, const WorldSecurity& s,
+                        const std::string& party);
 
 }  // namespace atl

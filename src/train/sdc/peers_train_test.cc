@@ -140,6 +140,48 @@ class PeersTrainTest : public TrainerTest {
   static std::vector<std::pair<int, nlohmann::json>> Replays(const std::string& dir) {
     return SdcEvents(dir, "replay");
   }
+  // Runs c on `ranks` ranks without audits and with one every 3 steps: the audited run ends
+  // bitwise as the plain one, and its audits (steps 3 and 6) reproduced, the peers agreeing.
+  void ExpectCleanAuditsChangeNothing(RunConfig c, int ranks) {
+    const std::string plain = root_ + "/plain", audited = root_ + "/audited";
+    ASSERT_TRUE(RunRanks(c, ranks, plain));
+    c.sdc.audit_every = 3;
+    ASSERT_TRUE(RunRanks(c, ranks, audited));
+    EXPECT_EQ(FinalState(audited), FinalState(plain));
+    EXPECT_EQ(LossColumns(audited), LossColumns(plain));
+    const auto replays = Replays(audited);
+    ASSERT_EQ(replays.size(), 2u);  // steps 3 and 6
+    for (const auto& [step, e] : replays) {
+      EXPECT_EQ(step % 3, 0);
+      EXPECT_EQ(e["verdict"], "reproduced") << e.dump();
+      EXPECT_EQ(e["peers"], "agree") << e.dump();
+    }
+  }
+  // Runs c (audits every step) on `ranks` ranks clean and with `inject`, a fault in the peer
+  // check itself: the faulty run ends as the clean one, the other audits reproduced with the
+  // peers agreeing; returns the step-4 events that are not "reproduced", each checked to be a
+  // transient fault of the peer check's run of micro-batch 1.
+  std::vector<nlohmann::json> TransientPeerCheckEvents(RunConfig c, int ranks,
+                                                       const std::string& inject) {
+    const std::string clean = root_ + "/clean", dir = root_ + "/faulty";
+    EXPECT_TRUE(RunRanks(c, ranks, clean));
+    c.faults.inject = inject;
+    EXPECT_TRUE(RunRanks(c, ranks, dir));
+    EXPECT_EQ(FinalState(dir), FinalState(clean));
+    std::vector<nlohmann::json> out;
+    for (const auto& [step, e] : Replays(dir)) {
+      if (e["verdict"] == "reproduced") {
+        EXPECT_EQ(e["peers"], "agree") << e.dump();
+        continue;
+      }
+      EXPECT_EQ(step, 4);
+      EXPECT_EQ(e["verdict"], "transient") << e.dump();
+      EXPECT_EQ(e["run"], "peer check");
+      EXPECT_EQ(e["micro"], 1);
+      out.push_back(e);
+    }
+    return out;
+  }
 };
 
 // Audits of clean steps at dp 2 and dp 3 (with ZeRO-1 and the reproducible reduction too): every
@@ -154,19 +196,7 @@ TEST_F(PeersTrainTest, CleanStepsAreConfirmedByOtherRanksAndChangeNothing) {
     c.parallel.zero = zero;
     c.parallel.reproducible = exact;
     c.train.batch_size = 2 * dp;
-    const std::string plain = root_ + "/plain", audited = root_ + "/audited";
-    ASSERT_TRUE(RunRanks(c, dp, plain));
-    c.sdc.audit_every = 3;
-    ASSERT_TRUE(RunRanks(c, dp, audited));
-    EXPECT_EQ(FinalState(audited), FinalState(plain));
-    EXPECT_EQ(LossColumns(audited), LossColumns(plain));
-    const auto replays = Replays(audited);
-    ASSERT_EQ(replays.size(), 2u);  // steps 3 and 6
-    for (const auto& [step, e] : replays) {
-      EXPECT_EQ(step % 3, 0);
-      EXPECT_EQ(e["verdict"], "reproduced") << e.dump();
-      EXPECT_EQ(e["peers"], "agree") << e.dump();
-    }
+    ExpectCleanAuditsChangeNothing(c, dp);
   }
 }
 
@@ -178,26 +208,11 @@ TEST_F(PeersTrainTest, AFaultInThePeerCheckItselfIsTransient) {
   c.parallel.dp = 3;
   c.train.batch_size = 6;  // one micro-batch per replica: rank r's is micro-batch r
   c.sdc.audit_every = 1;
-  const std::string clean = root_ + "/clean", dir = root_ + "/faulty";
-  ASSERT_TRUE(RunRanks(c, 3, clean));
-  c.faults.inject = "gemm_fwd:step=4,rank=2,layer=1,gemm=2,micro=1,bit=27";
-  ASSERT_TRUE(RunRanks(c, 3, dir));
-  EXPECT_EQ(FinalState(dir), FinalState(clean));
-  int transient = 0;
-  for (const auto& [step, e] : Replays(dir)) {
-    if (e["verdict"] == "reproduced") {
-      EXPECT_EQ(e["peers"], "agree") << e.dump();
-      continue;
-    }
-    EXPECT_EQ(step, 4);
-    EXPECT_EQ(e["verdict"], "transient") << e.dump();
-    EXPECT_EQ(e["run"], "peer check");
-    EXPECT_EQ(e["rank"], 2);
-    EXPECT_EQ(e["micro"], 1);
-    EXPECT_EQ(e["op"], "gemm_fwd 2");
-    ++transient;
-  }
-  EXPECT_EQ(transient, 1);
+  const auto events =
+      TransientPeerCheckEvents(c, 3, "gemm_fwd:step=4,rank=2,layer=1,gemm=2,micro=1,bit=27");
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["rank"], 2);
+  EXPECT_EQ(events[0]["op"], "gemm_fwd 2");
 }
 
 // A stuck core on rank 1 from step 5 (forward and backward GEMM 2 of block 1, the same flip
@@ -257,18 +272,7 @@ TEST_F(PeersTrainTest, ReplicasOfSeveralRanksConfirmCleanSteps) {
     c.parallel.pp = pp;
     c.train.batch_size = 2 * dp;
     c.train.micro_batch_size = 1;
-    const std::string plain = root_ + "/plain", audited = root_ + "/audited";
-    ASSERT_TRUE(RunRanks(c, dp * tp * pp, plain));
-    c.sdc.audit_every = 3;
-    ASSERT_TRUE(RunRanks(c, dp * tp * pp, audited));
-    EXPECT_EQ(FinalState(audited), FinalState(plain));
-    EXPECT_EQ(LossColumns(audited), LossColumns(plain));
-    const auto replays = Replays(audited);
-    ASSERT_EQ(replays.size(), 2u);  // steps 3 and 6
-    for (const auto& [step, e] : replays) {
-      EXPECT_EQ(e["verdict"], "reproduced") << e.dump();
-      EXPECT_EQ(e["peers"], "agree") << e.dump();
-    }
+    ExpectCleanAuditsChangeNothing(c, dp * tp * pp);
   }
 }
 
@@ -353,21 +357,9 @@ TEST_F(PeersTrainTest, AFaultInThePeerCheckOfAReplicaOfSeveralRanksIsTransient) 
   c.train.batch_size = 6;
   c.train.micro_batch_size = 2;
   c.sdc.audit_every = 1;
-  const std::string clean = root_ + "/clean", dir = root_ + "/faulty";
-  ASSERT_TRUE(RunRanks(c, 6, clean));
-  c.faults.inject = "gemm_fwd:step=4,rank=5,layer=1,gemm=2,micro=1,bit=27";
-  ASSERT_TRUE(RunRanks(c, 6, dir));
-  EXPECT_EQ(FinalState(dir), FinalState(clean));
   std::set<int> ranks;
-  for (const auto& [step, e] : Replays(dir)) {
-    if (e["verdict"] == "reproduced") {
-      EXPECT_EQ(e["peers"], "agree") << e.dump();
-      continue;
-    }
-    EXPECT_EQ(step, 4);
-    EXPECT_EQ(e["verdict"], "transient") << e.dump();
-    EXPECT_EQ(e["run"], "peer check");
-    EXPECT_EQ(e["micro"], 1);
+  for (const auto& e :
+       TransientPeerCheckEvents(c, 6, "gemm_fwd:step=4,rank=5,layer=1,gemm=2,micro=1,bit=27")) {
     ranks.insert(e["rank"].get<int>());
     if (e["rank"] == 5) EXPECT_EQ(e["op"], "gemm_fwd 2");
   }

@@ -204,8 +204,7 @@ class LowCommStrategy final : public WorldStrategy {
     const RunConfig& cfg = *c_.cfg;
     if (!cfg.world.balance || completed >= cfg.train.steps) return Status::Ok();
     const int64_t sites = cfg.world.sites;
-    const int64_t total =
-        sites * (cfg.train.batch_size / cfg.train.micro_batch_size / (cfg.parallel.dp * sites));
+    const int64_t total = sites * LocalAccum(cfg);
     std::vector<int64_t> counts(size_t(sites), 0);
     if (c_.leader) {
       const std::vector<int>& live = sync_->last_sites();

@@ -75,7 +75,7 @@ class SyncStrategy final : public WorldStrategy {
   std::vector<std::pair<int64_t, int64_t>> Share(int64_t step) override {
     if (!c_.cfg->world.balance) return {};
     if (step != share_step_ || generation_ != share_generation_) {
-      const int64_t total = int64_t(c_.cfg->world.sites) * LocalAccum();
+      const int64_t total = int64_t(c_.cfg->world.sites) * LocalAccum(*c_.cfg);
       const std::vector<double> none;
       const std::vector<int64_t> counts =
           BalancedCounts(live_, measured_generation_ == generation_ ? seconds_ : none, total);
@@ -482,12 +482,6 @@ class SyncStrategy final : public WorldStrategy {
   double wan_s_ = 0;    // this step's time in WAN all-reduces
   double total_s_ = 0;  // ... and the run's
   int64_t steps_ = 0;
-  // Micro-batches of a site's data-parallel replica in a step (Run::local_accum).
-  int64_t LocalAccum() const {
-    const RunConfig& c = *c_.cfg;
-    return c.train.batch_size / c.train.micro_batch_size / (c.parallel.dp * c.world.sites);
-  }
-
   int64_t step_ = -1, calls_ = 0;  // AfterBackward calls of step step_
   // world.balance: the last agreed step's seconds per micro-batch by site, that step and the
   // live sites' generation then; the shares of step share_step_ (in generation share_generation_).

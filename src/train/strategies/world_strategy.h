@@ -118,6 +118,12 @@ struct WorldHooks {
   std::function<void(WanPayloadFault)> payload_fault;
 };
 
+// Micro-batches of a site's data-parallel replica in a step (Run::local_accum): what the sites'
+// shares (world.balance) are counted in, site by site.
+inline int64_t LocalAccum(const RunConfig& c) {
+  return c.train.batch_size / c.train.micro_batch_size / (c.parallel.dp * c.world.sites);
+}
+
 // sync: the coordinator rounds of step s are kSyncRoundsPerStep * s + the rounds taken in it so
 // far (the step's sums, each computed again, the detectors' collectives, the agreements before
 // checkpoints). A lost site's new process joins at the first round of a step.

@@ -418,7 +418,7 @@ grpc::Status CoordinatorImpl::Authorize(const grpc::ServerContext& ctx, const ch
                                         int site) const {
   grpc::Status st = CheckToken(ctx, options_.security);
   if (st.ok()) st = CheckSite(ctx, rpc, site);
-  if (st.ok()) st = CheckCaller(ctx, options_.security, SiteParty(site));
+  if (st.ok()) st = CheckParty(ctx, options_.security, SiteParty(site));
   if (!st.ok()) LogWarning("coordinator: refused {}: {}", rpc, st.error_message());
   return st;
 }
