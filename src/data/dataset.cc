@@ -30,8 +30,16 @@ uint64_t LoadU64(const uint8_t* p) {
 StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
   TokenFile f;
   ATOLL_ASSIGN_OR_RETURN(f.file_, MappedFile::Open(path));
-  const uint8_t* data = f.file_.data();
-  const size_t size = f.file_.size();
+  // The mapping is page-aligned and the header 24 bytes, so the tokens are 2-byte aligned.
+  ATOLL_ASSIGN_OR_RETURN(f.tokens_,
+                         ParseTokenFile({f.file_.data(), f.file_.size()}, path, &f.checksum_));
+  return f;
+}
+
+StatusOr<std::span<const uint16_t>> ParseTokenFile(std::span<const uint8_t> bytes,
+                                                   const std::string& path, uint64_t* checksum) {
+  const uint8_t* data = bytes.data();
+  const size_t size = bytes.size();
   if (size < kHeaderSize)
     return Status::Corruption(
         fmt::format("token file {}: {} bytes, shorter than the {}-byte header (truncated?)", path,
@@ -46,16 +54,13 @@ StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
     return Status::Corruption(fmt::format(
         "token file {}: header says {} tokens ({} bytes) but {} bytes follow the header{}", path,
         count, count * 2, payload, payload < count * 2 ? " (truncated)" : ""));
-  const uint64_t checksum = Hash64(data + kHeaderSize, payload);
-  if (checksum != stored_checksum)
+  *checksum = Hash64(data + kHeaderSize, payload);
+  if (*checksum != stored_checksum)
     return Status::Corruption(
         fmt::format("token file {}: checksum mismatch (header {}, tokens hash to {}): corrupted",
-                    path, HashToHex(stored_checksum), HashToHex(checksum)));
-  // The mapping is page-aligned and the header 24 bytes, so the tokens are 2-byte aligned.
-  f.tokens_ = std::span<const uint16_t>(reinterpret_cast<const uint16_t*>(data + kHeaderSize),
-                                        size_t(count));
-  f.checksum_ = checksum;
-  return f;
+                    path, HashToHex(stored_checksum), HashToHex(*checksum)));
+  return std::span<const uint16_t>(reinterpret_cast<const uint16_t*>(data + kHeaderSize),
+                                   size_t(count));
 }
 
 Status WriteTokenFile(const std::string& path, std::span<const uint16_t> tokens) {

@@ -37,6 +37,11 @@ class TokenFile {
   uint64_t checksum_ = 0;
 };
 
+// TokenFile::Open's check of a token file's bytes (`path` names it in messages): the tokens, in
+// place, and *checksum their XXH3-64. REQUIRES: bytes.data() is 2-byte aligned.
+StatusOr<std::span<const uint16_t>> ParseTokenFile(std::span<const uint8_t> bytes,
+                                                   const std::string& path, uint64_t* checksum);
+
 // Writes a token file atomically.
 Status WriteTokenFile(const std::string& path, std::span<const uint16_t> tokens);
 

@@ -206,17 +206,11 @@ Status WriteCheckpoint(const std::string& dir, const CheckpointSource& src) {
   return ReplaceDir(tmp, dir);
 }
 
-StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir, bool with_optimizer) {
-  const std::string manifest_path = Join(dir, kManifestFile);
-  if (!FileExists(dir))
-    return Status::NotFound(fmt::format("checkpoint {}: no such directory", dir));
-  auto text = ReadFile(manifest_path);
-  if (!text.ok())
-    return text.status().WithContext(
-        fmt::format("checkpoint {} (not a checkpoint directory?)", dir));
+StatusOr<Checkpoint> ParseManifest(std::string_view text, const std::string& manifest_path,
+                                   Json* files) {
   Json m;
   try {
-    m = Json::parse(*text);
+    m = Json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     return Status::Corruption(fmt::format("{}: not valid JSON: {}", manifest_path, e.what()));
   }
@@ -254,8 +248,20 @@ StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir, bool with_optimizer)
   const Json& opt = m.contains("optimizer") ? m["optimizer"] : Json();
   ATOLL_ASSIGN_OR_RETURN(ck.optimizer_steps,
                          Field<int64_t>(opt, "steps", manifest_path + ": optimizer"));
+  *files = m.contains("files") ? m["files"] : Json();
+  return ck;
+}
 
-  const Json& files = m.contains("files") ? m["files"] : Json();
+StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir, bool with_optimizer) {
+  const std::string manifest_path = Join(dir, kManifestFile);
+  if (!FileExists(dir))
+    return Status::NotFound(fmt::format("checkpoint {}: no such directory", dir));
+  auto text = ReadFile(manifest_path);
+  if (!text.ok())
+    return text.status().WithContext(
+        fmt::format("checkpoint {} (not a checkpoint directory?)", dir));
+  Json files;
+  ATOLL_ASSIGN_OR_RETURN(Checkpoint ck, ParseManifest(*text, manifest_path, &files));
   auto tensor_sums = [&](const char* file) -> Json {
     if (!files.is_object() || !files.contains(file) || !files[file].contains("tensors"))
       return Json();

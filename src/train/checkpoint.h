@@ -23,7 +23,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -69,6 +71,12 @@ Status WriteCheckpoint(const std::string& dir, const CheckpointSource& src);
 // Loads and verifies a checkpoint. With with_optimizer == false optimizer.safetensors is neither
 // read nor verified (eval, sample).
 StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir, bool with_optimizer);
+
+// LoadCheckpoint's reading of manifest.json (`text`, named `path` in messages): its checksum,
+// format version, config, data cursor and optimizer step; the tensors are left empty and
+// *files gets the manifest's "files" section (the files' and tensors' checksums).
+StatusOr<Checkpoint> ParseManifest(std::string_view text, const std::string& path,
+                                   nlohmann::ordered_json* files);
 
 // The Hugging Face GPT2Config for a model shape (config.json).
 std::string HuggingFaceConfigJson(const GPTConfig& model);

@@ -147,7 +147,7 @@ StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string_view bytes, const s
       }
       continue;
     }
-    auto bad_tensor = [&](const std::string& what) {
+    auto bad_tensor = [&, &key = key](const std::string& what) {
       return bad(fmt::format("tensor {}: {}", key, what));
     };
     if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") ||

@@ -188,3 +188,25 @@ TEST_F(CertsTest, IssuesOnePartysCertificateWithoutTheCaKey) {
 }  // namespace
 
 }  // namespace atl
+
+namespace atl {
+namespace {
+
+// The token travels as gRPC metadata: only visible ASCII, 16 to kMaxTokenBytes characters.
+TEST(ParseTokenTest, AcceptsVisibleAsciiAndRefusesTheRest) {
+  auto ok = ParseToken("0123456789abcdef0123\r\n \n", "dir/token");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(*ok, "0123456789abcdef0123");
+  for (std::string bad :
+       {std::string("short\n"), std::string("0123456789 abcdef"),
+        std::string("0123456789abcdef\x01", 17), std::string("0123456789abcdef\0tail", 21),
+        std::string("0123456789abcdef\xc3\xa9"), std::string(atl::kMaxTokenBytes + 1, 'a')}) {
+    auto s = ParseToken(bad, "dir/token");
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find("dir/token"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace atl

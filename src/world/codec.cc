@@ -65,7 +65,10 @@ float QuantizeBlock(const float* y, size_t n, float qmax, float* q) {
     std::fill(q, q + n, 0.0f);
     return std::numeric_limits<float>::quiet_NaN();
   }
-  const float scale = std::bit_cast<float>(maxbits) / qmax;
+  float scale = std::bit_cast<float>(maxbits) / qmax;
+  // Near FLT_MAX, qmax * scale can round up to infinity, which Decode refuses: the next smaller
+  // scale decodes every q finite (q is clamped to qmax below).
+  while (!std::isfinite(scale * qmax)) scale = std::nextafter(scale, 0.0f);
   if (scale == 0.0f) {  // all zeros, or an absmax so small that absmax / qmax underflows
     std::fill(q, q + n, 0.0f);
     return 0.0f;
@@ -89,7 +92,7 @@ const float* WithResidual(std::span<const float> x, std::span<const float> resid
 
 void EncodeNone(std::span<const float> x, uint8_t* p, std::span<float> residual) {
   if (residual.empty()) {
-    std::memcpy(p, x.data(), x.size() * 4);
+    if (!x.empty()) std::memcpy(p, x.data(), x.size() * 4);  // an empty span's data may be null
     return;
   }
   float y[kCodecBlock];
@@ -219,6 +222,11 @@ StatusOr<Message> Validate(std::span<const uint8_t> in, size_t expected_count) {
       if (scale < 0.0f) {
         return Status::Corruption(fmt::format("codec: negative scale {} in block {}", scale, blk));
       }
+      const float qmax = codec == Codec::kInt8 ? 127.0f : 7.0f;
+      if (!std::isfinite(scale * qmax)) {  // some q * scale would be infinite
+        return Status::Corruption(fmt::format(
+            "codec: scale {} in block {} overflows float32 at q = {}", scale, blk, qmax));
+      }
       const uint8_t* v = p + 4;
       bool bad = false;
       if (codec == Codec::kInt8) {
@@ -258,7 +266,7 @@ void DecodeInto(const Message& m, float weight, std::span<float> out) {
   switch (m.codec) {
     case Codec::kNone: {
       if constexpr (!kAdd) {
-        std::memcpy(out.data(), p, count * 4);
+        if (count > 0) std::memcpy(out.data(), p, count * 4);
       } else {
         for (size_t i = 0; i < count; ++i) put(&out[i], LoadF32(p + 4 * i));
       }

@@ -58,7 +58,8 @@ void Encode(Codec codec, std::span<const float> x, std::vector<uint8_t>* out,
 
 // Decodes `in` into out (out.size() must equal the header's count). A bad magic, an unknown
 // codec, nonzero reserved header bytes, a count other than out.size(), a size other than
-// EncodedBytes, a non-finite value (none, bf16) or scale, a negative scale, a q outside the range
+// EncodedBytes, a non-finite value (none, bf16) or scale, a negative scale, a scale so large that
+// qmax * scale overflows (Encode takes the next smaller one there), a q outside the range
 // (int8 -128, int4 -8) or a nonzero int4 padding nibble is kCorruption naming what was wrong; the
 // whole message is validated before anything is written, so `out` is then left untouched.
 Status Decode(std::span<const uint8_t> in, std::span<float> out);

@@ -237,6 +237,29 @@ TEST(CodecTest, NonFiniteValuesOfNoneAndBf16AreRefusedAtTheReceiver) {
   }
 }
 
+// Found by fuzz/codec_fuzz.cc: near FLT_MAX, absmax / qmax * qmax rounded up to infinity, so a
+// finite block decoded to an infinity that Decode let through. Encode now takes a scale whose
+// every q decodes finite, and Decode refuses a scale whose qmax multiple overflows.
+TEST(CodecTest, BlocksNearTheLargestFloatDecodeFinite) {
+  for (Codec c : kBlockwise) {
+    std::vector<float> x(kCodecBlock, 1.0f);
+    x[5] = std::numeric_limits<float>::max();
+    x[6] = -std::numeric_limits<float>::max();
+    std::vector<uint8_t> enc;
+    Encode(c, x, &enc);
+    std::vector<float> out(x.size());
+    ASSERT_TRUE(Decode(enc, out).ok()) << CodecName(c);
+    for (float v : out) ASSERT_TRUE(std::isfinite(v)) << CodecName(c);
+    EXPECT_GT(out[5], 0.99f * std::numeric_limits<float>::max());
+    // A peer's message with the largest scale: 127 * scale (7 * scale) is infinite.
+    const float huge = std::numeric_limits<float>::max();
+    std::memcpy(enc.data() + kCodecHeaderBytes, &huge, 4);
+    Status s = Decode(enc, out);
+    ASSERT_FALSE(s.ok()) << CodecName(c);
+    EXPECT_NE(s.message().find("overflows float32"), std::string::npos) << s.message();
+  }
+}
+
 TEST(CodecTest, Deterministic) {
   std::vector<float> x = RandomVector(5000, 5);
   for (Codec c : kAll) {

@@ -8,6 +8,7 @@
 
 #include "core/file.h"
 #include "core/hash.h"
+#include "core/json_int.h"
 #include "world/coordinator/durable_log.h"
 
 // No FMA (core/fp_exact.h): `p + w * d` contracted into a fused multiply-add rounds once instead
@@ -43,6 +44,10 @@ StatusOr<OpLog> ReadOpLog(const std::string& path) {
     return Status::NotFound(fmt::format("{}: no such file (not an asynchronous run?)", path));
   // A last line without its newline was torn by a crash mid-append (never acknowledged): left out.
   ATOLL_ASSIGN_OR_RETURN(const LogContents contents, ReadLog(path, "op log record"));
+  return ParseOpLog(contents, path);
+}
+
+StatusOr<OpLog> ParseOpLog(const LogContents& contents, const std::string& path) {
   OpLog log;
   bool have_init = false;
   int64_t version = 0;
@@ -56,9 +61,9 @@ StatusOr<OpLog> ReadOpLog(const std::string& path) {
       if (t == "init") {
         if (have_init) return bad("a second init record");
         have_init = true;
-        log.count = j.at("count").get<uint64_t>();
+        log.count = JsonIntAt<uint64_t>(j, "count");
         log.init_checksum = HexField(j, "checksum");
-        log.max_staleness = j.at("max_staleness").get<int64_t>();
+        log.max_staleness = JsonIntAt<int64_t>(j, "max_staleness");
         if (log.max_staleness < 0) return bad("max_staleness is negative");
         log.build = j.value("build", "");
         log.cpu = j.value("cpu", "");
@@ -66,7 +71,7 @@ StatusOr<OpLog> ReadOpLog(const std::string& path) {
       }
       if (t == "build") {
         if (!have_init) return bad("a build record before the init record");
-        const int site = j.at("site").get<int>();
+        const int site = JsonIntAt<int>(j, "site");
         if (site < 0) return bad(fmt::format("build record of site {}", site));
         log.other_builds.push_back(
             {site, j.at("build").get<std::string>(), j.at("cpu").get<std::string>()});
@@ -75,24 +80,24 @@ StatusOr<OpLog> ReadOpLog(const std::string& path) {
       if (t == "rejoin") {
         if (!have_init) return bad("a rejoin before the init record");
         OpLog::Rejoin rj;
-        rj.site = j.at("site").get<int>();
-        rj.step = j.at("step").get<int64_t>();
-        rj.version = j.at("version").get<int64_t>();
-        rj.next_update = j.at("next_update").get<int64_t>();
+        rj.site = JsonIntAt<int>(j, "site");
+        rj.step = JsonIntAt<int64_t>(j, "step");
+        rj.version = JsonIntAt<int64_t>(j, "version");
+        rj.next_update = JsonIntAt<int64_t>(j, "next_update");
         log.rejoins.push_back(rj);
         continue;
       }
       if (t != "update") return bad(fmt::format("unknown record type '{}'", t));
       if (!have_init) return bad("an update before the init record");
       PsLogEntry e;
-      e.update_id = j.at("update_id").get<int64_t>();
-      e.site = j.at("site").get<int>();
-      e.base_version = j.at("base_version").get<int64_t>();
-      e.first_step = j.at("first_step").get<int64_t>();
-      e.last_step = j.at("last_step").get<int64_t>();
-      e.applied_version = j.at("applied_version").get<int64_t>();
+      e.update_id = JsonIntAt<int64_t>(j, "update_id");
+      e.site = JsonIntAt<int>(j, "site");
+      e.base_version = JsonIntAt<int64_t>(j, "base_version");
+      e.first_step = JsonIntAt<int64_t>(j, "first_step");
+      e.last_step = JsonIntAt<int64_t>(j, "last_step");
+      e.applied_version = JsonIntAt<int64_t>(j, "applied_version");
       e.checksum = HexField(j, "checksum");
-      e.bytes = j.at("bytes").get<uint64_t>();
+      e.bytes = JsonIntAt<uint64_t>(j, "bytes");
       const double w = j.at("weight").get<double>();
       e.weight = float(w);
       if (!std::isfinite(w) || double(e.weight) != w)

@@ -127,5 +127,8 @@ struct OpLog {
   std::vector<Rejoin> rejoins;
 };
 StatusOr<OpLog> ReadOpLog(const std::string& path);
+// The same for a log already read (ReadLog); `path` names it in messages.
+struct LogContents;
+StatusOr<OpLog> ParseOpLog(const LogContents& contents, const std::string& path);
 
 }  // namespace atl

@@ -38,14 +38,27 @@ StatusOr<WorldSecurity> LoadSecurity(const std::string& dir, const std::string& 
   auto token = ReadFile(dir + "/token");
   if (!token.ok())
     return Status::NotFound(fmt::format("{}/token: cannot read the shared token", dir));
-  s.token = *token;
-  while (!s.token.empty() &&
-         (s.token.back() == '\n' || s.token.back() == '\r' || s.token.back() == ' '))
-    s.token.pop_back();
-  if (s.token.size() < 16)
-    return Status::InvalidArgument(
-        fmt::format("{}/token: the shared token must be at least 16 characters", dir));
+  ATOLL_ASSIGN_OR_RETURN(s.token, ParseToken(*token, dir + "/token"));
   return s;
+}
+
+StatusOr<std::string> ParseToken(std::string_view text, const std::string& path) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
+    text.remove_suffix(1);
+  if (text.size() < 16)
+    return Status::InvalidArgument(
+        fmt::format("{}: the shared token must be at least 16 characters", path));
+  if (text.size() > kMaxTokenBytes)
+    return Status::InvalidArgument(
+        fmt::format("{}: the shared token is {} bytes, more than the {} allowed", path, text.size(),
+                    kMaxTokenBytes));
+  // It travels as a gRPC metadata value: visible ASCII (HTTP/2 may trim spaces at its ends).
+  for (size_t i = 0; i < text.size(); ++i)
+    if (text[i] <= 0x20 || text[i] > 0x7e)
+      return Status::InvalidArgument(
+          fmt::format("{}: byte {} of the shared token (0x{:02x}) is not visible ASCII", path, i,
+                      static_cast<unsigned>(static_cast<unsigned char>(text[i]))));
+  return std::string(text);
 }
 
 namespace {

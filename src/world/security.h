@@ -17,6 +17,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "core/status.h"
 
@@ -38,6 +39,11 @@ struct WorldSecurity {
 // naming the file when one is missing, empty or not PEM, and InvalidArgument for a site whose
 // DIR holds ca.key (the CA's key).
 StatusOr<WorldSecurity> LoadSecurity(const std::string& dir, const std::string& name);
+// The shared token in a token file's text (`path` names it in messages): without trailing
+// newlines and spaces, 16 to kMaxTokenBytes visible ASCII characters (it is sent as gRPC
+// metadata); InvalidArgument otherwise.
+inline constexpr size_t kMaxTokenBytes = 4096;
+StatusOr<std::string> ParseToken(std::string_view text, const std::string& path);
 
 // Server credentials: TLS requiring a client certificate signed by the CA, and the token checked
 // on each call's metadata before its body is read (an auth metadata processor); or insecure.

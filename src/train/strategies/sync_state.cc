@@ -5,9 +5,6 @@
 
 #include <cstring>
 
-#include "core/log.h"
-#include "world/live_sites.h"
-
 namespace atl {
 
 namespace {
@@ -74,25 +71,6 @@ StatusOr<SyncState> DecodeSyncState(const std::string& bytes, size_t n, size_t k
   st.v.resize(k);
   for (std::vector<float>* f : {&st.params, &st.m, &st.v})
     (void)Take(bytes, &at, f->data(), f->size() * sizeof(float));
-  return st;
-}
-
-StatusOr<SyncState> FetchSyncState(const WorldHooks& w, int64_t steps, size_t n, size_t k) {
-  // Registered before any live site began step J - 1's rounds, so each of them sees it in the
-  // reply of its first round of step J - 1 and publishes J's state after it (AfterStep).
-  ATOLL_ASSIGN_OR_RETURN(const FetchedState got,
-                         RegisterAndFetch(
-                             w, kSyncRoundsPerStep, /*early_by=*/kSyncRoundsPerStep,
-                             [](int64_t J) { return fmt::format("step {}", J + 1); },
-                             [&](int64_t J) { return J >= steps; }));
-  ATOLL_ASSIGN_OR_RETURN(SyncState st, DecodeSyncState(got.bytes, n, k));
-  if (st.step != got.unit)
-    return Status::Internal(fmt::format(
-        "site {}: rejoin: a live site's state leads into step {}, not step {} this site "
-        "registered for",
-        w.site, st.step + 1, got.unit + 1));
-  LogInfo("site {}: rejoin: took over at step {} (live sites {})", w.site, st.step + 1,
-          SiteList(st.live));
   return st;
 }
 

@@ -34,6 +34,25 @@
 
 namespace atl {
 
+StatusOr<SyncState> FetchSyncState(const WorldHooks& w, int64_t steps, size_t n, size_t k) {
+  // Registered before any live site began step J - 1's rounds, so each of them sees it in the
+  // reply of its first round of step J - 1 and publishes J's state after it (AfterStep).
+  ATOLL_ASSIGN_OR_RETURN(const FetchedState got,
+                         RegisterAndFetch(
+                             w, kSyncRoundsPerStep, /*early_by=*/kSyncRoundsPerStep,
+                             [](int64_t J) { return fmt::format("step {}", J + 1); },
+                             [&](int64_t J) { return J >= steps; }));
+  ATOLL_ASSIGN_OR_RETURN(SyncState st, DecodeSyncState(got.bytes, n, k));
+  if (st.step != got.unit)
+    return Status::Internal(fmt::format(
+        "site {}: rejoin: a live site's state leads into step {}, not step {} this site "
+        "registered for",
+        w.site, st.step + 1, got.unit + 1));
+  LogInfo("site {}: rejoin: took over at step {} (live sites {})", w.site, st.step + 1,
+          SiteList(st.live));
+  return st;
+}
+
 namespace {
 
 // Sums that every live site voted a failure for, in a row, before the run gives up.

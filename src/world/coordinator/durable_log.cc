@@ -40,9 +40,14 @@ void SetDurableLogHooksForTesting(DurableLogHooks hooks) {
 }
 
 StatusOr<LogContents> ReadLog(const std::string& path, const std::string& what) {
-  LogContents out;
-  if (!FileExists(path)) return out;
+  if (!FileExists(path)) return LogContents{};
   ATOLL_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  return ParseLog(text, path, what);
+}
+
+StatusOr<LogContents> ParseLog(std::string_view text, const std::string& path,
+                               const std::string& what) {
+  LogContents out;
   const size_t end = text.rfind('\n');
   out.good_bytes = end == std::string::npos ? 0 : end + 1;
   out.torn_bytes = text.size() - out.good_bytes;

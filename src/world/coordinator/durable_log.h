@@ -28,6 +28,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -48,6 +49,9 @@ struct LogContents {
 // Reads the log at `path`; a missing file has no records. `what` names the kind of record in
 // errors ("coordinator record", "op log record").
 StatusOr<LogContents> ReadLog(const std::string& path, const std::string& what = "log record");
+// The same for the log's bytes; `name` stands for the path in messages.
+StatusOr<LogContents> ParseLog(std::string_view text, const std::string& name,
+                               const std::string& what = "log record");
 
 class DurableLog {
  public:

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/hash.h"
+#include "core/json_int.h"
 
 namespace atl {
 
@@ -24,6 +25,28 @@ uint64_t FromHex(const Json& j, const char* key) {
 
 }  // namespace
 
+int Membership::live() const {
+  int n = 0;
+  for (const auto& s : sites) n += s.alive ? 1 : 0;
+  return n;
+}
+
+std::vector<int> Membership::LiveInRound(int64_t r) const {
+  std::vector<int> live;
+  for (const SiteInfo& s : sites)
+    if (s.alive && s.join_round <= r) live.push_back(s.site);
+  std::sort(live.begin(), live.end());
+  live.erase(std::unique(live.begin(), live.end()), live.end());
+  return live;
+}
+
+std::vector<SiteInfo> Membership::Dead(int except) const {
+  std::vector<SiteInfo> out;
+  for (const auto& s : sites)
+    if (!s.alive && !s.left && s.site != except && !s.wan_address.empty()) out.push_back(s);
+  return out;
+}
+
 MembershipState::MembershipState(int sites, double heartbeat_s, int dead_after_beats)
     : heartbeat_s_(heartbeat_s), dead_after_beats_(dead_after_beats), sites_(size_t(sites)) {}
 
@@ -40,7 +63,7 @@ Status MembershipState::Apply(const Json& j) {
   };
   try {
     if (t == "start") {
-      const int n = j.at("sites").get<int>();
+      const int n = JsonIntAt<int>(j, "sites");
       if (n != sites())
         return Status::InvalidArgument(fmt::format(
             "the log belongs to a world of {} sites, not {}: use another --state directory or "
@@ -49,14 +72,16 @@ Status MembershipState::Apply(const Json& j) {
       return Status::Ok();
     }
     if (t == "restart") return Status::Ok();
-    epoch_ = std::max(epoch_, j.at("epoch").get<int64_t>());
+    epoch_ = std::max(epoch_, JsonIntAt<int64_t>(j, "epoch"));
     if (t == "quorum") {
       quorum_ = true;
       return Status::Ok();
     }
     if (t == "round") {
-      const int64_t r = j.at("round").get<int64_t>();
-      for (int s : j.at("live").get<std::vector<int>>()) {
+      const int64_t r = JsonIntAt<int64_t>(j, "round");
+      if (!j.at("live").is_array()) return bad("live is not a list");
+      for (const Json& x : j.at("live")) {
+        const int s = JsonInt<int>(x);
         if (s < 0 || s >= sites()) return bad(fmt::format("site {} out of range", s));
         Site& rec = sites_[size_t(s)];
         if (rec.state == State::kAlive) rec.last_round = std::max(rec.last_round, r);
@@ -65,7 +90,7 @@ Status MembershipState::Apply(const Json& j) {
       Membership m = Current();
       if (j.contains("votes")) {
         for (const Json& v : j.at("votes")) {
-          const int s = v.at("site").get<int>();
+          const int s = JsonIntAt<int>(v, "site");
           if (s < 0 || s >= sites()) return bad(fmt::format("a vote of site {} out of range", s));
           m.votes[s] =
               RoundVote{v.at("failed").get<bool>(), FromHex(v, "digest"), v.value("seconds", 0.0)};
@@ -75,14 +100,14 @@ Status MembershipState::Apply(const Json& j) {
       while (rounds_.size() > kKeptRounds) rounds_.erase(rounds_.begin());
       return Status::Ok();
     }
-    const int s = j.at("site").get<int>();
+    const int s = JsonIntAt<int>(j, "site");
     if (s < 0 || s >= sites()) return bad(fmt::format("site {} out of range", s));
     Site& rec = sites_[size_t(s)];
     if (t == "register") {
       rec.state = State::kAlive;
       rec.incarnation = FromHex(j, "incarnation");
       rec.wan_address = j.at("wan").get<std::string>();
-      rec.join_round = j.contains("join_round") ? j.at("join_round").get<int64_t>() : 0;
+      rec.join_round = j.contains("join_round") ? JsonIntAt<int64_t>(j, "join_round") : 0;
       rec.last_round = rec.join_round - 1;
       rec.vote_round = -1;
       if (!have_hash_) {
@@ -106,9 +131,15 @@ Status MembershipState::Apply(const Json& j) {
   return Status::Corruption(fmt::format("unknown record type '{}'", t));
 }
 
+Verdict MembershipState::OutOfRange(int site) const {
+  if (site >= 0 && site < sites()) return Verdict::Ok();
+  return {Refusal::kBadRequest, fmt::format("site {} is out of range (0..{})", site, sites() - 1)};
+}
+
 Verdict MembershipState::PlanRegister(const Registration& r, Json* record) const {
   *record = nullptr;
   const int s = r.site;
+  if (Verdict v = OutOfRange(s); !v.ok()) return v;
   if (have_hash_ && r.config_hash != config_hash_)
     return {Refusal::kOtherConfig,
             fmt::format("site {}: config hash {} differs from {} registered by site {}: every "
@@ -219,6 +250,7 @@ std::optional<Json> MembershipState::NextDeath(double now) const {
 }
 
 Verdict MembershipState::CheckMember(int site, uint64_t incarnation) const {
+  if (Verdict v = OutOfRange(site); !v.ok()) return v;
   const Site& rec = sites_[size_t(site)];
   switch (rec.state) {
     case State::kUnregistered:

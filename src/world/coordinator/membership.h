@@ -95,10 +95,12 @@ class MembershipState {
   std::optional<nlohmann::json> NextDeath(double now) const;
 
   // Soft state (not logged).
-  // OK when (site, incarnation) is a live member; otherwise kUnknownProcess, kGone or kTaken.
+  // OK when (site, incarnation) is a live member; otherwise kUnknownProcess, kGone or kTaken
+  // (kBadRequest for a site out of range, as in PlanRegister and PlanLeave).
   Verdict CheckMember(int site, uint64_t incarnation) const;
   // A heartbeat of `incarnation` at `now`: counts when that process holds the site alive and
   // `now` is later than its last (beats may be folded in late and out of order).
+  // REQUIRES (Beat, ReachRound): 0 <= site < sites().
   void Beat(int site, uint64_t incarnation, double now);
   // The site has reached `round` and casts `vote` there; a round below the site's (a stale retry)
   // changes nothing.
@@ -120,6 +122,7 @@ class MembershipState {
   std::string Late(int64_t round) const;
 
  private:
+  Verdict OutOfRange(int site) const;  // kBadRequest unless 0 <= site < sites()
   enum class State { kUnregistered, kAlive, kDead, kLeft };
   struct Site {
     State state = State::kUnregistered;

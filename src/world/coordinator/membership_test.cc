@@ -164,3 +164,32 @@ TEST(Membership, ALeftSiteIsNotDead) {
 
 }  // namespace
 }  // namespace atl
+
+namespace atl {
+namespace {
+
+// Found by fuzz/membership_fuzz.cc and fuzz/coordinator_log_fuzz.cc: a site out of range indexed
+// past the sites, and a record's float where an integer belongs was converted with undefined
+// behaviour. Both are refused now.
+TEST(MembershipStateTest, RefusesSitesOutOfRangeAndNonIntegerFields) {
+  MembershipState m(3, 1.0, 3);
+  ASSERT_TRUE(m.Apply(m.StartRecord()).ok());
+  Json r;
+  for (int site : {-1, 3, 1000}) {
+    const Verdict v = m.PlanRegister({site, 1, "10.0.0.1:1", 7, false, 0, "test"}, &r);
+    EXPECT_EQ(v.refusal, Refusal::kBadRequest) << site;
+    EXPECT_TRUE(r.is_null());
+    EXPECT_EQ(m.CheckMember(site, 1).refusal, Refusal::kBadRequest);
+    EXPECT_EQ(m.PlanLeave(site, 1, &r).refusal, Refusal::kBadRequest);
+  }
+  for (const char* bad :
+       {R"({"t":"start","sites":3.3e65})", R"({"t":"death","site":1e300,"epoch":2})",
+        R"({"t":"quorum","epoch":"2"})", R"({"t":"round","round":0,"epoch":1,"live":[0.5]})",
+        R"({"t":"round","round":0,"epoch":1,"live":7})"}) {
+    Status s = m.Apply(Json::parse(bad));
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << bad << ": " << s.ToString();
+  }
+}
+
+}  // namespace
+}  // namespace atl

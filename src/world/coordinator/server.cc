@@ -38,28 +38,6 @@
 
 namespace atl {
 
-int Membership::live() const {
-  int n = 0;
-  for (const auto& s : sites) n += s.alive ? 1 : 0;
-  return n;
-}
-
-std::vector<int> Membership::LiveInRound(int64_t r) const {
-  std::vector<int> live;
-  for (const SiteInfo& s : sites)
-    if (s.alive && s.join_round <= r) live.push_back(s.site);
-  std::sort(live.begin(), live.end());
-  live.erase(std::unique(live.begin(), live.end()), live.end());
-  return live;
-}
-
-std::vector<SiteInfo> Membership::Dead(int except) const {
-  std::vector<SiteInfo> out;
-  for (const auto& s : sites)
-    if (!s.alive && !s.left && s.site != except && !s.wan_address.empty()) out.push_back(s);
-  return out;
-}
-
 namespace {
 
 using Clock = std::chrono::steady_clock;

@@ -5,6 +5,7 @@
 #include "comm/communicator.h"
 #include "core/hash.h"
 #include "world/wan.h"
+#include "world/wan_internal.h"
 
 namespace atl::transport {
 
@@ -21,6 +22,47 @@ std::string DTypeNameOf(uint32_t t) {
 }
 
 }  // namespace
+
+bool IsCollectiveOp(uint32_t op) {
+  return op == uint32_t(CommOp::kAllReduce) || op == uint32_t(CommOp::kReduceScatter) ||
+         op == uint32_t(CommOp::kAllGather) || op == uint32_t(CommOp::kBroadcast) ||
+         op == uint32_t(CommOp::kBarrier);
+}
+
+std::string CheckChunkOrigin(const ::atl::wan::Chunk& c, int from) {
+  if (c.version() != kWanProtocolVersion)
+    return fmt::format("a chunk has protocol version {} (this site speaks {})", c.version(),
+                       kWanProtocolVersion);
+  if (c.from_site() != static_cast<uint32_t>(from))
+    return fmt::format("a chunk claims from_site {} on the stream of site {}", c.from_site(), from);
+  return "";
+}
+
+std::string ScreenChunk(const ::atl::wan::Chunk& c, const InboxLoad& load,
+                        uint64_t max_queued_bytes) {
+  const uint32_t op = c.op();
+  const uint64_t bytes = c.payload().size();
+  if (IsCollectiveOp(op) || op == uint32_t(CommOp::kSend)) {
+    if (bytes > max_queued_bytes || load.queued_bytes > max_queued_bytes - bytes)
+      return fmt::format(
+          "it has sent {} bytes more than this site has received from it (the limit is {})",
+          load.queued_bytes + bytes, max_queued_bytes);
+    return "";
+  }
+  if (op < kWanOpPing || op > kWanOpAbort) return fmt::format("a chunk has unknown op {}", op);
+  if (bytes > kMaxControlBytes)
+    return fmt::format("a control message (op {}) of {} bytes, over the {} allowed", op, bytes,
+                       kMaxControlBytes);
+  const bool full = (op == kWanOpInfo && c.tag() == kExchangeRejoinReady &&
+                     load.rejoin_readies >= kMaxControlEntries) ||
+                    (op == kWanOpPong && load.pongs >= kMaxControlEntries) ||
+                    (op == kWanOpProbe && load.probe_arrivals >= kMaxControlEntries) ||
+                    (op == kWanOpAbort && load.aborts >= kMaxControlEntries);
+  if ((op == kWanOpInfo && (c.tag() < kExchangeHello || c.tag() > kExchangeRejoinReady)) || full)
+    return fmt::format("more control messages (op {}, tag {}) than the protocol sends", op,
+                       c.tag());
+  return "";
+}
 
 std::unique_ptr<::atl::wan::Chunk> NewChunk(const ChunkHeader& h) {
   auto c = std::make_unique<::atl::wan::Chunk>();

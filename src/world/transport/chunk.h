@@ -14,6 +14,21 @@
 
 namespace atl::transport {
 
+// The info tags (Chunk.tag of a kWanOpInfo control message).
+constexpr uint32_t kExchangeHello = 1;  // every incoming stream works
+constexpr uint32_t kExchangeReady = 2;  // every outgoing stream works (+ the link measurements)
+// Reconnect's hello (payload: the call's nonce), first on its new stream, and ready (payload:
+// the nonce of a hello that arrived on the peer's current stream).
+constexpr uint32_t kExchangeRejoin = 3;
+constexpr uint32_t kExchangeRejoinReady = 4;
+// Bounds on what a peer's control messages (pings, probes, infos, aborts) make this site hold:
+// each payload's bytes, and the entries of each set or map they fill (the protocol sends a few).
+constexpr size_t kMaxControlBytes = 1 << 20;  // above kWanProbeBytes (a bandwidth probe)
+constexpr size_t kMaxControlEntries = 65536;
+
+// A collective's chunks (as opposed to a send's and the control messages).
+bool IsCollectiveOp(uint32_t op);
+
 // The header fields of a chunk.
 struct ChunkHeader {
   int from_site = 0;
@@ -28,6 +43,22 @@ struct ChunkHeader {
 // A chunk of the current protocol version with these fields; the caller sets the payload and its
 // checksum (or leaves them to the sender thread: transport/core.h OutItem).
 std::unique_ptr<::atl::wan::Chunk> NewChunk(const ChunkHeader& h);
+
+// Empty if chunk `c`, which arrived on the stream of site `from`, speaks this protocol version
+// and names that site; otherwise why the peer is refused.
+std::string CheckChunkOrigin(const ::atl::wan::Chunk& c, int from);
+
+// What a peer has made this site hold so far (its inbox at the receiver).
+struct InboxLoad {
+  uint64_t queued_bytes = 0;  // data chunks not yet taken by a collective or a receive
+  size_t rejoin_readies = 0, pongs = 0, probe_arrivals = 0;
+  size_t aborts = 0;  // of every peer
+};
+// Empty if a chunk may be kept, given what its peer has made this site hold: a known op (and
+// info tag), data within max_queued_bytes, control messages within kMaxControlBytes and
+// kMaxControlEntries. Otherwise why the peer is refused (every later operation with it fails).
+std::string ScreenChunk(const ::atl::wan::Chunk& c, const InboxLoad& load,
+                        uint64_t max_queued_bytes);
 
 // What the receiver expects of the next chunk of an operation.
 struct ChunkExpectation {

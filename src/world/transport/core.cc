@@ -45,12 +45,6 @@ std::string NotConnected(int site) {
                      site);
 }
 
-bool IsCollectiveOp(uint32_t op) {
-  return op == uint32_t(CommOp::kAllReduce) || op == uint32_t(CommOp::kReduceScatter) ||
-         op == uint32_t(CommOp::kAllGather) || op == uint32_t(CommOp::kBroadcast) ||
-         op == uint32_t(CommOp::kBarrier);
-}
-
 }  // namespace transport
 
 void SetWanChunkHookForTesting(WanChunkHook hook) {

@@ -59,6 +59,7 @@
 #include "world/link.h"
 #include "world/proto/transport.grpc.pb.h"
 #include "world/security.h"
+#include "world/transport/chunk.h"
 #include "world/transport/pools.h"
 #include "world/wan.h"
 #include "world/wan_internal.h"
@@ -75,16 +76,6 @@ constexpr const char* kSiteHeader = "x-atoll-site";
 // taken the site over.
 constexpr const char* kAddressHeader = "x-atoll-address";
 constexpr uint32_t kUnconfigured = 0xffffffffu;
-constexpr uint32_t kExchangeHello = 1;  // every incoming stream works
-constexpr uint32_t kExchangeReady = 2;  // every outgoing stream works (+ the link measurements)
-// Reconnect's hello (payload: the call's nonce), first on its new stream, and ready (payload:
-// the nonce of a hello that arrived on the peer's current stream).
-constexpr uint32_t kExchangeRejoin = 3;
-constexpr uint32_t kExchangeRejoinReady = 4;
-// Bounds on what a peer's control messages (pings, probes, infos, aborts) make this site hold:
-// each payload's bytes, and the entries of each set or map they fill (the protocol sends a few).
-constexpr size_t kMaxControlBytes = 1 << 20;  // above kWanProbeBytes (a bandwidth probe)
-constexpr size_t kMaxControlEntries = 65536;
 constexpr int kMaxMessageBytes = static_cast<int>(kWanMaxChunkBytes + (16 << 20));
 constexpr int kPingRounds = 3;
 
@@ -97,7 +88,6 @@ std::vector<std::pair<std::string, int>> KeepaliveArgs(double keepalive_s, bool 
 std::shared_ptr<const WanChunkHook> ChunkHook();
 std::shared_ptr<const WanFetchHook> FetchHook();
 std::string NotConnected(int site);
-bool IsCollectiveOp(uint32_t op);
 // The site a call's metadata claims (-1: none or malformed).
 int ClaimedSite(const grpc::ServerContext& ctx);
 // With TLS: why the caller's certificate does not fit the site it claims ("" when it does).

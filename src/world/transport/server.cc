@@ -219,18 +219,8 @@ void WanCore::Poison(int from, const std::string& why, uint64_t generation) {
 }
 
 void WanCore::Dispatch(int from, PooledChunk chunk, double now, uint64_t generation) {
-  if (chunk->version() != kWanProtocolVersion) {
-    Poison(from,
-           fmt::format("a chunk has protocol version {} (this site speaks {})", chunk->version(),
-                       kWanProtocolVersion),
-           generation);
-    return;
-  }
-  if (chunk->from_site() != static_cast<uint32_t>(from)) {
-    Poison(from,
-           fmt::format("a chunk claims from_site {} on the stream of site {}", chunk->from_site(),
-                       from),
-           generation);
+  if (std::string why = CheckChunkOrigin(*chunk, from); !why.empty()) {
+    Poison(from, why, generation);
     return;
   }
   const uint32_t op = chunk->op();
@@ -247,26 +237,12 @@ void WanCore::Dispatch(int from, PooledChunk chunk, double now, uint64_t generat
     Inbox& in = inboxes_[from];
     if (generation != 0 && in.generation != generation) return;  // late, of a replaced stream
     if (!in.poison.empty()) return;  // refused already: nothing it sends is kept
-    // What a peer can make this site hold is bounded: data not yet received by
-    // WanOptions::max_queued_bytes; control messages are a few bytes each, keyed from small
-    // sets, and as many as the protocol needs.
+    // What a peer can make this site hold is bounded (ScreenChunk).
     const uint64_t bytes = chunk->payload().size();
-    if (data && in.queued + bytes > options_.max_queued_bytes)
-      refused = fmt::format(
-          "it has sent {} bytes more than this site has received from it (the limit is {})",
-          in.queued + bytes, options_.max_queued_bytes);
-    else if (!data && bytes > kMaxControlBytes)
-      refused = fmt::format("a control message (op {}) of {} bytes, over the {} allowed", op, bytes,
-                            kMaxControlBytes);
-    else if ((op == kWanOpInfo &&
-              (chunk->tag() < kExchangeHello || chunk->tag() > kExchangeRejoinReady)) ||
-             (op == kWanOpInfo && chunk->tag() == kExchangeRejoinReady &&
-              in.rejoin_readies.size() >= kMaxControlEntries) ||
-             (op == kWanOpPong && in.pongs.size() >= kMaxControlEntries) ||
-             (op == kWanOpProbe && in.probe_arrivals.size() >= kMaxControlEntries) ||
-             (op == kWanOpAbort && aborts_.size() >= kMaxControlEntries))
-      refused = fmt::format("more control messages (op {}, tag {}) than the protocol sends", op,
-                            chunk->tag());
+    refused = ScreenChunk(*chunk,
+                          {in.queued, in.rejoin_readies.size(), in.pongs.size(),
+                           in.probe_arrivals.size(), aborts_.size()},
+                          options_.max_queued_bytes);
     if (!refused.empty()) {
       in.poison = refused;
     } else if (IsCollectiveOp(op)) {
@@ -289,11 +265,9 @@ void WanCore::Dispatch(int from, PooledChunk chunk, double now, uint64_t generat
       in.rejoin_readies.insert(std::string(chunk->payload()));
     } else if (op == kWanOpInfo) {
       in.infos[chunk->tag()] = std::move(*chunk->mutable_payload());
-    } else if (op == kWanOpAbort) {
+    } else {  // kWanOpAbort: ScreenChunk refused every other op
       aborts_.emplace(chunk->op_seq(),
                       fmt::format("site {} gave it up: {}", from, std::string(chunk->payload())));
-    } else {
-      in.poison = refused = fmt::format("a chunk has unknown op {}", op);
     }
   }
   if (!refused.empty())
