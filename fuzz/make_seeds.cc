@@ -124,7 +124,9 @@ void Logs() {
   apply(s.StartRecord());
   for (int site = 0; site < sites; ++site) {
     json r;
-    atl::Registration reg{site, uint64_t(10 + site), "127.0.0.1:" + std::to_string(7000 + site)};
+    atl::Registration reg{.site = site,
+                          .incarnation = uint64_t(10 + site),
+                          .wan_address = "127.0.0.1:" + std::to_string(7000 + site)};
     if (!s.PlanRegister(reg, &r).ok()) std::exit(1);
     apply(r);
     s.Beat(site, 10 + site, 0.5);
@@ -136,7 +138,11 @@ void Logs() {
   s.Beat(2, 12, 5);
   apply(*s.NextDeath(5));  // site 1
   json r;
-  atl::Registration again{1, 21, "127.0.0.1:7001", 0, true, 2};
+  atl::Registration again{.site = 1,
+                          .incarnation = 21,
+                          .wan_address = "127.0.0.1:7001",
+                          .rejoin = true,
+                          .join_round = 2};
   if (!s.PlanRegister(again, &r).ok()) std::exit(1);
   apply(r);
   apply(s.RestartRecord());

@@ -33,6 +33,7 @@
 #include "cli/launch/live_view.h"
 #include "cli/launch/plan.h"
 #include "cli/launch/processes.h"
+#include "cli/launch/slurm.h"
 #include "core/file.h"
 #include "core/log.h"
 #include "core/status.h"
@@ -94,6 +95,18 @@ StatusOr<std::string> ReadAddress(int fd, Child& coordinator, const std::string&
 // The world's run. Returns the process exit code; errors before any child runs are a Status.
 StatusOr<int> Launch(const LaunchArgs& a) {
   ATOLL_ASSIGN_OR_RETURN(const LaunchPlan plan, PlanLaunch(a));
+  if (a.emit == "slurm") {
+    ATOLL_ASSIGN_OR_RETURN(const std::string submit, EmitSlurm(plan));
+    std::printf("%s\n", submit.c_str());
+    if (!a.quiet)
+      std::fprintf(stderr,
+                   "launch: wrote %s/slurm/: coordinator.sbatch and site-0..%d.sbatch (%s); "
+                   "submit them all with %s\n",
+                   plan.dir.c_str(), plan.sites - 1,
+                   a.insecure ? "insecure" : ("certificates in " + plan.certs).c_str(),
+                   submit.c_str());
+    return 0;
+  }
   const RunConfig& cfg = plan.cfg;
   const int sites = plan.sites, ranks = plan.ranks;
   const std::string& dir = plan.dir;
@@ -404,7 +417,10 @@ void AddLaunchCommand(CLI::App& app) {
       "Example:\n"
       "  atoll launch --config configs/world-demo.toml --out runs/world\n"
       "  atoll launch --config configs/world-demo.toml --set world.link.latency_ms=10 \\\n"
-      "      --out runs/world-near --insecure");
+      "      --out runs/world-near --insecure\n"
+      "  atoll launch --config configs/world-demo.toml --out /shared/runs/w --emit slurm\n"
+      "      (then /shared/runs/w/slurm/submit.sh on the cluster: DIR must be on a filesystem\n"
+      "      every node sees)");
   cmd->add_option("--config", args->config, "TOML config file with world.sites >= 2")
       ->required()
       ->check(CLI::ExistingFile);
@@ -433,6 +449,11 @@ void AddLaunchCommand(CLI::App& app) {
                   "world recovered from the last; implies --rejoin (up to that many per site). "
                   "Writes DIR/chaos.jsonl and a table of what each cost");
   cmd->add_option("--chaos-kills", args->chaos_kills, "Kills with --chaos (default 3)");
+  cmd->add_option("--emit", args->emit,
+                  "slurm: write DIR/slurm/ (a batch script for the coordinator and one per site, "
+                  "and submit.sh) instead of running the world here; the scripts are bash and "
+                  "also run outside Slurm")
+      ->check(CLI::IsMember({"slurm"}));
   cmd->add_option("--resume", args->resume,
                   "Every site resumes from this checkpoint (`atoll train --resume`; sync)");
   cmd->callback([args] {

@@ -117,11 +117,23 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchArgs& a) {
   }
   std::string& dir = p.dir = a.out;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  // Batch scripts run elsewhere, from another directory: every path they name is absolute.
+  if (!a.emit.empty()) dir = std::filesystem::absolute(dir).lexically_normal().string();
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
 
+  if (!a.emit.empty()) {
+    if (a.emit != "slurm")
+      return Status::InvalidArgument(
+          fmt::format("launch: --emit {}: the only format is slurm", a.emit));
+    if (!a.fail_sites.empty() || !a.slow_sites.empty() || a.rejoin || a.chaos >= 0)
+      return Status::InvalidArgument(
+          "launch: --emit slurm writes the run's scripts; --fail-site, --slow-site, --rejoin and "
+          "--chaos are for worlds launch runs itself");
+  }
   const char* mpirun_name = std::getenv("ATOLL_MPIRUN");
   const std::string mpirun_want = mpirun_name != nullptr && *mpirun_name ? mpirun_name : "mpirun";
   const auto mpirun = FindOnPath(mpirun_want);
-  if (!mpirun)
+  if (!mpirun && a.emit.empty())  // the scripts run mpirun on the cluster's nodes
     return Status::Unavailable(fmt::format(
         "launch: {} not found{}: every site runs under mpirun (install OpenMPI: apt-get install "
         "openmpi-bin, or name it with ATOLL_MPIRUN=/path/to/mpirun)",
@@ -131,7 +143,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchArgs& a) {
   if (self_n <= 0)
     return Status::Internal("launch: cannot read /proc/self/exe: " + ErrnoText(errno));
   p.self.assign(self_buf, size_t(self_n));
-  p.mpirun = *mpirun;
+  p.mpirun = mpirun ? *mpirun : mpirun_want;
 
   // The run directory: the effective config, certificates, one folder per site.
   ATOLL_RETURN_IF_ERROR(MakeDirs(dir));
@@ -139,6 +151,7 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchArgs& a) {
   ATOLL_RETURN_IF_ERROR(WriteFileAtomic(p.config_path, RunConfigToToml(cfg)));
   if (!a.insecure) {
     std::string& certs = p.certs = a.certs;
+    if (!a.emit.empty() && !certs.empty()) certs = std::filesystem::absolute(certs).string();
     if (certs.empty()) {
       // The sites read DIR/certs; the CA's key is kept apart, in DIR/ca.
       certs = dir + "/certs";

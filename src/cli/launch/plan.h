@@ -41,6 +41,7 @@ struct LaunchArgs {
   int chaos_kills = 3;                  // --chaos-kills
   std::string resume;                   // --resume CHECKPOINT: every site's first process
   std::vector<std::string> slow_sites;  // "SITE:FACTOR": emulate a slower site (benchmarks)
+  std::string emit;                     // "slurm": write batch scripts (cli/launch/slurm.h)
 };
 
 struct LaunchPlan {
