@@ -96,6 +96,9 @@ namespace atl {
 inline constexpr uint32_t kCoordinatorProtocolVersion = 2;
 // The largest gRPC message the coordinator and its clients accept (parameter server transfers).
 inline constexpr int kCoordinatorMaxMessageBytes = 1 << 30;
+// The largest request of every other method (membership, rounds, PsPull): a few hundred bytes
+// in use; a larger one is refused (RESOURCE_EXHAUSTED) before it is acted on.
+inline constexpr size_t kCoordinatorMaxSmallRequestBytes = 64 << 10;
 
 struct CoordinatorOptions {
   std::string listen = "127.0.0.1:0";  // host:port (port 0: any)

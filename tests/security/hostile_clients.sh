@@ -2,9 +2,11 @@
 # Hostile and broken peers against a coordinator with mutual TLS and the token, from a client that
 # is not atoll's (tests/security/hostile_clients.py: Debian's python3-grpcio): plaintext, no or a
 # wrong token, a site's valid certificate claiming another site, the coordinator's certificate
-# posing as a site, another CA's certificate, a message that is not one, garbage bytes on the port
-# and a connection that never sends. Each is refused, the coordinator logs the refusals, and the
-# membership a well-formed client sees is unchanged (hashed). (Refusals in the TLS handshake are
+# posing as a site, another CA's certificate, a message that is not one, garbage bytes on the port,
+# a connection that never sends, a 2 MiB Heartbeat (over the method's limit), a message over the
+# transport's 1 GiB, and messages replayed from an earlier process of a registered site. Each is
+# refused, the coordinator logs the refusals, and the membership a well-formed client sees is
+# unchanged (hashed). (Refusals in the TLS handshake are
 # gRPC's and are not in atoll's log.)
 # Usage: hostile_clients.sh ATOLL
 set -euo pipefail
@@ -35,4 +37,6 @@ grep -q "before reading its call: missing or wrong token" "$T/coord.err" ||
   fail "the coordinator did not log the token refusals: $(cat "$T/coord.err")"
 grep -q 'its certificate is for \\"site-1\\" but it claims to be site-0\|its certificate is for "site-1" but it claims to be site-0' "$T/coord.err" ||
   fail "the coordinator did not log the impostor: $(cat "$T/coord.err")"
+grep -q "a Heartbeat request of 2097162 bytes, over the 65536 allowed" "$T/coord.err" ||
+  fail "the coordinator did not log the oversized Heartbeat: $(cat "$T/coord.err")"
 echo "PASS: hostile clients"

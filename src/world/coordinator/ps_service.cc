@@ -11,6 +11,7 @@
 #include "core/hash.h"
 #include "core/log.h"
 #include "world/codec.h"
+#include "world/coordinator.h"
 #include "world/ps.h"
 
 namespace atl {
@@ -69,6 +70,15 @@ grpc::Status RefuseCall(const grpc::ServerContext& ctx, const char* rpc, grpc::S
                         const std::string& message) {
   LogWarning("coordinator: refused {} from {}: {}", rpc, ctx.peer(), message);
   return grpc::Status(code, message);
+}
+
+grpc::Status CheckRequestSize(const grpc::ServerContext& ctx, const char* rpc,
+                              const google::protobuf::Message& req, size_t limit) {
+  const size_t bytes = req.ByteSizeLong();
+  if (bytes <= limit) return grpc::Status::OK;
+  return RefuseCall(
+      ctx, rpc, grpc::StatusCode::RESOURCE_EXHAUSTED,
+      fmt::format("a {} request of {} bytes, over the {} allowed", rpc, bytes, limit));
 }
 
 PsService::PsService(std::string state_dir, int sites, uint64_t coordinator_id,
@@ -324,6 +334,8 @@ grpc::Status PsService::Pull(grpc::ServerContext* ctx, const coord::PsPullReques
   constexpr const char* rpc = "PsPull";
   const int site = req.site();
   if (auto st = check_caller_(*ctx, rpc, site, req.incarnation()); !st.ok()) return st;
+  if (auto st = CheckRequestSize(*ctx, rpc, req, kCoordinatorMaxSmallRequestBytes); !st.ok())
+    return st;
   std::lock_guard<std::mutex> lk(mu_);
   if (auto st = UsableLocked(*ctx, rpc, site, /*init=*/false); !st.ok()) return st;
   if (req.count() != count_)

@@ -38,6 +38,10 @@ namespace atl {
 // Logs a refused call (what, from whom, why) and returns its status.
 grpc::Status RefuseCall(const grpc::ServerContext& ctx, const char* rpc, grpc::StatusCode code,
                         const std::string& message);
+// The per-method limit: RESOURCE_EXHAUSTED (logged) when `req` is larger than `limit` bytes.
+// The transport's own limit (kCoordinatorMaxMessageBytes) is the parameter server's transfers'.
+grpc::Status CheckRequestSize(const grpc::ServerContext& ctx, const char* rpc,
+                              const google::protobuf::Message& req, size_t limit);
 
 class PsService {
  public:

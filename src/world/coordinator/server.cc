@@ -483,6 +483,8 @@ grpc::Status CoordinatorImpl::Register(grpc::ServerContext* ctx, const coord::Re
                                        coord::Reply* reply) {
   const int site = req.site();
   if (auto st = Authorize(*ctx, "Register", site); !st.ok()) return st;
+  if (auto st = CheckRequestSize(*ctx, "Register", req, kCoordinatorMaxSmallRequestBytes); !st.ok())
+    return st;
   if (req.version() != kCoordinatorProtocolVersion)
     return RefuseCall(*ctx, "Register", grpc::StatusCode::INVALID_ARGUMENT,
                       fmt::format("site {}: coordinator protocol version {} differs from the "
@@ -547,6 +549,9 @@ grpc::Status CoordinatorImpl::Register(grpc::ServerContext* ctx, const coord::Re
 grpc::Status CoordinatorImpl::Heartbeat(grpc::ServerContext* ctx,
                                         const coord::HeartbeatRequest& req, coord::Reply* reply) {
   if (auto st = Authorize(*ctx, "Heartbeat", req.site()); !st.ok()) return st;
+  if (auto st = CheckRequestSize(*ctx, "Heartbeat", req, kCoordinatorMaxSmallRequestBytes);
+      !st.ok())
+    return st;
   if (halted_) {
     std::lock_guard<std::mutex> lk(mu_);
     return ServingLocked();
@@ -566,6 +571,8 @@ grpc::Status CoordinatorImpl::Heartbeat(grpc::ServerContext* ctx,
 grpc::Status CoordinatorImpl::Round(grpc::ServerContext* ctx, const coord::RoundRequest& req,
                                     coord::Reply* reply) {
   if (auto st = Authorize(*ctx, "Round", req.site()); !st.ok()) return st;
+  if (auto st = CheckRequestSize(*ctx, "Round", req, kCoordinatorMaxSmallRequestBytes); !st.ok())
+    return st;
   const int64_t r = req.round();
   if (r < 0)
     return RefuseCall(*ctx, "Round", grpc::StatusCode::INVALID_ARGUMENT,
@@ -597,6 +604,8 @@ grpc::Status CoordinatorImpl::Round(grpc::ServerContext* ctx, const coord::Round
 grpc::Status CoordinatorImpl::Peek(grpc::ServerContext* ctx, const coord::PeekRequest& req,
                                    coord::Reply* reply) {
   if (auto st = Authorize(*ctx, "Peek", req.site()); !st.ok()) return st;
+  if (auto st = CheckRequestSize(*ctx, "Peek", req, kCoordinatorMaxSmallRequestBytes); !st.ok())
+    return st;
   std::unique_lock<std::mutex> lk(mu_);
   if (auto st = ServingLocked(); !st.ok()) return st;
   FillReply(state_.Current(), reply);
@@ -606,6 +615,8 @@ grpc::Status CoordinatorImpl::Peek(grpc::ServerContext* ctx, const coord::PeekRe
 grpc::Status CoordinatorImpl::Leave(grpc::ServerContext* ctx, const coord::LeaveRequest& req,
                                     coord::Reply* reply) {
   if (auto st = Authorize(*ctx, "Leave", req.site()); !st.ok()) return st;
+  if (auto st = CheckRequestSize(*ctx, "Leave", req, kCoordinatorMaxSmallRequestBytes); !st.ok())
+    return st;
   std::unique_lock<std::mutex> lk(mu_);
   if (auto st = ServingLocked(); !st.ok()) return st;
   Json record;
