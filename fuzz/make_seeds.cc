@@ -151,13 +151,13 @@ void Logs() {
   // The membership target's requests: kind, site, incarnation, time step, then the kind's own.
   std::string ops_in(1, char(sites - 1));
   for (int site = 0; site < sites; ++site) {
-    ops_in += {0, char(site), char(site), 1, char(site), 0, 0, 0};  // register
+    ops_in += {0, char(site), char(site), 1, char(site), 0, 0, 0, 0};  // register
   }
   ops_in += {5, 0, 0, 1};  // the quorum
   for (int site = 0; site < sites; ++site) ops_in += {4, char(site), char(site), 1, 1, 0, 9, 2, 0};
-  ops_in += {5, 0, 0, 1};                                      // round 0
-  ops_in += {3, 0, 0, 16, 3, 2, 2, 16, 6, 0, 0, 80};           // beats, then site 1 dies
-  ops_in += {1, 1, 3, 1, 1, 0, 2, 0, 2, 0, 0, 1, 7, 0, 0, 1};  // its rejoin, a leave, a restart
+  ops_in += {5, 0, 0, 1};                                         // round 0
+  ops_in += {3, 0, 0, 16, 3, 2, 2, 16, 6, 0, 0, 80};              // beats, then site 1 dies
+  ops_in += {1, 1, 3, 1, 1, 0, 0, 2, 0, 2, 0, 0, 1, 7, 0, 0, 1};  // its rejoin, a leave, a restart
   Seed("membership", "three_sites", ops_in);
 }
 
@@ -184,6 +184,8 @@ void Chunks() {
     Put<uint32_t>(&s, 0);        // queued bytes
     Put<uint16_t>(&s, 0);        // pongs / 2
     Put<uint16_t>(&s, 0);        // aborts / 2
+    Put<uint16_t>(&s, 0);        // rejoin readies / 2
+    Put<uint16_t>(&s, 0);        // probe arrivals / 2
     Put<uint32_t>(&s, 1 << 20);  // max queued bytes
     Put<uint8_t>(&s, flags);
     Put<uint8_t>(&s, 5);  // op_seq
@@ -228,19 +230,19 @@ void SiteStates() {
   lc.rounds = 2;
   lc.exchanges = 2;
   lc.global = lc.momentum = lc.params = Floats(n, 1.0f);
-  Seed("site_state", "lowcomm_rejoin", std::string{0, char(n), 0} + atl::EncodeLowCommState(lc));
+  Seed("site_state", "lowcomm_rejoin", std::string{0, char(n), 0, 2} + atl::EncodeLowCommState(lc));
   lc.residual = lc.adam_m = lc.adam_v = Floats(n, 0.1f);
   lc.adam_steps = 6;
-  Seed("site_state", "lowcomm_resume", std::string{0, char(n), 0} + atl::EncodeLowCommState(lc));
+  Seed("site_state", "lowcomm_resume", std::string{0, char(n), 0, 2} + atl::EncodeLowCommState(lc));
   const std::vector<float> p = Floats(n, 1.0f), m = Floats(n % 3, 0.1f);
   Seed("site_state", "sync",
-       std::string{1, char(n), 0} + atl::EncodeSyncState(4, 4, 2, {0, 2}, p, m, m));
+       std::string{1, char(n), 0, 2} + atl::EncodeSyncState(4, 4, 2, {0, 2}, p, m, m));
   atl::AsyncSiteState as;
   as.completed = 8;
   as.pushes = 3;
   as.residual = as.adam_m = as.adam_v = Floats(n, 0.5f);
   as.adam_steps = 8;
-  Seed("site_state", "async", std::string{2, char(n), 0} + atl::EncodeAsyncSiteState(as));
+  Seed("site_state", "async", std::string{2, char(n), 0, 2} + atl::EncodeAsyncSiteState(as));
 }
 
 }  // namespace

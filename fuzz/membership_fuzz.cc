@@ -39,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         r.wan_address = "127.0.0.1:" + std::to_string(7000 + in.Take<uint8_t>() % 4);
         r.config_hash = in.Take<uint8_t>() % 2;
         r.rejoin = kind == 1;
-        r.join_round = in.Take<int8_t>();
+        r.join_round = in.Bit() ? in.Take<int64_t>() : in.Take<int8_t>();
         r.early_by = in.Take<uint8_t>() % 4;
         if (state.PlanRegister(r, &record).ok() && !record.is_null()) {
           ApplyOk(state, record, &log);

@@ -25,6 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t which = in.Take<uint8_t>() % 3;
   const size_t n = in.Take<uint8_t>();
   const bool fix_checksum = in.Bit();  // the async state's XXH3, which random bytes never match
+  const int sites = 1 + in.Take<uint8_t>() % 8;
   std::string bytes(in.rest());
   if (which == 2 && fix_checksum && bytes.size() >= 8) {
     const uint64_t h = atl::Hash64(bytes.data(), bytes.size() - 8);
@@ -43,12 +44,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                SameBits(t->adam_m, s->adam_m) && SameBits(t->adam_v, s->adam_v));
   } else if (which == 1) {
     const size_t k = n % 3;
-    auto s = atl::DecodeSyncState(bytes, n, k);
+    auto s = atl::DecodeSyncState(bytes, n, k, sites);
     if (!s.ok()) return 0;
     FUZZ_CHECK(s->params.size() == n && s->m.size() == k && s->v.size() == k);
+    FUZZ_CHECK(!s->live.empty() && int(s->live.size()) <= sites);
+    for (size_t i = 0; i < s->live.size(); ++i)
+      FUZZ_CHECK(s->live[i] >= 0 && s->live[i] < sites && (i == 0 || s->live[i] > s->live[i - 1]));
     auto t = atl::DecodeSyncState(atl::EncodeSyncState(s->step, s->optimizer_steps, s->generation,
                                                        s->live, s->params, s->m, s->v),
-                                  n, k);
+                                  n, k, sites);
     FUZZ_CHECK(t.ok());
     FUZZ_CHECK(t->step == s->step && t->optimizer_steps == s->optimizer_steps &&
                t->generation == s->generation && t->live == s->live);

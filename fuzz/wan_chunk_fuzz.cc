@@ -1,7 +1,7 @@
 // The WAN transport's chunk validators (world/transport/chunk.h): a peer's chunk, parsed from its
 // protobuf bytes, screened for its origin and for what it would make this site hold
 // (CheckChunkOrigin, ScreenChunk), then checked against what a collective expects (CheckChunk).
-// The first 34 bytes of the input set the receiver's side: its inbox load and its expectation
+// The first 38 bytes of the input set the receiver's side: its inbox load and its expectation
 // (fuzz/make_seeds.cc writes them in this order).
 #include "comm/communicator.h"
 #include "fuzz/fuzz_util.h"
@@ -15,6 +15,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   load.queued_bytes = in.Take<uint32_t>();
   load.pongs = in.Take<uint16_t>() * 2;  // up to 2 * 65535, past kMaxControlEntries
   load.aborts = in.Take<uint16_t>() * 2;
+  load.rejoin_readies = in.Take<uint16_t>() * 2;
+  load.probe_arrivals = in.Take<uint16_t>() * 2;
   const uint64_t max_queued = in.Take<uint32_t>();
   atl::transport::ChunkExpectation e;
   const uint8_t flags = in.Take<uint8_t>();

@@ -38,8 +38,8 @@ if ! command -v clang++-14 >/dev/null ||
 fi
 [[ -f build/fuzz/build.ninja ]] || cmake --preset fuzz >/dev/null
 echo "fuzz: building (build/fuzz)"
-cmake --build build/fuzz -j "$(nproc)" | grep -v '^\[' || true
-[[ -x build/fuzz/fuzz/make_seeds ]] || { echo "fuzz: the build failed" >&2; exit 1; }
+cmake --build build/fuzz -j "$(nproc)" >build/fuzz/build.log 2>&1 ||
+  { tail -30 build/fuzz/build.log >&2; echo "fuzz: the build failed (build/fuzz/build.log)" >&2; exit 1; }
 
 if ((seeds)); then
   rm -rf fuzz/corpus
@@ -89,7 +89,7 @@ for t in "${targets[@]}"; do
   runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$out/$t.log" | grep -o '[0-9]*$' || echo '?')
   cov=$(grep -o 'cov: [0-9]*' "$out/$t.log" | tail -1 | grep -o '[0-9]*$' || echo '?')
   corpus=$(find "build/fuzz/corpus/$t" -type f | wc -l)
-  crashes=$(find "build/fuzz/crashes/$t" -type f | wc -l)
+  crashes=$(find "build/fuzz/crashes/$t" -type f \( -name 'crash-*' -o -name 'timeout-*' -o -name 'oom-*' -o -name 'leak-*' \) | wc -l)
   printf '%-16s %8s %12s %8s %8s %8s\n' "$t" "$secs" "$runs" "$cov" "$corpus" "$crashes"
   if ((rc != 0 || crashes > 0)); then
     failed=1

@@ -1,8 +1,8 @@
 // Integers read from JSON that a file or a peer wrote, without undefined behaviour: nlohmann's
 // get<int>() converts a float (1e300, NaN) or an out-of-range integer with a plain cast, which is
 // undefined for floats. JsonInt accepts only a JSON integer within T's range and throws
-// std::invalid_argument / std::out_of_range otherwise, which the readers' try blocks report as
-// corruption naming the record.
+// std::invalid_argument / std::out_of_range otherwise (JsonIntAt: std::runtime_error naming the
+// key), which the readers' try blocks report as corruption naming the record.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -36,15 +36,14 @@ T JsonInt(const Json& v) {
   throw std::invalid_argument(fmt::format("expected an integer, found a {}", v.type_name()));
 }
 
-// j[key] as JsonInt<T>; std::out_of_range (nlohmann's) when the key is missing.
+// j[key] as JsonInt<T>; every failure (a missing key too, nlohmann's exception) is a
+// std::runtime_error naming the key.
 template <typename T, typename Json>
 T JsonIntAt(const Json& j, const char* key) {
   try {
     return JsonInt<T>(j.at(key));
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(fmt::format("{}: {}", key, e.what()));
-  } catch (const std::out_of_range& e) {
-    throw std::out_of_range(fmt::format("{}: {}", key, e.what()));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("{}: {}", key, e.what()));
   }
 }
 

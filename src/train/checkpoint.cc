@@ -8,6 +8,7 @@
 
 #include "core/file.h"
 #include "core/hash.h"
+#include "core/json_int.h"
 #include "model/config.h"
 #include "train/safetensors.h"
 
@@ -87,9 +88,13 @@ StatusOr<T> Field(const Json& j, const char* key, const std::string& where) {
   if (!j.is_object() || !j.contains(key))
     return Status::Corruption(fmt::format("{}: missing field {}", where, key));
   try {
-    return j[key].get<T>();
-  } catch (const nlohmann::json::exception&) {
-    return Status::Corruption(fmt::format("{}: field {} has the wrong type", where, key));
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+      return JsonInt<T>(j[key]);  // never a float cast past T's range
+    else
+      return j[key].get<T>();
+  } catch (const std::exception&) {
+    return Status::Corruption(
+        fmt::format("{}: field {} has the wrong type or is out of range", where, key));
   }
 }
 

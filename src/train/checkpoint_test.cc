@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/file.h"
+#include "core/hash.h"
 #include "core/rng.h"
 #include "train/safetensors.h"
 
@@ -261,6 +262,27 @@ TEST_F(CheckpointTest, ATensorOfTheWrongShapeIsRefused) {
   }
   ASSERT_TRUE(w.Write(dir_ + "/model.safetensors").ok());
   ExpectRefused(dir_, {"tensor transformer.h.0.attn.c_attn.weight", "shape"}, "transposed");
+}
+
+// Found by fuzz/manifest_fuzz.cc: a float where an integer belongs (next_step 1e300, or a format
+// version past int's range) was cast with undefined behaviour; a manifest with its right
+// self-checksum and such a field is corrupt.
+TEST_F(CheckpointTest, AManifestFieldOutOfItsTypesRangeIsRefused) {
+  for (const auto& [path, value] :
+       {std::pair{"/data/next_step", nlohmann::ordered_json(1e300)},
+        std::pair{"/format_version", nlohmann::ordered_json(uint64_t{1} << 32 | 1)},
+        std::pair{"/optimizer/steps", nlohmann::ordered_json(-1.5)}}) {
+    auto m = nlohmann::ordered_json::parse(Slurp(dir_ + "/manifest.json"));
+    m[nlohmann::ordered_json::json_pointer(path)] = value;
+    m.erase("checksum");
+    m["checksum"] = HashToHex(Hash64(m.dump()));
+    nlohmann::ordered_json files;
+    auto ck = ParseManifest(m.dump(2), "manifest.json", &files);
+    ASSERT_FALSE(ck.ok()) << path;
+    EXPECT_EQ(ck.status().code(), StatusCode::kCorruption) << ck.status().ToString();
+    EXPECT_NE(ck.status().message().find("out of range"), std::string::npos)
+        << ck.status().ToString();
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/file.h"
+#include "core/json_int.h"
 #include "world/codec.h"
 
 namespace atl {
@@ -471,7 +472,16 @@ StatusOr<RunConfig> RunConfigFromJson(const nlohmann::json& j) {
                                                          : v.is_number_integer();
           if (!ok)
             return Status::InvalidArgument(fmt::format("config: {} has the wrong type", k.path()));
-          *p = v.get<V>();
+          if constexpr (std::is_integral_v<V> && !std::is_same_v<V, bool>) {
+            try {
+              *p = JsonInt<V>(v);  // an int64 that does not fit an int is refused, not wrapped
+            } catch (const std::exception&) {
+              return Status::InvalidArgument(
+                  fmt::format("config: {} = {} is out of range", k.path(), v.dump()));
+            }
+          } else {
+            *p = v.get<V>();
+          }
           return Status::Ok();
         },
         k.value);

@@ -170,8 +170,10 @@ StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string_view bytes, const s
       if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40))
         return bad_tensor(fmt::format("bad dimension {}", d.dump()));
       t.shape.push_back(d.get<int64_t>());
-      numel *= d.get<size_t>();
-      if (numel > (size_t{1} << 40)) return bad_tensor("too many elements");
+      // Checked before multiplying: two dimensions of 2^32 would wrap to 0 elements.
+      const size_t dim = d.get<size_t>();
+      if (dim != 0 && numel > (size_t{1} << 40) / dim) return bad_tensor("too many elements");
+      numel *= dim;
     }
     const auto& off = info["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||

@@ -125,3 +125,24 @@ TEST(Safetensors, MissingFileIsNotFound) {
 
 }  // namespace
 }  // namespace atl
+
+namespace atl {
+namespace {
+
+// Found by review: two dimensions of 2^32 made 2^64 elements, which wrapped to 0, so a header
+// claiming them over 0 bytes was accepted.
+TEST(Safetensors, RefusesAShapeWhoseElementCountWraps) {
+  const std::string header =
+      R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})";
+  std::string bytes(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(bytes.data(), &n, 8);
+  bytes += header;
+  auto f = SafetensorsFile::Parse(bytes, "wrap.safetensors");
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("too many elements"), std::string::npos)
+      << f.status().ToString();
+}
+
+}  // namespace
+}  // namespace atl

@@ -115,7 +115,8 @@ print("the membership is unchanged (hash %s)" % during[:16])
 heartbeat = field(1, 1) + field(3, 7)
 expect("a 2 MiB Heartbeat", grpc.StatusCode.RESOURCE_EXHAUSTED,
        lambda: call(channel(), "Heartbeat", heartbeat + field(99, b"x" * (2 << 20))))
-big = field(1, 1) + field(99, bytes((1 << 30) + 16))
+n = (1 << 30) + 16  # one copy of it and gRPC's: about 2 GiB in this process, briefly
+big = b"".join([field(1, 1), varint(99 << 3 | 2), varint(n), bytes(n)])
 expect("a message over 1 GiB", grpc.StatusCode.RESOURCE_EXHAUSTED,
        lambda: call(channel(), "PsPush", big, timeout=60))
 del big

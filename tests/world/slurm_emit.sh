@@ -14,6 +14,8 @@ source "$(dirname "$0")/../e2e_lib.sh"
 command -v "$MPIEXEC" >/dev/null || { echo "SKIP: no $MPIEXEC" >&2; exit 77; }
 export PATH="$(dirname "$(command -v "$MPIEXEC")"):$PATH"
 export OMP_WAIT_POLICY=passive OMP_NUM_THREADS=1
+# A failed check leaves no script running.
+trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$T"' EXIT
 
 W=(--config configs/tiny.toml --set data.dir="$DATA" --set train.steps=6
    --set world.sites=2 --set world.ranks_per_site=1 --set world.strategy=sync)
@@ -33,8 +35,8 @@ grep -q 'sbatch site-1.sbatch' "$D/submit.sh" || fail "submit.sh does not submit
 [[ -f $T/w/certs/ca.pem && ! -e $T/w/certs/ca.key ]] || fail "no certificates (or the CA key among them)"
 
 # The nodes: this machine. Any free ports; the sites advertise loopback.
-export ATOLL_COORDINATOR_HOST=127.0.0.1 ATOLL_COORDINATOR_PORT=0 ATOLL_WAN_HOST=127.0.0.1
-export ATOLL_WAN_PORT=0 ATOLL_MPIRUN="$MPIEXEC" ATOLL_WAIT_S=60 ATOLL="$ATOLL"
+export ATOLL_COORDINATOR_HOST=127.0.0.1 ATOLL_WAN_HOST=127.0.0.1
+export ATOLL_MPIRUN="$MPIEXEC" ATOLL_WAIT_S=60 ATOLL="$ATOLL"
 timeout 150 bash "$D/coordinator.sbatch" >"$T/coord.out" 2>&1 &
 coord=$!
 pids=()
@@ -52,7 +54,8 @@ for s in 0 1; do
   [[ $(grep -c "\"site\":$s" "$T/w/site-$s/metrics.jsonl") == 6 ]] || fail "site $s did not train 6 steps"
 done
 [[ -f $T/w/checkpoint/model.safetensors ]] || fail "no final checkpoint"
-grep -q "127.0.0.1" "$T/w/coordinator.address" || fail "address: $(cat "$T/w/coordinator.address")"
+grep -q "coordinator: listening on 127.0.0.1:" "$T/coord.out" || fail "address: $(cat "$T/coord.out")"
+[[ ! -e $T/w/coordinator.address ]] || fail "the coordinator's job left its address behind"
 
 # The same world run by launch itself: the same losses.
 expect_exit 0 timeout 100 "$ATOLL" launch "${W[@]}" -q --out "$T/ref"

@@ -18,8 +18,13 @@ namespace atl::cli {
 
 namespace {
 
-constexpr int kCoordinatorPort = 29400;
-constexpr int kWanPortBase = 29500;  // + the site
+// Ports: any free one by default (the coordinator's is published in its address file, a site's
+// advertised with the port it bound), so two runs on one node never collide; pinned with
+// ATOLL_COORDINATOR_PORT / ATOLL_WAN_PORT where a firewall needs known ports.
+constexpr int kDefaultPort = 0;
+// The files of an earlier run in DIR that a fresh one must not read (as launch removes them).
+constexpr const char* kStaleFiles =
+    "coordinator.address coordinator.log coordinator.stdout ops.jsonl ps_params.bin";
 
 // A bash word: single-quoted, with any ' closed, escaped and reopened.
 std::string Quote(const std::string& s) {
@@ -48,11 +53,12 @@ std::string Header(const LaunchPlan& p, const std::string& job, int tasks,
       "# Relative paths of the config (data.dir) are as where launch ran.\n"
       "cd {cwd}\n"
       "ATOLL=\"${{ATOLL:-{self}}}\"\n"
+      "NODE=$(hostname -f 2>/dev/null || hostname)\n"
       "RUN={qdir}\n",
       fmt::arg("job", job), fmt::arg("tasks", tasks),
       fmt::arg("out", fmt::format("{}/slurm/{}.out", p.dir, job)), fmt::arg("what", what),
-      fmt::arg("build", BuildId().substr(0, 16)), fmt::arg("dir", p.dir), fmt::arg("self", p.self),
-      fmt::arg("qdir", Quote(p.dir)),
+      fmt::arg("build", BuildId().substr(0, 16)), fmt::arg("dir", p.dir),
+      fmt::arg("self", Quote(p.self)), fmt::arg("qdir", Quote(p.dir)),
       fmt::arg("cwd", Quote(std::filesystem::current_path().string())));
 }
 
@@ -61,11 +67,12 @@ std::string CoordinatorScript(const LaunchPlan& p) {
                 "The coordinator: submit it first (DIR/slurm/submit.sh does); the sites wait for "
                 "its address.") +
          fmt::format(
-             "HOST=\"${{ATOLL_COORDINATOR_HOST:-$(hostname -f)}}\"\n"
+             "HOST=\"${{ATOLL_COORDINATOR_HOST:-$NODE}}\"\n"
              "PORT=\"${{ATOLL_COORDINATOR_PORT:-{port}}}\"\n"
              "SITES={sites}\n"
+             "# A site that ended before this job started (it gave up waiting) counts as ended:\n"
+             "# submit.sh clears the sites' exit_status files, this script does not.\n"
              "rm -f \"$RUN/coordinator.address\"\n"
-             "for ((s = 0; s < SITES; s++)); do rm -f \"$RUN/site-$s/exit_status\"; done\n"
              "# Its first stdout line is the address it listens on (the bound port for port 0).\n"
              ": >\"$RUN/coordinator.stdout\"\n"
              "\"$ATOLL\" coordinator --listen \"$HOST:$PORT\" --sites \"$SITES\" --state \"$RUN\" "
@@ -73,7 +80,7 @@ std::string CoordinatorScript(const LaunchPlan& p) {
              "    --heartbeat-s {hb} --dead-after-beats {beats} {security} \\\n"
              "    >\"$RUN/coordinator.stdout\" 2>>\"$RUN/coordinator.stderr\" &\n"
              "COORD=$!\n"
-             "trap 'kill $COORD 2>/dev/null || true' EXIT\n"
+             "trap 'kill $COORD 2>/dev/null || true; rm -f \"$RUN/coordinator.address\"' EXIT\n"
              "for ((i = 0; i < 60; i++)); do\n"
              "  [[ $(wc -l <\"$RUN/coordinator.stdout\") -ge 1 ]] && break\n"
              "  kill -0 $COORD 2>/dev/null || break\n"
@@ -97,7 +104,7 @@ std::string CoordinatorScript(const LaunchPlan& p) {
              "kill -0 $COORD 2>/dev/null || {{ echo \"coordinator: exited early (see "
              "$RUN/coordinator.stderr)\" >&2; exit 1; }}\n"
              "echo \"coordinator: every site has ended\"\n",
-             fmt::arg("port", kCoordinatorPort), fmt::arg("sites", p.sites),
+             fmt::arg("port", kDefaultPort), fmt::arg("sites", p.sites),
              fmt::arg("hb", p.cfg.world.heartbeat_s),
              fmt::arg("beats", p.cfg.world.dead_after_beats),
              fmt::arg("security", SecurityArgs(p)));
@@ -110,12 +117,12 @@ std::string SiteScript(const LaunchPlan& p, int site) {
                 fmt::format("Site {} of {}: {} rank(s).", site, p.sites, p.ranks)) +
          fmt::format(
              "SITE={site}\n"
-             "TASKS=\"${{SLURM_NTASKS:-{ranks}}}\"\n"
-             "WAN_HOST=\"${{ATOLL_WAN_HOST:-$(hostname -f)}}\"\n"
-             "WAN_PORT=\"${{ATOLL_WAN_PORT:-{wan_port}}}\"\n"
              "mkdir -p \"$RUN/site-$SITE\"\n"
-             "rm -f \"$RUN/site-$SITE/exit_status\"\n"
+             "# Whatever ends this script, the coordinator's job learns that this site has ended.\n"
              "trap 'echo $? >\"$RUN/site-$SITE/exit_status\"' EXIT\n"
+             "TASKS=\"${{SLURM_NTASKS:-{ranks}}}\"\n"
+             "WAN_HOST=\"${{ATOLL_WAN_HOST:-$NODE}}\"\n"
+             "WAN_PORT=\"${{ATOLL_WAN_PORT:-{wan_port}}}\"\n"
              "# The coordinator's address, once its job has started.\n"
              "for ((i = 0; i < ${{ATOLL_WAIT_S:-3600}}; i++)); do\n"
              "  [[ -s \"$RUN/coordinator.address\" ]] && break\n"
@@ -131,9 +138,8 @@ std::string SiteScript(const LaunchPlan& p, int site) {
              "    --coordinator \"$COORDINATOR\" --wan-listen \"0.0.0.0:$WAN_PORT\" "
              "--wan-advertise \"$WAN_HOST:$WAN_PORT\" \\\n"
              "    {security} --out \"$RUN/site-$SITE\" --checkpoint-dir \"$RUN\" -q{resume}\n",
-             fmt::arg("site", site), fmt::arg("ranks", p.ranks),
-             fmt::arg("wan_port", kWanPortBase + site), fmt::arg("security", SecurityArgs(p)),
-             fmt::arg("resume", resume));
+             fmt::arg("site", site), fmt::arg("ranks", p.ranks), fmt::arg("wan_port", kDefaultPort),
+             fmt::arg("security", SecurityArgs(p)), fmt::arg("resume", resume));
 }
 
 Status WriteScript(const std::string& path, const std::string& text) {
@@ -148,16 +154,27 @@ Status WriteScript(const std::string& path, const std::string& text) {
 StatusOr<std::string> EmitSlurm(const LaunchPlan& p) {
   const std::string dir = p.dir + "/slurm";
   ATOLL_RETURN_IF_ERROR(MakeDirs(dir));
-  ::unlink((p.dir + "/coordinator.address").c_str());  // of an earlier run
+  // Paths go into #SBATCH lines and comments unquoted: refuse what would break them.
+  for (const std::string& path : {p.dir, p.self, p.certs, p.resume})
+    if (path.find_first_of("\n\r%") != std::string::npos)
+      return Status::InvalidArgument(fmt::format(
+          "launch --emit slurm: the path '{}' holds a newline or a '%' (a Slurm pattern): choose "
+          "another",
+          path));
+  for (const char* f : {"coordinator.address", "coordinator.stdout"})
+    ::unlink((p.dir + "/" + f).c_str());  // of an earlier run
+  for (int s = 0; s < p.sites; ++s)
+    ::unlink(fmt::format("{}/site-{}/exit_status", p.dir, s).c_str());
   ATOLL_RETURN_IF_ERROR(WriteScript(dir + "/coordinator.sbatch", CoordinatorScript(p)));
   std::string submit = fmt::format(
       "#!/bin/bash\n"
       "# Submits the world in {}: the coordinator, then every site (they wait for its address).\n"
       "set -euo pipefail\n"
       "cd {}\n"
-      "rm -f ../coordinator.address  # of an earlier run: the sites would dial it\n"
+      "# An earlier run's files: its address (the sites would dial it), its logs (replayed).\n"
+      "(cd .. && rm -f {} site-*/exit_status)\n"
       "sbatch coordinator.sbatch\n",
-      p.dir, Quote(dir));
+      p.dir, Quote(dir), kStaleFiles);
   for (int s = 0; s < p.sites; ++s) {
     ATOLL_RETURN_IF_ERROR(WriteScript(fmt::format("{}/site-{}.sbatch", dir, s), SiteScript(p, s)));
     submit += fmt::format("sbatch site-{}.sbatch\n", s);

@@ -58,7 +58,7 @@ StatusOr<AsyncSiteState> DecodeAsyncSiteState(std::string_view b, size_t n) {
   size_t at = kAsyncStateHeader;
   for (auto* v : {&st.residual, &st.adam_m, &st.adam_v}) {
     v->resize(n);
-    std::memcpy(v->data(), b.data() + at, n * sizeof(float));
+    if (n > 0) std::memcpy(v->data(), b.data() + at, n * sizeof(float));  // null when empty
     at += n * sizeof(float);
   }
   return st;

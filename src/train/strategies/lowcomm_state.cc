@@ -67,7 +67,7 @@ StatusOr<LowCommState> DecodeLowCommState(std::string_view b, size_t n) {
   const char* at = b.data() + kStateHeader;
   auto floats = [&](std::vector<float>* v) {
     v->resize(n);
-    std::memcpy(v->data(), at, n * sizeof(float));
+    if (n > 0) std::memcpy(v->data(), at, n * sizeof(float));  // data() of an empty one: null
     at += n * sizeof(float);
   };
   for (auto* v : {&st.global, &st.momentum, &st.params}) floats(v);

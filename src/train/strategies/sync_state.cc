@@ -19,7 +19,7 @@ void PutInt(std::string* out, int64_t x) { Put(out, &x, sizeof x); }
 // Reads from bytes at *at; false past the end.
 bool Take(const std::string& bytes, size_t* at, void* p, size_t n) {
   if (bytes.size() - *at < n) return false;
-  std::memcpy(p, bytes.data() + *at, n);
+  if (n > 0) std::memcpy(p, bytes.data() + *at, n);  // an empty vector's data() may be null
   *at += n;
   return true;
 }
@@ -40,7 +40,7 @@ std::string EncodeSyncState(int64_t step, int64_t optimizer_steps, int64_t gener
   return out;
 }
 
-StatusOr<SyncState> DecodeSyncState(const std::string& bytes, size_t n, size_t k) {
+StatusOr<SyncState> DecodeSyncState(const std::string& bytes, size_t n, size_t k, int sites) {
   auto bad = [&](const std::string& why) {
     return Status::Corruption(
         fmt::format("a sync site's state of {} bytes: {}", bytes.size(), why));
@@ -53,10 +53,13 @@ StatusOr<SyncState> DecodeSyncState(const std::string& bytes, size_t n, size_t k
   int64_t live = 0;
   for (int64_t* x : {&st.step, &st.optimizer_steps, &st.generation, &live})
     if (!Take(bytes, &at, x, sizeof *x)) return bad("truncated header");
-  if (live < 1 || live > 1 << 16) return bad(fmt::format("{} live sites", live));
+  if (live < 1 || live > sites)
+    return bad(fmt::format("{} live sites in a world of {}", live, sites));
   for (int64_t i = 0; i < live; ++i) {
     int64_t s = 0;
     if (!Take(bytes, &at, &s, sizeof s)) return bad("truncated list of live sites");
+    if (s < 0 || s >= sites || (!st.live.empty() && s <= st.live.back()))
+      return bad(fmt::format("live site {} out of range or order (a world of {} sites)", s, sites));
     st.live.push_back(int(s));
   }
   int64_t np = 0, nk = 0;

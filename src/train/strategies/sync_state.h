@@ -34,14 +34,16 @@ struct SyncState {
 std::string EncodeSyncState(int64_t step, int64_t optimizer_steps, int64_t generation,
                             const std::vector<int>& live, std::span<const float> params,
                             std::span<const float> m, std::span<const float> v);
-// kCorruption when the bytes are not a state of n parameters and k moments.
-StatusOr<SyncState> DecodeSyncState(const std::string& bytes, size_t n, size_t k);
+// kCorruption when the bytes are not a state of n parameters and k moments in a world of `sites`
+// sites (the live sites: 1 to `sites` of them, each in [0, sites), sorted, none twice).
+StatusOr<SyncState> DecodeSyncState(const std::string& bytes, size_t n, size_t k, int sites);
 
 // A rejoining site's leader: registers for step J = (the latest step a live site has begun) + 2
 // (coordinator round kSyncRoundsPerStep * J), before any live site began step J - 1 (so they all
 // see it in their rounds and publish J's state when they finish step J - 1), then waits for that
 // state (RegisterAndFetch: polling, up to w.rejoin_timeout_s in all; a later J after a race).
 // kUnavailable when J would be past the run's `steps`.
-StatusOr<SyncState> FetchSyncState(const WorldHooks& w, int64_t steps, size_t n, size_t k);
+StatusOr<SyncState> FetchSyncState(const WorldHooks& w, int64_t steps, size_t n, size_t k,
+                                   int sites);
 
 }  // namespace atl

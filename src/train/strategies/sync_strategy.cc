@@ -34,7 +34,8 @@
 
 namespace atl {
 
-StatusOr<SyncState> FetchSyncState(const WorldHooks& w, int64_t steps, size_t n, size_t k) {
+StatusOr<SyncState> FetchSyncState(const WorldHooks& w, int64_t steps, size_t n, size_t k,
+                                   int sites) {
   // Registered before any live site began step J - 1's rounds, so each of them sees it in the
   // reply of its first round of step J - 1 and publishes J's state after it (AfterStep).
   ATOLL_ASSIGN_OR_RETURN(const FetchedState got,
@@ -42,7 +43,7 @@ StatusOr<SyncState> FetchSyncState(const WorldHooks& w, int64_t steps, size_t n,
                              w, kSyncRoundsPerStep, /*early_by=*/kSyncRoundsPerStep,
                              [](int64_t J) { return fmt::format("step {}", J + 1); },
                              [&](int64_t J) { return J >= steps; }));
-  ATOLL_ASSIGN_OR_RETURN(SyncState st, DecodeSyncState(got.bytes, n, k));
+  ATOLL_ASSIGN_OR_RETURN(SyncState st, DecodeSyncState(got.bytes, n, k, sites));
   if (st.step != got.unit)
     return Status::Internal(fmt::format(
         "site {}: rejoin: a live site's state leads into step {}, not step {} this site "
@@ -336,8 +337,8 @@ class SyncStrategy final : public WorldStrategy {
     AdamW& o = *c_.optimizer;
     SyncState st;
     if (c_.leader) {
-      ATOLL_ASSIGN_OR_RETURN(st,
-                             FetchSyncState(*c_.world, c_.cfg->train.steps, c_.n_params, o.size()));
+      ATOLL_ASSIGN_OR_RETURN(st, FetchSyncState(*c_.world, c_.cfg->train.steps, c_.n_params,
+                                                o.size(), int(c_.cfg->world.sites)));
     }
     std::vector<int64_t> head(size_t(c_.cfg->world.sites) + 4, -1);
     head[0] = st.step, head[1] = st.optimizer_steps, head[2] = st.generation;

@@ -15,6 +15,7 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr size_t kKeptRounds = 64;
+constexpr int64_t kMaxLogCounter = int64_t{1} << 62;
 
 uint64_t FromHex(const Json& j, const char* key) {
   uint64_t v = 0;
@@ -72,13 +73,20 @@ Status MembershipState::Apply(const Json& j) {
       return Status::Ok();
     }
     if (t == "restart") return Status::Ok();
-    epoch_ = std::max(epoch_, JsonIntAt<int64_t>(j, "epoch"));
+    // Epochs and rounds stay far from int64's end: the state adds 1 to them.
+    auto bounded = [&](const char* key, int64_t lo) {
+      const int64_t v = JsonIntAt<int64_t>(j, key);
+      if (v < lo || v > kMaxLogCounter)
+        throw std::runtime_error(fmt::format("{} {} out of range", key, v));
+      return v;
+    };
+    epoch_ = std::max(epoch_, bounded("epoch", 0));
     if (t == "quorum") {
       quorum_ = true;
       return Status::Ok();
     }
     if (t == "round") {
-      const int64_t r = JsonIntAt<int64_t>(j, "round");
+      const int64_t r = bounded("round", 0);
       if (!j.at("live").is_array()) return bad("live is not a list");
       for (const Json& x : j.at("live")) {
         const int s = JsonInt<int>(x);
@@ -107,7 +115,7 @@ Status MembershipState::Apply(const Json& j) {
       rec.state = State::kAlive;
       rec.incarnation = FromHex(j, "incarnation");
       rec.wan_address = j.at("wan").get<std::string>();
-      rec.join_round = j.contains("join_round") ? JsonIntAt<int64_t>(j, "join_round") : 0;
+      rec.join_round = j.contains("join_round") ? bounded("join_round", 0) : 0;
       rec.last_round = rec.join_round - 1;
       rec.vote_round = -1;
       if (!have_hash_) {
@@ -161,9 +169,9 @@ Verdict MembershipState::PlanRegister(const Registration& r, Json* record) const
               fmt::format("site {}: cannot rejoin a world it never joined (register it normally "
                           "until the initial quorum)",
                           s)};
-    if (r.join_round < 0)
+    if (r.join_round < 0 || r.join_round > kMaxLogCounter)
       return {Refusal::kBadRequest,
-              fmt::format("site {}: join round {} is negative", s, r.join_round)};
+              fmt::format("site {}: join round {} is negative or too large", s, r.join_round)};
     bool others_live = false, others_left = false;
     for (size_t i = 0; i < sites_.size(); ++i) {
       if (int(i) == s) continue;

@@ -100,7 +100,8 @@ class MembershipState {
   Verdict CheckMember(int site, uint64_t incarnation) const;
   // A heartbeat of `incarnation` at `now`: counts when that process holds the site alive and
   // `now` is later than its last (beats may be folded in late and out of order).
-  // REQUIRES (Beat, ReachRound): 0 <= site < sites().
+  // REQUIRES (Beat, ReachRound): 0 <= site < sites(); a vote's seconds finite and >= 0 (the server
+  // refuses other values: a logged infinity would not read back).
   void Beat(int site, uint64_t incarnation, double now);
   // The site has reached `round` and casts `vote` there; a round below the site's (a stale retry)
   // changes nothing.

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -581,6 +582,12 @@ grpc::Status CoordinatorImpl::Round(grpc::ServerContext* ctx, const coord::Round
   if (auto st = ServingLocked(); !st.ok()) return st;
   if (auto st = StatusOf(state_.CheckMember(req.site(), req.incarnation())); !st.ok())
     return Answer(lk, st);
+  // A pace that is not a finite non-negative number would be logged as null and break the log's
+  // replay at a restart.
+  if (req.has_vote() && !(std::isfinite(req.vote_seconds()) && req.vote_seconds() >= 0))
+    return RefuseCall(*ctx, "Round", grpc::StatusCode::INVALID_ARGUMENT,
+                      fmt::format("site {}: a vote's seconds per micro-batch is {}", req.site(),
+                                  req.vote_seconds()));
   std::optional<RoundVote> vote;
   if (req.has_vote()) vote = RoundVote{req.vote_failed(), req.vote_digest(), req.vote_seconds()};
   state_.ReachRound(req.site(), r, vote);
