@@ -239,6 +239,43 @@ TEST(WanFault, APeerOverTheQueuedBytesLimitIsRefused) {
       << later.ToString();
 }
 
+// The rest of a message whose receive failed (here: the receiver expected another size, so the
+// first chunk failed it while the others were still on a 20 Mbit/s link) is dropped as it
+// arrives, not kept against max_queued_bytes: four unreceived messages filling the limit exactly
+// are still accepted after it, and the tag's next message is the next one sent.
+TEST(WanFault, TheLateChunksOfAFailedReceiveHoldNothing) {
+  auto w = Start(2, [](WanOptions& o) {
+    o.max_queued_bytes = 1 << 20;
+    o.chunk_bytes = 64 << 10;
+    o.link = [](int, int) { return LinkProfile{1, 20, 0}; };
+  });
+  ASSERT_TRUE(w->comms[0] && w->comms[1]);
+  const size_t n = (1 << 20) / sizeof(float);  // 16 chunks, 0.4 s on the link
+  std::vector<float> big(n, 1.0f), got(n + 1, 0.0f);
+  std::thread sender(
+      [&] { ASSERT_TRUE(w->comms[0]->Send(big.data(), n, DType::kFloat32, 1, 5).ok()); });
+  const Status bad = w->comms[1]->Recv(got.data(), n + 1, DType::kFloat32, 0, 5);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("elements"), std::string::npos) << bad.ToString();
+  sender.join();  // all of it written: what is late has arrived or is about to, before the rest
+  const size_t quarter = (256 << 10) / sizeof(float);
+  std::vector<float> msg(quarter, 3.0f);
+  for (int i = 0; i < 4; ++i)
+    ASSERT_TRUE(w->comms[0]->Send(msg.data(), quarter, DType::kFloat32, 1, 9).ok()) << i;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<float> r(quarter, 0.0f);
+    const Status st = w->comms[1]->Recv(r.data(), quarter, DType::kFloat32, 0, 9);
+    ASSERT_TRUE(st.ok()) << i << ": " << st.ToString();
+    ASSERT_EQ(r[quarter - 1], 3.0f);
+  }
+  std::vector<float> next(8, 2.0f), r(8, 0.0f);
+  std::thread again(
+      [&] { ASSERT_TRUE(w->comms[0]->Send(next.data(), 8, DType::kFloat32, 1, 5).ok()); });
+  ASSERT_TRUE(w->comms[1]->Recv(r.data(), 8, DType::kFloat32, 0, 5).ok());
+  again.join();
+  EXPECT_EQ(r, next);
+}
+
 // A peer whose control messages are not the protocol's (an info with a tag nobody sends, here
 // site 0's message rewritten into one on the wire) is refused like one that floods data: this
 // site holds only what the protocol needs of them.

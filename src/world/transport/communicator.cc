@@ -66,7 +66,7 @@ class RecvWait final : public CommHandle::Pending {
         prefix_(std::move(prefix)) {}
   Status Wait() override {
     Status s = Receive();
-    core_->EraseMessage(source_, static_cast<uint32_t>(tag_), seq_);
+    core_->EraseMessage(source_, static_cast<uint32_t>(tag_), seq_, !s.ok());
     return s.ok() ? s : s.WithContext(prefix_);
   }
 

@@ -179,6 +179,7 @@ struct Received {
 struct P2pTag {
   uint64_t next_seq = 1;  // the message the next arriving chunk belongs to
   std::map<uint64_t, std::deque<Received>> slots;
+  std::set<uint64_t> failed;  // messages whose receive failed before they had all arrived
 };
 
 // The incoming half of a peer. Guarded by WanCore::mu_. Replaced by a fresh one (the next
@@ -313,7 +314,9 @@ class WanCore : public std::enable_shared_from_this<WanCore> {
                                    const std::function<std::string()>& waiting_for);
   // The next chunk of message `seq` on (peer, tag).
   StatusOr<Received> PopMessage(int peer, uint32_t tag, uint64_t seq);
-  void EraseMessage(int peer, uint32_t tag, uint64_t seq);
+  // Drops what arrived of message `seq` on (peer, tag); `failed`: its receive failed, so the
+  // chunks of it still to come are dropped on arrival (they count toward nothing).
+  void EraseMessage(int peer, uint32_t tag, uint64_t seq, bool failed);
   // Waits until every chunk of `t` has been written (no progress for timeout_s: an error). On an
   // error chunks may still be queued: the caller must Cancel(t) before freeing their memory.
   Status WaitSent(OpTracker& t, int peer);
@@ -321,8 +324,9 @@ class WanCore : public std::enable_shared_from_this<WanCore> {
   // now finishes first), and its chunks still queued on any link are dropped. Afterwards the
   // memory its chunks pointed into may be freed. Cheap when nothing is pending.
   void Cancel(const std::shared_ptr<OpTracker>& t);
-  // Marks collective `seq` failed here (its late chunks are dropped) and tells every peer why,
-  // unless a peer's abort is what failed it.
+  // Marks collective `seq` failed here and tells every peer why, unless a peer's abort is what
+  // failed it. Its chunks waiting in the inboxes are freed now, and those still to come are
+  // dropped on arrival: a failed operation holds nothing against max_queued_bytes.
   void FailOp(uint64_t seq, const std::string& why);
   // Marks the link to `peer` (or this link) broken and cancels its stream.
   void AbortLink(int peer, const std::string& why);

@@ -69,15 +69,20 @@ StatusOr<Received> WanCore::PopMessage(int peer, uint32_t tag, uint64_t seq) {
   }
 }
 
-void WanCore::EraseMessage(int peer, uint32_t tag, uint64_t seq) {
+void WanCore::EraseMessage(int peer, uint32_t tag, uint64_t seq, bool failed) {
   std::lock_guard<std::mutex> lk(mu_);
   Inbox& in = inboxes_[peer];
   auto t = in.p2p.find(tag);
-  if (t == in.p2p.end()) return;
+  if (t == in.p2p.end()) {
+    if (!failed) return;
+    t = in.p2p.emplace(tag, P2pTag{}).first;
+  }
   if (auto s = t->second.slots.find(seq); s != t->second.slots.end()) {
     for (const Received& r : s->second) in.queued -= r.chunk->payload().size();
     t->second.slots.erase(s);
   }
+  // Not all of it has arrived: what is still to come is dropped on arrival (Dispatch).
+  if (failed && seq >= t->second.next_seq) t->second.failed.insert(seq);
 }
 
 std::string WanCore::LinkError(int p) const {
@@ -167,6 +172,13 @@ void WanCore::FailOp(uint64_t seq, const std::string& why) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     failed_ops_.insert(seq);
+    for (Inbox& in : inboxes_) {  // its chunks already here: freed now
+      std::erase_if(in.collective, [&](const Received& r) {
+        if (r.chunk->op_seq() != seq) return false;
+        in.queued -= r.chunk->payload().size();
+        return true;
+      });
+    }
     if (aborts_.count(seq)) return;  // a peer gave it up first; it told everyone
   }
   for (int p = 0; p < n_; ++p)

@@ -246,16 +246,22 @@ void WanCore::Dispatch(int from, PooledChunk chunk, double now, uint64_t generat
     if (!refused.empty()) {
       in.poison = refused;
     } else if (IsCollectiveOp(op)) {
-      in.queued += bytes;
-      in.collective.push_back({std::move(chunk), hash});
+      if (failed_ops_.count(chunk->op_seq()) == 0) {  // a late chunk of a failed one: dropped
+        in.queued += bytes;
+        in.collective.push_back({std::move(chunk), hash});
+      }
     } else if (op == uint32_t(CommOp::kSend)) {
-      in.queued += bytes;
       P2pTag& t = in.p2p[chunk->tag()];
       // A message's chunks are consecutive on the stream; the last one ends it. Whether the
       // chunk really belongs to that message (op_seq, offsets) is checked by the receive.
       const bool last =
           chunk->count() >= chunk->total() || chunk->offset() >= chunk->total() - chunk->count();
-      t.slots[t.next_seq].push_back({std::move(chunk), hash});
+      if (t.failed.count(t.next_seq) == 0) {
+        in.queued += bytes;
+        t.slots[t.next_seq].push_back({std::move(chunk), hash});
+      } else if (last) {
+        t.failed.erase(t.next_seq);  // all of the failed message has come (and gone)
+      }
       if (last) ++t.next_seq;
     } else if (op == kWanOpPong) {
       in.pongs[chunk->tag()] = now;
