@@ -36,7 +36,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   atl::wan::Chunk c;
   if (!c.ParseFromArray(in.data(), int(in.size()))) return 0;
-  const std::string origin = atl::transport::CheckChunkOrigin(c, from);
+  const int64_t min_epoch = (flags >> 4) & 3;
+  const std::string origin = atl::transport::CheckChunkOrigin(c, from, min_epoch);
+  if (origin.empty()) FUZZ_CHECK(c.epoch() >= min_epoch && c.from_site() == uint32_t(from));
   const std::string screen = atl::transport::ScreenChunk(c, load, max_queued);
   if (screen.empty()) {
     if (atl::transport::IsCollectiveOp(c.op()) || c.op() == uint32_t(atl::CommOp::kSend))

@@ -166,7 +166,8 @@ StatusOr<WorldLink> JoinWorld(const RunConfig& cfg, const TrainArgs& a) {
                    fmt::format("the coordinator declared it dead (epoch {})", m.epoch));
     // A process registered since (perhaps where a dead one listened: a fixed --wan-listen).
     for (const SiteInfo& s : m.sites)
-      if (s.alive && s.site != me && !s.wan_address.empty()) ep->PeerAlive(s.site, s.wan_address);
+      if (s.alive && s.site != me && !s.wan_address.empty())
+        ep->PeerAlive(s.site, s.wan_address, s.epoch);
   };
   ATOLL_ASSIGN_OR_RETURN(link.coordinator, CoordinatorClient::Connect(co));
   WanOptions wo;
@@ -183,10 +184,11 @@ StatusOr<WorldLink> JoinWorld(const RunConfig& cfg, const TrainArgs& a) {
     // fetched the state and registered for that exchange (Train, TrainOptions::rejoin).
     ATOLL_ASSIGN_OR_RETURN(members, link.coordinator->Peek());
     for (const SiteInfo& s : members.sites)
-      wo.peers.push_back({s.site, s.site == a.site ? link.advertised : std::string()});
+      wo.peers.push_back({s.site, s.site == a.site ? link.advertised : std::string(),
+                          s.site == a.site ? 0 : s.epoch});
   } else {
     ATOLL_ASSIGN_OR_RETURN(members, link.coordinator->Register(link.advertised));
-    for (const SiteInfo& s : members.sites) wo.peers.push_back({s.site, s.wan_address});
+    for (const SiteInfo& s : members.sites) wo.peers.push_back({s.site, s.wan_address, s.epoch});
   }
   for (const WanPeer& p : wo.peers)
     link.addresses.push_back(p.site == a.site ? std::string() : p.address);
@@ -375,9 +377,14 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
       }
       if (a.rejoin) {
         options.world.rejoin = true;
-        options.world.join = [client, address = link.advertised](int64_t round,
-                                                                 int64_t early_by) -> Status {
-          return client->Rejoin(address, round, early_by).status();
+        options.world.join = [client, ep = link.endpoint.get(), me = a.site,
+                              address = link.advertised](int64_t round,
+                                                         int64_t early_by) -> Status {
+          ATOLL_ASSIGN_OR_RETURN(const Membership m, client->Rejoin(address, round, early_by));
+          // The chunks this process sends from now on carry the epoch it registered at.
+          for (const SiteInfo& s : m.sites)
+            if (s.site == me) ep->SetEpoch(s.epoch);
+          return Status::Ok();
         };
       }
     }

@@ -134,6 +134,9 @@ struct SiteInfo {
   // Not alive because it left cleanly (Leave: its work is done), not because it was declared
   // dead: nothing waiting for its part has to fail.
   bool left = false;
+  // The epoch its current process registered at (0: never registered): what that process's WAN
+  // chunks carry, so that peers refuse an earlier process's (WanEndpoint::PeerAlive).
+  int64_t epoch = 0;
 };
 
 struct Membership {

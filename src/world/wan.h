@@ -108,11 +108,15 @@
 
 namespace atl {
 
-inline constexpr uint32_t kWanProtocolVersion = 2;  // 2: streams name their address
+inline constexpr uint32_t kWanProtocolVersion = 3;  // 2: streams name their address; 3: epochs
 
 struct WanPeer {
   int site = 0;
   std::string address;  // host:port of its WanEndpoint; empty: the site is absent (not this one)
+  // The membership epoch its process registered at (0: unknown). This site's own entry: what
+  // every chunk it sends carries; another's: chunks of a lower epoch from it are refused (an
+  // earlier process of that site, taken over since).
+  int64_t epoch = 0;
 };
 
 struct WanOptions {
@@ -208,10 +212,15 @@ class WanEndpoint {
   // gives the site a fresh link. Ignored when the site's link is to another address now (a new
   // process took it over). Any thread.
   virtual void PeerLost(int site, const std::string& address, const std::string& why) = 0;
-  // The coordinator counts a process of `site` at `address` live (a later membership): a
-  // Reconnect to that address is allowed again (a new process may listen where a dead one did,
-  // e.g. a fixed --wan-listen port). Any thread.
-  virtual void PeerAlive(int site, const std::string& address) = 0;
+  // The coordinator counts a process of `site` at `address` live (a later membership), registered
+  // at membership epoch `epoch`: a Reconnect to that address is allowed again (a new process may
+  // listen where a dead one did, e.g. a fixed --wan-listen port), and chunks from that site
+  // carrying a lower epoch (an earlier process's) are refused from now on. Any thread.
+  virtual void PeerAlive(int site, const std::string& address, int64_t epoch) = 0;
+  // The membership epoch this process registered at, carried by every chunk it sends from now on
+  // (Connect takes it from its own WanPeer entry; a process that registers later, a rejoin, sets
+  // it here before it reconnects). Any thread.
+  virtual void SetEpoch(int64_t epoch) = 0;
   // Installs (null: removes) the payload fault of every link of this endpoint (WanPayloadFault).
   // Any thread; chunks already written are not changed.
   virtual void SetPayloadFault(WanPayloadFault fault) = 0;

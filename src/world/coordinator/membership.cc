@@ -80,7 +80,8 @@ Status MembershipState::Apply(const Json& j) {
         throw std::runtime_error(fmt::format("{} {} out of range", key, v));
       return v;
     };
-    epoch_ = std::max(epoch_, bounded("epoch", 0));
+    const int64_t record_epoch = bounded("epoch", 0);
+    epoch_ = std::max(epoch_, record_epoch);
     if (t == "quorum") {
       quorum_ = true;
       return Status::Ok();
@@ -113,6 +114,7 @@ Status MembershipState::Apply(const Json& j) {
     Site& rec = sites_[size_t(s)];
     if (t == "register") {
       rec.state = State::kAlive;
+      rec.registered_epoch = record_epoch;
       rec.incarnation = FromHex(j, "incarnation");
       rec.wan_address = j.at("wan").get<std::string>();
       rec.join_round = j.contains("join_round") ? bounded("join_round", 0) : 0;
@@ -309,7 +311,7 @@ Membership MembershipState::Current() const {
   for (size_t i = 0; i < sites_.size(); ++i) {
     const Site& s = sites_[i];
     m.sites.push_back({int(i), s.wan_address, s.state == State::kAlive, s.last_round, s.join_round,
-                       s.state == State::kLeft});
+                       s.state == State::kLeft, s.registered_epoch});
   }
   return m;
 }

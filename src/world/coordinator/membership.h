@@ -131,6 +131,7 @@ class MembershipState {
     uint64_t incarnation = 0;
     int64_t last_round = -1;
     int64_t join_round = 0;
+    int64_t registered_epoch = 0;  // of the register record of its current process
     double last_heartbeat = 0;
     int64_t vote_round = -1;  // the round `vote` was cast in
     RoundVote vote;

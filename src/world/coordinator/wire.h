@@ -19,6 +19,7 @@ inline void ToProto(const Membership& m, coord::Membership* p) {
     q->set_last_round(s.last_round);
     q->set_join_round(s.join_round);
     q->set_left(s.left);
+    q->set_epoch(s.epoch);
   }
   for (const auto& [site, v] : m.votes) {
     auto* q = p->add_votes();
@@ -33,8 +34,8 @@ inline Membership FromProto(const coord::Membership& p) {
   Membership m;
   m.epoch = p.epoch();
   for (const auto& q : p.sites())
-    m.sites.push_back(
-        {q.site(), q.wan_address(), q.alive(), q.last_round(), q.join_round(), q.left()});
+    m.sites.push_back({q.site(), q.wan_address(), q.alive(), q.last_round(), q.join_round(),
+                       q.left(), q.epoch()});
   for (const auto& q : p.votes())
     m.votes[q.site()] = RoundVote{q.failed(), q.digest(), q.seconds()};
   return m;

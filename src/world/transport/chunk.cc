@@ -29,12 +29,17 @@ bool IsCollectiveOp(uint32_t op) {
          op == uint32_t(CommOp::kBarrier);
 }
 
-std::string CheckChunkOrigin(const ::atl::wan::Chunk& c, int from) {
+std::string CheckChunkOrigin(const ::atl::wan::Chunk& c, int from, int64_t min_epoch) {
   if (c.version() != kWanProtocolVersion)
     return fmt::format("a chunk has protocol version {} (this site speaks {})", c.version(),
                        kWanProtocolVersion);
   if (c.from_site() != static_cast<uint32_t>(from))
     return fmt::format("a chunk claims from_site {} on the stream of site {}", c.from_site(), from);
+  if (c.epoch() < min_epoch)
+    return fmt::format(
+        "a chunk of an earlier process of site {} (membership epoch {}; its process now is of "
+        "epoch {})",
+        from, c.epoch(), min_epoch);
   return "";
 }
 

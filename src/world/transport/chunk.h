@@ -44,9 +44,10 @@ struct ChunkHeader {
 // checksum (or leaves them to the sender thread: transport/core.h OutItem).
 std::unique_ptr<::atl::wan::Chunk> NewChunk(const ChunkHeader& h);
 
-// Empty if chunk `c`, which arrived on the stream of site `from`, speaks this protocol version
-// and names that site; otherwise why the peer is refused.
-std::string CheckChunkOrigin(const ::atl::wan::Chunk& c, int from);
+// Empty if chunk `c`, which arrived on the stream of site `from`, speaks this protocol version,
+// names that site and carries an epoch of at least `min_epoch` (that of the site's process this
+// receiver knows: a lower one is an earlier process's); otherwise why the peer is refused.
+std::string CheckChunkOrigin(const ::atl::wan::Chunk& c, int from, int64_t min_epoch);
 
 // What a peer has made this site hold so far (its inbox at the receiver).
 struct InboxLoad {

@@ -152,6 +152,8 @@ StatusOr<std::unique_ptr<Communicator>> WanCore::Connect(const WanOptions& o) {
     {
       std::lock_guard<std::mutex> alk(addr_mu_);
       for (int p = 0; p < n; ++p) addresses_.push_back(o.peers[p].address);
+      for (int p = 0; p < n; ++p) epochs_.push_back(p == site_ ? 0 : o.peers[p].epoch);
+      if (o.peers[site_].epoch > 0) own_epoch_.store(o.peers[site_].epoch);
     }
     std::lock_guard<std::mutex> llk(links_mu_);
     links_.resize(n);

@@ -333,8 +333,12 @@ class WanCore : public std::enable_shared_from_this<WanCore> {
   void AbortLinkObject(Link& l, const std::string& why);
   // The peer at `address` is dead (the coordinator said so): fails what waits for it, at once.
   void PeerLost(int peer, const std::string& address, const std::string& why);
-  // A process at `address` is live again (WanEndpoint::PeerAlive): it is no longer dead here.
-  void PeerAlive(int peer, const std::string& address);
+  // A process at `address` is live again (WanEndpoint::PeerAlive): it is no longer dead here, and
+  // chunks of `peer` below `epoch` are refused.
+  void PeerAlive(int peer, const std::string& address, int64_t epoch);
+  void SetEpoch(int64_t epoch) { own_epoch_.store(epoch); }
+  // The lowest epoch a chunk of `peer` may carry (0 before Connect).
+  int64_t MinEpoch(int peer) const;
   // Whether PeerLost declared `address` dead (and no PeerAlive since); why, or "".
   std::string DeadAt(const std::string& address) const;
   void CountReceived(size_t bytes) { bytes_received_ += bytes; }
@@ -420,6 +424,8 @@ class WanCore : public std::enable_shared_from_this<WanCore> {
   std::vector<std::shared_ptr<Link>> retired_links_;
   mutable std::mutex addr_mu_;
   std::vector<std::string> addresses_;  // by site: the current address of its endpoint
+  std::vector<int64_t> epochs_;         // by site: the epoch its current process registered at
+  std::atomic<int64_t> own_epoch_{0};   // carried by every chunk this endpoint sends
 
   std::mutex snapshot_mu_;
   std::shared_ptr<Snapshot> snapshot_;

@@ -22,7 +22,10 @@ class WanEndpointImpl final : public WanEndpoint {
   }
   std::vector<int> ring() const override { return core_->ring(); }
   WanStats stats() const override { return core_->stats(); }
-  void PeerAlive(int site, const std::string& address) override { core_->PeerAlive(site, address); }
+  void PeerAlive(int site, const std::string& address, int64_t epoch) override {
+    core_->PeerAlive(site, address, epoch);
+  }
+  void SetEpoch(int64_t epoch) override { core_->SetEpoch(epoch); }
   void PeerLost(int site, const std::string& address, const std::string& why) override {
     core_->PeerLost(site, address, why);
   }

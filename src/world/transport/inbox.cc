@@ -140,12 +140,20 @@ void WanCore::PeerLost(int peer, const std::string& address, const std::string& 
   if (link) AbortLinkObject(*link, fmt::format("{} is lost: {}", PeerName(peer), why));
 }
 
-void WanCore::PeerAlive(int, const std::string& address) {
+void WanCore::PeerAlive(int peer, const std::string& address, int64_t epoch) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     dead_addresses_.erase(address);
+    std::lock_guard<std::mutex> alk(addr_mu_);
+    if (peer >= 0 && size_t(peer) < epochs_.size() && epoch > epochs_[size_t(peer)])
+      epochs_[size_t(peer)] = epoch;
   }
   cv_.notify_all();  // a stream from that address waiting to be accepted may be now
+}
+
+int64_t WanCore::MinEpoch(int peer) const {
+  std::lock_guard<std::mutex> alk(addr_mu_);
+  return peer >= 0 && size_t(peer) < epochs_.size() ? epochs_[size_t(peer)] : 0;
 }
 
 std::string WanCore::DeadAt(const std::string& address) const {

@@ -246,6 +246,36 @@ TEST(WanRejoin, OperationsWithAnAbsentPeerFailAtOnce) {
   ExpectMessage(*w.comms[1], *w.comms[0], 3, 1000);
 }
 
+// Every chunk carries the membership epoch its sender's process registered at. Once site 0
+// learns that site 1 was taken over by a process of a later epoch (PeerAlive, from the
+// coordinator's membership), whatever still comes from the earlier process (here still on the
+// live stream, from its very address) is refused, naming both epochs.
+TEST(WanRejoin, AChunkOfAnEarlierEpochIsRefused) {
+  auto w = Start(2, [](WanOptions& o) {
+    o.timeout_s = 10;
+    for (WanPeer& p : o.peers) p.epoch = 3 + p.site;  // site 0 registered at 3, site 1 at 4
+  });
+  ASSERT_TRUE(w->comms[0] && w->comms[1]);
+  ExpectMessage(*w->comms[1], *w->comms[0], 3, 100);  // epoch 4 from site 1: fine
+  const std::string a1 = w->eps[1]->address();
+  w->eps[0]->PeerAlive(1, a1, 4);  // the same process: nothing changes
+  ExpectMessage(*w->comms[1], *w->comms[0], 4, 100);
+  ::testing::internal::CaptureStderr();
+  w->eps[0]->PeerAlive(1, a1, 7);  // site 1 now held by a process registered at epoch 7
+  std::vector<int64_t> v(100, 5), got(100, 0);
+  std::thread sender([&] { (void)w->comms[1]->Send(std::span<const int64_t>(v), 0, 5); });
+  const Status st = w->comms[0]->Recv(std::span<int64_t>(got), 1, 5);
+  sender.join();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("a chunk of an earlier process of site 1 (membership epoch 4; its "
+                              "process now is of epoch 7)"),
+            std::string::npos)
+      << st.ToString();
+  EXPECT_NE(log.find("an earlier process of site 1"), std::string::npos) << log;
+  EXPECT_EQ(got, std::vector<int64_t>(100, 0));
+}
+
 TEST(WanRejoin, ReconnectFailsNamingWhatIsMissing) {
   // Two endpoints that each connected with the other absent.
   std::vector<std::unique_ptr<WanEndpoint>> eps;
@@ -380,7 +410,7 @@ TEST(WanRejoin, ANewProcessAtADeadOnesAddressIsReconnectedOncePeerAlive) {
   ASSERT_TRUE(n1.ok()) << n1.status().ToString();
   auto d1 = (*n1)->Connect(AloneOptions(**n1, 1, 2, 30));
   ASSERT_TRUE(d1.ok()) << d1.status().ToString();
-  (*e0)->PeerAlive(1, a1);
+  (*e0)->PeerAlive(1, a1, 0);
   auto rs = Concurrently(
       {[&] { return (*e0)->Reconnect(1, a1); }, [&] { return (*n1)->Reconnect(0, a0); }});
   for (const Status& r : rs) ASSERT_TRUE(r.ok()) << r.ToString();

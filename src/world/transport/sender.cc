@@ -147,6 +147,7 @@ Status WanCore::ConnectLink(Link* l, double deadline) {
 // Writes one chunk; empty or why the stream broke. Calls the tracker's Done for it.
 std::string WanCore::WriteItem(Link* l, OutItem& item) {
   pb::Chunk& c = *item.chunk;
+  c.set_epoch(own_epoch_.load(std::memory_order_relaxed));
   std::unique_lock<std::mutex> guard;
   if (item.src && item.tracker) {
     // The operation's memory (the caller's buffer, the staging buffer, a received chunk):

@@ -219,7 +219,7 @@ void WanCore::Poison(int from, const std::string& why, uint64_t generation) {
 }
 
 void WanCore::Dispatch(int from, PooledChunk chunk, double now, uint64_t generation) {
-  if (std::string why = CheckChunkOrigin(*chunk, from); !why.empty()) {
+  if (std::string why = CheckChunkOrigin(*chunk, from, MinEpoch(from)); !why.empty()) {
     Poison(from, why, generation);
     return;
   }
