@@ -42,7 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string screen = atl::transport::ScreenChunk(c, load, max_queued);
   if (screen.empty()) {
     if (atl::transport::IsCollectiveOp(c.op()) || c.op() == uint32_t(atl::CommOp::kSend))
-      FUZZ_CHECK(load.queued_bytes + c.payload().size() <= max_queued);
+      FUZZ_CHECK(load.queued_bytes + atl::transport::HeldBytes(c) <= max_queued);
     else
       FUZZ_CHECK(c.payload().size() <= atl::transport::kMaxControlBytes);
   }

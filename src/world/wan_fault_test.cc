@@ -20,6 +20,7 @@
 
 #include "core/log.h"
 #include "world/proto/transport.pb.h"
+#include "world/transport/chunk.h"
 #include "world/transport/test_world.h"
 #include "world/wan.h"
 #include "world/wan_internal.h"
@@ -245,7 +246,7 @@ TEST(WanFault, APeerOverTheQueuedBytesLimitIsRefused) {
 // are still accepted after it, and the tag's next message is the next one sent.
 TEST(WanFault, TheLateChunksOfAFailedReceiveHoldNothing) {
   auto w = Start(2, [](WanOptions& o) {
-    o.max_queued_bytes = 1 << 20;
+    o.max_queued_bytes = (1 << 20) + 16 * transport::kChunkHeldOverhead;  // 4 x 4 chunks
     o.chunk_bytes = 64 << 10;
     o.link = [](int, int) { return LinkProfile{1, 20, 0}; };
   });

@@ -168,6 +168,30 @@ TEST(Membership, ALeftSiteIsNotDead) {
 namespace atl {
 namespace {
 
+// Each site's entry names the epoch its current process registered at (what its WAN chunks
+// carry), and a rejoin's is the later one; a replayed log gives the same.
+TEST(MembershipStateTest, EachSiteNamesTheEpochItsProcessRegisteredAt) {
+  MembershipState m(2, 1.0, 3);
+  std::vector<Json> log = RegisterAll(m, 2);
+  const Membership first = m.Current();
+  EXPECT_EQ(first.sites[0].epoch, 1);
+  EXPECT_EQ(first.sites[1].epoch, 2);
+  m.Beat(0, 100, 10);
+  auto death = m.NextDeath(10);  // site 1 silent since 0
+  ASSERT_TRUE(death.has_value());
+  ASSERT_TRUE(m.Apply(*death).ok());
+  log.push_back(*death);
+  Json r;
+  ASSERT_TRUE(m.PlanRegister({1, 777, "10.0.0.1:9", 7, true, 5, "test"}, &r).ok());
+  ASSERT_TRUE(m.Apply(r).ok());
+  log.push_back(r);
+  EXPECT_EQ(m.Current().sites[1].epoch, 4);  // registrations 1, 2, the death 3, the rejoin 4
+  MembershipState replayed(2, 1.0, 3);
+  for (const Json& j : log) ASSERT_TRUE(replayed.Apply(j).ok());
+  EXPECT_EQ(replayed.Current().sites[1].epoch, 4);
+  EXPECT_EQ(replayed.Current().sites[0].epoch, 1);
+}
+
 // Found by fuzz/membership_fuzz.cc and fuzz/coordinator_log_fuzz.cc: a site out of range indexed
 // past the sites, and a record's float where an integer belongs was converted with undefined
 // behaviour. Both are refused now.

@@ -48,10 +48,11 @@ std::string ScreenChunk(const ::atl::wan::Chunk& c, const InboxLoad& load,
   const uint32_t op = c.op();
   const uint64_t bytes = c.payload().size();
   if (IsCollectiveOp(op) || op == uint32_t(CommOp::kSend)) {
-    if (bytes > max_queued_bytes || load.queued_bytes > max_queued_bytes - bytes)
+    const uint64_t held = HeldBytes(c);
+    if (held > max_queued_bytes || load.queued_bytes > max_queued_bytes - held)
       return fmt::format(
           "it has sent {} bytes more than this site has received from it (the limit is {})",
-          load.queued_bytes + bytes, max_queued_bytes);
+          load.queued_bytes + held, max_queued_bytes);
     return "";
   }
   if (op < kWanOpPing || op > kWanOpAbort) return fmt::format("a chunk has unknown op {}", op);

@@ -29,6 +29,13 @@ constexpr size_t kMaxControlEntries = 65536;
 // A collective's chunks (as opposed to a send's and the control messages).
 bool IsCollectiveOp(uint32_t op);
 
+// What a data chunk kept in an inbox counts toward WanOptions::max_queued_bytes: its payload plus
+// the message object around it, so that empty chunks are not free to pile up.
+constexpr uint64_t kChunkHeldOverhead = 256;
+inline uint64_t HeldBytes(const ::atl::wan::Chunk& c) {
+  return c.payload().size() + kChunkHeldOverhead;
+}
+
 // The header fields of a chunk.
 struct ChunkHeader {
   int from_site = 0;

@@ -63,10 +63,11 @@ class RecvWait final : public CommHandle::Pending {
         source_(source),
         tag_(tag),
         seq_(seq),
+        generation_(core_->InboxGeneration(source)),
         prefix_(std::move(prefix)) {}
   Status Wait() override {
     Status s = Receive();
-    core_->EraseMessage(source_, static_cast<uint32_t>(tag_), seq_, !s.ok());
+    core_->EraseMessage(source_, static_cast<uint32_t>(tag_), seq_, !s.ok(), generation_);
     return s.ok() ? s : s.WithContext(prefix_);
   }
 
@@ -114,6 +115,7 @@ class RecvWait final : public CommHandle::Pending {
   DType dtype_;
   int source_, tag_;
   uint64_t seq_;
+  uint64_t generation_;  // of the source's inbox when the receive began
   std::string prefix_;
 };
 

@@ -316,7 +316,12 @@ class WanCore : public std::enable_shared_from_this<WanCore> {
   StatusOr<Received> PopMessage(int peer, uint32_t tag, uint64_t seq);
   // Drops what arrived of message `seq` on (peer, tag); `failed`: its receive failed, so the
   // chunks of it still to come are dropped on arrival (they count toward nothing).
-  void EraseMessage(int peer, uint32_t tag, uint64_t seq, bool failed);
+  // `generation`: the peer's inbox generation when the receive began (InboxGeneration).
+  void EraseMessage(int peer, uint32_t tag, uint64_t seq, bool failed, uint64_t generation);
+  uint64_t InboxGeneration(int peer) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return inboxes_[size_t(peer)].generation;
+  }
   // Waits until every chunk of `t` has been written (no progress for timeout_s: an error). On an
   // error chunks may still be queued: the caller must Cancel(t) before freeing their memory.
   Status WaitSent(OpTracker& t, int peer);

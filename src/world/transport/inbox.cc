@@ -16,13 +16,13 @@ StatusOr<Received> WanCore::PopCollective(int peer, uint64_t seq,
     Inbox& in = inboxes_[peer];
     while (!in.collective.empty() && in.collective.front().chunk->op_seq() < seq &&
            failed_ops_.count(in.collective.front().chunk->op_seq())) {
-      in.queued -= in.collective.front().chunk->payload().size();
+      in.queued -= HeldBytes(*in.collective.front().chunk);
       in.collective.pop_front();  // late chunks of an operation that failed here
     }
     if (!in.collective.empty()) {
       Received r = std::move(in.collective.front());
       in.collective.pop_front();
-      in.queued -= r.chunk->payload().size();
+      in.queued -= HeldBytes(*r.chunk);
       return r;
     }
     // Every site takes part in every collective: one that can no longer (lost, gone, poisoned,
@@ -55,7 +55,7 @@ StatusOr<Received> WanCore::PopMessage(int peer, uint32_t tag, uint64_t seq) {
       if (s != t->second.slots.end() && !s->second.empty()) {
         Received r = std::move(s->second.front());
         s->second.pop_front();
-        in.queued -= r.chunk->payload().size();
+        in.queued -= HeldBytes(*r.chunk);
         return r;
       }
     }
@@ -69,20 +69,25 @@ StatusOr<Received> WanCore::PopMessage(int peer, uint32_t tag, uint64_t seq) {
   }
 }
 
-void WanCore::EraseMessage(int peer, uint32_t tag, uint64_t seq, bool failed) {
+void WanCore::EraseMessage(int peer, uint32_t tag, uint64_t seq, bool failed, uint64_t generation) {
   std::lock_guard<std::mutex> lk(mu_);
   Inbox& in = inboxes_[peer];
+  // A receive that failed on a stream replaced since: the new one numbers its messages afresh,
+  // so this number means another message there.
+  if (failed && in.generation != generation) return;
   auto t = in.p2p.find(tag);
   if (t == in.p2p.end()) {
     if (!failed) return;
     t = in.p2p.emplace(tag, P2pTag{}).first;
   }
   if (auto s = t->second.slots.find(seq); s != t->second.slots.end()) {
-    for (const Received& r : s->second) in.queued -= r.chunk->payload().size();
+    for (const Received& r : s->second) in.queued -= HeldBytes(*r.chunk);
     t->second.slots.erase(s);
   }
-  // Not all of it has arrived: what is still to come is dropped on arrival (Dispatch).
-  if (failed && seq >= t->second.next_seq) t->second.failed.insert(seq);
+  // Not all of it has arrived: what is still to come is dropped on arrival (Dispatch); nothing
+  // comes any more from a stream that ended or was refused.
+  if (failed && seq >= t->second.next_seq && in.poison.empty() && in.lost.empty() && !in.ended)
+    t->second.failed.insert(seq);
 }
 
 std::string WanCore::LinkError(int p) const {
@@ -145,7 +150,8 @@ void WanCore::PeerAlive(int peer, const std::string& address, int64_t epoch) {
     std::lock_guard<std::mutex> lk(mu_);
     dead_addresses_.erase(address);
     std::lock_guard<std::mutex> alk(addr_mu_);
-    if (peer >= 0 && size_t(peer) < epochs_.size() && epoch > epochs_[size_t(peer)])
+    if (peer >= 0 && peer != site_ && size_t(peer) < epochs_.size() &&
+        epoch > epochs_[size_t(peer)])
       epochs_[size_t(peer)] = epoch;
   }
   cv_.notify_all();  // a stream from that address waiting to be accepted may be now
@@ -153,7 +159,8 @@ void WanCore::PeerAlive(int peer, const std::string& address, int64_t epoch) {
 
 int64_t WanCore::MinEpoch(int peer) const {
   std::lock_guard<std::mutex> alk(addr_mu_);
-  return peer >= 0 && size_t(peer) < epochs_.size() ? epochs_[size_t(peer)] : 0;
+  // This site's own chunks (sends to itself) never pass the sender thread that stamps them.
+  return peer >= 0 && peer != site_ && size_t(peer) < epochs_.size() ? epochs_[size_t(peer)] : 0;
 }
 
 std::string WanCore::DeadAt(const std::string& address) const {
@@ -183,7 +190,7 @@ void WanCore::FailOp(uint64_t seq, const std::string& why) {
     for (Inbox& in : inboxes_) {  // its chunks already here: freed now
       std::erase_if(in.collective, [&](const Received& r) {
         if (r.chunk->op_seq() != seq) return false;
-        in.queued -= r.chunk->payload().size();
+        in.queued -= HeldBytes(*r.chunk);
         return true;
       });
     }

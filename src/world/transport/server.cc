@@ -237,8 +237,22 @@ void WanCore::Dispatch(int from, PooledChunk chunk, double now, uint64_t generat
     Inbox& in = inboxes_[from];
     if (generation != 0 && in.generation != generation) return;  // late, of a replaced stream
     if (!in.poison.empty()) return;  // refused already: nothing it sends is kept
+    // A late chunk of what failed here (a collective, or a message whose receive failed) is
+    // dropped before it is screened or counted.
+    if (IsCollectiveOp(op) && failed_ops_.count(chunk->op_seq()) > 0) return;
+    if (op == uint32_t(CommOp::kSend)) {
+      auto t = in.p2p.find(chunk->tag());
+      if (t != in.p2p.end() && t->second.failed.count(t->second.next_seq) > 0) {
+        if (chunk->count() >= chunk->total() ||
+            chunk->offset() >= chunk->total() - chunk->count()) {  // its last chunk
+          t->second.failed.erase(t->second.next_seq);
+          ++t->second.next_seq;
+        }
+        return;
+      }
+    }
     // What a peer can make this site hold is bounded (ScreenChunk).
-    const uint64_t bytes = chunk->payload().size();
+    const uint64_t bytes = HeldBytes(*chunk);
     refused = ScreenChunk(*chunk,
                           {in.queued, in.rejoin_readies.size(), in.pongs.size(),
                            in.probe_arrivals.size(), aborts_.size()},
@@ -246,22 +260,16 @@ void WanCore::Dispatch(int from, PooledChunk chunk, double now, uint64_t generat
     if (!refused.empty()) {
       in.poison = refused;
     } else if (IsCollectiveOp(op)) {
-      if (failed_ops_.count(chunk->op_seq()) == 0) {  // a late chunk of a failed one: dropped
-        in.queued += bytes;
-        in.collective.push_back({std::move(chunk), hash});
-      }
+      in.queued += bytes;
+      in.collective.push_back({std::move(chunk), hash});
     } else if (op == uint32_t(CommOp::kSend)) {
       P2pTag& t = in.p2p[chunk->tag()];
       // A message's chunks are consecutive on the stream; the last one ends it. Whether the
       // chunk really belongs to that message (op_seq, offsets) is checked by the receive.
       const bool last =
           chunk->count() >= chunk->total() || chunk->offset() >= chunk->total() - chunk->count();
-      if (t.failed.count(t.next_seq) == 0) {
-        in.queued += bytes;
-        t.slots[t.next_seq].push_back({std::move(chunk), hash});
-      } else if (last) {
-        t.failed.erase(t.next_seq);  // all of the failed message has come (and gone)
-      }
+      in.queued += bytes;
+      t.slots[t.next_seq].push_back({std::move(chunk), hash});
       if (last) ++t.next_seq;
     } else if (op == kWanOpPong) {
       in.pongs[chunk->tag()] = now;
