@@ -24,7 +24,7 @@ while (($#)); do
     --jobs) jobs="$2"; shift 2 ;;
     --smoke) seconds=10 jobs=2; shift ;;
     --seeds) seeds=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
