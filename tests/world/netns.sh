@@ -83,14 +83,18 @@ for strategy in sync diloco streaming async; do
   [[ $ADDR == "$NET.254:"* ]] || fail "$strategy: the coordinator printed '$ADDR': $(cat "$D/coord.err")"
   pids=()
   for s in 0 1 2; do
-    ip netns exec "${P}n$s" timeout 150 "$MPIEXEC" -n 1 "$ATOLL" train "${W[@]}" "${X[@]}" -q --site "$s" \
+    # Each mpirun its own OpenMPI session directory: started at once, they race to make a shared
+    # one ("orte_session_dir failed"), as launch avoids too.
+    mkdir -p "$D/ompi-$s"
+    ip netns exec "${P}n$s" env OMPI_MCA_orte_tmpdir_base="$D/ompi-$s" \
+      timeout 150 "$MPIEXEC" -n 1 "$ATOLL" train "${W[@]}" "${X[@]}" -q --site "$s" \
       --coordinator "$ADDR" --certs "$T/certs" --wan-listen 0.0.0.0:7100 \
       --wan-advertise "$NET.$((s + 1)):7100" --out "$D/site-$s" --checkpoint-dir "$D" \
       >"$D/s$s.out" 2>"$D/s$s.err" &
     pids+=($!)
   done
   for s in 0 1 2; do
-    wait "${pids[$s]}" || fail "$strategy: site $s failed: $(tail -5 "$D/s$s.err")"
+    wait "${pids[$s]}" || fail "$strategy: site $s failed: $(grep -m5 -i "error" "$D/s$s.err")"
   done
   kill "$COORD_PID"; wait "$COORD_PID" 2>/dev/null || true; COORD_PID=
   for s in 0 1 2; do

@@ -15,7 +15,7 @@ command -v "$MPIEXEC" >/dev/null || { echo "SKIP: no $MPIEXEC" >&2; exit 77; }
 export PATH="$(dirname "$(command -v "$MPIEXEC")"):$PATH"
 export OMP_WAIT_POLICY=passive OMP_NUM_THREADS=1
 # A failed check leaves no script running.
-trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$T"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$T"' EXIT
 
 W=(--config configs/tiny.toml --set data.dir="$DATA" --set train.steps=6
    --set world.sites=2 --set world.ranks_per_site=1 --set world.strategy=sync)
@@ -41,7 +41,10 @@ timeout 150 bash "$D/coordinator.sbatch" >"$T/coord.out" 2>&1 &
 coord=$!
 pids=()
 for s in 0 1; do
-  timeout 150 bash "$D/site-$s.sbatch" >"$T/site-$s.out" 2>&1 &
+  # Own OpenMPI session directories: two mpiruns started at once on one machine race for a
+  # shared one (on a cluster each site has its node).
+  mkdir -p "$T/ompi-$s"
+  OMPI_MCA_orte_tmpdir_base="$T/ompi-$s" timeout 150 bash "$D/site-$s.sbatch" >"$T/site-$s.out" 2>&1 &
   pids+=($!)
 done
 for s in 0 1; do
