@@ -17,6 +17,7 @@ constexpr size_t kAsyncStateHeader = 4 + 4 + 8 + 4 * 8;
 }  // namespace
 
 using state_bytes::Get;
+using state_bytes::GetFloats;
 using state_bytes::Put;
 
 std::string EncodeAsyncSiteState(const AsyncSiteState& st) {
@@ -56,11 +57,7 @@ StatusOr<AsyncSiteState> DecodeAsyncSiteState(std::string_view b, size_t n) {
   st.refused = Get<int64_t>(b, 32);
   st.adam_steps = Get<int64_t>(b, 40);
   size_t at = kAsyncStateHeader;
-  for (auto* v : {&st.residual, &st.adam_m, &st.adam_v}) {
-    v->resize(n);
-    if (n > 0) std::memcpy(v->data(), b.data() + at, n * sizeof(float));  // null when empty
-    at += n * sizeof(float);
-  }
+  for (auto* v : {&st.residual, &st.adam_m, &st.adam_v}) at = GetFloats(b, at, n, v);
   return st;
 }
 

@@ -16,6 +16,7 @@ constexpr size_t kStateHeader = 4 + 4 + 8 + 3 * 8;
 }  // namespace
 
 using state_bytes::Get;
+using state_bytes::GetFloats;
 using state_bytes::Put;
 
 std::string EncodeLowCommState(const LowCommState& st) {
@@ -64,17 +65,12 @@ StatusOr<LowCommState> DecodeLowCommState(std::string_view b, size_t n) {
         fmt::format("rejoin state: bad counters (step {}, round {}, {} "
                     "exchanges)",
                     st.completed, st.rounds, st.exchanges));
-  const char* at = b.data() + kStateHeader;
-  auto floats = [&](std::vector<float>* v) {
-    v->resize(n);
-    if (n > 0) std::memcpy(v->data(), at, n * sizeof(float));  // data() of an empty one: null
-    at += n * sizeof(float);
-  };
-  for (auto* v : {&st.global, &st.momentum, &st.params}) floats(v);
+  size_t at = kStateHeader;
+  for (auto* v : {&st.global, &st.momentum, &st.params}) at = GetFloats(b, at, n, v);
   if (version == kStateVersion) {
-    std::memcpy(&st.adam_steps, at, sizeof st.adam_steps);
+    st.adam_steps = Get<int64_t>(b, at);
     at += sizeof st.adam_steps;
-    for (auto* v : {&st.residual, &st.adam_m, &st.adam_v}) floats(v);
+    for (auto* v : {&st.residual, &st.adam_m, &st.adam_v}) at = GetFloats(b, at, n, v);
   }
   return st;
 }

@@ -29,6 +29,12 @@ constexpr size_t kMaxControlEntries = 65536;
 // A collective's chunks (as opposed to a send's and the control messages).
 bool IsCollectiveOp(uint32_t op);
 
+// Whether a send's chunk is the last of its message (a message's chunks are consecutive on the
+// stream, so the next one starts the next message).
+inline bool EndsMessage(const ::atl::wan::Chunk& c) {
+  return c.count() >= c.total() || c.offset() >= c.total() - c.count();
+}
+
 // What a data chunk kept in an inbox counts toward WanOptions::max_queued_bytes: its payload plus
 // the message object around it, so that empty chunks are not free to pile up.
 constexpr uint64_t kChunkHeldOverhead = 256;

@@ -243,8 +243,7 @@ void WanCore::Dispatch(int from, PooledChunk chunk, double now, uint64_t generat
     if (op == uint32_t(CommOp::kSend)) {
       auto t = in.p2p.find(chunk->tag());
       if (t != in.p2p.end() && t->second.failed.count(t->second.next_seq) > 0) {
-        if (chunk->count() >= chunk->total() ||
-            chunk->offset() >= chunk->total() - chunk->count()) {  // its last chunk
+        if (EndsMessage(*chunk)) {
           t->second.failed.erase(t->second.next_seq);
           ++t->second.next_seq;
         }
@@ -266,8 +265,7 @@ void WanCore::Dispatch(int from, PooledChunk chunk, double now, uint64_t generat
       P2pTag& t = in.p2p[chunk->tag()];
       // A message's chunks are consecutive on the stream; the last one ends it. Whether the
       // chunk really belongs to that message (op_seq, offsets) is checked by the receive.
-      const bool last =
-          chunk->count() >= chunk->total() || chunk->offset() >= chunk->total() - chunk->count();
+      const bool last = EndsMessage(*chunk);
       in.queued += bytes;
       t.slots[t.next_seq].push_back({std::move(chunk), hash});
       if (last) ++t.next_seq;
