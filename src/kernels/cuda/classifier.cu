@@ -1,0 +1,100 @@
+// The tied LM head with softmax cross-entropy. Forward: logits by one GEMM, then one block per
+// row for its log-sum-exp and loss, then one block for the mean. Backward: the gradient of the
+// logits is formed a tile of rows at a time (bounded scratch, however large N * V) and multiplied
+// into dx and dwte, the tiles in row order, so dwte's accumulation order is fixed.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace atl::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void RowLossKernel(float* lse, float* losses, const float* logits,
+                              const int32_t* targets, int V) {
+  __shared__ float shared[32];
+  const int64_t n = blockIdx.x;
+  const float* l = logits + n * V;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
+  mx = BlockMax(mx, shared);
+  float s = 0.0f;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(l[j] - mx);
+  s = BlockSum(s, shared);
+  if (threadIdx.x == 0) {
+    const float row_lse = mx + logf(s);
+    lse[n] = row_lse;
+    losses[n] = row_lse - l[targets[n]];
+  }
+}
+
+// *mean = sum of losses / N (one block; each thread a fixed stride, then the block's tree).
+__global__ void MeanKernel(float* mean, const float* losses, int N) {
+  __shared__ double shared[32];
+  double s = 0.0;
+  for (int i = threadIdx.x; i < N; i += blockDim.x) s += double(losses[i]);
+  s = BlockSum(s, shared);
+  if (threadIdx.x == 0) *mean = float(s / double(N));
+}
+
+// d[r, v] = dloss * (exp(logits[r0 + r, v] - lse[r0 + r]) - [v == target]) for the tile's rows.
+__global__ void LogitGradKernel(float* d, const float* logits, const float* lse,
+                                const int32_t* targets, float dloss, int64_t r0, int rows, int V) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(rows) * V) return;
+  const int64_t r = i / V;
+  const int v = int(i % V);
+  const int64_t n = r0 + r;
+  const float p = expf(logits[n * V + v] - lse[n]);
+  d[i] = dloss * (p - (v == targets[n] ? 1.0f : 0.0f));
+}
+
+// Rows per backward tile: at most ~64 M floats (256 MiB) of logit gradient at a time.
+int TileRows(int N, int V) {
+  const int64_t rows = (int64_t(64) << 20) / std::max(1, V);
+  return int(std::clamp<int64_t>(rows, 1, N));
+}
+
+}  // namespace
+
+float ClassifierForward(float* logits, float* lse, float* losses, const float* x, const float* wte,
+                        const int32_t* targets, int N, int C, int V) {
+  if (N <= 0) return 0.0f;
+  // logits[N,V] = x[N,C] · wte[V,C]ᵀ
+  Gemm(false, true, N, V, C, 1.0f, x, C, wte, C, 0.0f, logits, V);
+  if (targets == nullptr) return 0.0f;
+  RowLossKernel<<<unsigned(N), kThreads, 0, Stream()>>>(lse, losses, logits, targets, V);
+  ATL_LAUNCHED();
+  auto* mean = static_cast<float*>(Scratch(kScratchReduce, sizeof(float)));
+  MeanKernel<<<1, 1024, 0, Stream()>>>(mean, losses, N);
+  ATL_LAUNCHED();
+  float host = 0.0f;
+  CopyToHost(&host, mean, sizeof(float));
+  return host;
+}
+
+void ClassifierBackward(float* dx, float* dwte, const float* logits, const float* lse,
+                        const float* x, const float* wte, const int32_t* targets, float dloss,
+                        int N, int C, int V) {
+  if (N <= 0 || (dx == nullptr && dwte == nullptr)) return;
+  const int tile = TileRows(N, V);
+  auto* d = static_cast<float*>(Scratch(kScratchOp, size_t(tile) * size_t(V) * sizeof(float)));
+  for (int r0 = 0; r0 < N; r0 += tile) {
+    const int rows = std::min(tile, N - r0);
+    const size_t n = size_t(rows) * size_t(V);
+    LogitGradKernel<<<Blocks(n, kThreads), kThreads, 0, Stream()>>>(d, logits, lse, targets, dloss,
+                                                                    r0, rows, V);
+    ATL_LAUNCHED();
+    // dx[rows,C] += d[rows,V] · wte[V,C]
+    if (dx != nullptr)
+      Gemm(false, false, rows, C, V, 1.0f, d, V, wte, C, 1.0f, dx + size_t(r0) * C, C);
+    // dwte[V,C] += d[rows,V]ᵀ · x[rows,C]
+    if (dwte != nullptr)
+      Gemm(true, false, V, C, rows, 1.0f, d, V, x + size_t(r0) * C, C, 1.0f, dwte, C);
+  }
+}
+
+}  // namespace atl::kernels::cuda

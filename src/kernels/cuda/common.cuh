@@ -1,0 +1,101 @@
+// Shared by the .cu files of kernels/cuda/ (not part of the backend's interface): error checks,
+// the process's stream and cuBLASLt handle, a scratch workspace, and deterministic reductions.
+//
+// Determinism: a reduction here always maps element i to the same thread and combines threads
+// in the same tree (warp shuffles by fixed offsets, then warps in index order through shared
+// memory), so its result depends only on the input and the launch shape, which depend only on
+// the problem's shape. No atomics anywhere in kernels/cuda/.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/runtime.h"
+
+namespace atl::kernels::cuda {
+
+[[noreturn]] void ThrowCuda(const char* call, const char* file, int line, const char* message);
+
+#define ATL_CUDA(call)                                                                          \
+  do {                                                                                          \
+    const cudaError_t atl_err_ = (call);                                                        \
+    if (atl_err_ != cudaSuccess)                                                                \
+      ::atl::kernels::cuda::ThrowCuda(#call, __FILE__, __LINE__, cudaGetErrorString(atl_err_)); \
+  } while (0)
+
+#define ATL_CUBLAS(call)                                                                         \
+  do {                                                                                           \
+    const cublasStatus_t atl_st_ = (call);                                                       \
+    if (atl_st_ != CUBLAS_STATUS_SUCCESS)                                                        \
+      ::atl::kernels::cuda::ThrowCuda(#call, __FILE__, __LINE__, cublasLt_status_name(atl_st_)); \
+  } while (0)
+
+// After a kernel launch: launch-configuration errors now, execution errors at the next sync.
+#define ATL_LAUNCHED() ATL_CUDA(cudaGetLastError())
+
+const char* cublasLt_status_name(cublasStatus_t status);
+
+// The process's stream and cuBLASLt handle (created by UseDevice; UseDevice(DefaultOrdinal()) on
+// first use when it was not called).
+cudaStream_t Stream();
+cublasLtHandle_t BlasLt();
+// cuBLASLt's workspace: fixed size, so its algorithm choice does not depend on history.
+void* BlasWorkspace();
+constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
+
+// Scratch device memory of at least `bytes` in one of a few slots, valid until the next Scratch
+// call for the same slot (kernels on the one stream run in order, so reusing a slot across calls
+// is safe). Grows, never shrinks. An op takes kScratchOp for its own buffers; the helpers below
+// that an op calls take kScratchReduce, so the two never overlap.
+enum ScratchSlot { kScratchOp = 0, kScratchReduce = 1, kScratchSlots = 2 };
+void* Scratch(ScratchSlot slot, size_t bytes);
+
+inline unsigned Blocks(size_t n, unsigned threads) { return unsigned((n + threads - 1) / threads); }
+
+// Sum over a warp by a fixed butterfly: every lane gets the same bits.
+template <class A>
+__device__ inline A WarpSum(A v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <class A>
+__device__ inline A WarpMax(A v) {
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024): warps reduce, then warp 0 adds
+// the warps' sums in a fixed butterfly. Every thread gets the result. `shared` holds 32 A's; the
+// call ends with a barrier, so it may be reused right after.
+template <class A>
+__device__ inline A BlockSum(A v, A* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = WarpSum(v);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  A total = lane < warps ? shared[lane] : A(0);
+  total = WarpSum(total);
+  __syncthreads();
+  return total;
+}
+template <class A>
+__device__ inline A BlockMax(A v, A* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = WarpMax(v);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  A total = lane < warps ? shared[lane] : A(-INFINITY);
+  total = WarpMax(total);
+  __syncthreads();
+  return total;
+}
+
+// Column sums of a row-major [rows, cols] matrix, ADDED into out[cols] (device), in a fixed
+// order: rows are cut into chunks of kSumRows, each chunk summed per column in row order, then the
+// chunk sums added in chunk order. Uses Scratch(kScratchReduce).
+void ColumnSumsAdd(float* out, const float* m, int64_t rows, int cols);
+
+}  // namespace atl::kernels::cuda

@@ -1,0 +1,384 @@
+// Every op of kernels/cuda/ops.h against the CPU backend, in the style of ggml's
+// test-backend-ops: random inputs on shapes from tiny and odd (1, 7, 13, 33) to GPT-2-like,
+// the GPU's float result against the CPU's double path on the same inputs, by normalized error
+// ||gpu - ref||₂ / ||ref||₂ ≤ 1e-5; the backward ops ADD into gradients that start non-zero; and
+// every op run twice gives the same bits.
+//
+// Without a usable GPU (no device, no driver) every test is skipped, saying why.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/ops.h"
+
+namespace atl::kernels::cuda {
+namespace {
+
+namespace cpu = ::atl::kernels;
+
+constexpr double kTol = 1e-5;
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!Available(&why)) GTEST_SKIP() << "no GPU here (" << why << "): the CUDA op tests need one";
+  }
+};
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+std::vector<int32_t> Tokens(size_t n, int vocab, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
+  std::vector<int32_t> v(n);
+  for (int32_t& x : v) x = dist(gen);
+  return v;
+}
+
+std::vector<double> D(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+template <class T>
+DeviceArray<T> Up(const std::vector<T>& h) {
+  DeviceArray<T> d(h.size());
+  d.Upload(h.data(), h.size());
+  return d;
+}
+
+std::vector<float> Down(const DeviceArray<float>& d) {
+  std::vector<float> h(d.size());
+  d.Download(h.data(), h.size());
+  return h;
+}
+
+double NormErr(const std::vector<float>& got, const std::vector<double>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    const double d = double(got[i]) - want[i];
+    num += d * d;
+    den += want[i] * want[i];
+  }
+  if (!std::isfinite(num)) return INFINITY;
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+#define EXPECT_CLOSE(got, want) EXPECT_LE(NormErr(got, want), kTol) << #got
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+}
+
+TEST_F(CudaOps, Matmul) {
+  struct Shape {
+    int N, IC, OC;
+  };
+  for (const Shape s :
+       {Shape{1, 1, 1}, Shape{7, 13, 5}, Shape{33, 64, 96}, Shape{256, 768, 2304}}) {
+    SCOPED_TRACE(testing::Message() << "N=" << s.N << " IC=" << s.IC << " OC=" << s.OC);
+    const auto inp = Random(size_t(s.N) * s.IC, 1), w = Random(size_t(s.IC) * s.OC, 2, 0.1f);
+    const auto bias = Random(s.OC, 3), dout = Random(size_t(s.N) * s.OC, 4);
+    const auto dinp0 = Random(inp.size(), 5), dw0 = Random(w.size(), 6), db0 = Random(s.OC, 7);
+    auto di = D(inp), dw_ = D(w), db_ = D(bias), ddout = D(dout);
+    std::vector<double> out(size_t(s.N) * s.OC), dinp = D(dinp0), dw = D(dw0), db = D(db0);
+    cpu::MatmulForward(out.data(), di.data(), dw_.data(), db_.data(), s.N, s.IC, s.OC);
+    cpu::MatmulBackward(dinp.data(), dw.data(), db.data(), ddout.data(), di.data(), dw_.data(), s.N,
+                        s.IC, s.OC);
+    auto g_inp = Up(inp), g_w = Up(w), g_b = Up(bias), g_dout = Up(dout);
+    DeviceArray<float> g_out(out.size());
+    auto g_dinp = Up(dinp0), g_dw = Up(dw0), g_db = Up(db0);
+    MatmulForward(g_out.data(), g_inp.data(), g_w.data(), g_b.data(), s.N, s.IC, s.OC);
+    MatmulBackward(g_dinp.data(), g_dw.data(), g_db.data(), g_dout.data(), g_inp.data(), g_w.data(),
+                   s.N, s.IC, s.OC);
+    EXPECT_CLOSE(Down(g_out), out);
+    EXPECT_CLOSE(Down(g_dinp), dinp);
+    EXPECT_CLOSE(Down(g_dw), dw);
+    EXPECT_CLOSE(Down(g_db), db);
+  }
+}
+
+TEST_F(CudaOps, LayerNorm) {
+  struct Shape {
+    int N, C;
+  };
+  for (const Shape s :
+       {Shape{1, 2}, Shape{5, 7}, Shape{65, 768}, Shape{130, 33}, Shape{1000, 96}}) {
+    SCOPED_TRACE(testing::Message() << "N=" << s.N << " C=" << s.C);
+    const size_t nc = size_t(s.N) * s.C;
+    const auto inp = Random(nc, 11, 2.0f), w = Random(s.C, 12), b = Random(s.C, 13);
+    const auto dout = Random(nc, 14), dinp0 = Random(nc, 15), dw0 = Random(s.C, 16),
+               db0 = Random(s.C, 17);
+    auto di = D(inp), dw_ = D(w), db_ = D(b), ddout = D(dout);
+    std::vector<double> out(nc), mean(s.N), rstd(s.N), dinp = D(dinp0), dw = D(dw0), db = D(db0);
+    cpu::LayerNormForward(out.data(), mean.data(), rstd.data(), di.data(), dw_.data(), db_.data(),
+                          s.N, s.C);
+    cpu::LayerNormBackward(dinp.data(), dw.data(), db.data(), ddout.data(), di.data(), dw_.data(),
+                           mean.data(), rstd.data(), s.N, s.C);
+    auto g_inp = Up(inp), g_w = Up(w), g_b = Up(b), g_dout = Up(dout);
+    DeviceArray<float> g_out(nc), g_mean(s.N), g_rstd(s.N);
+    auto g_dinp = Up(dinp0), g_dw = Up(dw0), g_db = Up(db0);
+    LayerNormForward(g_out.data(), g_mean.data(), g_rstd.data(), g_inp.data(), g_w.data(),
+                     g_b.data(), s.N, s.C);
+    LayerNormBackward(g_dinp.data(), g_dw.data(), g_db.data(), g_dout.data(), g_inp.data(),
+                      g_w.data(), g_mean.data(), g_rstd.data(), s.N, s.C);
+    EXPECT_CLOSE(Down(g_out), out);
+    EXPECT_CLOSE(Down(g_mean), mean);
+    EXPECT_CLOSE(Down(g_rstd), rstd);
+    EXPECT_CLOSE(Down(g_dinp), dinp);
+    EXPECT_CLOSE(Down(g_dw), dw);
+    EXPECT_CLOSE(Down(g_db), db);
+  }
+}
+
+TEST_F(CudaOps, Attention) {
+  struct Shape {
+    int B, T, C, NH;
+  };
+  for (const Shape s : {Shape{1, 1, 4, 1}, Shape{2, 7, 12, 3}, Shape{3, 64, 64, 4},
+                        Shape{1, 129, 96, 2}, Shape{2, 256, 768, 12}}) {
+    SCOPED_TRACE(testing::Message()
+                 << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH);
+    const size_t x = size_t(s.B) * s.T * s.C, natt = size_t(s.B) * s.NH * s.T * s.T;
+    const auto qkv = Random(3 * x, 21), dout = Random(x, 22), dqkv0 = Random(3 * x, 23);
+    auto dq = D(qkv), ddout = D(dout);
+    std::vector<double> out(x), att(natt), scratch(natt), dqkv = D(dqkv0);
+    cpu::AttentionForward(out.data(), att.data(), dq.data(), s.B, s.T, s.C, s.NH);
+    cpu::AttentionBackward(dqkv.data(), scratch.data(), ddout.data(), dq.data(), att.data(), s.B,
+                           s.T, s.C, s.NH);
+    auto g_qkv = Up(qkv), g_dout = Up(dout), g_dqkv = Up(dqkv0);
+    DeviceArray<float> g_out(x), g_att(natt);
+    AttentionForward(g_out.data(), g_att.data(), g_qkv.data(), s.B, s.T, s.C, s.NH);
+    AttentionBackward(g_dqkv.data(), g_dout.data(), g_qkv.data(), g_att.data(), s.B, s.T, s.C,
+                      s.NH);
+    EXPECT_CLOSE(Down(g_out), out);
+    EXPECT_CLOSE(Down(g_att), att);
+    EXPECT_CLOSE(Down(g_dqkv), dqkv);
+  }
+}
+
+TEST_F(CudaOps, GeluAndResidual) {
+  for (const size_t n : {size_t(1), size_t(1000), size_t(100003)}) {
+    SCOPED_TRACE(testing::Message() << "n=" << n);
+    const auto x = Random(n, 31, 3.0f), y = Random(n, 32), dout = Random(n, 33);
+    const auto d0 = Random(n, 34), d1 = Random(n, 35);
+    auto dx = D(x), dy = D(y), ddout = D(dout);
+    std::vector<double> gelu(n), dgelu = D(d0), res(n), da = D(d0), db = D(d1);
+    cpu::GeluForward(gelu.data(), dx.data(), n);
+    cpu::GeluBackward(dgelu.data(), dx.data(), ddout.data(), n);
+    cpu::ResidualForward(res.data(), dx.data(), dy.data(), n);
+    cpu::ResidualBackward(da.data(), db.data(), ddout.data(), n);
+    auto g_x = Up(x), g_y = Up(y), g_dout = Up(dout), g_dgelu = Up(d0), g_da = Up(d0),
+         g_db = Up(d1);
+    DeviceArray<float> g_gelu(n), g_res(n);
+    GeluForward(g_gelu.data(), g_x.data(), n);
+    GeluBackward(g_dgelu.data(), g_x.data(), g_dout.data(), n);
+    ResidualForward(g_res.data(), g_x.data(), g_y.data(), n);
+    ResidualBackward(g_da.data(), g_db.data(), g_dout.data(), n);
+    EXPECT_CLOSE(Down(g_gelu), gelu);
+    EXPECT_CLOSE(Down(g_dgelu), dgelu);
+    EXPECT_CLOSE(Down(g_res), res);
+    EXPECT_CLOSE(Down(g_da), da);
+    EXPECT_CLOSE(Down(g_db), db);
+    // GELU in place (out aliases inp), as ops.h allows.
+    GeluForward(g_x.data(), g_x.data(), n);
+    EXPECT_CLOSE(Down(g_x), gelu);
+  }
+}
+
+TEST_F(CudaOps, Encoder) {
+  struct Shape {
+    int B, T, C, V, begin, end;
+  };
+  // Few tokens (V = 3) repeat a lot; the last two are a vocabulary shard [10, 30) (wpe kept, then
+  // absent).
+  for (const Shape s :
+       {Shape{2, 5, 7, 3, 0, -1}, Shape{4, 64, 48, 50, 0, -1}, Shape{3, 33, 16, 40, 10, 30}}) {
+    for (const bool with_wpe : {true, false}) {
+      if (!with_wpe && s.end < 0) continue;
+      SCOPED_TRACE(testing::Message()
+                   << "B=" << s.B << " T=" << s.T << " C=" << s.C << " V=" << s.V << " shard=["
+                   << s.begin << "," << s.end << ") wpe=" << with_wpe);
+      const int rows = s.end < 0 ? s.V : s.end - s.begin;
+      const size_t n = size_t(s.B) * s.T;
+      const auto tok = Tokens(n, s.V, 41);
+      const auto wte = Random(size_t(rows) * s.C, 42), wpe = Random(size_t(s.T) * s.C, 43);
+      const auto dout = Random(n * s.C, 44), dwte0 = Random(wte.size(), 45),
+                 dwpe0 = Random(wpe.size(), 46);
+      auto dwte_ = D(wte), dwpe_ = D(wpe), ddout = D(dout);
+      std::vector<double> out(n * s.C), dwte = D(dwte0), dwpe = D(dwpe0);
+      cpu::EncoderForward(out.data(), tok.data(), dwte_.data(), with_wpe ? dwpe_.data() : nullptr,
+                          s.B, s.T, s.C, s.begin, s.end);
+      cpu::EncoderBackward(dwte.data(), with_wpe ? dwpe.data() : nullptr, ddout.data(), tok.data(),
+                           s.B, s.T, s.C, s.begin, s.end);
+      auto g_tok = Up(tok);
+      auto g_wte = Up(wte), g_wpe = Up(wpe), g_dout = Up(dout), g_dwte = Up(dwte0),
+           g_dwpe = Up(dwpe0);
+      DeviceArray<float> g_out(n * s.C);
+      EncoderForward(g_out.data(), g_tok.data(), g_wte.data(), with_wpe ? g_wpe.data() : nullptr,
+                     s.B, s.T, s.C, s.begin, s.end);
+      EncoderBackward(g_dwte.data(), with_wpe ? g_dwpe.data() : nullptr, g_dout.data(),
+                      g_tok.data(), tok.data(), s.B, s.T, s.C, s.begin, s.end);
+      EXPECT_CLOSE(Down(g_out), out);
+      EXPECT_CLOSE(Down(g_dwte), dwte);
+      EXPECT_CLOSE(Down(g_dwpe), with_wpe ? dwpe : D(dwpe0));
+    }
+  }
+}
+
+TEST_F(CudaOps, Classifier) {
+  struct Shape {
+    int N, C, V;
+  };
+  for (const Shape s :
+       {Shape{1, 4, 3}, Shape{17, 32, 1001}, Shape{64, 48, 5000}, Shape{1500, 64, 50257}}) {
+    SCOPED_TRACE(testing::Message() << "N=" << s.N << " C=" << s.C << " V=" << s.V);
+    const auto x = Random(size_t(s.N) * s.C, 51), wte = Random(size_t(s.V) * s.C, 52, 0.3f);
+    const auto tgt = Tokens(s.N, s.V, 53);
+    const auto dx0 = Random(x.size(), 54), dwte0 = Random(wte.size(), 55);
+    auto dx_ = D(x), dwte_ = D(wte);
+    std::vector<double> logits(size_t(s.N) * s.V), lse(s.N), losses(s.N), dx = D(dx0),
+                                                                          dwte = D(dwte0);
+    std::vector<double> scratch(std::max(cpu::ClassifierForwardScratch(s.N, s.V),
+                                         cpu::ClassifierBackwardScratch(s.N, s.C, s.V)));
+    const double loss =
+        cpu::ClassifierForward(logits.data(), lse.data(), losses.data(), scratch.data(), dx_.data(),
+                               dwte_.data(), tgt.data(), s.N, s.C, s.V);
+    cpu::ClassifierBackward(dx.data(), dwte.data(), scratch.data(), logits.data(), lse.data(),
+                            dx_.data(), dwte_.data(), tgt.data(), 1.0 / s.N, s.N, s.C, s.V);
+    auto g_tgt = Up(tgt);
+    auto g_x = Up(x), g_wte = Up(wte), g_dx = Up(dx0), g_dwte = Up(dwte0);
+    DeviceArray<float> g_logits(logits.size()), g_lse(s.N), g_losses(s.N);
+    const float g_loss = ClassifierForward(g_logits.data(), g_lse.data(), g_losses.data(),
+                                           g_x.data(), g_wte.data(), g_tgt.data(), s.N, s.C, s.V);
+    ClassifierBackward(g_dx.data(), g_dwte.data(), g_logits.data(), g_lse.data(), g_x.data(),
+                       g_wte.data(), g_tgt.data(), 1.0f / s.N, s.N, s.C, s.V);
+    EXPECT_NEAR(g_loss, loss, kTol * std::abs(loss));
+    EXPECT_CLOSE(Down(g_logits), logits);
+    EXPECT_CLOSE(Down(g_lse), lse);
+    EXPECT_CLOSE(Down(g_losses), losses);
+    EXPECT_CLOSE(Down(g_dx), dx);
+    EXPECT_CLOSE(Down(g_dwte), dwte);
+  }
+}
+
+// AdamW against its formula (train/optimizer.h) in double, over segments with and without decay,
+// a gap, and a shift between state and parameter coordinates.
+TEST_F(CudaOps, AdamW) {
+  const uint64_t n = 100003;
+  // State [0, 40000) -> params [7, 40007) decaying; [40000, 60000) not updated (a gap);
+  // [60000, n) -> params shifted by 7 as well, no decay.
+  const std::vector<AdamSegment> segs = {{0, 40000, 7, 1}, {60000, n, 7, 0}};
+  const auto p0 = Random(n + 7, 61), g = Random(n, 62, 0.01f);
+  auto m0 = Random(n, 63, 0.001f), v0 = Random(n, 64, 1e-5f);
+  for (float& x : v0) x = std::abs(x);
+  const double lr = 3e-4, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, t = 3;
+  const float scale = 0.5f;
+  AdamScalars s{float(b1),
+                float(1 - b1),
+                float(b2),
+                float(1 - b2),
+                float(lr / (1 - std::pow(b1, t))),
+                float(1 / std::sqrt(1 - std::pow(b2, t))),
+                float(eps),
+                float(1 - lr * wd),
+                scale};
+  std::vector<double> p = D(p0), m = D(m0), v = D(v0);
+  for (const AdamSegment& seg : segs) {
+    for (uint64_t i = seg.begin; i < seg.end; ++i) {
+      const double gi = double(g[i]) * scale;
+      m[i] = b1 * m[i] + (1 - b1) * gi;
+      v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+      const double denom = std::sqrt(v[i]) / std::sqrt(1 - std::pow(b2, t)) + eps;
+      double& pi = p[i + seg.shift];
+      pi = pi * (seg.decay ? 1 - lr * wd : 1.0) - lr / (1 - std::pow(b1, t)) * m[i] / denom;
+    }
+  }
+  auto g_p = Up(p0), g_g = Up(g), g_m = Up(m0), g_v = Up(v0);
+  auto g_segs = Up(segs);
+  AdamWStep(g_p.data(), g_g.data(), g_m.data(), g_v.data(), g_segs.data(), int(segs.size()), n, s);
+  const auto got_p = Down(g_p), got_m = Down(g_m), got_v = Down(g_v);
+  EXPECT_CLOSE(got_p, p);
+  EXPECT_CLOSE(got_m, m);
+  EXPECT_CLOSE(got_v, v);
+  // The gap and the parameters before the shift are untouched, bitwise.
+  for (uint64_t i = 40000; i < 60000; ++i) ASSERT_EQ(got_m[i], m0[i]) << i;
+  for (uint64_t i = 0; i < 7; ++i) ASSERT_EQ(got_p[i], p0[i]) << i;
+  for (uint64_t i = 40007; i < 60007; ++i) ASSERT_EQ(got_p[i], p0[i]) << i;
+}
+
+TEST_F(CudaOps, GradSquaredSum) {
+  for (const size_t n : {size_t(1), size_t(65537), size_t(3000001)}) {
+    const auto g = Random(n, 71);
+    double want = 0;
+    for (float x : g) want += double(x) * double(x);
+    auto dev = Up(g);
+    EXPECT_NEAR(GradSquaredSum(dev.data(), n), want, 1e-12 * want) << n;
+  }
+}
+
+// Every op with a reduction, run twice on the same inputs: the same bits.
+TEST_F(CudaOps, TwoRunsGiveTheSameBits) {
+  const int B = 2, T = 128, C = 96, NH = 3, V = 3001, N = B * T;
+  const auto qkv = Random(size_t(N) * 3 * C, 81), dout = Random(size_t(N) * C, 82);
+  const auto w = Random(size_t(C) * 3 * C, 83, 0.1f), x = Random(size_t(N) * C, 84);
+  const auto wte = Random(size_t(V) * C, 85, 0.3f);
+  const auto tok = Tokens(N, 50, 86), tgt = Tokens(N, V, 87);
+  auto run = [&] {
+    std::vector<std::vector<float>> outs;
+    auto g_qkv = Up(qkv), g_dout = Up(dout), g_w = Up(w), g_x = Up(x), g_wte = Up(wte);
+    auto g_tok = Up(tok), g_tgt = Up(tgt);
+    DeviceArray<float> att(size_t(B) * NH * T * T), out(size_t(N) * C), dqkv(qkv.size());
+    DeviceArray<float> dw(w.size()), db(3 * C), dx(x.size()), dwte(wte.size()), lnw(C), lnb(C);
+    DeviceArray<float> logits(size_t(N) * V), lse(N), losses(N), mean(N), rstd(N);
+    for (auto* a : {&dqkv, &dw, &db, &dx, &dwte, &lnw, &lnb}) a->SetZero();
+    AttentionForward(out.data(), att.data(), g_qkv.data(), B, T, C, NH);
+    AttentionBackward(dqkv.data(), g_dout.data(), g_qkv.data(), att.data(), B, T, C, NH);
+    MatmulBackward(nullptr, dw.data(), db.data(), g_qkv.data(), g_x.data(), g_w.data(), N, C,
+                   3 * C);
+    LayerNormForward(out.data(), mean.data(), rstd.data(), g_x.data(), g_x.data(), g_x.data(), N,
+                     C);
+    LayerNormBackward(dx.data(), lnw.data(), lnb.data(), g_dout.data(), g_x.data(), g_x.data(),
+                      mean.data(), rstd.data(), N, C);
+    const float loss = ClassifierForward(logits.data(), lse.data(), losses.data(), g_x.data(),
+                                         g_wte.data(), g_tgt.data(), N, C, V);
+    ClassifierBackward(dx.data(), dwte.data(), logits.data(), lse.data(), g_x.data(), g_wte.data(),
+                       g_tgt.data(), 1.0f / N, N, C, V);
+    EncoderBackward(dwte.data(), nullptr, g_dout.data(), g_tok.data(), tok.data(), B, T, C);
+    for (auto* a : {&att, &out, &dqkv, &dw, &db, &dx, &dwte, &lnw, &lnb, &lse})
+      outs.push_back(Down(*a));
+    outs.push_back({loss, float(GradSquaredSum(dwte.data(), dwte.size()))});
+    return outs;
+  };
+  const auto a = run(), b = run();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(SameBits(a[i], b[i])) << "output " << i;
+}
+
+TEST(CudaRuntime, ProbeSaysWhyWithoutADevice) {
+  const DeviceInfo info = Probe();
+  if (info.count > 0) {
+    EXPECT_FALSE(info.name.empty());
+    EXPECT_GT(info.sm_count, 0);
+    EXPECT_GT(info.memory_bytes, size_t(0));
+  } else {
+    EXPECT_FALSE(info.reason.empty());
+    std::string why;
+    EXPECT_FALSE(Available(&why));
+    EXPECT_EQ(why, info.reason);
+  }
+}
+
+}  // namespace
+}  // namespace atl::kernels::cuda

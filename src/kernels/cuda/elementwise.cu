@@ -1,0 +1,170 @@
+// Embeddings (encoder), GELU and residual adds: one thread per element, except the embedding
+// gradient, which groups repeated tokens so that no two threads add into one row.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace atl::kernels::cuda {
+namespace {
+
+constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluC = 0.044715f;
+
+// sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): GELU(x) = x * sigmoid(2u) (see cpu/).
+__device__ inline float Sigmoid2U(float x) {
+  const float u = kGeluS * (x + kGeluC * x * x * x);
+  return 1.0f / (1.0f + expf(-2.0f * u));
+}
+
+__global__ void GeluForwardKernel(float* out, const float* inp, size_t n) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float x = inp[i];
+  out[i] = x * Sigmoid2U(x);
+}
+
+__global__ void GeluBackwardKernel(float* dinp, const float* inp, const float* dout, size_t n) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float x = inp[i];
+  const float s = Sigmoid2U(x);
+  const float du = kGeluS * (1.0f + 3.0f * kGeluC * x * x);
+  dinp[i] += (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
+}
+
+__global__ void ResidualForwardKernel(float* out, const float* a, const float* b, size_t n) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = a[i] + b[i];
+}
+
+__global__ void AccumulateKernel(float* d, const float* dout, size_t n) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) d[i] += dout[i];
+}
+
+// One thread per (b, t, c).
+__global__ void EncoderForwardKernel(float* out, const int32_t* inp, const float* wte,
+                                     const float* wpe, int64_t n, int T, int C, int vocab_begin,
+                                     int vocab_end) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t bt = i / C;
+  const int c = int(i % C);
+  const int t = int(bt % T);
+  const int32_t token = inp[bt];
+  float v;
+  if (vocab_end < 0) {
+    v = wte[int64_t(token) * C + c] + wpe[int64_t(t) * C + c];
+  } else {
+    const bool held = token >= vocab_begin && token < vocab_end;
+    v = held ? wte[int64_t(token - vocab_begin) * C + c] : 0.0f;
+    if (wpe != nullptr) v += wpe[int64_t(t) * C + c];
+  }
+  out[i] = v;
+}
+
+// dwte: block x = one distinct token, threads over channels; the token's positions are added in
+// (b, t) order, one at a time into the row, as the CPU backend adds them.
+__global__ void TokenGradKernel(float* dwte, const float* dout, const int32_t* rows,
+                                const int32_t* offsets, const int32_t* positions, int C) {
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int u = blockIdx.x;
+  float* w = dwte + int64_t(rows[u]) * C + c;
+  float acc = *w;
+  for (int j = offsets[u]; j < offsets[u + 1]; ++j) acc += dout[int64_t(positions[j]) * C + c];
+  *w = acc;
+}
+
+// dwpe[t, c] += dout[b, t, c] for b in order.
+__global__ void PositionGradKernel(float* dwpe, const float* dout, int B, int T, int C) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(T) * C) return;
+  float acc = dwpe[i];
+  for (int b = 0; b < B; ++b) acc += dout[int64_t(b) * T * C + i];
+  dwpe[i] = acc;
+}
+
+}  // namespace
+
+void GeluForward(float* out, const float* inp, size_t n) {
+  if (n == 0) return;
+  GeluForwardKernel<<<Blocks(n, 256), 256, 0, Stream()>>>(out, inp, n);
+  ATL_LAUNCHED();
+}
+
+void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) {
+  if (n == 0) return;
+  GeluBackwardKernel<<<Blocks(n, 256), 256, 0, Stream()>>>(dinp, inp, dout, n);
+  ATL_LAUNCHED();
+}
+
+void ResidualForward(float* out, const float* a, const float* b, size_t n) {
+  if (n == 0) return;
+  ResidualForwardKernel<<<Blocks(n, 256), 256, 0, Stream()>>>(out, a, b, n);
+  ATL_LAUNCHED();
+}
+
+void ResidualBackward(float* da, float* db, const float* dout, size_t n) {
+  if (n == 0) return;
+  for (float* d : {da, db}) {
+    if (d == nullptr) continue;
+    AccumulateKernel<<<Blocks(n, 256), 256, 0, Stream()>>>(d, dout, n);
+    ATL_LAUNCHED();
+  }
+}
+
+void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
+                    int T, int C, int vocab_begin, int vocab_end) {
+  const size_t n = size_t(B) * T * C;
+  if (n == 0) return;
+  EncoderForwardKernel<<<Blocks(n, 256), 256, 0, Stream()>>>(out, inp, wte, wpe, int64_t(n), T, C,
+                                                             vocab_begin, vocab_end);
+  ATL_LAUNCHED();
+}
+
+void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp,
+                     const int32_t* host_inp, int B, int T, int C, int vocab_begin, int vocab_end) {
+  const int N = B * T;
+  if (N == 0 || C == 0) return;
+  (void)inp;
+  if (dwte != nullptr) {
+    // Group the positions by token (stable: (b, t) order within a token), on the host.
+    const int limit = vocab_end >= 0 ? vocab_end : INT32_MAX;
+    std::vector<int32_t> order;
+    order.reserve(size_t(N));
+    for (int i = 0; i < N; ++i)
+      if (host_inp[i] >= vocab_begin && host_inp[i] < limit) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t x, int32_t y) { return host_inp[x] < host_inp[y]; });
+    std::vector<int32_t> rows, offsets;
+    for (size_t j = 0; j < order.size(); ++j) {
+      if (j == 0 || host_inp[order[j]] != host_inp[order[j - 1]]) {
+        rows.push_back(host_inp[order[j]] - vocab_begin);
+        offsets.push_back(int32_t(j));
+      }
+    }
+    offsets.push_back(int32_t(order.size()));
+    if (!rows.empty()) {
+      // One upload: rows, offsets, positions.
+      std::vector<int32_t> packed(rows);
+      packed.insert(packed.end(), offsets.begin(), offsets.end());
+      packed.insert(packed.end(), order.begin(), order.end());
+      auto* dev = static_cast<int32_t*>(Scratch(kScratchOp, packed.size() * sizeof(int32_t)));
+      CopyToDevice(dev, packed.data(), packed.size() * sizeof(int32_t));
+      const int U = int(rows.size());
+      const dim3 grid(unsigned(U), Blocks(size_t(C), 256));
+      TokenGradKernel<<<grid, 256, 0, Stream()>>>(dwte, dout, dev, dev + U, dev + 2 * U + 1, C);
+      ATL_LAUNCHED();
+    }
+  }
+  if (dwpe != nullptr) {
+    PositionGradKernel<<<Blocks(size_t(T) * C, 256), 256, 0, Stream()>>>(dwpe, dout, B, T, C);
+    ATL_LAUNCHED();
+  }
+}
+
+}  // namespace atl::kernels::cuda

@@ -1,0 +1,122 @@
+// LayerNorm forward and backward: one warp per row (the row's sums by a fixed butterfly), and the
+// weight and bias gradients as column sums in fixed row chunks (common.cuh).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace atl::kernels::cuda {
+namespace {
+
+constexpr int kRowsPerBlock = 8;  // warps per block, one row each
+constexpr int kChunkRows = 64;    // rows per partial column sum
+
+__global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, const float* inp,
+                                       const float* weight, const float* bias, int N, int C) {
+  const int lane = threadIdx.x & 31;
+  const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (n >= N) return;
+  const float* x = inp + n * C;
+  float s = 0.0f;
+  for (int c = lane; c < C; c += 32) s += x[c];
+  const float m = WarpSum(s) / float(C);
+  // Two passes, as the CPU: no cancellation when |mean| >> std.
+  float v = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float d = x[c] - m;
+    v += d * d;
+  }
+  v = WarpSum(v) / float(C);
+  const float r = 1.0f / sqrtf(v + 1e-5f);
+  float* o = out + n * C;
+  for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+  if (lane == 0) {
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+__global__ void LayerNormInputGradKernel(float* dinp, const float* dout, const float* inp,
+                                         const float* weight, const float* mean, const float* rstd,
+                                         int N, int C) {
+  const int lane = threadIdx.x & 31;
+  const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (n >= N) return;
+  const float* x = inp + n * C;
+  const float* dy = dout + n * C;
+  const float m = mean[n], r = rstd[n];
+  float g_sum = 0.0f, gn_sum = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float g = dy[c] * weight[c];
+    g_sum += g;
+    gn_sum += g * (x[c] - m) * r;
+  }
+  const float g_mean = WarpSum(g_sum) / float(C);
+  const float gn_mean = WarpSum(gn_sum) / float(C);
+  float* dx = dinp + n * C;
+  for (int c = lane; c < C; c += 32) {
+    const float norm = (x[c] - m) * r;
+    dx[c] += r * (dy[c] * weight[c] - g_mean - norm * gn_mean);
+  }
+}
+
+// partial[chunk][c] = sum over the chunk's rows of dout * norm, partial[chunk][C + c] = of dout.
+__global__ void LayerNormParamChunkKernel(float* partial, const float* dout, const float* inp,
+                                          const float* mean, const float* rstd, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int64_t chunk = blockIdx.y;
+  const int64_t r0 = chunk * kChunkRows, r1 = min(int64_t(N), r0 + kChunkRows);
+  float dw = 0.0f, db = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float dy = dout[r * C + c];
+    dw += dy * (inp[r * C + c] - mean[r]) * rstd[r];
+    db += dy;
+  }
+  partial[chunk * 2 * C + c] = dw;
+  partial[chunk * 2 * C + C + c] = db;
+}
+
+__global__ void LayerNormParamAddKernel(float* dweight, float* dbias, const float* partial,
+                                        int64_t chunks, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float dw = 0.0f, db = 0.0f;
+  for (int64_t k = 0; k < chunks; ++k) {
+    dw += partial[k * 2 * C + c];
+    db += partial[k * 2 * C + C + c];
+  }
+  if (dweight != nullptr) dweight[c] += dw;
+  if (dbias != nullptr) dbias[c] += db;
+}
+
+}  // namespace
+
+void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                      const float* bias, int N, int C) {
+  if (N <= 0) return;
+  LayerNormForwardKernel<<<Blocks(size_t(N), kRowsPerBlock), 32 * kRowsPerBlock, 0, Stream()>>>(
+      out, mean, rstd, inp, weight, bias, N, C);
+  ATL_LAUNCHED();
+}
+
+void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, const float* mean, const float* rstd,
+                       int N, int C) {
+  if (N <= 0) return;
+  if (dinp != nullptr) {
+    LayerNormInputGradKernel<<<Blocks(size_t(N), kRowsPerBlock), 32 * kRowsPerBlock, 0, Stream()>>>(
+        dinp, dout, inp, weight, mean, rstd, N, C);
+    ATL_LAUNCHED();
+  }
+  if (dweight == nullptr && dbias == nullptr) return;
+  const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;
+  auto* partial =
+      static_cast<float*>(Scratch(kScratchReduce, size_t(chunks) * 2 * size_t(C) * sizeof(float)));
+  const dim3 grid(Blocks(size_t(C), 128), unsigned(chunks));
+  LayerNormParamChunkKernel<<<grid, 128, 0, Stream()>>>(partial, dout, inp, mean, rstd, N, C);
+  ATL_LAUNCHED();
+  LayerNormParamAddKernel<<<Blocks(size_t(C), 128), 128, 0, Stream()>>>(dweight, dbias, partial,
+                                                                        chunks, C);
+  ATL_LAUNCHED();
+}
+
+}  // namespace atl::kernels::cuda

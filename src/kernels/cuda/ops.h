@@ -1,0 +1,95 @@
+// The CUDA backend of kernels/ops.h: the same ops, the same layouts and the same meaning (read the
+// comments there), over DEVICE pointers, plus the optimizer's two kernels (AdamW, the gradient's
+// sum of squares) so parameters and their state never leave the GPU.
+//
+// Differences from the CPU backend, all deliberate:
+// - Pointers are device pointers, except: ClassifierForward returns the mean loss to the host;
+//   EncoderBackward also takes the token ids on the host (it groups repeated tokens there, so the
+//   gradient rows are summed in (b,t) order without atomics).
+// - Scratch is the backend's own (common.cuh), so the scratch arguments of the CPU signatures are
+//   gone.
+// - Results agree with the CPU backend within floating-point rounding, not bitwise (different
+//   summation orders and cuBLASLt's own blocking); they are bitwise-repeatable run to run on one
+//   GPU model with one CUDA/cuBLASLt version: every reduction has a fixed order (common.cuh), and
+//   cuBLASLt is asked for algorithms without in-place split-K reductions (which use atomics).
+//
+// Precision: float throughout (CUBLAS_COMPUTE_32F, no TF32).
+//
+// Thread-safety: one caller at a time (runtime.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace atl::kernels::cuda {
+
+// ---- The ops of kernels/ops.h ------------------------------------------------------------------
+
+void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
+                    int T, int C, int vocab_begin = 0, int vocab_end = -1);
+// inp is on the device, host_inp the same ids on the host.
+void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp,
+                     const int32_t* host_inp, int B, int T, int C, int vocab_begin = 0,
+                     int vocab_end = -1);
+
+void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                      const float* bias, int N, int C);
+void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, const float* mean, const float* rstd,
+                       int N, int C);
+
+void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                   int IC, int OC);
+void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                    const float* weight, int N, int IC, int OC);
+
+void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                       int T, int C, int NH);
+
+void GeluForward(float* out, const float* inp, size_t n);
+void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n);
+
+void ResidualForward(float* out, const float* a, const float* b, size_t n);
+void ResidualBackward(float* da, float* db, const float* dout, size_t n);
+
+// targets on the device (or null). Returns the mean loss (0 without targets) on the host.
+float ClassifierForward(float* logits, float* lse, float* losses, const float* x, const float* wte,
+                        const int32_t* targets, int N, int C, int V);
+void ClassifierBackward(float* dx, float* dwte, const float* logits, const float* lse,
+                        const float* x, const float* wte, const int32_t* targets, float dloss,
+                        int N, int C, int V);
+
+// ---- General matrix product (cuBLASLt), for the ops above and for tests ------------------------
+
+// Row-major: c[m,n] = alpha * op(a) · op(b) + beta * c, op(a) [m,k] (a is [k,m] when trans_a),
+// op(b) [k,n] (b is [n,k] when trans_b); lda, ldb, ldc are the row strides. `batch` products at
+// element strides stride_a, stride_b, stride_c.
+void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int batch = 1,
+          int64_t stride_a = 0, int64_t stride_b = 0, int64_t stride_c = 0);
+
+// ---- Optimizer ----------------------------------------------------------------------------------
+
+// A run of state elements [begin, end) updating parameters [begin + shift, end + shift) (shift
+// modulo 2^64, as train/optimizer.h's segments), with or without weight decay.
+struct AdamSegment {
+  uint64_t begin, end, shift;
+  uint32_t decay;
+};
+// The scalars of one AdamW step, computed on the host exactly as the CPU AdamW does.
+struct AdamScalars {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+  float step_size, inv_bc2_sqrt, eps, decay_factor, grad_scale;
+};
+// One AdamW update: the arithmetic of train/optimizer.h, element by element in float (equal to
+// the CPU's within rounding: either compiler may fuse a multiply and an add). segments: device
+// array sorted by begin, disjoint; state elements outside every segment are not updated.
+void AdamWStep(float* params, const float* grads, float* m, float* v, const AdamSegment* segments,
+               int num_segments, uint64_t n, const AdamScalars& s);
+
+// sum g_i^2 in double, in a fixed order (fixed chunks, then the chunk sums in order); returned to
+// the host.
+double GradSquaredSum(const float* grads, size_t n);
+
+}  // namespace atl::kernels::cuda

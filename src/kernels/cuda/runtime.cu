@@ -1,0 +1,240 @@
+// The process's CUDA context: device choice, stream, cuBLASLt handle, scratch; memory and copies.
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/runtime.h"
+
+namespace atl::kernels::cuda {
+namespace {
+
+struct Context {
+  int ordinal = -1;
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t blas = nullptr;
+  void* blas_workspace = nullptr;
+  void* scratch[kScratchSlots] = {};
+  size_t scratch_bytes[kScratchSlots] = {};
+};
+
+Context& Ctx() {
+  static Context ctx;
+  return ctx;
+}
+
+Context& Ready() {
+  Context& c = Ctx();
+  if (c.ordinal < 0) UseDevice(DefaultOrdinal());
+  return c;
+}
+
+int EnvInt(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return -1;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  return (*end == '\0' && x >= 0 && x < (1 << 20)) ? int(x) : -1;
+}
+
+}  // namespace
+
+void ThrowCuda(const char* call, const char* file, int line, const char* message) {
+  throw CudaError(fmt::format("CUDA: {} failed at {}:{}: {}", call, file, line, message));
+}
+
+const char* cublasLt_status_name(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default:
+      return "cuBLAS error";
+  }
+}
+
+DeviceInfo Probe() {
+  DeviceInfo info;
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    if (err == cudaErrorInsufficientDriver) {
+      // The runtime says this both without a driver and with one older than itself.
+      void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+      if (driver == nullptr) driver = dlopen("libcuda.so.1", RTLD_LAZY);
+      info.reason = driver == nullptr
+                        ? "no CUDA driver (libcuda.so.1 not found)"
+                        : fmt::format(
+                              "the CUDA driver is older than the CUDA {}.{} runtime atoll "
+                              "was built with",
+                              CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+    } else if (err == cudaErrorNoDevice) {
+      info.reason = "no CUDA device";
+    } else {
+      info.reason = fmt::format("CUDA: {}", cudaGetErrorString(err));
+    }
+    cudaGetLastError();  // clear it
+    return info;
+  }
+  info.count = count;
+  if (count == 0) {
+    info.reason = "no CUDA device";
+    return info;
+  }
+  info.ordinal = Ctx().ordinal >= 0 ? Ctx().ordinal : DefaultOrdinal();
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, info.ordinal) == cudaSuccess) {
+    info.name = prop.name;
+    info.sm_count = prop.multiProcessorCount;
+    info.cc_major = prop.major;
+    info.cc_minor = prop.minor;
+    info.memory_bytes = prop.totalGlobalMem;
+  }
+  return info;
+}
+
+bool Available(std::string* why) {
+  const DeviceInfo info = Probe();
+  if (info.count > 0) return true;
+  if (why != nullptr) *why = info.reason;
+  return false;
+}
+
+int DefaultOrdinal() {
+  int local = -1;
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"}) {
+    local = EnvInt(name);
+    if (local >= 0) break;
+  }
+  if (local < 0) return 0;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return 0;
+  }
+  return local % count;
+}
+
+void UseDevice(int ordinal) {
+  Context& c = Ctx();
+  if (c.ordinal == ordinal) return;
+  if (c.ordinal >= 0)
+    throw CudaError(
+        fmt::format("CUDA: this process already uses device {}, not {}", c.ordinal, ordinal));
+  ATL_CUDA(cudaSetDevice(ordinal));
+  ATL_CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
+  ATL_CUBLAS(cublasLtCreate(&c.blas));
+  ATL_CUDA(cudaMalloc(&c.blas_workspace, kBlasWorkspaceBytes));
+  c.ordinal = ordinal;
+}
+
+cudaStream_t Stream() { return Ready().stream; }
+cublasLtHandle_t BlasLt() { return Ready().blas; }
+void* BlasWorkspace() { return Ready().blas_workspace; }
+
+void* Scratch(ScratchSlot slot, size_t bytes) {
+  Context& c = Ready();
+  if (bytes > c.scratch_bytes[slot]) {
+    // cudaFree waits for the kernels still using the old buffer.
+    if (c.scratch[slot] != nullptr) ATL_CUDA(cudaFree(c.scratch[slot]));
+    c.scratch[slot] = nullptr;
+    c.scratch_bytes[slot] = 0;
+    const size_t grown = bytes + bytes / 4;
+    ATL_CUDA(cudaMalloc(&c.scratch[slot], grown));
+    c.scratch_bytes[slot] = grown;
+  }
+  return c.scratch[slot];
+}
+
+void* Malloc(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  Ready();
+  void* p = nullptr;
+  ATL_CUDA(cudaMalloc(&p, bytes));
+  return p;
+}
+
+void Free(void* p) {
+  if (p != nullptr) cudaFree(p);  // never throws: called from destructors
+}
+
+void CopyToDevice(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  ATL_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, Stream()));
+  ATL_CUDA(cudaStreamSynchronize(Stream()));
+}
+
+void CopyToHost(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  ATL_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, Stream()));
+  ATL_CUDA(cudaStreamSynchronize(Stream()));
+}
+
+void CopyOnDevice(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  ATL_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, Stream()));
+}
+
+void Zero(void* p, size_t bytes) {
+  if (bytes == 0) return;
+  ATL_CUDA(cudaMemsetAsync(p, 0, bytes, Stream()));
+}
+
+void Synchronize() { ATL_CUDA(cudaStreamSynchronize(Stream())); }
+
+// ---- ColumnSumsAdd ---------------------------------------------------------------------------
+
+namespace {
+constexpr int kSumRows = 64;
+
+// partial[chunk][c] = sum of m[r][c] over the chunk's rows, in row order. One thread per
+// (chunk, column); a warp reads 32 adjacent columns of a row (coalesced).
+__global__ void ColumnChunkSums(float* partial, const float* m, int64_t rows, int cols) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  if (c >= cols) return;
+  const int64_t r0 = chunk * kSumRows, r1 = min(rows, r0 + kSumRows);
+  float s = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) s += m[r * cols + c];
+  partial[chunk * cols + c] = s;
+}
+
+// out[c] += sum over chunks of partial[chunk][c], in chunk order.
+__global__ void AddChunkSums(float* out, const float* partial, int64_t chunks, int cols) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float s = 0.0f;
+  for (int64_t k = 0; k < chunks; ++k) s += partial[k * cols + c];
+  out[c] += s;
+}
+}  // namespace
+
+void ColumnSumsAdd(float* out, const float* m, int64_t rows, int cols) {
+  if (rows <= 0 || cols <= 0) return;
+  const int64_t chunks = (rows + kSumRows - 1) / kSumRows;
+  float* partial =
+      static_cast<float*>(Scratch(kScratchReduce, size_t(chunks) * size_t(cols) * sizeof(float)));
+  const dim3 grid(Blocks(size_t(cols), 128), unsigned(chunks));
+  ColumnChunkSums<<<grid, 128, 0, Stream()>>>(partial, m, rows, cols);
+  ATL_LAUNCHED();
+  AddChunkSums<<<Blocks(size_t(cols), 128), 128, 0, Stream()>>>(out, partial, chunks, cols);
+  ATL_LAUNCHED();
+}
+
+}  // namespace atl::kernels::cuda
