@@ -1,32 +1,40 @@
 #!/usr/bin/env bash
-# Packs test programs built here for a GPU machine that has the CUDA driver and libraries but not
-# atoll's other dependencies (OpenBLAS, fmt, ...): copies each program to .gpu/bin and the shared
-# libraries it needs, except the C/C++ runtimes and CUDA's own, to .gpu/lib. Then, on the GPU machine (the
-# device tool's `run` with carry [".gpu"]): scripts/gpu_test.sh.
+# Packs programs built here for a GPU machine that has the CUDA driver and libraries but not
+# atoll's other dependencies (OpenBLAS, fmt, gRPC, MPI, ...): the programs and the shared libraries
+# they need, except the C/C++ runtimes and CUDA's own, into .gpu/pack.tar.xz (compressed: the
+# device tool carries at most 64 MiB). On the GPU machine (the device tool's `run` with carry
+# [".gpu"]): scripts/gpu_test.sh runs the CUDA tests; `source scripts/gpu_env.sh` sets up PATH
+# and LD_LIBRARY_PATH for anything else (atoll itself with --atoll).
 #
-# Usage: scripts/gpu_pack.sh [PROGRAM...]   (default: every CUDA test program of build/release)
+# Usage: scripts/gpu_pack.sh [--atoll] [PROGRAM...]
+#   (default: every CUDA test program of build/release; --atoll adds build/release/atoll)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-  sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
-  exit 0
-fi
-progs=("$@")
-if [[ ${#progs[@]} -eq 0 ]]; then
-  mapfile -t progs < <(find build/release -type f -name 'cuda_*_test' -perm -u+x | sort)
-fi
-if [[ ${#progs[@]} -eq 0 ]]; then
+progs=()
+for a in "$@"; do
+  case "$a" in
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --atoll) progs+=(build/release/atoll) ;;
+    *) progs+=("$a") ;;
+  esac
+done
+mapfile -t tests < <(find build/release -type f -name 'cuda_*_test' -perm -u+x | sort)
+if [[ ${#tests[@]} -eq 0 ]]; then
   echo "gpu_pack: no CUDA test programs in build/release (is nvcc installed? run scripts/setup.sh)" >&2
   exit 2
 fi
-rm -rf .gpu
-mkdir -p .gpu/bin .gpu/lib
+progs+=("${tests[@]}")
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin" "$stage/lib"
 for p in "${progs[@]}"; do
   [[ -x "$p" ]] || { echo "gpu_pack: not a program: $p" >&2; exit 2; }
-  cp "$p" .gpu/bin/
-  # Libraries resolved outside glibc and CUDA (the GPU machine brings its own of those).
+  cp "$p" "$stage/bin/"
   ldd "$p" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' |
     grep -v -E '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|/libcu|/libnv|/libnccl' |
-    while read -r lib; do cp -L -n "$lib" .gpu/lib/; done
+    while read -r lib; do cp -L -n "$lib" "$stage/lib/"; done
 done
-echo "gpu_pack: $(ls .gpu/bin | wc -l) programs, $(du -sh .gpu | cut -f1) in .gpu/"
+mkdir -p .gpu
+tar -C "$stage" -cf - bin lib | xz -T2 -6 > .gpu/pack.tar.xz
+echo "gpu_pack: $(ls "$stage/bin" | wc -l) programs, $(ls "$stage/lib" | wc -l) libraries:" \
+  "$(du -sh .gpu/pack.tar.xz | cut -f1) in .gpu/pack.tar.xz"

@@ -41,72 +41,66 @@ void Timed(bool profiling, Times& times, const char* op, F&& f) {
   times.push_back({op, dt, 1});
 }
 
-// Zeroes several buffers in one OpenMP region (static chunks; values, so any split is exact).
-template <class T>
-void ZeroBuffers(std::initializer_list<std::pair<T*, size_t>> buffers) {
-#pragma omp parallel
-  for (const std::pair<T*, size_t>& buffer : buffers) {
-    T* p = buffer.first;
-    const int64_t n = int64_t(buffer.second);
-#pragma omp for schedule(static) nowait
-    for (int64_t i = 0; i < n; ++i) p[i] = T(0);
-  }
-}
-
 }  // namespace
 
-// One kernel call, timed under `op` when profiling is on.
-#define ATL_OP(op, ...) Timed(a.profiling, a.times, op, [&] { __VA_ARGS__; })
+// One kernel call, timed under `op` when profiling is on (on the GPU, waiting for it to finish).
+#define ATL_OP(op, ...)                 \
+  Timed(a.profiling, a.times, op, [&] { \
+    __VA_ARGS__;                        \
+    if (a.profiling) ops_.Sync();       \
+  })
 
 // One micro-batch's forward activations for every block of the stage (backward needs them).
 // Sizes are per tensor-parallel rank: Cl = n_embd / tp columns of attention, Fl = 4 n_embd / tp of
 // the MLP, NHl heads. The last stage also keeps ln_f and the logits.
 template <class T>
 struct GPT<T>::Slot {
-  Slot(const GPTConfig& c, int max_batch, int layers, int tp, bool last, int vocab) {
+  Slot(const GPTConfig& c, int max_batch, int layers, int tp, bool last, int vocab, Device d) {
     const size_t N = size_t(max_batch) * c.seq_len, C = c.n_embd, L = size_t(layers);
     const size_t Cl = C / size_t(tp), Fl = 4 * C / size_t(tp), NHl = size_t(c.n_head / tp);
     att_per_layer = size_t(max_batch) * NHl * c.seq_len * c.seq_len;
-    inputs.resize(N);
-    targets.resize(N);
-    encoded.resize(N * C);
-    ln1.resize(L * N * C);
-    ln1_mean.resize(L * N);
-    ln1_rstd.resize(L * N);
-    qkv.resize(L * N * 3 * Cl);
-    atty.resize(L * N * Cl);
-    att_probs.resize(L * att_per_layer);
-    residual2.resize(L * N * C);
-    ln2.resize(L * N * C);
-    ln2_mean.resize(L * N);
-    ln2_rstd.resize(L * N);
-    fch.resize(L * N * Fl);
-    fch_gelu.resize(L * N * Fl);
-    residual3.resize(L * N * C);
+    inputs.Allocate(d, N);
+    targets.Allocate(d, N);
+    host_inputs.resize(N);
+    encoded.Allocate(d, N * C);
+    ln1.Allocate(d, L * N * C);
+    ln1_mean.Allocate(d, L * N);
+    ln1_rstd.Allocate(d, L * N);
+    qkv.Allocate(d, L * N * 3 * Cl);
+    atty.Allocate(d, L * N * Cl);
+    att_probs.Allocate(d, L * att_per_layer);
+    residual2.Allocate(d, L * N * C);
+    ln2.Allocate(d, L * N * C);
+    ln2_mean.Allocate(d, L * N);
+    ln2_rstd.Allocate(d, L * N);
+    fch.Allocate(d, L * N * Fl);
+    fch_gelu.Allocate(d, L * N * Fl);
+    residual3.Allocate(d, L * N * C);
     if (last) {
-      lnf.resize(N * C);
-      lnf_mean.resize(N);
-      lnf_rstd.resize(N);
-      logits.resize(N * size_t(vocab));
-      lse.resize(N);
-      losses.resize(N);
+      lnf.Allocate(d, N * C);
+      lnf_mean.Allocate(d, N);
+      lnf_rstd.Allocate(d, N);
+      logits.Allocate(d, N * size_t(vocab));
+      lse.Allocate(d, N);
+      losses.Allocate(d, N);
     }
   }
 
   size_t att_per_layer;
-  std::vector<int32_t> inputs, targets;
-  std::vector<T> encoded;                  // [N, C] the stage's input (embeddings on the first)
-  std::vector<T> ln1, ln1_mean, ln1_rstd;  // [L, N, C], [L, N], [L, N]
-  std::vector<T> qkv;                      // [L, N, 3Cl]
-  std::vector<T> atty;                     // [L, N, Cl]
-  std::vector<T> att_probs;                // [L, B, NHl, T, T]
-  std::vector<T> residual2;                // [L, N, C]  residual + attn.c_proj
-  std::vector<T> ln2, ln2_mean, ln2_rstd;  // [L, N, C], [L, N], [L, N]
-  std::vector<T> fch, fch_gelu;            // [L, N, Fl]
-  std::vector<T> residual3;                // [L, N, C]  residual2 + mlp.c_proj
-  std::vector<T> lnf, lnf_mean, lnf_rstd;  // [N, C], [N], [N]   (last stage)
-  std::vector<T> logits;                   // [N, Vl]  this rank's vocabulary share (last stage)
-  std::vector<T> lse, losses;              // [N]      lse over the whole vocabulary (last stage)
+  Buffer<int32_t> inputs, targets;    // [N] on the device
+  std::vector<int32_t> host_inputs;   // [N] the same ids on the host
+  Buffer<T> encoded;                  // [N, C] the stage's input (embeddings on the first)
+  Buffer<T> ln1, ln1_mean, ln1_rstd;  // [L, N, C], [L, N], [L, N]
+  Buffer<T> qkv;                      // [L, N, 3Cl]
+  Buffer<T> atty;                     // [L, N, Cl]
+  Buffer<T> att_probs;                // [L, B, NHl, T, T]
+  Buffer<T> residual2;                // [L, N, C]  residual + attn.c_proj
+  Buffer<T> ln2, ln2_mean, ln2_rstd;  // [L, N, C], [L, N], [L, N]
+  Buffer<T> fch, fch_gelu;            // [L, N, Fl]
+  Buffer<T> residual3;                // [L, N, C]  residual2 + mlp.c_proj
+  Buffer<T> lnf, lnf_mean, lnf_rstd;  // [N, C], [N], [N]   (last stage)
+  Buffer<T> logits;                   // [N, Vl]  this rank's vocabulary share (last stage)
+  Buffer<T> lse, losses;              // [N]      lse over the whole vocabulary (last stage)
   int B = 0, T_len = 0;
   bool had_targets = false;
 };
@@ -116,22 +110,25 @@ struct GPT<T>::Slot {
 template <class T>
 struct GPT<T>::Activations {
   Activations(const GPTConfig& c, int max_batch, int layers, int tp, bool last, int num_slots,
-              int vocab) {
+              int vocab, Device d) {
     const size_t N = size_t(max_batch) * c.seq_len, C = c.n_embd;
     const size_t Cl = C / size_t(tp), Fl = 4 * C / size_t(tp);
     rows = N;
-    for (int i = 0; i < num_slots; ++i) slots.emplace_back(c, max_batch, layers, tp, last, vocab);
-    dresidual.resize(N * C);
-    dln.resize(N * C);
-    dln1.resize(N * C);
-    datty.resize(N * Cl);
-    dqkv.resize(N * 3 * Cl);
-    datt_scratch.resize(slots[0].att_per_layer);
-    dfch_gelu.resize(N * Fl);
-    dfch.resize(N * Fl);
+    for (int i = 0; i < num_slots; ++i)
+      slots.emplace_back(c, max_batch, layers, tp, last, vocab, d);
+    dresidual.Allocate(d, N * C);
+    dln.Allocate(d, N * C);
+    dln1.Allocate(d, N * C);
+    datty.Allocate(d, N * Cl);
+    dqkv.Allocate(d, N * 3 * Cl);
+    // The CPU's scratch (the GPU backend keeps its own).
+    if (d == Device::kCpu) datt_scratch.resize(slots[0].att_per_layer);
+    dfch_gelu.Allocate(d, N * Fl);
+    dfch.Allocate(d, N * Fl);
     if (last) {
-      classifier_scratch.resize(std::max(k::ClassifierForwardScratch(int(N), vocab),
-                                         k::ClassifierBackwardScratch(int(N), c.n_embd, vocab)));
+      if (d == Device::kCpu)
+        classifier_scratch.resize(std::max(k::ClassifierForwardScratch(int(N), vocab),
+                                           k::ClassifierBackwardScratch(int(N), c.n_embd, vocab)));
       if (tp > 1) {
         vocab_targets.resize(N);
         vocab_stats.resize(N * size_t(tp + 1));
@@ -141,12 +138,12 @@ struct GPT<T>::Activations {
 
   size_t rows;
   std::vector<Slot> slots;
-  std::vector<T> dresidual;  // [N, C] gradient of the residual stream, carried down the layers
-  std::vector<T> dln, dln1;  // [N, C] gradients of LayerNorm outputs (ln_f / ln_2, ln_1)
-  std::vector<T> datty;      // [N, Cl]
-  std::vector<T> dqkv;       // [N, 3Cl]
+  Buffer<T> dresidual;  // [N, C] gradient of the residual stream, carried down the layers
+  Buffer<T> dln, dln1;  // [N, C] gradients of LayerNorm outputs (ln_f / ln_2, ln_1)
+  Buffer<T> datty;      // [N, Cl]
+  Buffer<T> dqkv;       // [N, 3Cl]
   std::vector<T> datt_scratch;
-  std::vector<T> dfch_gelu, dfch;  // [N, Fl]
+  Buffer<T> dfch_gelu, dfch;  // [N, Fl]
   std::vector<T> classifier_scratch;
   std::vector<int32_t> vocab_targets;  // [N] targets in this rank's vocabulary share (tp > 1)
   std::vector<T> vocab_stats;          // [tp + 1, N] every rank's lse, then the target logits
@@ -203,8 +200,8 @@ void InitWholeModel(const GPTConfig& cfg, uint64_t seed, T* params) {
 }  // namespace
 
 template <class T>
-GPT<T>::GPT(const GPTConfig& cfg, int max_batch, const ModelShard& shard, int slots)
-    : cfg_(cfg), shard_(shard), max_batch_(max_batch) {
+GPT<T>::GPT(const GPTConfig& cfg, int max_batch, const ModelShard& shard, int slots, Device device)
+    : cfg_(cfg), shard_(shard), max_batch_(max_batch), device_(device) {
   const std::string err = ValidateConfig(cfg);
   if (!err.empty()) throw std::invalid_argument("GPT: " + err);
   const std::string shard_err = ValidateShard(cfg, shard);
@@ -213,6 +210,15 @@ GPT<T>::GPT(const GPTConfig& cfg, int max_batch, const ModelShard& shard, int sl
     throw std::invalid_argument(fmt::format("GPT: max_batch must be positive, got {}", max_batch));
   if (slots <= 0)
     throw std::invalid_argument(fmt::format("GPT: slots must be positive, got {}", slots));
+  if (cuda()) {
+    if (!std::is_same_v<T, float>) throw std::invalid_argument("GPT: the GPU runs float models");
+    if (!shard.whole(cfg))
+      throw std::invalid_argument(
+          "GPT: on the GPU a model is not split yet (tensor and pipeline parallel run on the CPU)");
+    std::string why;
+    if (!DeviceUsable(device, &why)) throw std::runtime_error("GPT: no GPU: " + why);
+    ops_.cuda = true;
+  }
   layer_begin_ = shard.layer_begin;
   layer_end_ = shard.end(cfg);
   layout_ = ShardLayout(cfg, shard);
@@ -224,11 +230,16 @@ GPT<T>::GPT(const GPTConfig& cfg, int max_batch, const ModelShard& shard, int sl
   k::InitBackend();
   params_.assign(num_params_, T(0));
   grads_.assign(num_params_, T(0));
+  if (cuda()) {
+    dparams_.Allocate(device, num_params_);
+    dgrads_.Allocate(device, num_params_);
+  }
   const VocabRange vocab = ShardVocab(cfg, shard);
   vocab_begin_ = vocab.begin;
   vocab_end_ = vocab.end;
-  acts_ = std::make_unique<Activations>(cfg, max_batch, layer_end_ - layer_begin_, shard.tp_size,
-                                        shard.last_stage(cfg), slots, vocab.end - vocab.begin);
+  acts_ =
+      std::make_unique<Activations>(cfg, max_batch, layer_end_ - layer_begin_, shard.tp_size,
+                                    shard.last_stage(cfg), slots, vocab.end - vocab.begin, device);
 }
 
 template <class T>
@@ -246,6 +257,7 @@ size_t GPT<T>::Off(ParamKind kind, int layer) const {
 
 template <class T>
 void GPT<T>::InitParameters(uint64_t seed) {
+  params_dirty_ = true;
   if (shard_.whole(cfg_)) {
     InitWholeModel(cfg_, seed, params_.data());
     return;
@@ -286,6 +298,7 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
   Activations& a = *acts_;
   if (slot < 0 || slot >= int(a.slots.size()))
     throw std::invalid_argument(fmt::format("GPT::Forward: slot {} of {}", slot, a.slots.size()));
+  if (cuda()) UploadParamsIfChanged();
   const bool first = shard_.first_stage(), last = shard_.last_stage(cfg_);
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
   const int tp = shard_.tp_size, Cl = C / tp, Fl = 4 * C / tp, NHl = cfg_.n_head / tp;
@@ -296,7 +309,8 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
       if (inputs[i] < 0 || inputs[i] >= V)
         throw std::invalid_argument(fmt::format(
             "GPT::Forward: input token at position {} out of range [0, {}): {}", i, V, inputs[i]));
-    std::copy(inputs, inputs + N, S.inputs.begin());
+    std::copy(inputs, inputs + N, S.host_inputs.begin());
+    CopyIn(device_, S.inputs.data(), inputs, size_t(N));
   }
   if (last && targets != nullptr) {
     for (int i = 0; i < N; ++i)
@@ -304,23 +318,23 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
         throw std::invalid_argument(
             fmt::format("GPT::Forward: target token at position {} out of range [0, {}): {}", i, V,
                         targets[i]));
-    std::copy(targets, targets + N, S.targets.begin());
+    CopyIn(device_, S.targets.data(), targets, size_t(N));
   }
 
   const size_t NC = size_t(N) * C, NR = a.rows;  // layer strides use the allocated rows
   // Row-parallel outputs are partial sums: only tensor-parallel rank 0 adds the bias.
   const bool add_row_bias = shard_.tp_rank == 0;
   if (first && tp == 1) {
-    ATL_OP("encoder fwd", k::EncoderForward(S.encoded.data(), inputs, W(ParamKind::kWte),
-                                            W(ParamKind::kWpe), B, T_len, C));
+    ATL_OP("encoder fwd", ops_.EncoderForward(S.encoded.data(), S.inputs.data(), W(ParamKind::kWte),
+                                              W(ParamKind::kWpe), B, T_len, C, 0, -1));
   } else if (first) {
     // Vocabulary-parallel embedding: each rank its rows (tp rank 0 adds wpe), summed over tp.
-    ATL_OP("encoder fwd", k::EncoderForward(S.encoded.data(), inputs, W(ParamKind::kWte),
-                                            add_row_bias ? W(ParamKind::kWpe) : nullptr, B, T_len,
-                                            C, vocab_begin_, vocab_end_));
+    ATL_OP("encoder fwd", ops_.EncoderForward(S.encoded.data(), S.inputs.data(), W(ParamKind::kWte),
+                                              add_row_bias ? W(ParamKind::kWpe) : nullptr, B, T_len,
+                                              C, vocab_begin_, vocab_end_));
     ATL_OP("tp all-reduce", TensorAllReduce(S.encoded.data(), NC));
   } else {
-    std::copy(input_acts, input_acts + NC, S.encoded.begin());
+    CopyIn(device_, S.encoded.data(), input_acts, NC);
   }
   const T* residual = S.encoded.data();
   for (int l = layer_begin_; l < layer_end_; ++l) {
@@ -340,36 +354,36 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
     T* res3 = S.residual3.data() + i * NR * C;
 
     ATL_OP("layernorm fwd",
-           k::LayerNormForward(ln1, ln1_mean, ln1_rstd, residual, W(ParamKind::kLn1W, l),
-                               W(ParamKind::kLn1B, l), N, C));
-    ATL_OP("matmul fwd", k::MatmulForward(qkv, ln1, W(ParamKind::kAttnW, l),
-                                          W(ParamKind::kAttnB, l), N, C, 3 * Cl));
+           ops_.LayerNormForward(ln1, ln1_mean, ln1_rstd, residual, W(ParamKind::kLn1W, l),
+                                 W(ParamKind::kLn1B, l), N, C));
+    ATL_OP("matmul fwd", ops_.MatmulForward(qkv, ln1, W(ParamKind::kAttnW, l),
+                                            W(ParamKind::kAttnB, l), N, C, 3 * Cl));
     Op(OpKind::kGemmForward, l, 0, qkv, N, 3 * Cl, ln1, W(ParamKind::kAttnW, l),
        W(ParamKind::kAttnB, l), C);
-    ATL_OP("attention fwd", k::AttentionForward(atty, att, qkv, B, T_len, Cl, NHl));
+    ATL_OP("attention fwd", ops_.AttentionForward(atty, att, qkv, B, T_len, Cl, NHl));
     // residual2 = residual + atty · W_proj + b_proj (the projection lands in residual2 first).
     ATL_OP("matmul fwd",
-           k::MatmulForward(res2, atty, W(ParamKind::kAttnProjW, l),
-                            add_row_bias ? W(ParamKind::kAttnProjB, l) : nullptr, N, Cl, C));
+           ops_.MatmulForward(res2, atty, W(ParamKind::kAttnProjW, l),
+                              add_row_bias ? W(ParamKind::kAttnProjB, l) : nullptr, N, Cl, C));
     Op(OpKind::kGemmForward, l, 1, res2, N, C, atty, W(ParamKind::kAttnProjW, l),
        add_row_bias ? W(ParamKind::kAttnProjB, l) : nullptr, Cl);
     ATL_OP("tp all-reduce", TensorAllReduce(res2, NC));
-    ATL_OP("residual fwd", k::ResidualForward(res2, residual, res2, NC));
+    ATL_OP("residual fwd", ops_.ResidualForward(res2, residual, res2, NC));
     ATL_OP("layernorm fwd",
-           k::LayerNormForward(ln2, ln2_mean, ln2_rstd, res2, W(ParamKind::kLn2W, l),
-                               W(ParamKind::kLn2B, l), N, C));
+           ops_.LayerNormForward(ln2, ln2_mean, ln2_rstd, res2, W(ParamKind::kLn2W, l),
+                                 W(ParamKind::kLn2B, l), N, C));
     ATL_OP("matmul fwd",
-           k::MatmulForward(fch, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l), N, C, Fl));
+           ops_.MatmulForward(fch, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l), N, C, Fl));
     Op(OpKind::kGemmForward, l, 2, fch, N, Fl, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l),
        C);
-    ATL_OP("gelu fwd", k::GeluForward(fch_gelu, fch, size_t(N) * Fl));
+    ATL_OP("gelu fwd", ops_.GeluForward(fch_gelu, fch, size_t(N) * Fl));
     ATL_OP("matmul fwd",
-           k::MatmulForward(res3, fch_gelu, W(ParamKind::kFcProjW, l),
-                            add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, N, Fl, C));
+           ops_.MatmulForward(res3, fch_gelu, W(ParamKind::kFcProjW, l),
+                              add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, N, Fl, C));
     Op(OpKind::kGemmForward, l, 3, res3, N, C, fch_gelu, W(ParamKind::kFcProjW, l),
        add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, Fl);
     ATL_OP("tp all-reduce", TensorAllReduce(res3, NC));
-    ATL_OP("residual fwd", k::ResidualForward(res3, res2, res3, NC));
+    ATL_OP("residual fwd", ops_.ResidualForward(res3, res2, res3, NC));
     Op(OpKind::kActivation, l, -1, res3, N, C, res2);  // a: what mlp.c_proj was added to
     residual = res3;
   }
@@ -378,14 +392,14 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
   S.had_targets = last && targets != nullptr;
   if (!last) return T(0);
   ATL_OP("layernorm fwd",
-         k::LayerNormForward(S.lnf.data(), S.lnf_mean.data(), S.lnf_rstd.data(), residual,
-                             W(ParamKind::kLnfW), W(ParamKind::kLnfB), N, C));
+         ops_.LayerNormForward(S.lnf.data(), S.lnf_mean.data(), S.lnf_rstd.data(), residual,
+                               W(ParamKind::kLnfW), W(ParamKind::kLnfB), N, C));
   if (tp > 1) return targets != nullptr ? VocabParallelLoss(S, N) : T(0);
   T loss = 0;
-  ATL_OP("classifier fwd",
-         loss = k::ClassifierForward(S.logits.data(), S.lse.data(), S.losses.data(),
-                                     a.classifier_scratch.data(), S.lnf.data(), W(ParamKind::kWte),
-                                     targets, N, C, V));
+  ATL_OP("classifier fwd", loss = ops_.ClassifierForward(
+                               S.logits.data(), S.lse.data(), S.losses.data(),
+                               a.classifier_scratch.data(), S.lnf.data(), W(ParamKind::kWte),
+                               targets != nullptr ? S.targets.data() : nullptr, N, C, V));
   return loss;
 }
 
@@ -402,9 +416,9 @@ T GPT<T>::VocabParallelLoss(Slot& S, int N) {
     a.vocab_targets[size_t(n)] = t >= vocab_begin_ && t < vocab_end_ ? t - vocab_begin_ : 0;
   }
   ATL_OP("classifier fwd",
-         k::ClassifierForward(S.logits.data(), S.lse.data(), S.losses.data(),
-                              a.classifier_scratch.data(), S.lnf.data(), W(ParamKind::kWte),
-                              a.vocab_targets.data(), N, C, Vl));
+         ops_.ClassifierForward(S.logits.data(), S.lse.data(), S.losses.data(),
+                                a.classifier_scratch.data(), S.lnf.data(), W(ParamKind::kWte),
+                                a.vocab_targets.data(), N, C, Vl));
   T* stats = a.vocab_stats.data();
   std::fill(stats, stats + size_t(tp + 1) * N, T(0));
   for (int n = 0; n < N; ++n) {
@@ -448,6 +462,7 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
   if (last && !S.had_targets) {
     throw std::logic_error("GPT::Backward: the last Forward had no targets (or there was none)");
   }
+  if (cuda()) UploadGradsIfChanged();
   const int B = S.B, T_len = S.T_len;
   const int C = cfg_.n_embd;
   const int tp = shard_.tp_size, Cl = C / tp, Fl = 4 * C / tp, NHl = cfg_.n_head / tp;
@@ -459,7 +474,7 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
   if (last) {
     // Loss = loss_scale * mean over N positions.
     const T dloss = loss_scale / T(N);
-    ATL_OP("zero", ZeroBuffers<T>({{a.dln.data(), NC}, {dres, NC}}));
+    ATL_OP("zero", ZeroDeviceBuffers({{a.dln.data(), NC}, {dres, NC}}));
     const int32_t* targets = S.targets.data();
     if (tp > 1) {  // this rank's share of the softmax; targets elsewhere are out of its range
       for (int n = 0; n < N; ++n) {
@@ -469,16 +484,16 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
       targets = a.vocab_targets.data();
     }
     ATL_OP("classifier bwd",
-           k::ClassifierBackward(a.dln.data(), D(ParamKind::kWte), a.classifier_scratch.data(),
-                                 S.logits.data(), S.lse.data(), S.lnf.data(), W(ParamKind::kWte),
-                                 targets, dloss, N, C, vocab_end_ - vocab_begin_));
+           ops_.ClassifierBackward(a.dln.data(), D(ParamKind::kWte), a.classifier_scratch.data(),
+                                   S.logits.data(), S.lse.data(), S.lnf.data(), W(ParamKind::kWte),
+                                   targets, dloss, N, C, vocab_end_ - vocab_begin_));
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln.data(), NC));
     const T* last_residual = S.residual3.data() + size_t(Ll - 1) * NR * C;
-    ATL_OP("layernorm bwd", k::LayerNormBackward(dres, D(ParamKind::kLnfW), D(ParamKind::kLnfB),
-                                                 a.dln.data(), last_residual, W(ParamKind::kLnfW),
-                                                 S.lnf_mean.data(), S.lnf_rstd.data(), N, C));
+    ATL_OP("layernorm bwd", ops_.LayerNormBackward(dres, D(ParamKind::kLnfW), D(ParamKind::kLnfB),
+                                                   a.dln.data(), last_residual, W(ParamKind::kLnfW),
+                                                   S.lnf_mean.data(), S.lnf_rstd.data(), N, C));
   } else {
-    std::copy(output_grad, output_grad + NC, dres);
+    CopyIn(device_, dres, output_grad, NC);
   }
   for (int l = layer_end_ - 1; l >= layer_begin_; --l) {
     const size_t i = size_t(l - layer_begin_);
@@ -498,50 +513,55 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
 
     // residual3 = residual2 + mlp(ln2(residual2)): dres flows to residual2 unchanged, and into
     // the MLP as the gradient of its output.
-    ATL_OP("zero", ZeroBuffers<T>({{a.dfch_gelu.data(), size_t(N) * Fl},
-                                   {a.dfch.data(), size_t(N) * Fl},
-                                   {a.dln.data(), NC},
-                                   {a.dln1.data(), NC},
-                                   {a.datty.data(), size_t(N) * Cl},
-                                   {a.dqkv.data(), size_t(N) * 3 * Cl}}));
-    ATL_OP("matmul bwd", k::MatmulBackward(a.dfch_gelu.data(), D(ParamKind::kFcProjW, l),
-                                           D(ParamKind::kFcProjB, l), dres, fch_gelu,
-                                           W(ParamKind::kFcProjW, l), N, Fl, C));
+    ATL_OP("zero", ZeroDeviceBuffers({{a.dfch_gelu.data(), size_t(N) * Fl},
+                                      {a.dfch.data(), size_t(N) * Fl},
+                                      {a.dln.data(), NC},
+                                      {a.dln1.data(), NC},
+                                      {a.datty.data(), size_t(N) * Cl},
+                                      {a.dqkv.data(), size_t(N) * 3 * Cl}}));
+    ATL_OP("matmul bwd", ops_.MatmulBackward(a.dfch_gelu.data(), D(ParamKind::kFcProjW, l),
+                                             D(ParamKind::kFcProjB, l), dres, fch_gelu,
+                                             W(ParamKind::kFcProjW, l), N, Fl, C));
     Op(OpKind::kGemmBackward, l, 3, a.dfch_gelu.data(), N, Fl, dres, W(ParamKind::kFcProjW, l),
        nullptr, C);
-    ATL_OP("gelu bwd", k::GeluBackward(a.dfch.data(), fch, a.dfch_gelu.data(), size_t(N) * Fl));
+    ATL_OP("gelu bwd", ops_.GeluBackward(a.dfch.data(), fch, a.dfch_gelu.data(), size_t(N) * Fl));
     ATL_OP("matmul bwd",
-           k::MatmulBackward(a.dln.data(), D(ParamKind::kFcW, l), D(ParamKind::kFcB, l),
-                             a.dfch.data(), ln2, W(ParamKind::kFcW, l), N, C, Fl));
+           ops_.MatmulBackward(a.dln.data(), D(ParamKind::kFcW, l), D(ParamKind::kFcB, l),
+                               a.dfch.data(), ln2, W(ParamKind::kFcW, l), N, C, Fl));
     Op(OpKind::kGemmBackward, l, 2, a.dln.data(), N, C, a.dfch.data(), W(ParamKind::kFcW, l),
        nullptr, Fl);
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln.data(), NC));
-    ATL_OP("layernorm bwd",
-           k::LayerNormBackward(dres, D(ParamKind::kLn2W, l), D(ParamKind::kLn2B, l), a.dln.data(),
+    ATL_OP("layernorm bwd", ops_.LayerNormBackward(
+                                dres, D(ParamKind::kLn2W, l), D(ParamKind::kLn2B, l), a.dln.data(),
                                 res2, W(ParamKind::kLn2W, l), ln2_mean, ln2_rstd, N, C));
     // residual2 = residual + attn(ln1(residual)), likewise.
-    ATL_OP("matmul bwd", k::MatmulBackward(a.datty.data(), D(ParamKind::kAttnProjW, l),
-                                           D(ParamKind::kAttnProjB, l), dres, atty,
-                                           W(ParamKind::kAttnProjW, l), N, Cl, C));
+    ATL_OP("matmul bwd", ops_.MatmulBackward(a.datty.data(), D(ParamKind::kAttnProjW, l),
+                                             D(ParamKind::kAttnProjB, l), dres, atty,
+                                             W(ParamKind::kAttnProjW, l), N, Cl, C));
     Op(OpKind::kGemmBackward, l, 1, a.datty.data(), N, Cl, dres, W(ParamKind::kAttnProjW, l),
        nullptr, C);
-    ATL_OP("attention bwd", k::AttentionBackward(a.dqkv.data(), a.datt_scratch.data(),
-                                                 a.datty.data(), qkv, att, B, T_len, Cl, NHl));
+    ATL_OP("attention bwd", ops_.AttentionBackward(a.dqkv.data(), a.datt_scratch.data(),
+                                                   a.datty.data(), qkv, att, B, T_len, Cl, NHl));
     ATL_OP("matmul bwd",
-           k::MatmulBackward(a.dln1.data(), D(ParamKind::kAttnW, l), D(ParamKind::kAttnB, l),
-                             a.dqkv.data(), ln1, W(ParamKind::kAttnW, l), N, C, 3 * Cl));
+           ops_.MatmulBackward(a.dln1.data(), D(ParamKind::kAttnW, l), D(ParamKind::kAttnB, l),
+                               a.dqkv.data(), ln1, W(ParamKind::kAttnW, l), N, C, 3 * Cl));
     Op(OpKind::kGemmBackward, l, 0, a.dln1.data(), N, C, a.dqkv.data(), W(ParamKind::kAttnW, l),
        nullptr, 3 * Cl);
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln1.data(), NC));
-    ATL_OP("layernorm bwd",
-           k::LayerNormBackward(dres, D(ParamKind::kLn1W, l), D(ParamKind::kLn1B, l), a.dln1.data(),
+    ATL_OP("layernorm bwd", ops_.LayerNormBackward(
+                                dres, D(ParamKind::kLn1W, l), D(ParamKind::kLn1B, l), a.dln1.data(),
                                 residual, W(ParamKind::kLn1W, l), ln1_mean, ln1_rstd, N, C));
-    if (backward_hook_) backward_hook_(l);
+    if (backward_hook_ && !cuda()) backward_hook_(l);
   }
   if (first)
-    ATL_OP("encoder bwd",
-           k::EncoderBackward(D(ParamKind::kWte), D(ParamKind::kWpe), dres, S.inputs.data(), B,
-                              T_len, C, vocab_begin_, tp > 1 ? vocab_end_ : -1));
+    ATL_OP("encoder bwd", ops_.EncoderBackward(D(ParamKind::kWte), D(ParamKind::kWpe), dres,
+                                               S.inputs.data(), S.host_inputs.data(), B, T_len, C,
+                                               vocab_begin_, tp > 1 ? vocab_end_ : -1));
+  if (cuda()) {
+    DownloadGrads();
+    if (backward_hook_)
+      for (int l = layer_end_ - 1; l >= layer_begin_; --l) backward_hook_(l);
+  }
 }
 
 template <class T>
@@ -551,11 +571,20 @@ void GPT<T>::ZeroGrad() {
   const int64_t n = int64_t(grads_.size());
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) g[i] = T(0);
+  if (cuda()) {
+    ops_.Zero(dgrads_.data(), num_params_);
+    grads_dirty_ = false;
+  }
 }
 
 template <class T>
 const T* GPT<T>::logits() const {
-  return acts_->slots[0].logits.data();
+  const Slot& S = acts_->slots[0];
+  if (!cuda()) return S.logits.data();
+  const size_t n = size_t(S.B) * size_t(S.T_len) * size_t(vocab_end_ - vocab_begin_);
+  host_logits_.resize(n);
+  CopyOut(device_, host_logits_.data(), S.logits.data(), n);
+  return host_logits_.data();
 }
 
 template <class T>

@@ -22,15 +22,28 @@
 // log-sum-exps and target logits) and all-reduces the gradient of ln_f's output.
 // A pipeline schedule keeps several micro-batches in flight: each has an activation slot.
 //
+// Devices: a GPT runs on the CPU (the default) or, built with CUDA, on the process's GPU
+// (Device::kCuda: float, the whole model in one shard — no tensor or pipeline split yet). On the
+// GPU the parameters, gradients and activations live in GPU memory, and params() and grads()
+// stay what the rest of atoll reads and writes: host copies. The non-const params() marks the
+// parameters changed, and the next Forward uploads them; Backward ends by downloading the
+// gradients, and a Backward after a non-const grads() uploads them first. The backward hook is
+// then called for every block after the download (no overlap yet), and the op hook sees host
+// copies of its operands (what it changes in *out is uploaded back). Staging through host memory
+// is correct but slow: the optimizer on the GPU (kernels/cuda/ops.h AdamWStep) is the next step.
+//
 // Thread-safety: not thread-safe; one GPT per training process. Kernels use OpenMP inside.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "model/backend.h"
 #include "model/config.h"
 
 namespace atl {
@@ -41,7 +54,10 @@ class GPT {
   // Allocates parameters, gradients and activations for batches of up to max_batch sequences of
   // up to cfg.seq_len tokens, in `slots` activation slots. Parameters are zero until
   // InitParameters or a load. Throws std::invalid_argument for an invalid config or shard.
-  GPT(const GPTConfig& cfg, int max_batch, const ModelShard& shard = {}, int slots = 1);
+  // On Device::kCuda throws std::invalid_argument unless T is float and the shard is the whole
+  // model, and std::runtime_error when no GPU is usable.
+  GPT(const GPTConfig& cfg, int max_batch, const ModelShard& shard = {}, int slots = 1,
+      Device device = Device::kCpu);
   ~GPT();
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
@@ -51,9 +67,17 @@ class GPT {
   // This shard's tensors in its buffers (ShardLayout).
   const std::vector<ParamTensor>& layout() const { return layout_; }
   size_t num_params() const { return num_params_; }
-  T* params() { return params_.data(); }
+  Device device() const { return device_; }
+  // Host buffers (see Devices above): the non-const accessors mark them changed.
+  T* params() {
+    params_dirty_ = true;
+    return params_.data();
+  }
   const T* params() const { return params_.data(); }
-  T* grads() { return grads_.data(); }
+  T* grads() {
+    grads_dirty_ = true;
+    return grads_.data();
+  }
   const T* grads() const { return grads_.data(); }
 
   // GPT-2 initialization from the counter-based RNG (seed, step 0, RngPurpose::kInit, element
@@ -149,8 +173,20 @@ class GPT {
  private:
   struct Slot;
   struct Activations;
-  const T* W(ParamKind kind, int layer = -1) const { return params_.data() + Off(kind, layer); }
-  T* D(ParamKind kind, int layer = -1) { return grads_.data() + Off(kind, layer); }
+  // A tensor's parameters and gradients where the kernels read them (the device's buffers).
+  const T* W(ParamKind kind, int layer = -1) const {
+    return (cuda() ? dparams_.data() : params_.data()) + Off(kind, layer);
+  }
+  T* D(ParamKind kind, int layer = -1) {
+    return (cuda() ? dgrads_.data() : grads_.data()) + Off(kind, layer);
+  }
+  bool cuda() const { return device_ == Device::kCuda; }
+  // GPU only: host → device parameters when changed, gradients before and after a backward.
+  void UploadParamsIfChanged();
+  void UploadGradsIfChanged();
+  void DownloadGrads();
+  void ZeroDeviceBuffers(std::initializer_list<std::pair<T*, size_t>> buffers);
+  void EmitOp(const OpEvent& e);
   size_t Off(ParamKind kind, int layer) const;
   void TensorAllReduce(T* data, size_t n);
   T VocabParallelLoss(Slot& slot, int N);
@@ -165,14 +201,18 @@ class GPT {
   size_t num_params_;
   std::vector<T> params_;
   std::vector<T> grads_;
+  Device device_ = Device::kCpu;
+  Ops<T> ops_;
+  Buffer<T> dparams_, dgrads_;  // the GPU's copies (empty on the CPU)
+  bool params_dirty_ = true, grads_dirty_ = false;
+  mutable std::vector<T> host_logits_;  // logits() on the GPU
   std::unique_ptr<Activations> acts_;
   std::function<void(int)> backward_hook_;
   std::function<void(const OpEvent&)> op_hook_;
   void Op(OpKind kind, int layer, int gemm, T* out, int rows, int cols, const T* a = nullptr,
           const T* w = nullptr, const T* bias = nullptr, int inner = 0) {
     if (op_hook_)
-      op_hook_(
-          {kind, layer, gemm, out, size_t(rows) * size_t(cols), rows, cols, a, w, bias, inner});
+      EmitOp({kind, layer, gemm, out, size_t(rows) * size_t(cols), rows, cols, a, w, bias, inner});
   }
   std::function<void(T*, size_t)> tp_all_reduce_;
 };

@@ -164,6 +164,7 @@ std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
       {"train", "eval_batches", &c.train.eval_batches, "validation batches (0: none)"},
       {"train", "checkpoint_every", &c.train.checkpoint_every, "checkpoint every N steps (0: end)"},
       {"train", "threads", &c.train.threads, "OpenMP threads (0: OMP_NUM_THREADS or all cores)"},
+      {"train", "device", &c.train.device, "cpu or cuda (a rank's GPU: local rank modulo GPUs)"},
       {"data", "dir", &c.data.dir, "directory with train.bin and val.bin"},
       {"parallel", "dp", &c.parallel.dp, "data-parallel replicas (dp * tp * pp = MPI ranks)"},
       {"parallel", "tp", &c.parallel.tp, "tensor-parallel ranks (divides model.n_head)"},

@@ -49,6 +49,9 @@ struct TrainConfig {
   int64_t eval_batches = 8;      // validation batches of micro_batch_size windows; 0: no eval
   int64_t checkpoint_every = 0;  // also write DIR/checkpoint-<step> every N steps; 0: final only
   int64_t threads = 0;           // OpenMP threads; 0: OMP_NUM_THREADS if set, else all cores
+  // "cpu" or "cuda": where each rank's model runs. A CUDA rank uses the GPU of ordinal (local
+  // rank modulo the GPUs it sees): OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or LOCAL_RANK.
+  std::string device = "cpu";
 
   int64_t accumulation_steps() const { return batch_size / micro_batch_size; }
   bool operator==(const TrainConfig&) const = default;

@@ -62,8 +62,13 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
   run.slowdown = options.slowdown;
   run.schedule = MakePipeSchedule(schedule_kind, me.pp(), me.pp_rank(), int(run.local_accum));
   const ModelShard shard = ShardOf(cfg, me.tp_rank(), me.pp_rank());
+  Device device = Device::kCpu;
+  ParseDevice(tc.device, &device);  // checked with the config
+  if (std::string why; !DeviceUsable(device, &why))
+    return Status::InvalidArgument(
+        fmt::format("train.device = {}, but this rank cannot use it: {}", tc.device, why));
   run.model = std::make_unique<GPT<float>>(cfg.model, int(tc.micro_batch_size), shard,
-                                           SlotsUsed(run.schedule));
+                                           SlotsUsed(run.schedule), device);
   if (Communicator* tp = me.tp_group()) {
     run.model->set_tensor_parallel(
         [tp](float* data, size_t n) { ThrowIfError(tp->AllReduce(std::span<float>(data, n))); });

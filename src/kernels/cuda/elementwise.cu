@@ -57,7 +57,7 @@ __global__ void EncoderForwardKernel(float* out, const int32_t* inp, const float
   const int32_t token = inp[bt];
   float v;
   if (vocab_end < 0) {
-    v = wte[int64_t(token) * C + c] + wpe[int64_t(t) * C + c];
+    v = wte[int64_t(token - vocab_begin) * C + c] + wpe[int64_t(t) * C + c];
   } else {
     const bool held = token >= vocab_begin && token < vocab_end;
     v = held ? wte[int64_t(token - vocab_begin) * C + c] : 0.0f;

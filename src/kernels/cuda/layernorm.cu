@@ -63,16 +63,18 @@ __global__ void LayerNormParamChunkKernel(float* partial, const float* dout, con
                                           const float* mean, const float* rstd, int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  const int64_t chunk = blockIdx.y;
-  const int64_t r0 = chunk * kChunkRows, r1 = min(int64_t(N), r0 + kChunkRows);
-  float dw = 0.0f, db = 0.0f;
-  for (int64_t r = r0; r < r1; ++r) {
-    const float dy = dout[r * C + c];
-    dw += dy * (inp[r * C + c] - mean[r]) * rstd[r];
-    db += dy;
+  const int64_t chunks = (int64_t(N) + kChunkRows - 1) / kChunkRows;
+  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {  // grid.y <= 65535
+    const int64_t r0 = chunk * kChunkRows, r1 = min(int64_t(N), r0 + kChunkRows);
+    float dw = 0.0f, db = 0.0f;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float dy = dout[r * C + c];
+      dw += dy * (inp[r * C + c] - mean[r]) * rstd[r];
+      db += dy;
+    }
+    partial[chunk * 2 * C + c] = dw;
+    partial[chunk * 2 * C + C + c] = db;
   }
-  partial[chunk * 2 * C + c] = dw;
-  partial[chunk * 2 * C + C + c] = db;
 }
 
 __global__ void LayerNormParamAddKernel(float* dweight, float* dbias, const float* partial,
@@ -111,7 +113,7 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
   const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;
   auto* partial =
       static_cast<float*>(Scratch(kScratchReduce, size_t(chunks) * 2 * size_t(C) * sizeof(float)));
-  const dim3 grid(Blocks(size_t(C), 128), unsigned(chunks));
+  const dim3 grid(Blocks(size_t(C), 128), unsigned(chunks < 65535 ? chunks : 65535));
   LayerNormParamChunkKernel<<<grid, 128, 0, Stream()>>>(partial, dout, inp, mean, rstd, N, C);
   ATL_LAUNCHED();
   LayerNormParamAddKernel<<<Blocks(size_t(C), 128), 128, 0, Stream()>>>(dweight, dbias, partial,

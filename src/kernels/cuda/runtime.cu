@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 
@@ -151,7 +152,8 @@ void* BlasWorkspace() { return Ready().blas_workspace; }
 void* Scratch(ScratchSlot slot, size_t bytes) {
   Context& c = Ready();
   if (bytes > c.scratch_bytes[slot]) {
-    // cudaFree waits for the kernels still using the old buffer.
+    // The kernels still using the old buffer finish first.
+    ATL_CUDA(cudaStreamSynchronize(c.stream));
     if (c.scratch[slot] != nullptr) ATL_CUDA(cudaFree(c.scratch[slot]));
     c.scratch[slot] = nullptr;
     c.scratch_bytes[slot] = 0;
@@ -205,14 +207,17 @@ constexpr int kSumRows = 64;
 
 // partial[chunk][c] = sum of m[r][c] over the chunk's rows, in row order. One thread per
 // (chunk, column); a warp reads 32 adjacent columns of a row (coalesced).
+// (grid.y is capped at 65535: blocks stride over the chunks; the chunks stay the same.)
 __global__ void ColumnChunkSums(float* partial, const float* m, int64_t rows, int cols) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  const int64_t chunk = blockIdx.y;
   if (c >= cols) return;
-  const int64_t r0 = chunk * kSumRows, r1 = min(rows, r0 + kSumRows);
-  float s = 0.0f;
-  for (int64_t r = r0; r < r1; ++r) s += m[r * cols + c];
-  partial[chunk * cols + c] = s;
+  const int64_t chunks = (rows + kSumRows - 1) / kSumRows;
+  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+    const int64_t r0 = chunk * kSumRows, r1 = min(rows, r0 + kSumRows);
+    float s = 0.0f;
+    for (int64_t r = r0; r < r1; ++r) s += m[r * cols + c];
+    partial[chunk * cols + c] = s;
+  }
 }
 
 // out[c] += sum over chunks of partial[chunk][c], in chunk order.
@@ -230,7 +235,7 @@ void ColumnSumsAdd(float* out, const float* m, int64_t rows, int cols) {
   const int64_t chunks = (rows + kSumRows - 1) / kSumRows;
   float* partial =
       static_cast<float*>(Scratch(kScratchReduce, size_t(chunks) * size_t(cols) * sizeof(float)));
-  const dim3 grid(Blocks(size_t(cols), 128), unsigned(chunks));
+  const dim3 grid(Blocks(size_t(cols), 128), unsigned(std::min<int64_t>(chunks, 65535)));
   ColumnChunkSums<<<grid, 128, 0, Stream()>>>(partial, m, rows, cols);
   ATL_LAUNCHED();
   AddChunkSums<<<Blocks(size_t(cols), 128), 128, 0, Stream()>>>(out, partial, chunks, cols);

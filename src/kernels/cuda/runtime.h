@@ -5,8 +5,9 @@
 // CUDA's message) when a CUDA call fails, except Probe, which reports instead of throwing.
 //
 // Streams: every kernel of kernels/cuda/ runs on one stream per process (Stream() in
-// common.cuh), in the order called, so results never depend on timing. Copies below are
-// synchronous on that stream: when they return, the data is where it was sent.
+// common.cuh), in the order called, so results never depend on timing. CopyToDevice and
+// CopyToHost are synchronous (when they return, the data is where it was sent); CopyOnDevice and
+// Zero are queued on the stream, in order with the kernels.
 //
 // Thread-safety: one thread drives the GPU at a time (as the CPU backend: one caller at a time).
 #pragma once

@@ -1,0 +1,197 @@
+// Where a GPT's buffers live and which kernels run on them: the CPU backend (kernels/ops.h) or,
+// when atoll is built with CUDA, the GPU backend (kernels/cuda/ops.h). GPT uses these two pieces
+// so that one forward and one backward serve both devices:
+//   - Buffer<T>: an array on the host or on the GPU, zeroed at allocation;
+//   - Ops<T>: each op of ops.h, sent to the device's backend (float only on the GPU).
+// Everything here is inline; without CUDA the GPU branches compile away and Device::kCuda is
+// refused by DeviceUsable.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/ops.h"
+#if ATOLL_HAVE_CUDA
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
+#endif
+
+namespace atl {
+
+enum class Device { kCpu, kCuda };
+
+inline const char* DeviceName(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
+
+// "cpu" or "cuda"; false for anything else.
+inline bool ParseDevice(const std::string& s, Device* out) {
+  if (s == "cpu")
+    *out = Device::kCpu;
+  else if (s == "cuda")
+    *out = Device::kCuda;
+  else
+    return false;
+  return true;
+}
+
+// Whether this build and this machine can run on `d`; when not, *why says why.
+inline bool DeviceUsable(Device d, std::string* why) {
+  if (d == Device::kCpu) return true;
+#if ATOLL_HAVE_CUDA
+  return kernels::cuda::Available(why);
+#else
+  *why = "this atoll was built without CUDA (no nvcc when it was configured)";
+  return false;
+#endif
+}
+
+// An array of T on the host or the GPU. Host buffers are plain vectors (index them); device
+// buffers only give their pointer.
+template <class T>
+class Buffer {
+ public:
+  void Allocate(Device d, size_t n) {
+    device_ = d;
+#if ATOLL_HAVE_CUDA
+    if (d == Device::kCuda) {
+      dev_ = kernels::cuda::DeviceArray<T>(n);
+      dev_.SetZero();
+      return;
+    }
+#endif
+    host_.assign(n, T(0));
+  }
+  T* data() { return device_ == Device::kCuda ? DevicePtr() : host_.data(); }
+  const T* data() const {
+    return device_ == Device::kCuda ? const_cast<Buffer*>(this)->DevicePtr() : host_.data();
+  }
+  size_t size() const { return device_ == Device::kCuda ? DeviceSize() : host_.size(); }
+  // Host buffers only.
+  T& operator[](size_t i) { return host_[i]; }
+  const T& operator[](size_t i) const { return host_[i]; }
+  std::vector<T>& host() { return host_; }
+
+ private:
+#if ATOLL_HAVE_CUDA
+  T* DevicePtr() { return dev_.data(); }
+  size_t DeviceSize() const { return dev_.size(); }
+  kernels::cuda::DeviceArray<T> dev_;
+#else
+  T* DevicePtr() { return nullptr; }
+  size_t DeviceSize() const { return 0; }
+#endif
+  Device device_ = Device::kCpu;
+  std::vector<T> host_;
+};
+
+// Copies between host memory and a buffer of `device` (either side may be the host).
+template <class T>
+void CopyIn(Device device, T* dst, const T* host_src, size_t n) {
+#if ATOLL_HAVE_CUDA
+  if (device == Device::kCuda) return kernels::cuda::CopyToDevice(dst, host_src, n * sizeof(T));
+#endif
+  std::copy(host_src, host_src + n, dst);
+}
+template <class T>
+void CopyOut(Device device, T* host_dst, const T* src, size_t n) {
+#if ATOLL_HAVE_CUDA
+  if (device == Device::kCuda) return kernels::cuda::CopyToHost(host_dst, src, n * sizeof(T));
+#endif
+  std::copy(src, src + n, host_dst);
+}
+
+// The ops of kernels/ops.h on one device. On the GPU (float only): device pointers throughout,
+// plus the token ids on the host for the embedding gradient.
+template <class T>
+struct Ops {
+  bool cuda = false;
+#if ATOLL_HAVE_CUDA
+  static constexpr bool kCan = std::is_same_v<T, float>;
+#define ATL_GPU(call)      \
+  if constexpr (kCan) {    \
+    if (cuda) return call; \
+  }
+#else
+#define ATL_GPU(call)
+#endif
+  void EncoderForward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int T_, int C,
+                      int vb, int ve) const {
+    ATL_GPU(kernels::cuda::EncoderForward(out, inp, wte, wpe, B, T_, C, vb, ve));
+    kernels::EncoderForward(out, inp, wte, wpe, B, T_, C, vb, ve);
+  }
+  void EncoderBackward(T* dwte, T* dwpe, const T* dout, const int32_t* inp, const int32_t* host_inp,
+                       int B, int T_, int C, int vb, int ve) const {
+    ATL_GPU(kernels::cuda::EncoderBackward(dwte, dwpe, dout, inp, host_inp, B, T_, C, vb, ve));
+    kernels::EncoderBackward(dwte, dwpe, dout, host_inp, B, T_, C, vb, ve);
+  }
+  void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int N,
+                        int C) const {
+    ATL_GPU(kernels::cuda::LayerNormForward(out, mean, rstd, inp, w, b, N, C));
+    kernels::LayerNormForward(out, mean, rstd, inp, w, b, N, C);
+  }
+  void LayerNormBackward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
+                         const T* mean, const T* rstd, int N, int C) const {
+    ATL_GPU(kernels::cuda::LayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd, N, C));
+    kernels::LayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void MatmulForward(T* out, const T* inp, const T* w, const T* b, int N, int IC, int OC) const {
+    ATL_GPU(kernels::cuda::MatmulForward(out, inp, w, b, N, IC, OC));
+    kernels::MatmulForward(out, inp, w, b, N, IC, OC);
+  }
+  void MatmulBackward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, int N, int IC,
+                      int OC) const {
+    ATL_GPU(kernels::cuda::MatmulBackward(dinp, dw, db, dout, inp, w, N, IC, OC));
+    kernels::MatmulBackward(dinp, dw, db, dout, inp, w, N, IC, OC);
+  }
+  void AttentionForward(T* out, T* att, const T* qkv, int B, int T_, int C, int NH) const {
+    ATL_GPU(kernels::cuda::AttentionForward(out, att, qkv, B, T_, C, NH));
+    kernels::AttentionForward(out, att, qkv, B, T_, C, NH);
+  }
+  // scratch: the CPU's (B*NH*T*T elements); the GPU uses its own.
+  void AttentionBackward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, int B,
+                         int T_, int C, int NH) const {
+    ATL_GPU(kernels::cuda::AttentionBackward(dqkv, dout, qkv, att, B, T_, C, NH));
+    kernels::AttentionBackward(dqkv, scratch, dout, qkv, att, B, T_, C, NH);
+  }
+  void GeluForward(T* out, const T* inp, size_t n) const {
+    ATL_GPU(kernels::cuda::GeluForward(out, inp, n));
+    kernels::GeluForward(out, inp, n);
+  }
+  void GeluBackward(T* dinp, const T* inp, const T* dout, size_t n) const {
+    ATL_GPU(kernels::cuda::GeluBackward(dinp, inp, dout, n));
+    kernels::GeluBackward(dinp, inp, dout, n);
+  }
+  void ResidualForward(T* out, const T* a, const T* b, size_t n) const {
+    ATL_GPU(kernels::cuda::ResidualForward(out, a, b, n));
+    kernels::ResidualForward(out, a, b, n);
+  }
+  // scratch: the CPU's (ClassifierForwardScratch / BackwardScratch); the GPU uses its own.
+  T ClassifierForward(T* logits, T* lse, T* losses, T* scratch, const T* x, const T* wte,
+                      const int32_t* targets, int N, int C, int V) const {
+    ATL_GPU(kernels::cuda::ClassifierForward(logits, lse, losses, x, wte, targets, N, C, V));
+    return kernels::ClassifierForward(logits, lse, losses, scratch, x, wte, targets, N, C, V);
+  }
+  void ClassifierBackward(T* dx, T* dwte, T* scratch, const T* logits, const T* lse, const T* x,
+                          const T* wte, const int32_t* targets, T dloss, int N, int C,
+                          int V) const {
+    ATL_GPU(
+        kernels::cuda::ClassifierBackward(dx, dwte, logits, lse, x, wte, targets, dloss, N, C, V));
+    kernels::ClassifierBackward(dx, dwte, scratch, logits, lse, x, wte, targets, dloss, N, C, V);
+  }
+  // Zeroes n elements at p (p on this device).
+  void Zero(T* p, size_t n) const {
+    ATL_GPU(kernels::cuda::Zero(p, n * sizeof(T)));
+    std::fill(p, p + n, T(0));
+  }
+  // Waits for the device (for the per-op profile); nothing on the CPU.
+  void Sync() const { ATL_GPU(kernels::cuda::Synchronize()); }
+#undef ATL_GPU
+};
+
+}  // namespace atl

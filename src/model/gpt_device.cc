@@ -1,0 +1,84 @@
+// GPT's device plumbing (see "Devices" in gpt.h): zeroing buffers where they live, keeping the
+// GPU's parameters and gradients in step with the host copies, and op events with host operands.
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+#include <vector>
+
+#include "model/gpt.h"
+
+namespace atl {
+
+template <class T>
+void GPT<T>::ZeroDeviceBuffers(std::initializer_list<std::pair<T*, size_t>> buffers) {
+  if (cuda()) {
+    for (const auto& [p, n] : buffers) ops_.Zero(p, n);
+    return;
+  }
+  // On the CPU in one OpenMP region (static chunks; values, so any split is exact).
+#pragma omp parallel
+  for (const std::pair<T*, size_t>& buffer : buffers) {
+    T* p = buffer.first;
+    const int64_t n = int64_t(buffer.second);
+#pragma omp for schedule(static) nowait
+    for (int64_t i = 0; i < n; ++i) p[i] = T(0);
+  }
+}
+
+template <class T>
+void GPT<T>::UploadParamsIfChanged() {
+  if (!params_dirty_) return;
+  CopyIn(device_, dparams_.data(), params_.data(), num_params_);
+  params_dirty_ = false;
+}
+
+template <class T>
+void GPT<T>::UploadGradsIfChanged() {
+  if (!grads_dirty_) return;
+  CopyIn(device_, dgrads_.data(), grads_.data(), num_params_);
+  grads_dirty_ = false;
+}
+
+template <class T>
+void GPT<T>::DownloadGrads() {
+  CopyOut(device_, grads_.data(), dgrads_.data(), num_params_);
+}
+
+// On the GPU the hook gets host copies of out and the operands; what it writes to out goes back.
+template <class T>
+void GPT<T>::EmitOp(const OpEvent& e) {
+  if (!cuda()) {
+    op_hook_(e);
+    return;
+  }
+  const auto fetch = [this](const T* p, size_t n, std::vector<T>& host) -> const T* {
+    if (p == nullptr) return nullptr;
+    host.resize(n);
+    CopyOut(device_, host.data(), p, n);
+    return host.data();
+  };
+  std::vector<T> out, a, w, bias;
+  OpEvent h = e;
+  const size_t rows = size_t(e.rows), cols = size_t(e.cols), inner = size_t(e.inner);
+  h.out = const_cast<T*>(fetch(e.out, e.n, out));
+  // An activation event's `a` has the shape of out; a GEMM's is [rows, inner], its w [inner,
+  // cols] forward and [cols, inner] backward (the same count), its bias [cols].
+  h.a = fetch(e.a, e.kind == OpKind::kActivation ? e.n : rows * inner, a);
+  h.w = fetch(e.w, inner * cols, w);
+  h.bias = fetch(e.bias, cols, bias);
+  op_hook_(h);
+  CopyIn(device_, e.out, out.data(), e.n);
+}
+
+#define ATL_INSTANTIATE(T)                                                               \
+  template void GPT<T>::ZeroDeviceBuffers(std::initializer_list<std::pair<T*, size_t>>); \
+  template void GPT<T>::UploadParamsIfChanged();                                         \
+  template void GPT<T>::UploadGradsIfChanged();                                          \
+  template void GPT<T>::DownloadGrads();                                                 \
+  template void GPT<T>::EmitOp(const OpEvent&);
+ATL_INSTANTIATE(float)
+ATL_INSTANTIATE(double)
+#undef ATL_INSTANTIATE
+
+}  // namespace atl
