@@ -7,14 +7,15 @@
 # and LD_LIBRARY_PATH for anything else (atoll itself with --atoll).
 #
 # Usage: scripts/gpu_pack.sh [--atoll] [PROGRAM...]
-#   (default: every CUDA test program of build/release; --atoll adds build/release/atoll)
+#   (default: every CUDA test program of build/release; --atoll adds build/release/atoll and
+#   the model-step benchmark, build/release/bench/kernels_model_step)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 progs=()
 for a in "$@"; do
   case "$a" in
     -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    --atoll) progs+=(build/release/atoll) ;;
+    --atoll) progs+=(build/release/atoll build/release/bench/kernels_model_step) ;;
     *) progs+=("$a") ;;
   esac
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # atoll eval prints exactly {"loss": L}, independent of --batch, with gradients for every
-# parameter; atoll sample is deterministic given --seed; the checkpoint is in Hugging Face form.
+# parameter and the logits scripts/hf_check.py compares; atoll sample is deterministic given --seed; the checkpoint is in Hugging Face form.
 set -euo pipefail
 source "$(dirname "$0")/e2e_lib.sh"
 
@@ -9,8 +9,15 @@ source "$(dirname "$0")/e2e_lib.sh"
 CK=$T/run/checkpoint
 
 eval_loss() { "$ATOLL" eval --checkpoint "$CK" --tokens "$DATA/val.bin" --max-windows 40 "$@" 2>/dev/null; }
-out=$(eval_loss --batch 8 --grads-out "$T/grads.safetensors")
+out=$(eval_loss --batch 8 --grads-out "$T/grads.safetensors" --logits-out "$T/logits.safetensors")
 [[ $out =~ ^\{\"loss\":\ [0-9.e+-]+\}$ ]] || fail "eval printed '$out'"
+# The Hugging Face check's script (the GPU machines run it with transformers) against the float64
+# PyTorch reference standing in for transformers: the same loss, the same first-window logits.
+loss=${out#*: }; loss=${loss%\}}
+PYTHONPATH="$(dirname "$0")/hf_shim" /usr/bin/python3 scripts/hf_check.py --checkpoint "$CK" \
+  --tokens "$DATA/val.bin" --max-windows 40 --atoll-loss "$loss" \
+  --atoll-logits "$T/logits.safetensors" >"$T/hf.json" || fail "hf_check: $(cat "$T/hf.json")"
+grep -q '"result": "PASS"' "$T/hf.json" || fail "hf_check: $(cat "$T/hf.json")"
 out1=$(eval_loss --batch 1)
 out7=$(eval_loss --batch 7)
 python3 - "$out" "$out1" "$out7" "$T/grads.safetensors" "$CK" <<'PY'

@@ -1,7 +1,11 @@
 // Model step benchmark: GPT<float> Forward + Backward (no optimizer) tokens/s and MFU.
 //
-//   build/.../bench/kernels_model_step [--preset tiny|small|gpt2-124m|all] [--threads 1,2]
-//       [--batch B] [--steps S] [--warmup W] [--profile] [--sgemm GFLOPS]
+//   build/.../bench/kernels_model_step [--preset tiny|small|gpt2-124m|gpt2-350m|all]
+//       [--threads 1,2] [--batch B] [--steps S] [--warmup W] [--profile] [--sgemm GFLOPS]
+//       [--device cpu|cuda]
+//
+// --device cuda runs the model on the GPU (float); MFU is then against --sgemm (default 67,000
+// GFLOP/s: an H100 SXM's dense fp32 rate), and --profile waits for the GPU after every op.
 //
 // Shapes are those of configs/{tiny,small,gpt2-124m}.toml; the batch defaults to the preset's
 // micro_batch_size (gpt2-124m: 1, to fit beside other users' jobs).
@@ -90,11 +94,11 @@ double SgemmRate(int threads) {
 }
 
 void Run(const Preset& p, int threads, int batch, int steps, int warmup, bool profile,
-         double sgemm_gflops) {
+         double sgemm_gflops, atl::Device device) {
   omp_set_num_threads(threads);
   const atl::GPTConfig& c = p.cfg;
   const int B = batch, T = c.seq_len;
-  atl::GPT<float> model(c, B);
+  atl::GPT<float> model(c, B, {}, 1, device);
   model.InitParameters(1337);
   std::mt19937 gen(1);
   std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
@@ -153,6 +157,7 @@ int main(int argc, char** argv) {
   int batch = 0, steps = 5, warmup = 2;
   bool profile = false;
   double sgemm = 0;
+  atl::Device device = atl::Device::kCpu;
   for (int i = 1; i < argc; ++i) {
     auto next = [&] {
       if (i + 1 >= argc) {
@@ -180,10 +185,16 @@ int main(int argc, char** argv) {
       sgemm = std::atof(next());
     else if (!std::strcmp(argv[i], "--profile"))
       profile = true;
-    else {
+    else if (!std::strcmp(argv[i], "--device")) {
+      if (!atl::ParseDevice(next(), &device)) {
+        std::fprintf(stderr, "kernels_model_step: --device: cpu or cuda\n");
+        return 2;
+      }
+    } else {
       std::fprintf(stderr,
                    "usage: kernels_model_step [--preset tiny|small|gpt2-124m|all] [--threads 1,2] "
-                   "[--batch B] [--steps S] [--warmup W] [--profile] [--sgemm GFLOPS]\n");
+                   "[--batch B] [--steps S] [--warmup W] [--profile] [--sgemm GFLOPS] "
+                   "[--device cpu|cuda]\n");
       return 2;
     }
   }
@@ -191,7 +202,17 @@ int main(int argc, char** argv) {
       {"tiny", Shape(2, 2, 32, 16, 50257), 2},
       {"small", Shape(4, 4, 192, 128, 50257), 8},
       {"gpt2-124m", Shape(12, 12, 768, 1024, 50257), 1},
+      {"gpt2-350m", Shape(24, 16, 1024, 1024, 50257), 1},
   };
+  if (std::string why; !atl::DeviceUsable(device, &why)) {
+    std::fprintf(stderr, "kernels_model_step: --device %s: %s\n", atl::DeviceName(device),
+                 why.c_str());
+    return 2;
+  }
+  if (device == atl::Device::kCuda) {
+    threads = {1};
+    if (sgemm <= 0) sgemm = 67000;
+  }
   const auto info = atl::kernels::InitBackend();
   double load[3] = {0, 0, 0};
   if (FILE* f = std::fopen("/proc/loadavg", "r")) {
@@ -210,7 +231,7 @@ int main(int argc, char** argv) {
                 sgemm > 0 ? " (given)" : " (2048^3, best of tiles / OpenBLAS threads)");
     for (const Preset& p : presets) {
       if (preset != "all" && preset != p.name) continue;
-      Run(p, t, batch > 0 ? batch : p.batch, steps, warmup, profile, rate);
+      Run(p, t, batch > 0 ? batch : p.batch, steps, warmup, profile, rate, device);
     }
   }
   return 0;

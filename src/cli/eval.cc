@@ -29,6 +29,7 @@ struct EvalArgs {
   std::string tokens;
   std::string grads_out;
   std::string grads_dtype = "F64";
+  std::string logits_out;
   int batch = 8;
   int64_t max_windows = 0;
   int threads = 0;
@@ -48,6 +49,20 @@ Status WriteGrads(const std::string& path, const GPT<double>& model, const std::
       w.Add(t.name, SafetensorsDType::kF64, t.shape, model.grads() + t.offset);
     }
   }
+  return w.Write(path);
+}
+
+// The logits of the file's first window (its first seq_len tokens), [1, seq_len, vocab] F32.
+Status WriteLogits(const std::string& path, GPT<double>& model, const Sampler& sampler) {
+  const int T = model.config().seq_len, V = model.config().vocab_size;
+  std::vector<int32_t> inputs(static_cast<size_t>(T)), targets(static_cast<size_t>(T));
+  sampler.EvalWindow(0, inputs.data(), targets.data());
+  model.Forward(inputs.data(), nullptr, 1, T);
+  const std::vector<float> logits(model.logits(), model.logits() + size_t(T) * size_t(V));
+  SafetensorsWriter w;
+  w.SetMetadata("format", "pt");
+  w.SetMetadata("what", "logits of the first window");
+  w.AddFloats("logits", {1, T, V}, logits.data());
   return w.Write(path);
 }
 
@@ -77,6 +92,7 @@ Status RunEval(const EvalArgs& a) {
   const double loss = EvalLoss(model, sampler, windows, batch, !a.grads_out.empty());
   LogInfo("eval: {} windows of {} tokens in {:.1f}s", windows, mc.seq_len + 1, NowSeconds() - t0);
   if (!a.grads_out.empty()) ATOLL_RETURN_IF_ERROR(WriteGrads(a.grads_out, model, a.grads_dtype));
+  if (!a.logits_out.empty()) ATOLL_RETURN_IF_ERROR(WriteLogits(a.logits_out, model, sampler));
   std::printf("{\"loss\": %.17g}\n", loss);
   std::fflush(stdout);
   return Status::Ok();
@@ -92,13 +108,16 @@ void AddEvalCommand(CLI::App& app) {
       "Prints {\"loss\": L} on stdout: the mean next-token cross-entropy over the file's\n"
       "consecutive, non-overlapping windows of seq_len + 1 tokens (the incomplete tail is\n"
       "ignored), computed in float64. --grads-out writes dL/dparam for every parameter as\n"
-      "safetensors with the checkpoint's (Hugging Face) tensor names.\n"
+      "safetensors with the checkpoint's (Hugging Face) tensor names; --logits-out writes the\n"
+      "logits of the first window (its first seq_len tokens) as \"logits\" [1, seq_len, vocab].\n"
       "Example: atoll eval --checkpoint runs/s1/checkpoint --tokens .cache/data/sotu/val.bin");
   cmd->add_option("--checkpoint", args->checkpoint, "Checkpoint directory")->required();
   cmd->add_option("--tokens", args->tokens, "Token file (e.g. .cache/data/sotu/val.bin)")
       ->required();
   cmd->add_option("--grads-out", args->grads_out, "Write the loss's gradient here (safetensors)");
   cmd->add_option("--grads-dtype", args->grads_dtype, "F64 (default) or F32");
+  cmd->add_option("--logits-out", args->logits_out,
+                  "Write the first window's logits here (safetensors, F32)");
   cmd->add_option("--batch", args->batch, "Windows per forward pass (default 8)");
   cmd->add_option("--max-windows", args->max_windows, "Use only the first N windows (0: all)");
   cmd->add_option("--threads", args->threads, "OpenMP threads (0: OMP_NUM_THREADS or all cores)");

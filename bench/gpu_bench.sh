@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# GPU benchmark (issue 18, item 6), run ON a GPU machine: atoll and PyTorch train the same GPT-2
+# shapes (124M and 350M, seq 1024) on the same GPU in one run, and the table gives tokens/s, MFU
+# and the ratio; then atoll's per-op profile of one shape.
+#
+#   bench/gpu_bench.sh            (after `source scripts/gpu_env.sh`, or with atoll on PATH)
+#
+# Environment: BATCH=8 STEPS=12 WARMUP=3; SHAPES="124m 350m"; OUT (when set, the table and the
+# logs are also written there); ATOLL (default: atoll on PATH); PY=python3 (with torch 2.x).
+#
+# atoll runs `atoll train --set train.device=cuda` (float32, the step guard off, no eval, no
+# checkpoint) and its tokens/s is the median over the timed steps of metrics.jsonl; PyTorch runs
+# bench/torch_gpt_gpu.py (torch.compile, fused AdamW, scaled_dot_product_attention) twice: fp32
+# (no TF32: atoll's arithmetic) and bf16 autocast (the issue's peer). MFU: F_tok = 6 N + 12 L T C
+# against 67 TFLOP/s for fp32 and 989 for bf16 (H100 SXM dense; pass PEAK_FP32 / PEAK_BF16 for
+# another GPU).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
+BATCH=${BATCH:-8} STEPS=${STEPS:-12} WARMUP=${WARMUP:-3} SHAPES=${SHAPES:-"124m 350m"}
+PEAK_FP32=${PEAK_FP32:-67} PEAK_BF16=${PEAK_BF16:-989}
+ATOLL=${ATOLL:-$(command -v atoll || echo build/release/atoll)}
+PY=${PY:-python3}
+work=$(mktemp -d)
+out=${OUT:-$work}
+data=.cache/data/sotu
+[[ -f $data/train.bin ]] || { echo "gpu_bench: no $data/train.bin (carry .cache/data/sotu)" >&2; exit 2; }
+
+shape_args() {  # L H C
+  case $1 in
+    124m) echo "12 12 768" ;;
+    350m) echo "24 16 1024" ;;
+    *) echo "gpu_bench: unknown shape $1" >&2; exit 2 ;;
+  esac
+}
+median_tps() {  # metrics.jsonl -> median tokens_per_s of the steps after WARMUP
+  "$PY" - "$1" "$WARMUP" <<'PYEOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(statistics.median(r["tokens_per_s"] for r in rows[int(sys.argv[2]):]))
+PYEOF
+}
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
+table="| shape | atoll fp32 tok/s | MFU | PyTorch fp32 tok/s | MFU | atoll / PyTorch fp32 | PyTorch bf16 tok/s | MFU | atoll / PyTorch bf16 |"
+table+=$'\n'"|---|---|---|---|---|---|---|---|---|"
+for s in $SHAPES; do
+  read -r L H C <<<"$(shape_args "$s")"
+  N=$((L * 12 * C * C + 50257 * C))
+  FTOK=$((6 * N + 12 * L * 1024 * C))
+  "$ATOLL" train --config configs/gpt2-124m.toml -q --out "$work/atoll-$s" \
+    --set model.n_layer=$L --set model.n_head=$H --set model.n_embd=$C \
+    --set train.device=cuda --set train.steps=$STEPS --set train.batch_size=$BATCH \
+    --set train.micro_batch_size=$BATCH --set train.eval_batches=0 --set train.checkpoint_every=0 \
+    --set train.warmup_steps=1 --set sdc.guard=false >"$out/atoll-$s.log" 2>&1 ||
+    { echo "gpu_bench: atoll $s failed:"; tail -20 "$out/atoll-$s.log"; exit 1; }
+  a=$(median_tps "$work/atoll-$s/metrics.jsonl")
+  p32=$("$PY" bench/torch_gpt_gpu.py --n-layer $L --n-head $H --n-embd $C --batch $BATCH \
+    --dtype fp32 --steps $STEPS --warmup $WARMUP --json 2>"$out/torch-fp32-$s.log" | tail -1)
+  p16=$("$PY" bench/torch_gpt_gpu.py --n-layer $L --n-head $H --n-embd $C --batch $BATCH \
+    --dtype bf16 --steps $STEPS --warmup $WARMUP --json 2>"$out/torch-bf16-$s.log" | tail -1)
+  row=$("$PY" - "$a" "$p32" "$p16" "$FTOK" "$PEAK_FP32" "$PEAK_BF16" "$s" <<'PYEOF'
+import json, sys
+a, p32, p16 = float(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
+ftok, peak32, peak16, s = float(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6]), sys.argv[7]
+t32, t16 = p32["tokens_per_s"], p16["tokens_per_s"]
+mfu = lambda t, peak: f"{100 * t * ftok / (peak * 1e12):.1f}%"
+print(f"| {s} | {a:,.0f} | {mfu(a, peak32)} | {t32:,.0f} | {mfu(t32, peak32)} | {a / t32:.2f}x "
+      f"| {t16:,.0f} | {mfu(t16, peak16)} | {a / t16:.2f}x |")
+PYEOF
+  ) || { echo "gpu_bench: PyTorch $s failed:"; tail -20 "$out/torch-fp32-$s.log" "$out/torch-bf16-$s.log"; exit 1; }
+  table+=$'\n'"$row"
+done
+echo "$table" | tee "$out/gpu_bench.md"
+echo
+echo "atoll's time per op (gpt2-124m, batch $BATCH, the GPU waited for after every op):"
+MODEL_STEP=${MODEL_STEP:-$(command -v kernels_model_step || echo build/release/bench/kernels_model_step)}
+"$MODEL_STEP" --device cuda --preset gpt2-124m --batch "$BATCH" --steps 5 --warmup 2 --profile |
+  tee "$out/profile.txt"

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Everything of issue 18 that needs a GPU, in one command for the device tool:
+#   here:     scripts/gpu_pack.sh --atoll
+#   device:   run(command="scripts/gpu_check.sh", carry=[".gpu", ".cache/data/sotu"])
+# 1. the CUDA tests (scripts/gpu_test.sh: every op against the CPU, the GPU training tests);
+# 2. the Hugging Face check: a checkpoint trained on the GPU loads in transformers'
+#    GPT2LMHeadModel.from_pretrained and gives atoll eval's loss and logits (scripts/hf_check.py);
+# 3. the speed table against PyTorch (bench/gpu_bench.sh), unless NO_BENCH=1.
+# Logs and tables go to $OUT when set. Exits non-zero if a step failed (the others still run).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
+source scripts/gpu_env.sh || exit 2
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+out=${OUT:-$(mktemp -d)}
+status=0
+echo "== 1. CUDA tests"
+OUT=$out scripts/gpu_test.sh --gtest_brief=1 || status=1
+echo "== 2. Hugging Face transformers check"
+w=$(mktemp -d)
+if atoll train --config configs/tiny.toml -q --out "$w/run" --set train.device=cuda \
+     --set train.steps=20 >"$out/hf_train.log" 2>&1 &&
+   atoll eval --checkpoint "$w/run/checkpoint" --tokens .cache/data/sotu/val.bin --max-windows 16 \
+     --logits-out "$w/logits.safetensors" >"$w/eval.json" 2>"$out/hf_eval.log"; then
+  loss=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["loss"])' "$w/eval.json")
+  python3 scripts/hf_check.py --checkpoint "$w/run/checkpoint" --tokens .cache/data/sotu/val.bin \
+    --atoll-loss "$loss" --atoll-logits "$w/logits.safetensors" --max-windows 16 |
+    tee "$out/hf_check.json"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+else
+  echo "gpu_check: training or eval for the HF check failed:"; tail -20 "$out"/hf_*.log
+  status=1
+fi
+if [[ -z "${NO_BENCH:-}" ]]; then
+  echo "== 3. speed against PyTorch"
+  OUT=$out bench/gpu_bench.sh || status=1
+fi
+exit $status
