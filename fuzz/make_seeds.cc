@@ -11,6 +11,7 @@
 #include "core/file.h"
 #include "core/hash.h"
 #include "data/dataset.h"
+#include "data/import.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/strategies/async_client.h"
@@ -88,6 +89,16 @@ void TokenFiles(const std::string& tmp) {
   if (!atl::WriteTokenFile(tmp + "/t.bin", tokens).ok()) std::exit(1);
   Seed("token_file", "seven", std::string(1, '\0') + Bytes(tmp + "/t.bin"));
   Seed("token", "hex", "0123456789abcdef0123456789abcdef\n");
+  // token_import: [0][0][fix] nanoGPT ids; [0][1][1] an llm.c file; [1][fix] UTF-8 text.
+  std::string ids;
+  for (uint16_t t : tokens) ids += {char(t & 0xff), char(t >> 8)};
+  Seed("token_import", "nanogpt", std::string("\0\0\0", 3) + ids);
+  std::string llmc(atl::kLlmcHeaderInts * 4, '\0');
+  const int32_t fields[3] = {atl::kLlmcMagic, 1, int32_t(tokens.size())};
+  std::memcpy(llmc.data(), fields, sizeof fields);
+  Seed("token_import", "llmc", std::string("\0\1\1", 3) + llmc + ids);
+  Seed("token_import", "utf8",
+       std::string("\1\0", 2) + "Caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\n");
 }
 
 void Logs() {

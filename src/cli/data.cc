@@ -1,5 +1,6 @@
-// atoll data: prepare token files from text, encode one file, check the tokenizer against the
-// reference JavaScript encoder.
+// atoll data: prepare token files from text, import token files in other formats (nanoGPT,
+// llm.c) or any UTF-8 corpus, encode one file, check the tokenizer against the reference
+// JavaScript encoder.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -9,6 +10,7 @@
 #include "core/log.h"
 #include "data/corpus.h"
 #include "data/dataset.h"
+#include "data/import.h"
 #include "data/reference.h"
 #include "data/tokenizer.h"
 
@@ -39,6 +41,64 @@ void RunPrepare(const PrepareArgs& a) {
       r->documents, double(r->bytes) / 1e6, o.out_dir.c_str(),
       static_cast<unsigned long long>(r->train_tokens), r->train_documents,
       static_cast<unsigned long long>(r->val_tokens), r->val_documents, r->seconds);
+}
+
+struct ImportArgs {
+  std::string format;
+  std::vector<std::string> inputs;  // a directory (nanogpt, llmc) or files and directories (text)
+  std::vector<std::string> train, val;
+  std::string out;
+  int vocab_size = 50257;
+  int val_every = 20;
+  std::string encoder;
+  int threads = 0;
+};
+
+void RunImport(const ImportArgs& a) {
+  if (a.format == "text") {
+    if (!a.train.empty() || !a.val.empty())
+      ExitIfError(Status::InvalidArgument(
+          "data import: --train and --val are for token files; text is split by --val-every"));
+    if (a.inputs.empty())
+      ExitIfError(Status::InvalidArgument("data import: --format text needs files or directories"));
+    PrepareOptions o;
+    o.inputs = a.inputs;
+    o.out_dir = a.out;
+    o.val_every = a.val_every;
+    o.encoder_dir = a.encoder.empty() ? DefaultEncoderDir() : a.encoder;
+    o.threads = a.threads;
+    o.any_files = true;
+    auto r = PrepareDataset(o);
+    ExitIfError(r.status().WithContext("data import"));
+    std::printf(
+        "data import: %zu UTF-8 files (%.1f MB) -> %s: train.bin %llu tokens, val.bin %llu "
+        "tokens, meta.json; %.2f s\n",
+        r->documents, double(r->bytes) / 1e6, a.out.c_str(),
+        static_cast<unsigned long long>(r->train_tokens),
+        static_cast<unsigned long long>(r->val_tokens), r->seconds);
+    return;
+  }
+  auto format = ParseTokenFormat(a.format);
+  ExitIfError(format.status().WithContext("data import"));
+  if (a.inputs.size() > 1)
+    ExitIfError(Status::InvalidArgument(
+        "data import: one directory (or --train/--val files) for token files"));
+  ImportOptions o;
+  o.format = *format;
+  o.dir = a.inputs.empty() ? "" : a.inputs[0];
+  o.train = a.train;
+  o.val = a.val;
+  o.out_dir = a.out;
+  o.vocab_size = a.vocab_size;
+  const double start = NowSeconds();
+  auto r = ImportTokenFiles(o);
+  ExitIfError(r.status().WithContext("data import"));
+  std::printf(
+      "data import: %s, %zu train + %zu val files -> %s: train.bin %llu tokens, val.bin %llu "
+      "tokens, meta.json; %.2f s\n",
+      a.format.c_str(), r->train_files.size(), r->val_files.size(), a.out.c_str(),
+      static_cast<unsigned long long>(r->train_tokens),
+      static_cast<unsigned long long>(r->val_tokens), NowSeconds() - start);
 }
 
 struct EncodeArgs {
@@ -129,6 +189,38 @@ void AddDataCommands(CLI::App& app) {
   p->add_option("--threads", prep->threads, "Encoding threads (0: one per core)")
       ->capture_default_str();
   p->callback([prep] { RunPrepare(*prep); });
+
+  auto imp = std::make_shared<ImportArgs>();
+  CLI::App* im = data->add_subcommand(
+      "import",
+      "Make DIR/train.bin, DIR/val.bin and DIR/meta.json from data people already have: "
+      "nanoGPT's or llm.c's token files (no re-tokenizing), or a corpus of UTF-8 files");
+  im->add_option("--format", imp->format, "nanogpt, llmc or text")->required();
+  im->add_option("--out", imp->out, "Output directory (then train with data.dir = it)")->required();
+  im->add_option("inputs", imp->inputs,
+                 "nanogpt: a directory with train.bin and val.bin; llmc: a directory with "
+                 "*train*.bin and *val*.bin (shards in name order); text: files and directories "
+                 "(every file under them, recursively)");
+  im->add_option("--train", imp->train, "Token files of the train split (instead of a directory)");
+  im->add_option("--val", imp->val, "Token files of the val split (instead of a directory)");
+  im->add_option("--vocab-size", imp->vocab_size,
+                 "Every id must be below this (token files; GPT-2: 50257)")
+      ->capture_default_str();
+  im->add_option("--val-every", imp->val_every, "text: every Nth file goes to val (N >= 2)")
+      ->capture_default_str();
+  im->add_option("--encoder", imp->encoder, "text: directory with encoder.json and vocab.bpe");
+  im->add_option("--threads", imp->threads, "text: encoding threads (0: one per core)")
+      ->capture_default_str();
+  im->footer(
+      "Formats: nanogpt = raw uint16 little-endian ids (nanoGPT's prepare.py train.bin/val.bin);\n"
+      "llmc = llm.c's 256-int32 header (magic 20240520, version 1, count) + uint16 ids;\n"
+      "text = any UTF-8 files, GPT-2 BPE, <|endoftext|> before each file (as data prepare).\n"
+      "Examples:\n"
+      "  atoll data import --format nanogpt ~/nanoGPT/data/openwebtext --out .cache/data/owt\n"
+      "  atoll data import --format llmc dev/data/tinyshakespeare --out .cache/data/shake\n"
+      "  atoll data import --format text ~/corpus --out .cache/data/mine\n"
+      "  atoll train --config configs/small.toml --set data.dir=.cache/data/owt --out runs/owt");
+  im->callback([imp] { RunImport(*imp); });
 
   auto enc = std::make_shared<EncodeArgs>();
   CLI::App* e = data->add_subcommand(

@@ -11,6 +11,7 @@
 #include "core/hash.h"
 #include "core/log.h"
 #include "data/dataset.h"
+#include "data/utf8.h"
 
 namespace atl {
 
@@ -27,7 +28,8 @@ StatusOr<std::string> ReadDocument(const std::string& path) {
 
 }  // namespace
 
-StatusOr<std::vector<std::string>> ListDocuments(const std::vector<std::string>& inputs) {
+StatusOr<std::vector<std::string>> ListDocuments(const std::vector<std::string>& inputs,
+                                                 bool any_files) {
   if (inputs.empty()) return Status::InvalidArgument("no input given");
   std::vector<std::string> docs;
   for (const std::string& input : inputs) {
@@ -35,7 +37,20 @@ StatusOr<std::vector<std::string>> ListDocuments(const std::vector<std::string>&
     const fs::file_status st = fs::status(input, ec);
     if (ec || !fs::exists(st))
       return Status::NotFound(fmt::format("input {}: no such file or directory", input));
-    if (fs::is_directory(st)) {
+    if (fs::is_directory(st) && any_files) {
+      std::vector<std::string> found;
+      fs::recursive_directory_iterator it(input, ec), end;
+      for (; !ec && it != end; it.increment(ec)) {
+        const bool hidden = it->path().filename().string().starts_with(".");
+        if (hidden && it->is_directory()) it.disable_recursion_pending();
+        if (!hidden && it->is_regular_file()) found.push_back(it->path().string());
+      }
+      if (ec) return Status::InvalidArgument(fmt::format("listing {}: {}", input, ec.message()));
+      if (found.empty())
+        return Status::InvalidArgument(fmt::format("input directory {} has no files", input));
+      std::sort(found.begin(), found.end());
+      docs.insert(docs.end(), found.begin(), found.end());
+    } else if (fs::is_directory(st)) {
       std::vector<std::string> found;
       for (const auto& entry : fs::directory_iterator(input, ec)) {
         if (entry.path().extension() == ".txt" && !entry.is_directory()) {
@@ -56,7 +71,8 @@ StatusOr<std::vector<std::string>> ListDocuments(const std::vector<std::string>&
 
 StatusOr<std::vector<std::vector<int>>> EncodeFiles(const Tokenizer& tokenizer,
                                                     const std::vector<std::string>& files,
-                                                    int threads, const EncodeProgress& progress) {
+                                                    int threads, const EncodeProgress& progress,
+                                                    bool strict_utf8) {
   if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
   threads = std::max(1, std::min(threads, int(files.size())));
   std::vector<std::vector<int>> ids(files.size());
@@ -72,6 +88,13 @@ StatusOr<std::vector<std::vector<int>>> EncodeFiles(const Tokenizer& tokenizer,
       auto text = ReadDocument(files[i]);
       if (!text.ok()) {
         errors[i] = text.status();
+        continue;
+      }
+      if (const size_t bad = strict_utf8 ? FirstInvalidUtf8(*text) : std::string_view::npos;
+          bad != std::string_view::npos) {
+        errors[i] = Status::InvalidArgument(fmt::format(
+            "{}: not UTF-8 text (an invalid byte at offset {}); a text corpus takes UTF-8 files",
+            files[i], bad));
         continue;
       }
       ids[i] = tokenizer.Encode(*text);
@@ -95,7 +118,7 @@ StatusOr<PrepareResult> PrepareDataset(const PrepareOptions& o) {
     return Status::InvalidArgument(fmt::format(
         "--val-every {}: must be at least 2 (every Nth document goes to val)", o.val_every));
   if (o.out_dir.empty()) return Status::InvalidArgument("no output directory given");
-  ATOLL_ASSIGN_OR_RETURN(std::vector<std::string> docs, ListDocuments(o.inputs));
+  ATOLL_ASSIGN_OR_RETURN(std::vector<std::string> docs, ListDocuments(o.inputs, o.any_files));
   ATOLL_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Load(o.encoder_dir));
   if (tokenizer.vocab_size() > 65536)
     return Status::InvalidArgument(fmt::format(
@@ -115,7 +138,7 @@ StatusOr<PrepareResult> PrepareDataset(const PrepareOptions& o) {
     };
   }
   ATOLL_ASSIGN_OR_RETURN(std::vector<std::vector<int>> ids,
-                         EncodeFiles(tokenizer, docs, o.threads, progress));
+                         EncodeFiles(tokenizer, docs, o.threads, progress, o.any_files));
 
   PrepareResult r;
   r.documents = docs.size();

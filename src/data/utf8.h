@@ -20,6 +20,11 @@ inline constexpr char32_t kReplacementCharacter = 0xFFFD;
 // Appends the code points of `bytes` to *out, decoding as the WHATWG UTF-8 decoder does.
 void DecodeUtf8(std::string_view bytes, std::vector<char32_t>* out);
 
+// The offset of the first byte that is not part of well-formed UTF-8 (an invalid lead or
+// continuation byte, an overlong form, a surrogate, a code point above U+10FFFF, a truncated
+// sequence), or std::string_view::npos when `bytes` is all well-formed.
+size_t FirstInvalidUtf8(std::string_view bytes);
+
 // Appends the UTF-8 encoding of one code point (REQUIRES: cp <= 0x10FFFF, not a surrogate).
 void AppendUtf8(char32_t cp, std::string* out);
 

@@ -51,6 +51,19 @@ inline bool DeviceUsable(Device d, std::string* why) {
 #endif
 }
 
+// What a device computes with, for comparing replicas' bits: "cpu", or "cuda <GPU name> sm_XY
+// cudart <version>".
+inline std::string DeviceDescription(Device d) {
+#if ATOLL_HAVE_CUDA
+  if (d == Device::kCuda) {
+    const kernels::cuda::DeviceInfo info = kernels::cuda::Probe();
+    return fmt::format("cuda {} sm_{}{} cudart {}", info.name, info.cc_major, info.cc_minor,
+                       kernels::cuda::RuntimeVersion());
+  }
+#endif
+  return DeviceName(d);
+}
+
 // An array of T on the host or the GPU. Host buffers are plain vectors (index them); device
 // buffers only give their pointer.
 template <class T>

@@ -443,12 +443,14 @@ T GPT<T>::VocabParallelLoss(Slot& S, int N) {
 
 template <class T>
 const T* GPT<T>::stage_output(int slot) const {
+  if (cuda()) throw std::logic_error("GPT::stage_output: pipeline stages run on the CPU");
   const Slot& S = acts_->slots.at(size_t(slot));
   return S.residual3.data() + size_t(layer_end_ - layer_begin_ - 1) * acts_->rows * cfg_.n_embd;
 }
 
 template <class T>
 const T* GPT<T>::input_grad() const {
+  if (cuda()) throw std::logic_error("GPT::input_grad: pipeline stages run on the CPU");
   return acts_->dresidual.data();
 }
 

@@ -86,7 +86,9 @@ StatusOr<std::vector<std::string>> CheckOnPeers(Run& run, int64_t s, const StepS
   }
   std::vector<int64_t> first(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) first[size_t(r)] = first_of(r);
-  const std::string backend = kernels::InitBackend().blas_core + " " + __VERSION__;
+  // Replicas on different kernels (BLAS family, compiler, CPU or GPU model) are not comparable.
+  const std::string backend = kernels::InitBackend().blas_core + " " + __VERSION__ + " " +
+                              DeviceDescription(run.model->device());
   bool comparable = true;
   StatusOr<std::vector<PeerFinding>> shared =
       SharePeerCheck(group, own, next, prev, first, run.site, s,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/runtime.h"
@@ -15,6 +16,7 @@ namespace {
 
 struct Context {
   int ordinal = -1;
+  std::thread::id owner;  // the one thread that drives the GPU
   cudaStream_t stream = nullptr;
   cublasLtHandle_t blas = nullptr;
   void* blas_workspace = nullptr;
@@ -30,6 +32,10 @@ Context& Ctx() {
 Context& Ready() {
   Context& c = Ctx();
   if (c.ordinal < 0) UseDevice(DefaultOrdinal());
+  if (std::this_thread::get_id() != c.owner)
+    throw CudaError(
+        "CUDA: a second thread used the GPU; one thread per process drives it (in-process ranks "
+        "or sites cannot share a GPU: run them as processes, e.g. under mpirun)");
   return c;
 }
 
@@ -110,6 +116,8 @@ DeviceInfo Probe() {
   return info;
 }
 
+int RuntimeVersion() { return CUDART_VERSION; }
+
 bool Available(std::string* why) {
   const DeviceInfo info = Probe();
   if (info.count > 0) return true;
@@ -142,6 +150,7 @@ void UseDevice(int ordinal) {
   ATL_CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
   ATL_CUBLAS(cublasLtCreate(&c.blas));
   ATL_CUDA(cudaMalloc(&c.blas_workspace, kBlasWorkspaceBytes));
+  c.owner = std::this_thread::get_id();
   c.ordinal = ordinal;
 }
 

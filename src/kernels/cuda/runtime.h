@@ -9,7 +9,9 @@
 // CopyToHost are synchronous (when they return, the data is where it was sent); CopyOnDevice and
 // Zero are queued on the stream, in order with the kernels.
 //
-// Thread-safety: one thread drives the GPU at a time (as the CPU backend: one caller at a time).
+// Thread-safety: one thread per process drives the GPU: the first that uses it. The stream,
+// scratch and cuBLASLt plans are the process's, so a second thread (in-process ranks, say) gets
+// a CudaError saying so instead of corrupting the first one's work.
 #pragma once
 
 #include <cstddef>
@@ -38,6 +40,9 @@ struct DeviceInfo {
 
 // What CUDA sees, without throwing: count 0 and a reason on a machine without a GPU or driver.
 DeviceInfo Probe();
+
+// CUDART_VERSION of the runtime atoll was built with (e.g. 13000).
+int RuntimeVersion();
 
 // Whether a GPU is usable here; when not, *why (if given) says why, in words for a user.
 bool Available(std::string* why = nullptr);

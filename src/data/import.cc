@@ -1,0 +1,180 @@
+#include "data/import.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/file.h"
+#include "core/hash.h"
+#include "data/dataset.h"
+
+namespace atl {
+namespace {
+
+namespace fs = std::filesystem;
+
+uint16_t Le16(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
+int32_t Le32(const uint8_t* p) {
+  return int32_t(uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) |
+                 (uint32_t(p[3]) << 24));
+}
+
+std::vector<uint16_t> Ids(const uint8_t* p, size_t n) {
+  std::vector<uint16_t> ids(n);
+  for (size_t i = 0; i < n; ++i) ids[i] = Le16(p + 2 * i);
+  return ids;
+}
+
+const char* FormatName(TokenFormat f) { return f == TokenFormat::kLlmc ? "llmc" : "nanogpt"; }
+
+// A directory's source files of one split.
+StatusOr<std::vector<std::string>> Discover(TokenFormat format, const std::string& dir,
+                                            const char* split) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return Status::InvalidArgument(fmt::format("{}: not a directory", dir));
+  std::vector<std::string> found;
+  if (format == TokenFormat::kNanoGpt) {
+    const std::string path = (fs::path(dir) / fmt::format("{}.bin", split)).string();
+    std::error_code missing;  // not an error here: reported below as a missing split
+    if (fs::is_regular_file(path, missing)) found.push_back(path);
+  } else {
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (e.is_regular_file() && name.size() > 4 && name.ends_with(".bin") &&
+          name.find(split) != std::string::npos)
+        found.push_back(e.path().string());
+    }
+    std::sort(found.begin(), found.end());
+  }
+  if (ec) return Status::InvalidArgument(fmt::format("listing {}: {}", dir, ec.message()));
+  if (found.empty())
+    return Status::InvalidArgument(
+        format == TokenFormat::kNanoGpt
+            ? fmt::format("{}: no {}.bin (nanoGPT's prepare.py writes train.bin and val.bin)", dir,
+                          split)
+            : fmt::format("{}: no *{}*.bin file (llm.c writes e.g. tinyshakespeare_{}.bin)", dir,
+                          split, split));
+  return found;
+}
+
+struct Split {
+  std::vector<uint16_t> ids;
+  nlohmann::ordered_json sources = nlohmann::ordered_json::array();
+};
+
+Status ReadSplit(TokenFormat format, const std::vector<std::string>& files, int vocab, Split* out) {
+  for (const std::string& path : files) {
+    auto file = MappedFile::Open(path);
+    if (!file.ok())
+      return file.status().code() == StatusCode::kNotFound
+                 ? file.status()
+                 : Status::InvalidArgument(file.status().message());
+    const std::span<const uint8_t> bytes(file->data(), file->size());
+    ATOLL_ASSIGN_OR_RETURN(std::vector<uint16_t> ids, format == TokenFormat::kLlmc
+                                                          ? ParseLlmcBin(bytes, path)
+                                                          : ParseNanoGptBin(bytes, path));
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] >= vocab)
+        return Status::InvalidArgument(fmt::format(
+            "{}: token {} at position {} is outside the vocabulary [0, {}) (--vocab-size)", path,
+            ids[i], i, vocab));
+    out->sources.push_back({{"path", path},
+                            {"bytes", bytes.size()},
+                            {"tokens", ids.size()},
+                            {"xxh3", HashToHex(Hash64(bytes.data(), bytes.size()))}});
+    out->ids.insert(out->ids.end(), ids.begin(), ids.end());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<TokenFormat> ParseTokenFormat(const std::string& name) {
+  if (name == "nanogpt") return TokenFormat::kNanoGpt;
+  if (name == "llmc") return TokenFormat::kLlmc;
+  return Status::InvalidArgument(fmt::format("--format {}: expected nanogpt, llmc or text", name));
+}
+
+StatusOr<std::vector<uint16_t>> ParseNanoGptBin(std::span<const uint8_t> bytes,
+                                                const std::string& path) {
+  if (bytes.size() % 2 != 0)
+    return Status::InvalidArgument(fmt::format(
+        "{}: {} bytes, an odd number: not nanoGPT's uint16 tokens", path, bytes.size()));
+  return Ids(bytes.data(), bytes.size() / 2);
+}
+
+StatusOr<std::vector<uint16_t>> ParseLlmcBin(std::span<const uint8_t> bytes,
+                                             const std::string& path) {
+  const size_t header = kLlmcHeaderInts * 4;
+  if (bytes.size() < header)
+    return Status::InvalidArgument(fmt::format("{}: {} bytes, shorter than llm.c's {}-byte header",
+                                               path, bytes.size(), header));
+  const int32_t magic = Le32(bytes.data()), version = Le32(bytes.data() + 4);
+  const int32_t count = Le32(bytes.data() + 8);
+  if (magic != kLlmcMagic)
+    return Status::InvalidArgument(
+        fmt::format("{}: magic {} is not llm.c's {} (a nanoGPT file? --format nanogpt)", path,
+                    magic, kLlmcMagic));
+  if (version == 2)
+    return Status::InvalidArgument(fmt::format(
+        "{}: llm.c version 2 holds uint32 ids (LLaMA 3's vocabulary); atoll's token files hold "
+        "uint16 ids (GPT-2's)",
+        path));
+  if (version != 1)
+    return Status::InvalidArgument(
+        fmt::format("{}: llm.c version {}: only version 1 (uint16 ids) is known", path, version));
+  if (count < 0 || bytes.size() - header != 2 * uint64_t(count))
+    return Status::InvalidArgument(
+        fmt::format("{}: the header says {} tokens, the file holds {} bytes after it", path, count,
+                    bytes.size() - header));
+  return Ids(bytes.data() + header, size_t(count));
+}
+
+StatusOr<ImportResult> ImportTokenFiles(const ImportOptions& o) {
+  if (o.out_dir.empty()) return Status::InvalidArgument("no output directory given (--out)");
+  if (o.vocab_size < 1 || o.vocab_size > 65536)
+    return Status::InvalidArgument(
+        fmt::format("--vocab-size {}: must be in [1, 65536] (uint16 ids)", o.vocab_size));
+  ImportResult r;
+  r.train_files = o.train;
+  r.val_files = o.val;
+  if (!o.dir.empty()) {
+    if (r.train_files.empty()) {
+      ATOLL_ASSIGN_OR_RETURN(r.train_files, Discover(o.format, o.dir, "train"));
+    }
+    if (r.val_files.empty()) {
+      ATOLL_ASSIGN_OR_RETURN(r.val_files, Discover(o.format, o.dir, "val"));
+    }
+  }
+  if (r.train_files.empty() || r.val_files.empty())
+    return Status::InvalidArgument(
+        "give a directory, or the files of both splits (--train FILE, --val FILE)");
+  Split train, val;
+  ATOLL_RETURN_IF_ERROR(ReadSplit(o.format, r.train_files, o.vocab_size, &train));
+  ATOLL_RETURN_IF_ERROR(ReadSplit(o.format, r.val_files, o.vocab_size, &val));
+  r.train_tokens = train.ids.size();
+  r.val_tokens = val.ids.size();
+  ATOLL_RETURN_IF_ERROR(MakeDirs(o.out_dir));
+  ATOLL_RETURN_IF_ERROR(WriteTokenFile(o.out_dir + "/train.bin", train.ids));
+  ATOLL_RETURN_IF_ERROR(WriteTokenFile(o.out_dir + "/val.bin", val.ids));
+  const nlohmann::ordered_json meta = {
+      {"format",
+       "ATOLTOK1: 24-byte header (magic, uint64 count, uint64 XXH3-64), uint16 LE tokens"},
+      {"imported_from", FormatName(o.format)},
+      {"vocab_size", o.vocab_size},
+      {"tokens", {{"train", r.train_tokens}, {"val", r.val_tokens}}},
+      {"sources", {{"train", train.sources}, {"val", val.sources}}},
+      {"checksums",
+       {{"train.bin", HashToHex(Hash64(train.ids.data(), train.ids.size() * 2))},
+        {"val.bin", HashToHex(Hash64(val.ids.data(), val.ids.size() * 2))}}},
+  };
+  ATOLL_RETURN_IF_ERROR(WriteFileAtomic(o.out_dir + "/meta.json", meta.dump(2) + "\n")
+                            .WithContext("writing meta.json"));
+  return r;
+}
+
+}  // namespace atl
