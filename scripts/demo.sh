@@ -4,7 +4,8 @@
 # Mbit/s, 40-80 ms) with `atoll launch` — a coordinator, one site per mpirun, mutual TLS between
 # them, Streaming DiLoCo with 4-bit exchanges overlapped with training (--set world.strategy=sync
 # for an all-reduce every step) — showing one live view for a few minutes;
-# then evaluate the final checkpoint, print a text sample and the checkpoint's path.
+# then evaluate the final checkpoint, print a text sample, the checkpoint's path and the run report
+# (runs/world-demo/report.html: charts, events, config; one file that opens offline).
 # Usage: scripts/demo.sh [--set section.key=value ...]   (e.g. --set train.steps=50)
 # The single-site engine: atoll train --config configs/small.toml --out runs/s1 (docs/USER_GUIDE.md).
 set -euo pipefail
@@ -29,3 +30,4 @@ echo "== sample =="
 $ATOLL sample --checkpoint "$OUT/checkpoint" --prompt "Fellow-Citizens of the Senate and House of Representatives:" --tokens 40 --seed 1
 echo
 echo "checkpoint: $OUT/checkpoint"
+echo "report:     $OUT/report.html (charts, events, config: open it in a browser)"

