@@ -50,16 +50,28 @@ def exchanges(r):
         if o > last or (o < 0 and x.get("wan_ms", 0) > 0): n += 1
         if o >= 0: last = o
     return n
-want = {"loss-step": [p for s, v in zip(steps, vals) for p in ([s, v] if v else [s])],
-        "loss-tokens": steps, "throughput": steps}
+col = lambda r, k: [x[k] for x in r if k in x]
+# Each chart's series: (points drawn, sum of the y values), from the files.
+loss = [(len(r), sum(col(r, "loss"))) for r in rows]
+val = [(len(col(r, "val_loss")), sum(col(r, "val_loss"))) for r in rows]
+want = {"loss-step": [p for l, v in zip(loss, val) for p in ([l, v] if v[0] else [l])],
+        "loss-tokens": loss,
+        "throughput": [(len(r), sum(col(r, "tokens_per_s"))) for r in rows]}
 if len(dirs) > 1:
-    want.update({"loss-wan": steps, "wan-share": steps, "timeline": [exchanges(r) for r in rows]})
+    share = [(len(r), sum(100 * x["wan_ms"] / x["step_ms"] if x["step_ms"] > 0 else 0 for x in r))
+             for r in rows]
+    want.update({"loss-wan": loss, "wan-share": share,
+                 "timeline": [(exchanges(r), i * exchanges(r)) for i, r in enumerate(rows)]})
 charts = {c["id"]: c for c in got["charts"]}
 assert set(charts) == set(want), f"charts {sorted(charts)}, expected {sorted(want)}"
-for cid, points in want.items():
+for cid, series in want.items():
     c = charts[cid]
-    assert c["series"] == len(points) and c["points"] == points, f"{cid}: {c}, expected {points}"
+    points, sums = [p for p, _ in series], [s for _, s in series]
+    assert c["series"] == len(series) and c["points"] == points, f"{cid}: {c}, expected {points}"
     assert all(p > 0 for p in points), f"{cid}: an empty series {points}"
+    for got_sum, want_sum in zip(c["ysum"], sums):
+        assert abs(got_sum - want_sum) <= 1e-9 * max(1.0, abs(want_sum)), f"{cid}: y sums {c['ysum']}, expected {sums}"
+    assert c["height"] > 100, f"{cid}: a canvas {c['height']} px high"
 events = sum(1 for d in dirs if os.path.exists(f"{d}/events.jsonl")
              for l in open(f"{d}/events.jsonl") if l.strip())
 if os.path.exists(f"{run}/coordinator.log"):
@@ -86,6 +98,13 @@ check "$T/one.dom" "$T/one"
 grep -q "launch: report: $T/world/report.html" "$T/launch.err" || fail "launch did not write the report"
 browse "$T/world/report.html" "$T/world"
 check "$T/world.dom" "$T/world"
+
+# A synchronous world: an exchange (an all-reduce over the WAN) every step.
+"$ATOLL" launch --config configs/world-demo.toml --out "$T/sync" --insecure -q \
+  --set data.dir="$DATA" --set world.strategy=sync --set train.steps=5 --set train.eval_every=5 \
+  >"$T/sync.out" 2>"$T/sync.err" || fail "launch (sync): $(tail -5 "$T/sync.err")"
+browse "$T/sync/report.html" "$T/sync"
+check "$T/sync.dom" "$T/sync"
 
 # A page that breaks is caught: the self-test must see the error.
 sed 's|JSON.parse(document.getElementById("atoll-data").textContent)|JSON.parse("{")|' \

@@ -46,11 +46,15 @@ namespace {
 // The run report (train/report.h), its path on stderr (stdout stays the checkpoint's). A report
 // that cannot be written (no Chart.js) is a warning, not a failed run.
 void ReportOnStderr(const std::string& dir) {
-  auto report = WriteReport({dir, "", ""});
-  if (report.ok())
-    std::fprintf(stderr, "launch: report: %s\n", report->c_str());
-  else
-    std::fprintf(stderr, "launch: no report: %s\n", report.status().ToString().c_str());
+  try {
+    auto report = WriteReport({dir, "", ""});
+    if (report.ok())
+      std::fprintf(stderr, "launch: report: %s\n", report->c_str());
+    else
+      std::fprintf(stderr, "launch: no report: %s\n", report.status().ToString().c_str());
+  } catch (const std::exception& e) {  // the run's outcome stands whatever its files hold
+    std::fprintf(stderr, "launch: no report: %s\n", e.what());
+  }
 }
 
 // Times launch starts a coordinator again that died while the sites ran (each try counts; with

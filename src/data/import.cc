@@ -30,6 +30,17 @@ std::vector<uint16_t> Ids(const uint8_t* p, size_t n) {
 
 const char* FormatName(TokenFormat f) { return f == TokenFormat::kLlmc ? "llmc" : "nanogpt"; }
 
+// Whether a file name has `word` as a whole part between '_', '.', '-' or its ends
+// ("fineweb_train_000001.bin" has "train"; "interval_train.bin" has no "val").
+bool HasWord(const std::string& name, const std::string& word) {
+  const auto sep = [](char c) { return c == '_' || c == '.' || c == '-'; };
+  for (size_t at = name.find(word); at != std::string::npos; at = name.find(word, at + 1)) {
+    const size_t end = at + word.size();
+    if ((at == 0 || sep(name[at - 1])) && (end == name.size() || sep(name[end]))) return true;
+  }
+  return false;
+}
+
 // A directory's source files of one split.
 StatusOr<std::vector<std::string>> Discover(TokenFormat format, const std::string& dir,
                                             const char* split) {
@@ -44,8 +55,7 @@ StatusOr<std::vector<std::string>> Discover(TokenFormat format, const std::strin
   } else {
     for (const auto& e : fs::directory_iterator(dir, ec)) {
       const std::string name = e.path().filename().string();
-      if (e.is_regular_file() && name.size() > 4 && name.ends_with(".bin") &&
-          name.find(split) != std::string::npos)
+      if (e.is_regular_file() && name.size() > 4 && name.ends_with(".bin") && HasWord(name, split))
         found.push_back(e.path().string());
     }
     std::sort(found.begin(), found.end());
@@ -101,6 +111,13 @@ StatusOr<TokenFormat> ParseTokenFormat(const std::string& name) {
 
 StatusOr<std::vector<uint16_t>> ParseNanoGptBin(std::span<const uint8_t> bytes,
                                                 const std::string& path) {
+  // Headerless ids cannot be told from anything else; refuse the two headers we know.
+  if (bytes.size() >= 8 && std::memcmp(bytes.data(), "ATOLTOK1", 8) == 0)
+    return Status::InvalidArgument(fmt::format(
+        "{}: an atoll token file already (use its directory as data.dir), not nanoGPT's", path));
+  if (bytes.size() >= 4 && Le32(bytes.data()) == kLlmcMagic)
+    return Status::InvalidArgument(
+        fmt::format("{}: starts with llm.c's magic 20240520: --format llmc", path));
   if (bytes.size() % 2 != 0)
     return Status::InvalidArgument(fmt::format(
         "{}: {} bytes, an odd number: not nanoGPT's uint16 tokens", path, bytes.size()));
@@ -116,9 +133,10 @@ StatusOr<std::vector<uint16_t>> ParseLlmcBin(std::span<const uint8_t> bytes,
   const int32_t magic = Le32(bytes.data()), version = Le32(bytes.data() + 4);
   const int32_t count = Le32(bytes.data() + 8);
   if (magic != kLlmcMagic)
-    return Status::InvalidArgument(
-        fmt::format("{}: magic {} is not llm.c's {} (a nanoGPT file? --format nanogpt)", path,
-                    magic, kLlmcMagic));
+    return Status::InvalidArgument(fmt::format(
+        "{}: magic {} is not llm.c's token file magic {} (nanoGPT's headerless ids? --format "
+        "nanogpt; llm.c's evaluation files, e.g. hellaswag_val.bin, are not token files)",
+        path, magic, kLlmcMagic));
   if (version == 2)
     return Status::InvalidArgument(fmt::format(
         "{}: llm.c version 2 holds uint32 ids (LLaMA 3's vocabulary); atoll's token files hold "
@@ -153,7 +171,32 @@ StatusOr<ImportResult> ImportTokenFiles(const ImportOptions& o) {
   if (r.train_files.empty() || r.val_files.empty())
     return Status::InvalidArgument(
         "give a directory, or the files of both splits (--train FILE, --val FILE)");
+  // One file in both splits would leak validation data into training.
+  for (const std::string& t : r.train_files)
+    for (const std::string& v : r.val_files) {
+      std::error_code ec;
+      if (t == v || fs::equivalent(t, v, ec))
+        return Status::InvalidArgument(fmt::format("{} is in both splits", t));
+    }
+  // Writing into the input directory would replace nanoGPT's train.bin / val.bin.
+  for (const auto& list : {r.train_files, r.val_files})
+    for (const std::string& f : list) {
+      std::error_code ec;
+      if (fs::equivalent(fs::absolute(f).parent_path(), o.out_dir, ec))
+        return Status::InvalidArgument(fmt::format(
+            "--out {} holds the input {}: import into another directory", o.out_dir, f));
+    }
   Split train, val;
+  // The ids are held once (the output is written from them): reserve what the files hold.
+  for (auto [files, split] : {std::pair{&r.train_files, &train}, std::pair{&r.val_files, &val}}) {
+    uintmax_t bytes = 0;
+    for (const std::string& f : *files) {
+      std::error_code ec;
+      const uintmax_t n = fs::file_size(f, ec);
+      if (!ec) bytes += n;
+    }
+    split->ids.reserve(size_t(bytes / 2));
+  }
   ATOLL_RETURN_IF_ERROR(ReadSplit(o.format, r.train_files, o.vocab_size, &train));
   ATOLL_RETURN_IF_ERROR(ReadSplit(o.format, r.val_files, o.vocab_size, &val));
   r.train_tokens = train.ids.size();

@@ -95,6 +95,42 @@ TEST(ImportParse, LlmcHeaderIsChecked) {
   }
 }
 
+TEST(ImportParse, NanoGptRefusesFilesWithAKnownHeader) {
+  EXPECT_NE(
+      Refusal(ParseNanoGptBin(Bytes(LlmcFile({1, 2})), "l.bin").status()).find("--format llmc"),
+      std::string::npos);
+  EXPECT_NE(
+      Refusal(
+          ParseNanoGptBin(Bytes(std::string("ATOLTOK1") + std::string(16, '\0')), "a.bin").status())
+          .find("an atoll token file already"),
+      std::string::npos);
+}
+
+TEST(Import, SplitsMatchWholeWordsAndNeverShareAFile) {
+  TempDir in, out;
+  in.Write("data_train_0.bin", LlmcFile({1}));
+  in.Write("interval_train.bin", LlmcFile({2}));  // "val" inside a word: train only
+  in.Write("data_val_0.bin", LlmcFile({3}));
+  in.Write("trainval.bin", LlmcFile({4}));  // neither
+  ImportOptions o;
+  o.format = TokenFormat::kLlmc;
+  o.dir = in.path();
+  o.out_dir = out.File("x");
+  auto r = ImportTokenFiles(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->train_files,
+            (std::vector<std::string>{in.File("data_train_0.bin"), in.File("interval_train.bin")}));
+  EXPECT_EQ(r->val_files, (std::vector<std::string>{in.File("data_val_0.bin")}));
+  o.dir.clear();
+  o.train = {in.File("data_train_0.bin"), in.File("data_val_0.bin")};
+  o.val = {in.File("data_val_0.bin")};
+  EXPECT_NE(Refusal(ImportTokenFiles(o).status()).find("in both splits"), std::string::npos);
+  // Never into the input's own directory.
+  o.train = {in.File("data_train_0.bin")};
+  o.out_dir = in.path();
+  EXPECT_NE(Refusal(ImportTokenFiles(o).status()).find("holds the input"), std::string::npos);
+}
+
 TEST(ImportParse, Formats) {
   EXPECT_EQ(*ParseTokenFormat("nanogpt"), TokenFormat::kNanoGpt);
   EXPECT_EQ(*ParseTokenFormat("llmc"), TokenFormat::kLlmc);
