@@ -10,39 +10,34 @@
 namespace atl::kernels::cuda {
 namespace {
 
-// dst[which][b, h, t, d] = qkv[b, t, which * C + h * hs + d] for which in q, k, v (count 3) or
-// dst[0][b, h, t, d] = src[b, t, h * hs + d] (count 1, row stride C).
-__global__ void GatherHeads(float* dst, const float* src, int64_t row_stride, int count, int B,
-                            int T, int C, int NH) {
+// Element i of `count` head-major blocks [B, NH, T, hs] (block `which` = i / (B T C)) sits at
+// this offset of a token-major tensor [B, T, row_stride] whose block `which` starts at column
+// which * C, head h at column h * hs of it.
+__device__ inline int64_t TokenMajorOffset(int64_t i, int64_t row_stride, int B, int T, int C,
+                                           int NH) {
   const int64_t x = int64_t(B) * T * C;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= x * count) return;
-  const int which = int(i / x);
-  const int64_t r = i % x;
+  const int64_t which = i / x, r = i % x;
   const int hs = C / NH;
-  const int d = int(r % hs);
-  const int t = int((r / hs) % T);
-  const int64_t bh = r / (int64_t(hs) * T);
-  const int h = int(bh % NH);
-  const int64_t b = bh / NH;
-  dst[i] = src[(b * T + t) * row_stride + int64_t(which) * C + int64_t(h) * hs + d];
+  const int64_t d = r % hs, t = (r / hs) % T, bh = r / (int64_t(hs) * T);
+  const int64_t h = bh % NH, b = bh / NH;
+  return (b * T + t) * row_stride + which * C + h * hs + d;
 }
 
-// The inverse gather: dst[b, t, which * C + h * hs + d] (+)= src[which][b, h, t, d].
+// dst[which][b, h, t, d] = src[b, t, which * C + h * hs + d]: q, k, v of qkv (count 3, row
+// stride 3C) or one [B, T, C] tensor (count 1).
+__global__ void GatherHeads(float* dst, const float* src, int64_t row_stride, int count, int B,
+                            int T, int C, int NH) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(B) * T * C * count) return;
+  dst[i] = src[TokenMajorOffset(i, row_stride, B, T, C, NH)];
+}
+
+// The inverse: dst[b, t, which * C + h * hs + d] (+)= src[which][b, h, t, d].
 __global__ void ScatterHeads(float* dst, const float* src, int64_t row_stride, int count, int B,
                              int T, int C, int NH, bool add) {
-  const int64_t x = int64_t(B) * T * C;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= x * count) return;
-  const int which = int(i / x);
-  const int64_t r = i % x;
-  const int hs = C / NH;
-  const int d = int(r % hs);
-  const int t = int((r / hs) % T);
-  const int64_t bh = r / (int64_t(hs) * T);
-  const int h = int(bh % NH);
-  const int64_t b = bh / NH;
-  float* o = dst + (b * T + t) * row_stride + int64_t(which) * C + int64_t(h) * hs + d;
+  if (i >= int64_t(B) * T * C * count) return;
+  float* o = dst + TokenMajorOffset(i, row_stride, B, T, C, NH);
   *o = add ? *o + src[i] : src[i];
 }
 

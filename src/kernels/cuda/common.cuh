@@ -67,30 +67,26 @@ __device__ inline A WarpMax(A v) {
   return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024): warps reduce, then warp 0 adds
-// the warps' sums in a fixed butterfly. Every thread gets the result. `shared` holds 32 A's; the
-// call ends with a barrier, so it may be reused right after.
-template <class A>
-__device__ inline A BlockSum(A v, A* shared) {
+// A reduction over the block (blockDim.x a multiple of 32, at most 1024): warps reduce, then
+// warp 0 combines the warps' results in a fixed butterfly. Every thread gets the result.
+// `shared` holds 32 A's; the call ends with a barrier, so it may be reused right after.
+template <class A, class Warp>
+__device__ inline A BlockReduce(A v, A* shared, A identity, Warp warp_reduce) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = WarpSum(v);
+  v = warp_reduce(v);
   if (lane == 0) shared[warp] = v;
   __syncthreads();
-  A total = lane < warps ? shared[lane] : A(0);
-  total = WarpSum(total);
+  A total = warp_reduce(lane < warps ? shared[lane] : identity);
   __syncthreads();
   return total;
 }
 template <class A>
+__device__ inline A BlockSum(A v, A* shared) {
+  return BlockReduce(v, shared, A(0), [](A x) { return WarpSum(x); });
+}
+template <class A>
 __device__ inline A BlockMax(A v, A* shared) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = WarpMax(v);
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  A total = lane < warps ? shared[lane] : A(-INFINITY);
-  total = WarpMax(total);
-  __syncthreads();
-  return total;
+  return BlockReduce(v, shared, A(-INFINITY), [](A x) { return WarpMax(x); });
 }
 
 // Column sums of a row-major [rows, cols] matrix, ADDED into out[cols] (device), in a fixed
