@@ -78,6 +78,11 @@ if os.path.exists(f"{run}/coordinator.log"):
     events += sum(1 for l in open(f"{run}/coordinator.log")
                   if l.strip() and json.loads(l).get("t") not in ("round", "start"))
 assert got["events"] == events, f"events {got['events']}, expected {events}"
+# The planner's prediction against the measurement (atoll train writes plan.json: a header row
+# and one row per part).
+plan = f"{run}/plan.json" if os.path.exists(f"{run}/plan.json") else f"{dirs[0]}/plan.json"
+want_rows = 1 + len(json.load(open(plan))) if os.path.exists(plan) else 0
+assert want_rows == 5 and got["plan_rows"] == want_rows, f"plan rows {got['plan_rows']}, expected 5"
 print(f"{run}: {len(charts)} charts, series {[charts[c]['series'] for c in sorted(charts)]}, "
       f"{events} events, no errors")
 PY

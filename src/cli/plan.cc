@@ -7,6 +7,7 @@
 //   plan calibrate  fit this machine's constants from atoll's measured steps
 // Every command prints a table, or JSON with --json. docs/PLANNER.md explains every number.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -265,6 +266,8 @@ struct CalibrateArgs {
   int64_t n_layer = 0, n_head = 0, n_embd = 0, seq_len = 0, vocab_size = 0, micro = 0;
   int skip = 2;
   bool json = false;
+  std::string save;  // "" : don't; else the file (the flag alone: the default path)
+  int threads = 1;
 };
 
 void RunCalibrateCommand(const CalibrateArgs& a) {
@@ -288,6 +291,22 @@ void RunCalibrateCommand(const CalibrateArgs& a) {
   auto fit = FitCalibration(&runs);
   ExitIfError(fit.status().WithContext("plan calibrate"));
   a.json ? PrintJson(CalibrationJson(runs, *fit)) : Print(CalibrationReport(runs, *fit));
+  if (!a.save.empty()) {
+    if (a.threads < 1)
+      ExitIfError(Status::InvalidArgument("plan calibrate: --threads must be >= 1"));
+    nlohmann::json j = CalibrationJson(runs, *fit);
+    j["threads"] = a.threads;  // what atoll train scales its prediction from (train/predict.h)
+    // Seconds per FLOP, per matmul, per parameter (0 where the fit left one out).
+    j["coef"] = nlohmann::json::array();
+    for (int i = 0; i < 3; ++i)
+      j["coef"].push_back(fit->used[size_t(i)] ? fit->coef[size_t(i)] : 0.0);
+    ExitIfError(MakeDirs(std::filesystem::path(a.save).parent_path().string().empty()
+                             ? "."
+                             : std::filesystem::path(a.save).parent_path().string()));
+    ExitIfError(WriteFileAtomic(a.save, j.dump(2) + "\n").WithContext("plan calibrate --save"));
+    std::fprintf(stderr, "plan calibrate: saved %s (atoll train predicts its steps from it)\n",
+                 a.save.c_str());
+  }
 }
 
 }  // namespace
@@ -415,6 +434,12 @@ void AddPlanCommands(CLI::App& app) {
   c->add_option("--micro-batch-tokens", cal->micro, "Tokens per forward/backward");
   c->add_option("--skip", cal->skip, "Warm-up steps to ignore")->capture_default_str();
   c->add_flag("--json", cal->json, "Print JSON instead of a table");
+  c->add_option("--save", cal->save,
+                "Also save the fit for atoll train's step-time prediction (e.g. "
+                ".cache/calibration.json, where atoll train looks)");
+  c->add_option("--threads", cal->threads,
+                "OpenMP threads the runs had (train.threads): the prediction scales from it")
+      ->capture_default_str();
   c->callback([cal] { RunCalibrateCommand(*cal); });
 }
 

@@ -236,7 +236,9 @@ StatusOr<std::string> WriteReport(const ReportOptions& o) {
       data["strategy"] = v;
     }
   }
+  // The lead site's prediction against what it measured (a single site's, or site-0's).
   auto plan = ReadFile(dir + "/plan.json");
+  if (!plan.ok() && sites.size() > 1) plan = ReadFile(sites.front().second + "/plan.json");
   data["plan"] = nullptr;
   if (plan.ok()) {
     json p = json::parse(*plan, nullptr, false);

@@ -12,6 +12,7 @@
 #include <memory>
 #include <span>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "parallel/pipeline.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
+#include "train/predict.h"
 #include "train/run.h"
 #include "train/schedule.h"
 #include "train/sdc/peers.h"
@@ -266,6 +268,13 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     ATOLL_RETURN_IF_ERROR(metrics.Open(out + "/metrics.jsonl", start, out + "/events.jsonl"));
     LogStart(cfg, run, start);
   }
+  // The planner's view of a step (train/predict.h): printed now, compared with the steps at the
+  // end.
+  const StepPrediction prediction =
+      PredictStep(cfg, omp_get_max_threads(), ProcsOnHost(),
+                  int(std::max(1u, std::thread::hardware_concurrency())), DefaultCalibrationPath());
+  if (leader) LogInfo("{}", DescribePrediction(prediction));
+  std::vector<double> step_ms, wan_ms;  // this process's steps, for the comparison
 
   const int seq = cfg.model.seq_len;
   std::vector<double> local_losses(static_cast<size_t>(run.local_accum));
@@ -387,6 +396,8 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     if (leader) {
       ATOLL_RETURN_IF_ERROR(metrics.Append(m));
       if (options.progress) progress.Update(m);
+      step_ms.push_back(m.step_ms);
+      wan_ms.push_back(m.wan_ms.value_or(0.0));
     }
     if (tc.checkpoint_every > 0 && (s + 1) % tc.checkpoint_every == 0) {
       ATOLL_RETURN_IF_ERROR(check_at_rest());  // on every site: it may repair across them
@@ -415,6 +426,13 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
       LogWarning("fault {} never fired (this rank computed no such step, layer or micro-batch)",
                  spec);
   if (const std::string summary = strategy->Summary(); !summary.empty()) LogInfo("{}", summary);
+  if (leader && step_ms.size() > 2) {
+    const double in_site = me.dp() > 1 ? run.comm_wait_s / double(step_ms.size()) : 0.0;
+    const StepParts measured = MeasuredParts(step_ms, wan_ms, in_site, /*skip=*/2);
+    LogInfo("{}", DescribeComparison(prediction, measured));
+    ATOLL_RETURN_IF_ERROR(
+        WriteFileAtomic(out + "/plan.json", ComparisonJson(prediction, measured)));
+  }
   const std::string final_dir = ck_dir + "/checkpoint";
   ATOLL_RETURN_IF_ERROR(check_at_rest());
   ATOLL_RETURN_IF_ERROR(SaveOnLeadSite(run, *strategy, final_dir, tc.steps));

@@ -181,6 +181,8 @@ StatusOr<LaunchPlan> PlanLaunch(const LaunchArgs& a) {
       // Every site's mpirun would pin its rank 0 to core 0: let the kernel place them.
       {"OMPI_MCA_hwloc_base_binding_policy", "none"},
       {"OMP_NUM_THREADS", std::to_string(std::max(1u, cores / unsigned(sites * ranks)))},
+      // Every site's ranks share this machine: the step-time prediction counts them.
+      {"ATOLL_LOCAL_PROCS", std::to_string(sites * ranks)},
   });
 
   return p;

@@ -1,0 +1,68 @@
+// The planner inside training (DESIGN invariant 5: plan/ and the engine speak one vocabulary).
+// Before the first step `atoll train` prints what a step of this run should take on this machine,
+// in three parts, and after the last step each part measured against it; the leader of a single
+// site or of the lead site also writes OUT/plan.json, which `atoll report` shows.
+//
+//   compute    the rank's forward, backward and optimizer: plan/calibrate.h's fit of this
+//              machine's constants (`atoll plan calibrate --save`, <cache>/calibration.json) on
+//              the rank's share of the batch, scaled for the cores it gets: the fit is of runs
+//              with `threads` threads alone on the machine, so a rank whose processes and
+//              threads oversubscribe the cores (procs x threads > cores) is slower by that factor.
+//   in-site    gradient reductions not hidden by backward (data parallel): measured, but not
+//              predicted (no calibrated constant for the shared-memory MPI transport): 0 predicted
+//              without data parallelism.
+//   WAN wait   plan/world.h's exchange over the configured links: a ring of the sites, 2 (D - 1)
+//              latencies and 2 (D - 1) / D of the exchanged bytes through the slowest link; sync
+//              every step; diloco once per H steps; streaming a fragment every H / P steps,
+//              hidden behind tau steps of compute (only what exceeds them waits).
+// Measured: the median over the steps after `skip` of step_ms - wan_ms (compute and in-site) and
+// of wan_ms, in this process's metrics.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "train/config.h"
+
+namespace atl {
+
+struct StepParts {
+  double compute_s = 0;
+  double in_site_s = 0;
+  double wan_s = 0;
+  double total() const { return compute_s + in_site_s + wan_s; }
+};
+
+struct StepPrediction {
+  bool have_compute = false;  // false: no calibration on this machine (compute_s is 0)
+  StepParts parts;
+  std::string basis;  // what the compute part rests on, or why there is none
+};
+
+// <cache>/calibration.json (ATOLL_CACHE_DIR or .cache).
+std::string DefaultCalibrationPath();
+
+// The prediction for one rank of `cfg` running `threads` OpenMP threads beside procs_on_host
+// processes (itself included) on a machine of `cores` cores.
+StepPrediction PredictStep(const RunConfig& cfg, int threads, int procs_on_host, int cores,
+                           const std::string& calibration_path);
+
+// The processes of this run on this host: ATOLL_LOCAL_PROCS (atoll launch sets it), else
+// OMPI_COMM_WORLD_LOCAL_SIZE (mpirun), else 1.
+int ProcsOnHost();
+
+// Measured parts from a process's per-step step_ms and wan_ms (same length), skipping `skip`.
+StepParts MeasuredParts(const std::vector<double>& step_ms, const std::vector<double>& wan_ms,
+                        double in_site_s, int skip);
+
+// "predicted step 410 ms = compute 402 + in-site 0 + WAN wait 8 (basis)"
+std::string DescribePrediction(const StepPrediction& p);
+// The table predicted against measured, one line per part, with each ratio.
+std::string DescribeComparison(const StepPrediction& p, const StepParts& measured);
+// OUT/plan.json's rows: [{part, predicted_ms, measured_ms}, ...] (predicted null where none).
+std::string ComparisonJson(const StepPrediction& p, const StepParts& measured);
+
+}  // namespace atl
