@@ -10,6 +10,7 @@
 #include "core/file.h"
 #include "data/tokenizer.h"
 #include "plan/calibrate.h"
+#include "world/codec.h"
 
 namespace atl {
 namespace {
@@ -32,35 +33,71 @@ int EnvInt(const char* name) {
 }
 
 // The exposed WAN time per step (seconds) of the configured world, for a compute step of
-// `step_s` seconds.
+// `step_s` seconds. The world's slowest link and longest latency (one way) over every pair of
+// sites bound each exchange (every pair carries its share; a ring's order is chosen at connect
+// time).
 double WanWait(const RunConfig& cfg, double step_s) {
   const WorldConfig& w = cfg.world;
   const int D = int(w.sites);
-  if (D <= 1 || w.strategy == "async") return 0;
-  // The ring's slowest link and largest latency (one way).
-  double mbps = 0, latency_ms = 0;
-  for (int a = 0; a < D; ++a) {
-    const LinkProfile l = w.Link(a, (a + 1) % D);
-    if (l.bandwidth_mbps > 0) mbps = mbps > 0 ? std::min(mbps, l.bandwidth_mbps) : l.bandwidth_mbps;
-    latency_ms = std::max(latency_ms, l.latency_ms);
-  }
+  if (D <= 1) return 0;
+  double mbps = 0, latency_s = 0;
+  for (int a = 0; a < D; ++a)
+    for (int b = a + 1; b < D; ++b) {
+      const LinkProfile l = w.Link(a, b);
+      if (l.bandwidth_mbps > 0)
+        mbps = mbps > 0 ? std::min(mbps, l.bandwidth_mbps) : l.bandwidth_mbps;
+      latency_s = std::max(latency_s, l.latency_ms * 1e-3);
+    }
+  const auto transfer = [&](double bytes) { return mbps > 0 ? bytes * 8 / (mbps * 1e6) : 0.0; };
   const double params = double(NumParameters(cfg.model));
-  const bool sync = w.strategy == "sync";
-  const double bits = sync || w.codec == "none" ? 32
-                      : w.codec == "bf16"       ? 16
-                      : w.codec == "int8"       ? 8
-                                                : 4;
-  const double fragment = w.strategy == "streaming" ? 1.0 / double(w.streaming.fragments) : 1.0;
-  const double bytes = 2.0 * (D - 1) / D * params * fragment * bits / 8;
+  if (w.strategy == "sync") {
+    // The ring all-reduce of the gradient (int64 words in the reproducible mode), 2 (D - 1) / D
+    // of it through each link, 2 (D - 1) hops; then the losses' all-reduce, 2 (D - 1) more hops.
+    const double word = cfg.parallel.reproducible ? 8 : 4;
+    return 4.0 * (D - 1) * latency_s + transfer(2.0 * (D - 1) / D * params * word);
+  }
+  // diloco, streaming: every site sends each peer its piece of the (encoded) exchange and gets
+  // the reduced piece back: two one-way trips, 2 x the encoding of n / D floats per link.
+  auto codec = ParseCodec(w.codec);
+  const Codec c = codec.ok() ? *codec : Codec::kNone;
+  const double n = w.strategy == "streaming" ? params / double(w.streaming.fragments) : params;
   const double exchange_s =
-      2.0 * (D - 1) * latency_ms * 1e-3 + (mbps > 0 ? bytes * 8 / (mbps * 1e6) : 0);
-  if (sync) return exchange_s;
+      2 * latency_s + transfer(2.0 * double(EncodedBytes(c, size_t(std::ceil(n / D)))));
   const double H = double(std::max<int64_t>(1, w.diloco.inner_steps));
   if (w.strategy == "diloco") return exchange_s / H;
   // streaming: a fragment every H / P steps, overlapped with tau steps of compute.
   const double every = std::max(1.0, H / double(w.streaming.fragments));
   const double hidden = double(w.streaming.overlap_steps) * step_s;
   return std::max(0.0, exchange_s - hidden) / every;
+}
+
+// The calibration's seconds per FLOP, per matmul, per parameter and its thread count, or why it
+// cannot be used.
+bool ReadCalibration(const std::string& path, double coef[3], int* threads, std::string* why) {
+  auto text = ReadFile(path);
+  const json cal = text.ok() ? json::parse(*text, nullptr, false) : json();
+  const std::string fix = fmt::format(
+      "fit one with `atoll plan calibrate --metrics RUN/metrics.jsonl ... --save {} --threads N`",
+      path);
+  if (!text.ok()) {
+    *why = fmt::format("no calibration at {}: {}", path, fix);
+    return false;
+  }
+  bool ok =
+      cal.is_object() && cal.contains("coef") && cal["coef"].is_array() && cal["coef"].size() == 3;
+  for (size_t i = 0; ok && i < 3; ++i) {
+    ok = cal["coef"][i].is_number() && cal["coef"][i].get<double>() >= 0 &&
+         std::isfinite(cal["coef"][i].get<double>());
+    if (ok) coef[i] = cal["coef"][i].get<double>();
+  }
+  *threads = 1;
+  if (ok && cal.contains("threads")) {
+    ok = cal["threads"].is_number_integer() && cal["threads"].get<int64_t>() >= 1 &&
+         cal["threads"].get<int64_t>() <= 4096;
+    if (ok) *threads = int(cal["threads"].get<int64_t>());
+  }
+  if (!ok) *why = fmt::format("{} is not a calibration (coef, threads): {}", path, fix);
+  return ok;
 }
 
 }  // namespace
@@ -76,18 +113,15 @@ int ProcsOnHost() {
 StepPrediction PredictStep(const RunConfig& cfg, int threads, int procs_on_host, int cores,
                            const std::string& calibration_path) {
   StepPrediction p;
-  auto text = ReadFile(calibration_path);
-  json cal = text.ok() ? json::parse(*text, nullptr, false) : json();
-  if (!cal.is_object() || !cal.contains("coef") || !cal["coef"].is_array() ||
-      cal["coef"].size() != 3) {
-    p.basis = fmt::format(
-        "no calibration at {}: fit one with `atoll plan calibrate --save --metrics "
-        "RUN/metrics.jsonl "
-        "...`",
-        calibration_path);
-  } else {
+  double coef[3] = {0, 0, 0};
+  int cal_threads = 1;
+  if (cfg.parallel.tp > 1 || cfg.parallel.pp > 1) {
+    p.basis =
+        "not predicted for tensor- or pipeline-parallel ranks (their share of the model, "
+        "the bubble and the point-to-point waits are not in the fit)";
+  } else if (ReadCalibration(calibration_path, coef, &cal_threads, &p.basis)) {
     // The rank's tokens per step: the global batch split over the sites and data-parallel
-    // replicas (tensor and pipeline ranks share theirs).
+    // replicas (with world.balance, or after a site is lost, a site's share differs).
     const double replicas = double(cfg.world.sites * cfg.parallel.dp);
     const double seq = double(cfg.model.seq_len);
     plan::CalibrationRun shape;
@@ -98,44 +132,54 @@ StepPrediction PredictStep(const RunConfig& cfg, int threads, int procs_on_host,
     shape.vocab_size = cfg.model.vocab_size;
     shape.micro_batch_tokens = cfg.train.micro_batch_size * cfg.model.seq_len;
     const auto f = plan::StepFeatures(shape, double(cfg.train.batch_size) / replicas * seq);
-    double alone = 0;
-    for (int i = 0; i < 3; ++i) alone += cal["coef"][size_t(i)].get<double>() * f[size_t(i)];
-    const int cal_threads = cal.value("threads", 1);
+    const double alone = coef[0] * f[0] + coef[1] * f[1] + coef[2] * f[2];
     // Cores this rank gets: its threads, unless the host's processes want more than it has.
     const double want = double(procs_on_host) * threads;
     const double share = want > cores ? double(threads) * cores / want : double(threads);
-    const double speedup = share / double(cal_threads);
-    p.parts.compute_s = alone / speedup;
+    p.parts.compute_s = alone / (share / double(cal_threads));
     p.have_compute = true;
     p.basis = fmt::format(
         "calibration {} ({} thread{}; {:.3g} FLOP/s); this rank: {} thread{}, {} process{} on "
         "{} cores",
-        calibration_path, cal_threads, cal_threads == 1 ? "" : "s",
-        cal["coef"][0].get<double>() > 0 ? 1 / cal["coef"][0].get<double>() : 0.0, threads,
-        threads == 1 ? "" : "s", procs_on_host, procs_on_host == 1 ? "" : "es", cores);
+        calibration_path, cal_threads, cal_threads == 1 ? "" : "s", coef[0] > 0 ? 1 / coef[0] : 0.0,
+        threads, threads == 1 ? "" : "s", procs_on_host, procs_on_host == 1 ? "" : "es", cores);
   }
-  p.parts.wan_s = WanWait(cfg, p.parts.compute_s);
+  // Async pushes are not modelled; streaming's hiding needs the compute part.
+  p.have_wan = cfg.world.sites <= 1 || (cfg.world.strategy != "async" &&
+                                        (cfg.world.strategy != "streaming" || p.have_compute));
+  if (p.have_wan) p.parts.wan_s = WanWait(cfg, p.parts.compute_s);
   return p;
 }
 
 StepParts MeasuredParts(const std::vector<double>& step_ms, const std::vector<double>& wan_ms,
                         double in_site_s, int skip) {
   StepParts m;
-  std::vector<double> compute, wan;
-  for (size_t i = size_t(std::max(0, skip)); i < step_ms.size() && i < wan_ms.size(); ++i) {
+  std::vector<double> compute;
+  double wan_sum = 0;
+  size_t wan_n = 0;
+  const size_t n = std::min(step_ms.size(), wan_ms.size());
+  for (size_t i = size_t(std::max(0, skip)); i < n; ++i) {
     compute.push_back((step_ms[i] - wan_ms[i]) * 1e-3);
-    wan.push_back(wan_ms[i] * 1e-3);
+    // The WAN wait lands on the exchange steps only: its mean spreads it as the prediction does.
+    // The last step also carries the final whole-model exchange: not a step's share.
+    if (i + 1 < n || n - size_t(std::max(0, skip)) == 1) {
+      wan_sum += wan_ms[i] * 1e-3;
+      ++wan_n;
+    }
   }
   m.in_site_s = in_site_s;
   m.compute_s = std::max(0.0, Median(compute) - in_site_s);
-  m.wan_s = Median(wan);
+  m.wan_s = wan_n > 0 ? wan_sum / double(wan_n) : 0.0;
   return m;
 }
 
 std::string DescribePrediction(const StepPrediction& p) {
   if (!p.have_compute)
-    return fmt::format("predicted WAN wait {:.1f} ms per step; compute not predicted: {}",
-                       p.parts.wan_s * 1e3, p.basis);
+    return p.have_wan ? fmt::format(
+                            "predicted WAN wait {:.1f} ms per step; compute not "
+                            "predicted: {}",
+                            p.parts.wan_s * 1e3, p.basis)
+                      : fmt::format("step time not predicted: {}", p.basis);
   return fmt::format(
       "predicted step {:.1f} ms = compute {:.1f} + in-site communication {:.1f} + WAN wait "
       "{:.1f} ({})",
@@ -144,7 +188,8 @@ std::string DescribePrediction(const StepPrediction& p) {
 }
 
 std::string DescribeComparison(const StepPrediction& p, const StepParts& m) {
-  std::string out = "step time, predicted against measured (median per step):";
+  std::string out =
+      "step time, predicted against measured (per step: compute, the median; WAN wait, the mean):";
   const auto line = [&](const char* part, double pred, double meas, bool have) {
     out += fmt::format("\n  {:<24} {:>10} {:>10.1f} ms {:>8}", part,
                        have ? fmt::format("{:.1f} ms", pred * 1e3) : "-", meas * 1e3,
@@ -152,8 +197,8 @@ std::string DescribeComparison(const StepPrediction& p, const StepParts& m) {
   };
   line("compute", p.parts.compute_s, m.compute_s, p.have_compute);
   line("in-site communication", p.parts.in_site_s, m.in_site_s, true);
-  line("WAN wait", p.parts.wan_s, m.wan_s, true);
-  line("total", p.parts.total(), m.total(), p.have_compute);
+  line("WAN wait", p.parts.wan_s, m.wan_s, p.have_wan);
+  line("total", p.parts.total(), m.total(), p.have_compute && p.have_wan);
   return out;
 }
 
@@ -165,8 +210,8 @@ std::string ComparisonJson(const StepPrediction& p, const StepParts& m) {
   };
   json rows = json::array({row("compute", p.parts.compute_s, m.compute_s, p.have_compute),
                            row("in-site communication", p.parts.in_site_s, m.in_site_s, true),
-                           row("WAN wait", p.parts.wan_s, m.wan_s, true),
-                           row("total", p.parts.total(), m.total(), p.have_compute)});
+                           row("WAN wait", p.parts.wan_s, m.wan_s, p.have_wan),
+                           row("total", p.parts.total(), m.total(), p.have_compute && p.have_wan)});
   return rows.dump(2) + "\n";
 }
 

@@ -1,7 +1,7 @@
 // The planner inside training (DESIGN invariant 5: plan/ and the engine speak one vocabulary).
 // Before the first step `atoll train` prints what a step of this run should take on this machine,
-// in three parts, and after the last step each part measured against it; the leader of a single
-// site or of the lead site also writes OUT/plan.json, which `atoll report` shows.
+// in three parts, and after the last step each part measured against it; each site's leader
+// writes OUT/plan.json (a world's site-N/plan.json; the report shows the lowest site's).
 //
 //   compute    the rank's forward, backward and optimizer: plan/calibrate.h's fit of this
 //              machine's constants (`atoll plan calibrate --save`, <cache>/calibration.json) on
@@ -11,12 +11,17 @@
 //   in-site    gradient reductions not hidden by backward (data parallel): measured, but not
 //              predicted (no calibrated constant for the shared-memory MPI transport): 0 predicted
 //              without data parallelism.
-//   WAN wait   plan/world.h's exchange over the configured links: a ring of the sites, 2 (D - 1)
-//              latencies and 2 (D - 1) / D of the exchanged bytes through the slowest link; sync
-//              every step; diloco once per H steps; streaming a fragment every H / P steps,
-//              hidden behind tau steps of compute (only what exceeds them waits).
-// Measured: the median over the steps after `skip` of step_ms - wan_ms (compute and in-site) and
-// of wan_ms, in this process's metrics.
+//   WAN wait   the engine's exchanges over the configured links, bounded by the slowest link and
+//              the longest latency of any pair: sync, every step, a ring all-reduce of the
+//              gradient (2 (D - 1) / D of its float32, or int64 in the reproducible mode, words
+//              through each link; 2 (D - 1) hops) and of the losses (2 (D - 1) more hops);
+//              diloco, once per H steps, and streaming, a fragment every H / P steps less what
+//              tau steps of compute hide: each link carries 2 x the encoding (world.codec, block
+//              scales included) of the exchange / D, in two one-way trips. Not modelled: async
+//              pushes, the coordinator's rounds, the fingerprints' all-gather.
+// Measured: the median over the steps after `skip` of step_ms - wan_ms (compute and in-site), and
+// the mean of wan_ms over them but the last (an exchange's wait falls on its step only; the last
+// also carries the final whole-model exchange), in this process's metrics.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -37,7 +42,8 @@ struct StepParts {
 };
 
 struct StepPrediction {
-  bool have_compute = false;  // false: no calibration on this machine (compute_s is 0)
+  bool have_compute = false;  // false: no calibration here, or tp/pp ranks (compute_s is 0)
+  bool have_wan = true;       // false: async, or streaming without the compute part
   StepParts parts;
   std::string basis;  // what the compute part rests on, or why there is none
 };

@@ -11,6 +11,7 @@
 
 #include "core/file.h"
 #include "plan/calibrate.h"
+#include "world/codec.h"
 
 namespace atl {
 namespace {
@@ -68,52 +69,76 @@ TEST_F(PredictTest, WanWaitOfEachStrategy) {
   w.world.sites = 3;
   w.world.link.latency_ms = 40;
   w.world.link.bandwidth_mbps = 100;
+  w.world.pairs["0-2"] = {.latency_ms = 80, .bandwidth_mbps = 50};  // the slowest pair bounds
   const double P = double(NumParameters(w.model));
-  const double ring = 2.0 * 2 / 3;  // 2 (D - 1) / D
-  const double latency = 2.0 * 2 * 0.040;
+  const double bw = 50e6, lat = 0.080;
+  // sync: the gradient's ring all-reduce (float32) and the losses', 2 (D - 1) hops each.
   w.world.strategy = "sync";
-  const double sync = latency + ring * P * 4 * 8 / 100e6;
+  const double sync = 4 * 2 * lat + 2.0 * 2 / 3 * P * 4 * 8 / bw;
   EXPECT_NEAR(PredictStep(w, 1, 1, 2, cal_).parts.wan_s, sync, 1e-12 * sync);
+  w.parallel.reproducible = true;  // int64 words
+  EXPECT_NEAR(PredictStep(w, 1, 1, 2, cal_).parts.wan_s, sync + 2.0 * 2 / 3 * P * 4 * 8 / bw,
+              1e-12 * sync);
+  w.parallel.reproducible = false;
+  // diloco: every link carries 2 x the int4 encoding (block scales included) of P / D floats.
   w.world.strategy = "diloco";
   w.world.codec = "int4";
   w.world.diloco.inner_steps = 30;
-  const double diloco = (latency + ring * P * 0.5 * 8 / 100e6) / 30;
+  const auto piece = [](double n) {
+    return double(EncodedBytes(Codec::kInt4, size_t(std::ceil(n / 3))));
+  };
+  EXPECT_GT(piece(P), P / 3 / 2);  // more than 4 bits a float
+  const double diloco = (2 * lat + 2 * piece(P) * 8 / bw) / 30;
   EXPECT_NEAR(PredictStep(w, 1, 1, 2, cal_).parts.wan_s, diloco, 1e-12 * diloco);
-  // Streaming: a third of the parameters every 10 steps, hidden behind 4 steps of compute.
+  // streaming: a third of the parameters every 10 steps, hidden behind 4 steps of compute.
   w.world.strategy = "streaming";
   w.world.streaming.fragments = 3;
   w.world.streaming.overlap_steps = 4;
   const StepPrediction s = PredictStep(w, 1, 1, 2, cal_);
-  const double fragment = latency + ring * P / 3 * 0.5 * 8 / 100e6;
+  const double fragment = 2 * lat + 2 * piece(P / 3) * 8 / bw;
   EXPECT_NEAR(s.parts.wan_s, std::max(0.0, fragment - 4 * s.parts.compute_s) / 10, 1e-12);
   w.world.streaming.overlap_steps = 0;
   EXPECT_NEAR(PredictStep(w, 1, 1, 2, cal_).parts.wan_s, fragment / 10, 1e-12);
+  // Not modelled: async; streaming without the compute part it hides behind.
+  EXPECT_FALSE(PredictStep(w, 1, 1, 2, dir_ + "/none.json").have_wan);
   w.world.strategy = "async";
-  EXPECT_EQ(PredictStep(w, 1, 1, 2, cal_).parts.wan_s, 0.0);
+  EXPECT_FALSE(PredictStep(w, 1, 1, 2, cal_).have_wan);
+  EXPECT_TRUE(PredictStep(cfg_, 1, 1, 2, cal_).have_wan);  // one site: nothing to wait for
 }
 
 TEST_F(PredictTest, WithoutACalibrationItSaysHowToMakeOne) {
   const StepPrediction p = PredictStep(cfg_, 1, 1, 2, dir_ + "/none.json");
   EXPECT_FALSE(p.have_compute);
   EXPECT_EQ(p.parts.compute_s, 0.0);
-  EXPECT_NE(p.basis.find("atoll plan calibrate --save"), std::string::npos) << p.basis;
+  EXPECT_NE(p.basis.find("--save " + dir_ + "/none.json --threads N"), std::string::npos)
+      << p.basis;
   EXPECT_NE(DescribePrediction(p).find("compute not predicted"), std::string::npos);
-  ASSERT_TRUE(WriteFileAtomic(dir_ + "/bad.json", "{\"coef\": 3}").ok());
-  EXPECT_FALSE(PredictStep(cfg_, 1, 1, 2, dir_ + "/bad.json").have_compute);
+  for (const char* bad : {R"({"coef": 3})", R"({"coef": [1, "x", 2]})", R"({"coef": [1, -1, 2]})",
+                          R"({"coef": [1, 1, 1], "threads": 0})", "not json"}) {
+    ASSERT_TRUE(WriteFileAtomic(dir_ + "/bad.json", bad).ok());
+    const StepPrediction q = PredictStep(cfg_, 1, 1, 2, dir_ + "/bad.json");
+    EXPECT_FALSE(q.have_compute) << bad;
+    EXPECT_NE(q.basis.find("is not a calibration"), std::string::npos) << q.basis;
+  }
+  // Tensor and pipeline ranks: not predicted.
+  RunConfig tp = cfg_;
+  tp.parallel.tp = 2;
+  EXPECT_FALSE(PredictStep(tp, 1, 1, 2, cal_).have_compute);
 }
 
 TEST_F(PredictTest, MeasuredPartsAreMediansAfterTheWarmUp) {
-  // Two warm-up steps, then steps of 100..104 ms with 10 ms on the WAN; one outlier.
-  const StepParts m = MeasuredParts({900, 800, 100, 101, 102, 500, 103}, {0, 0, 10, 10, 10, 10, 10},
+  // Two warm-up steps; an exchange's 30 ms at step 3; the last step's final exchange (90 ms) is
+  // not a step's share; one slow step.
+  const StepParts m = MeasuredParts({900, 800, 130, 100, 101, 500, 192}, {0, 0, 30, 0, 0, 0, 90},
                                     /*in_site_s=*/0.002, /*skip=*/2);
-  EXPECT_NEAR(m.wan_s, 0.010, 1e-12);
-  EXPECT_NEAR(m.compute_s, 0.092 - 0.002, 1e-12);  // median of step - wan, less in-site
+  EXPECT_NEAR(m.wan_s, 0.030 / 4, 1e-12);          // the mean over steps 3..6
+  EXPECT_NEAR(m.compute_s, 0.101 - 0.002, 1e-12);  // the median of step - wan, less in-site
   EXPECT_NEAR(m.in_site_s, 0.002, 1e-12);
   const StepPrediction p = PredictStep(cfg_, 1, 1, 2, cal_);
   const auto rows = nlohmann::json::parse(ComparisonJson(p, m));
   ASSERT_EQ(rows.size(), 4u);
   EXPECT_EQ(rows[0]["part"], "compute");
-  EXPECT_NEAR(rows[0]["measured_ms"].get<double>(), 90, 1e-9);
+  EXPECT_NEAR(rows[0]["measured_ms"].get<double>(), 99, 1e-9);
   EXPECT_NEAR(rows[3]["predicted_ms"].get<double>(), p.parts.total() * 1e3, 1e-9);
   EXPECT_NE(DescribeComparison(p, m).find("WAN wait"), std::string::npos);
 }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -269,7 +270,8 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     LogStart(cfg, run, start);
   }
   // The planner's view of a step (train/predict.h): printed now, compared with the steps at the
-  // end.
+  // end; a plan.json of an earlier run in this directory must not stand for this one.
+  if (leader) std::filesystem::remove(out + "/plan.json");
   const StepPrediction prediction =
       PredictStep(cfg, omp_get_max_threads(), ProcsOnHost(),
                   int(std::max(1u, std::thread::hardware_concurrency())), DefaultCalibrationPath());
