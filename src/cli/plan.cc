@@ -48,6 +48,8 @@ struct ModelArgs {
   std::string pipeline = "1f1b";
   int64_t seq_len = 2048;
   bool no_overlap_tp = false, no_overlap_dp = false, no_overlap_pp = false;
+  bool overlap_dp = false;        // --overlap-dp: with --combine reference
+  std::string combine = "atoll";  // atoll | reference (plan/step.h)
   bool json = false;
 };
 
@@ -70,6 +72,15 @@ void AddModelOptions(CLI::App* c, ModelArgs* a) {
   c->add_flag("--no-overlap-tp", a->no_overlap_tp, "Do not hide TP bandwidth behind matmuls");
   c->add_flag("--no-overlap-dp", a->no_overlap_dp, "Do not hide DP bandwidth behind matmuls");
   c->add_flag("--no-overlap-pp", a->no_overlap_pp, "Do not hide PP bandwidth behind matmuls");
+  c->add_option("--combine", a->combine,
+                "How a step's parts add up: atoll (levels in sequence, all overlapped traffic "
+                "behind the pipeline's matmuls) or reference (the Epoch notebook's "
+                "training_results, with its committed settings: DP not overlapped unless "
+                "--overlap-dp; docs/PLANNER.md)")
+      ->capture_default_str();
+  c->add_flag("--overlap-dp", a->overlap_dp,
+              "With --combine reference: hide DP behind the pipeline (the notebook's overlap_DP = "
+              "1)");
   c->add_flag("--json", a->json, "Print JSON instead of a table");
 }
 
@@ -92,6 +103,20 @@ Status ResolveModel(const ModelArgs& a, Hardware* hw, ShapeRules* rules, SearchO
   search->eval.overlap_tp = !a.no_overlap_tp;
   search->eval.overlap_dp = !a.no_overlap_dp;
   search->eval.overlap_pp = !a.no_overlap_pp;
+  if (a.combine == "reference") {
+    search->eval.combine = Combine::kReference;
+    // The notebook as committed: overlap_TP = overlap_PP = 1, overlap_DP = 0.
+    search->eval.overlap_dp = a.overlap_dp;
+    if (a.no_overlap_dp && a.overlap_dp)
+      return Status::InvalidArgument("--overlap-dp and --no-overlap-dp contradict each other");
+  } else if (a.combine != "atoll") {
+    return Status::InvalidArgument(
+        fmt::format("--combine: unknown '{}' (expected atoll or reference)", a.combine));
+  } else if (a.overlap_dp) {
+    return Status::InvalidArgument(
+        "--overlap-dp goes with --combine reference (atoll's default "
+        "already overlaps DP; --no-overlap-dp turns it off)");
+  }
   return Status::Ok();
 }
 

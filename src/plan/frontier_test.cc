@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "core/log.h"
 
@@ -94,6 +95,29 @@ TEST(Frontier, SparseAndZeroBubbleRun) {
     if (row.state != FrontierRow::State::kFeasible) continue;
     EXPECT_DOUBLE_EQ(row.plan.step.bubble, 0.0);
     EXPECT_GE(row.plan.layout.microbatches, 2 * row.plan.layout.PP() - 1);
+  }
+}
+
+// Against the reference notebook's own code at b1f771c (bench/plan/reference_agreement.sh, its
+// committed settings: DP not overlapped): the default agrees on H100 and A100; with the
+// reference's combination and search (--combine reference) V100 and global NVLink agree too, and
+// the largest run in each.
+TEST(Frontier, AgreesWithTheReferenceNotebook) {
+  const auto near = [](std::optional<double> got, double want) {
+    return got.has_value() && std::abs(*got / want - 1) < 0.01;
+  };
+  EXPECT_TRUE(near(RunFrontier(Dense("H100")).crossover_flop, 2.05e28));
+  EXPECT_TRUE(near(RunFrontier(Dense("A100")).crossover_flop, 3.40e28));
+  for (const auto& [gpu, network, crossover] :
+       {std::tuple{"H100", "default", 2.05e28}, std::tuple{"V100", "default", 2.85e27},
+        std::tuple{"H100", "global-nvlink", 4.07e29}}) {
+    FrontierSettings s = Dense(gpu, network);
+    s.search.eval.combine = Combine::kReference;
+    s.search.eval.overlap_dp = false;
+    const FrontierResult r = RunFrontier(s);
+    EXPECT_TRUE(near(r.crossover_flop, crossover))
+        << gpu << " " << network << ": " << r.crossover_flop.value_or(0);
+    EXPECT_TRUE(near(r.largest_feasible_flop, 2.71e31)) << gpu << " " << network;
   }
 }
 

@@ -197,6 +197,51 @@ TEST(Step, DataAndTensorParallelTerms) {
   EXPECT_DOUBLE_EQ(o.step_s, o.latency_s() + std::max(o.matmul_s, o.tp_s + o.dp_s + o.pp_s));
 }
 
+// The reference notebook's combination (training_results): the levels' bandwidth times overlap
+// (the largest counts), DP stays outside the pipeline and its bubble, and the pipeline latencies
+// are dropped under the zero-bubble schedule.
+TEST(Step, ReferenceCombination) {
+  Hardware hw = *MakeHardware("H100", "default");
+  Topology topo = SiteTopology(hw);
+  ModelShape s = ShapeForWidth(4096, ShapeRules{});
+  Layout l;
+  l.dp = {2, 4};  // DP on both levels: atoll adds their times, the reference takes the larger
+  l.tp_model = {2, 1};
+  l.tp_ff = {2, 1};
+  l.pp = {1, 2};
+  l.ep = {1, 1};
+  l.microbatches = 4;
+  l.interleave = 1;
+  EvalOptions atoll{false, false, false};
+  EvalOptions ref = atoll;
+  ref.combine = Combine::kReference;
+  const StepTime a = EvaluateStep(hw.gpu, topo, s, l, atoll);
+  const StepTime r = EvaluateStep(hw.gpu, topo, s, l, ref);
+  const double n = 64, w = 2;
+  const double dp0 = 2 * 1 * s.params * 4 * w / (n * 9e11 / 2);  // 2 ranks on NVLink, 4 in parallel
+  const double dp1 = 2 * 3 * s.params * w / (n * 1e11 / 2);      // 4 on InfiniBand
+  EXPECT_NEAR(a.dp_s, dp0 + dp1, 1e-12 * (dp0 + dp1));
+  EXPECT_NEAR(r.dp_s, std::max(dp0, dp1), 1e-12 * dp1);
+  EXPECT_DOUBLE_EQ(r.tp_s, a.tp_s);  // TP on one level: the same
+  EXPECT_DOUBLE_EQ(r.matmul_s, a.matmul_s);
+  ASSERT_GT(r.bubble, 0);
+  // Nothing overlapped: pipeline = (matmuls + TP + PP) / (1 - bubble) + TP and PP latencies; then
+  // + DP + its latency.
+  const double pipeline =
+      (r.matmul_s + r.tp_s + r.pp_s) / (1 - r.bubble) + r.tp_latency_s + r.pp_latency_s;
+  EXPECT_NEAR(r.step_s, pipeline + r.dp_s + r.dp_latency_s, 1e-12 * r.step_s);
+  // DP overlapped: it hides behind the whole pipeline, bubble included.
+  ref.overlap_dp = true;
+  const StepTime o = EvaluateStep(hw.gpu, topo, s, l, ref);
+  EXPECT_NEAR(o.step_s, std::max(pipeline, o.dp_s) + o.dp_latency_s, 1e-12 * o.step_s);
+  // Zero bubble: no bubble, and (as in the reference) no pipeline latency either.
+  Layout zb = l;
+  zb.zero_bubble = true;
+  ref.overlap_dp = false;
+  const StepTime z = EvaluateStep(hw.gpu, topo, s, zb, ref);
+  EXPECT_NEAR(z.step_s, z.matmul_s + z.tp_s + z.pp_s + z.dp_s + z.dp_latency_s, 1e-12 * z.step_s);
+}
+
 TEST(Step, MemoryCheck) {
   Hardware hw = *MakeHardware("H100", "default");
   Topology topo = SiteTopology(hw);

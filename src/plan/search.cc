@@ -74,6 +74,7 @@ struct Candidate {
   double bound_s;
   int64_t dp, tpm, tpf, pp, ep, microbatches, interleave;
   double matmul_pair_s;
+  bool zero_bubble;
 };
 
 // Total degrees -> per-level splits of the site levels (reference: parallelism_partitions).
@@ -155,6 +156,13 @@ std::optional<PlanResult> BestLayout(const Gpu& gpu, const Topology& topo, const
   const int64_t site_batch = batch / outer;
 
   Topology optimistic = OptimisticTopology(topo);
+  // With the reference's combination the levels' bandwidth times overlap, so its bound is the
+  // reference's: one level with the sum of the levels' bandwidths.
+  if (options.eval.combine == Combine::kReference) {
+    double sum = 0;
+    for (const auto& l : topo.levels) sum += l.bandwidth;
+    if (!topo.levels.empty()) optimistic.levels[0].bandwidth = sum;
+  }
   int min_bits = gpu.bits;
   for (const auto& l : topo.levels)
     min_bits = std::min(min_bits, l.wire_bits > 0 ? l.wire_bits : gpu.bits);
@@ -172,35 +180,44 @@ std::optional<PlanResult> BestLayout(const Gpu& gpu, const Topology& topo, const
         int64_t tpm = tp / tpf;
         if (shape.d_model % tpm != 0 || shape.d_ff % tpf != 0) continue;
         int64_t per_replica = batch / (shape.experts * dp * outer);
-        int64_t need = options.zero_bubble ? 2 * pp - 1 : pp;
-        const auto& divs = Divisors(std::max<int64_t>(per_replica, 1));
-        auto mb = std::lower_bound(divs.begin(), divs.end(), need);
-        if (per_replica < 1 || mb == divs.end()) continue;
-        Layout flat;
-        flat.dp = {dp * outer};
-        flat.tp_model = {tpm};
-        flat.tp_ff = {tpf};
-        flat.pp = {pp};
-        flat.ep = {ep};
-        flat.microbatches = *mb;
-        flat.zero_bubble = options.zero_bubble;
-        flat.interleave =
-            (options.interleaving && !options.zero_bubble && pp > 1) ? shape.layers / pp : 1;
-        // Memory is checked per site: one flat site level holds the same totals.
-        Layout site_flat = flat;
-        site_flat.dp = {dp};
-        Topology one_site;
-        one_site.levels = {optimistic.levels[0]};
-        one_site.site_levels = 1;
-        if (!FitsInMemory(gpu, one_site, shape, site_flat)) continue;
-        std::array<int64_t, 3> key = {shape.d_ff / tpf, shape.d_model / tpm,
-                                      MicrobatchTokens(shape, flat)};
-        auto [it, inserted] = matmul_cache.try_emplace(key, 0.0);
-        if (inserted) it->second = MatmulPairSeconds(gpu, shape, flat);
-        StepTime bound =
-            EvaluateStepWithMatmul(gpu, optimistic, shape, flat, options.eval, it->second);
-        candidates.push_back(
-            {bound.step_s, dp, tpm, tpf, pp, ep, flat.microbatches, flat.interleave, it->second});
+        if (per_replica < 1) continue;
+        const auto& divs = Divisors(per_replica);
+        // atoll: the configured schedule, the fewest microbatches that fill it. The reference's
+        // search (with its combination): both schedules, interleaved 1F1B with each of the 4
+        // fewest microbatch counts >= PP, zero bubble with the fewest >= 2 PP.
+        const bool reference = options.eval.combine == Combine::kReference;
+        for (const bool zb :
+             reference ? std::vector<bool>{false, true} : std::vector<bool>{options.zero_bubble}) {
+          const int64_t need = zb ? (reference ? 2 * pp : 2 * pp - 1) : pp;
+          auto first = std::lower_bound(divs.begin(), divs.end(), need);
+          const size_t counts = reference && !zb ? 4 : 1;
+          for (auto mb = first; mb != divs.end() && size_t(mb - first) < counts; ++mb) {
+            Layout flat;
+            flat.dp = {dp * outer};
+            flat.tp_model = {tpm};
+            flat.tp_ff = {tpf};
+            flat.pp = {pp};
+            flat.ep = {ep};
+            flat.microbatches = *mb;
+            flat.zero_bubble = zb;
+            flat.interleave = (options.interleaving && !zb && pp > 1) ? shape.layers / pp : 1;
+            // Memory is checked per site: one flat site level holds the same totals.
+            Layout site_flat = flat;
+            site_flat.dp = {dp};
+            Topology one_site;
+            one_site.levels = {optimistic.levels[0]};
+            one_site.site_levels = 1;
+            if (!FitsInMemory(gpu, one_site, shape, site_flat)) continue;
+            std::array<int64_t, 3> key = {shape.d_ff / tpf, shape.d_model / tpm,
+                                          MicrobatchTokens(shape, flat)};
+            auto [it, inserted] = matmul_cache.try_emplace(key, 0.0);
+            if (inserted) it->second = MatmulPairSeconds(gpu, shape, flat);
+            StepTime bound =
+                EvaluateStepWithMatmul(gpu, optimistic, shape, flat, options.eval, it->second);
+            candidates.push_back({bound.step_s, dp, tpm, tpf, pp, ep, flat.microbatches,
+                                  flat.interleave, it->second, zb});
+          }
+        }
       }
     }
   }
@@ -217,7 +234,7 @@ std::optional<PlanResult> BestLayout(const Gpu& gpu, const Topology& topo, const
       Layout l = placed;
       l.microbatches = c.microbatches;
       l.interleave = c.interleave;
-      l.zero_bubble = options.zero_bubble;
+      l.zero_bubble = c.zero_bubble;
       StepTime t = EvaluateStepWithMatmul(gpu, topo, shape, l, options.eval, c.matmul_pair_s);
       // Faster wins; at equal time, less communication (reference tie-break).
       if (!best || t.step_s < best->step.step_s ||

@@ -117,9 +117,10 @@ StepTime EvaluateStepWithMatmul(const Gpu& gpu, const Topology& topo, const Mode
   for (size_t l = 0; l < levels; ++l) {
     const NetworkLevel& net = topo.levels[l];
     double wire = net.wire_bits > 0 ? net.wire_bits / 8.0 : w;
+    const bool reference = options.combine == Combine::kReference;
     CommTime dp = AllReduceTime(net, wire, layout.dp[l], shape.params, n_gpu, 1,
                                 static_cast<double>(Prod(layout.dp, l + 1, levels)));
-    t.dp_s += dp.bandwidth_s;
+    t.dp_s = reference ? std::max(t.dp_s, dp.bandwidth_s) : t.dp_s + dp.bandwidth_s;
     t.dp_latency_s += dp.latency_s;
     if (l >= site) {
       t.wan_s += dp.bandwidth_s;
@@ -133,7 +134,8 @@ StepTime EvaluateStepWithMatmul(const Gpu& gpu, const Topology& topo, const Mode
     CommTime tpf =
         AllReduceTime(net, w, layout.tp_ff[l], static_cast<double>(shape.d_model), n_gpu,
                       2 * layers, batch * static_cast<double>(Prod(layout.tp_ff, l + 1, levels)));
-    t.tp_s += tpm.bandwidth_s + tpf.bandwidth_s;
+    t.tp_s = reference ? std::max(t.tp_s, tpm.bandwidth_s + tpf.bandwidth_s)
+                       : t.tp_s + tpm.bandwidth_s + tpf.bandwidth_s;
     t.tp_latency_s += tpm.latency_s + tpf.latency_s;
   }
 
@@ -184,6 +186,16 @@ StepTime EvaluateStepWithMatmul(const Gpu& gpu, const Topology& topo, const Mode
     t.bubble = (z + p - 1) / (p + static_cast<double>(v) * m + z - 1);
   }
 
+  if (options.combine == Combine::kReference) {
+    const double hidden = (options.overlap_tp ? t.tp_s : 0) + (options.overlap_pp ? t.pp_s : 0);
+    const double shown = (options.overlap_tp ? 0 : t.tp_s) + (options.overlap_pp ? 0 : t.pp_s);
+    double pipeline = (std::max(t.matmul_s, hidden) + shown) / (1 - t.bubble);
+    if (!layout.zero_bubble) pipeline += t.tp_latency_s + t.pp_latency_s;
+    t.step_s =
+        (options.overlap_dp ? std::max(pipeline, t.dp_s) : pipeline + t.dp_s) + t.dp_latency_s;
+    t.utilization = t.ideal_s / t.step_s;
+    return t;
+  }
   double overlapped = (options.overlap_tp ? t.tp_s : 0) + (options.overlap_dp ? t.dp_s : 0) +
                       (options.overlap_pp ? t.pp_s : 0);
   double exposed = (options.overlap_tp ? 0 : t.tp_s) + (options.overlap_dp ? 0 : t.dp_s) +

@@ -58,11 +58,24 @@ struct Layout {
   int64_t Gpus() const { return DP() * TP() * PP() * EP(); }
 };
 
-// Which communication hides behind matmuls (bandwidth only; latency is never hidden).
+// Which communication hides behind matmuls (bandwidth only; latency is never hidden), and how a
+// step's parts combine.
+//   kAtoll: a hierarchical all-reduce's levels run one after another (their bandwidth times
+//     add), and every overlapped transfer (TP, DP, PP together) hides behind the matmuls of the
+//     pipeline, bubble included: step = latencies + (max(matmuls, overlapped) + exposed) / (1 -
+//     bubble).
+//   kReference: the reference notebook's training_results (optimal_parallelism.ipynb): the
+//     levels' bandwidth times overlap (the largest counts, for DP and for TP), the pipeline is
+//     (max(matmuls, overlapped TP + PP) + exposed TP + PP) / (1 - bubble) plus the TP and PP
+//     latencies (dropped altogether with the zero-bubble schedule, as the reference drops them),
+//     and DP stays outside the bubble: max(pipeline, DP) when overlapped, pipeline + DP when not,
+//     plus the DP latency.
+enum class Combine { kAtoll, kReference };
 struct EvalOptions {
   bool overlap_tp = true;
   bool overlap_dp = true;
   bool overlap_pp = true;
+  Combine combine = Combine::kAtoll;
 };
 
 // A step's time and where it goes. Communication times are bandwidth times; latencies are
