@@ -211,7 +211,9 @@ std::optional<PlanResult> BestLayout(const Gpu& gpu, const Topology& topo, const
             std::array<int64_t, 3> key = {shape.d_ff / tpf, shape.d_model / tpm,
                                           MicrobatchTokens(shape, flat)};
             auto [it, inserted] = matmul_cache.try_emplace(key, 0.0);
-            if (inserted) it->second = MatmulPairSeconds(gpu, shape, flat);
+            if (inserted)
+              it->second =
+                  MatmulPairSeconds(gpu, shape, flat, options.eval.combine == Combine::kReference);
             StepTime bound =
                 EvaluateStepWithMatmul(gpu, optimistic, shape, flat, options.eval, it->second);
             candidates.push_back({bound.step_s, dp, tpm, tpf, pp, ep, flat.microbatches,

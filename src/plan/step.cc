@@ -81,17 +81,25 @@ bool FitsInMemory(const Gpu& gpu, const Topology& topo, const ModelShape& shape,
   return need <= static_cast<double>(site_gpus) * gpu.memory_bytes;
 }
 
-double MatmulPairSeconds(const Gpu& gpu, const ModelShape& shape, const Layout& layout) {
+double MatmulPairSeconds(const Gpu& gpu, const ModelShape& shape, const Layout& layout,
+                         bool weight_grads_io) {
   double b = static_cast<double>(MicrobatchTokens(shape, layout));
   double dff = static_cast<double>(shape.d_ff / layout.TPFF());
   double dm = static_cast<double>(shape.d_model / layout.TPModel());
-  return MatmulSeconds(gpu, dff, dm, b) + MatmulSeconds(gpu, dm, dff, b);
+  const double pair = MatmulSeconds(gpu, dff, dm, b) + MatmulSeconds(gpu, dm, dff, b);
+  if (!weight_grads_io) return pair;
+  // Forward and activation gradients as the pair; the weight gradients load and store the
+  // accumulated gradient tiles (the reference's for_weight_grads): the mean of the three.
+  const double weight_grads =
+      MatmulSeconds(gpu, dff, dm, b, true) + MatmulSeconds(gpu, dm, dff, b, true);
+  return (2 * pair + weight_grads) / 3;
 }
 
 StepTime EvaluateStep(const Gpu& gpu, const Topology& topo, const ModelShape& shape,
                       const Layout& layout, const EvalOptions& options) {
-  return EvaluateStepWithMatmul(gpu, topo, shape, layout, options,
-                                MatmulPairSeconds(gpu, shape, layout));
+  return EvaluateStepWithMatmul(
+      gpu, topo, shape, layout, options,
+      MatmulPairSeconds(gpu, shape, layout, options.combine == Combine::kReference));
 }
 
 StepTime EvaluateStepWithMatmul(const Gpu& gpu, const Topology& topo, const ModelShape& shape,

@@ -124,6 +124,10 @@ StepTime EvaluateStepWithMatmul(const Gpu& gpu, const Topology& topo, const Mode
                                 const Layout& layout, const EvalOptions& options,
                                 double matmul_pair_s);
 // t(d_ff/TPff, d_model/TPm, b) + t(d_model/TPm, d_ff/TPff, b) for the layout.
-double MatmulPairSeconds(const Gpu& gpu, const ModelShape& shape, const Layout& layout);
+// One forward matmul pair of a layer (d_ff x d_model, then d_model x d_ff) on the layout's
+// shards; with weight_grads_io, the mean over a layer's forward, activation-gradient and
+// weight-gradient pairs, the last with the weight-gradient traffic (the reference's).
+double MatmulPairSeconds(const Gpu& gpu, const ModelShape& shape, const Layout& layout,
+                         bool weight_grads_io = false);
 
 }  // namespace atl::plan
