@@ -223,7 +223,10 @@ TEST(Step, ReferenceCombination) {
   EXPECT_NEAR(a.dp_s, dp0 + dp1, 1e-12 * (dp0 + dp1));
   EXPECT_NEAR(r.dp_s, std::max(dp0, dp1), 1e-12 * dp1);
   EXPECT_DOUBLE_EQ(r.tp_s, a.tp_s);  // TP on one level: the same
-  EXPECT_DOUBLE_EQ(r.matmul_s, a.matmul_s);
+  // Matmuls: the reference costs the weight-gradient pair with its gradient traffic.
+  EXPECT_DOUBLE_EQ(a.matmul_s, 3.0 * s.layers / 2 * 4 * MatmulPairSeconds(hw.gpu, s, l));
+  EXPECT_DOUBLE_EQ(r.matmul_s, 3.0 * s.layers / 2 * 4 * MatmulPairSeconds(hw.gpu, s, l, true));
+  EXPECT_NE(r.matmul_s, a.matmul_s);
   ASSERT_GT(r.bubble, 0);
   // Nothing overlapped: pipeline = (matmuls + TP + PP) / (1 - bubble) + TP and PP latencies; then
   // + DP + its latency.
