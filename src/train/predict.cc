@@ -104,6 +104,20 @@ bool ReadCalibration(const std::string& path, double coef[3], int* threads, std:
 
 std::string DefaultCalibrationPath() { return CacheDir() + "/calibration.json"; }
 
+std::array<double, 3> RankStepFeatures(const RunConfig& cfg) {
+  // The rank's tokens per step: the global batch split over the sites and data-parallel
+  // replicas (with world.balance, or after a site is lost, a site's share differs).
+  const double replicas = double(cfg.world.sites * cfg.parallel.dp);
+  plan::CalibrationRun shape;
+  shape.n_layer = cfg.model.n_layer;
+  shape.n_head = cfg.model.n_head;
+  shape.n_embd = cfg.model.n_embd;
+  shape.seq_len = cfg.model.seq_len;
+  shape.vocab_size = cfg.model.vocab_size;
+  shape.micro_batch_tokens = cfg.train.micro_batch_size * cfg.model.seq_len;
+  return plan::StepFeatures(shape, double(cfg.train.batch_size) / replicas * cfg.model.seq_len);
+}
+
 int ProcsOnHost() {
   if (const int n = EnvInt("ATOLL_LOCAL_PROCS")) return n;
   if (const int n = EnvInt("OMPI_COMM_WORLD_LOCAL_SIZE")) return n;
@@ -120,18 +134,7 @@ StepPrediction PredictStep(const RunConfig& cfg, int threads, int procs_on_host,
         "not predicted for tensor- or pipeline-parallel ranks (their share of the model, "
         "the bubble and the point-to-point waits are not in the fit)";
   } else if (ReadCalibration(calibration_path, coef, &cal_threads, &p.basis)) {
-    // The rank's tokens per step: the global batch split over the sites and data-parallel
-    // replicas (with world.balance, or after a site is lost, a site's share differs).
-    const double replicas = double(cfg.world.sites * cfg.parallel.dp);
-    const double seq = double(cfg.model.seq_len);
-    plan::CalibrationRun shape;
-    shape.n_layer = cfg.model.n_layer;
-    shape.n_head = cfg.model.n_head;
-    shape.n_embd = cfg.model.n_embd;
-    shape.seq_len = cfg.model.seq_len;
-    shape.vocab_size = cfg.model.vocab_size;
-    shape.micro_batch_tokens = cfg.train.micro_batch_size * cfg.model.seq_len;
-    const auto f = plan::StepFeatures(shape, double(cfg.train.batch_size) / replicas * seq);
+    const auto f = RankStepFeatures(cfg);
     const double alone = coef[0] * f[0] + coef[1] * f[1] + coef[2] * f[2];
     // Cores this rank gets: its threads, unless the host's processes want more than it has.
     const double want = double(procs_on_host) * threads;

@@ -26,6 +26,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,9 @@ struct StepPrediction {
 
 // <cache>/calibration.json (ATOLL_CACHE_DIR or .cache).
 std::string DefaultCalibrationPath();
+
+// plan/calibrate.h's three features (FLOP, matmuls, parameters) of one rank's step of `cfg`.
+std::array<double, 3> RankStepFeatures(const RunConfig& cfg);
 
 // The prediction for one rank of `cfg` running `threads` OpenMP threads beside procs_on_host
 // processes (itself included) on a machine of `cores` cores.

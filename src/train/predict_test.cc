@@ -31,22 +31,29 @@ class PredictTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   // The calibrated time of one rank's step alone at one thread.
-  double Alone(const RunConfig& c) const {
-    plan::CalibrationRun r;
-    r.n_layer = c.model.n_layer;
-    r.n_head = c.model.n_head;
-    r.n_embd = c.model.n_embd;
-    r.seq_len = c.model.seq_len;
-    r.vocab_size = c.model.vocab_size;
-    r.micro_batch_tokens = c.train.micro_batch_size * c.model.seq_len;
-    const double replicas = double(c.world.sites * c.parallel.dp);
-    const auto f = plan::StepFeatures(r, double(c.train.batch_size) / replicas * c.model.seq_len);
+  static double Alone(const RunConfig& c) {
+    const auto f = RankStepFeatures(c);
     return 1e-11 * f[0] + 4e-4 * f[1] + 4e-9 * f[2];
   }
 
   std::string dir_, cal_;
   RunConfig cfg_;
 };
+
+TEST_F(PredictTest, TheRankShareOfTheBatch) {
+  // 24 sequences of 64 tokens over 3 sites: 512 tokens a rank, in micro-batches of 8 x 64.
+  RunConfig world = cfg_;
+  world.world.sites = 3;
+  plan::CalibrationRun shape;
+  shape.n_layer = 2;
+  shape.n_head = 4;
+  shape.n_embd = 64;
+  shape.seq_len = 64;
+  shape.vocab_size = 50257;
+  shape.micro_batch_tokens = 512;
+  EXPECT_EQ(RankStepFeatures(world), plan::StepFeatures(shape, 512));
+  EXPECT_EQ(RankStepFeatures(cfg_), plan::StepFeatures(shape, 1536));
+}
 
 TEST_F(PredictTest, ComputeScalesWithTheCoresARankGets) {
   const double alone = Alone(cfg_);
