@@ -22,10 +22,11 @@ int32_t Le32(const uint8_t* p) {
                  (uint32_t(p[3]) << 24));
 }
 
-std::vector<uint16_t> Ids(const uint8_t* p, size_t n) {
-  std::vector<uint16_t> ids(n);
-  for (size_t i = 0; i < n; ++i) ids[i] = Le16(p + 2 * i);
-  return ids;
+// Appends the little-endian uint16 ids of `payload` (an even number of bytes) to *ids.
+void AppendIds(std::span<const uint8_t> payload, std::vector<uint16_t>* ids) {
+  const size_t n = payload.size() / 2;
+  ids->reserve(ids->size() + n);
+  for (size_t i = 0; i < n; ++i) ids->push_back(Le16(payload.data() + 2 * i));
 }
 
 const char* FormatName(TokenFormat f) { return f == TokenFormat::kLlmc ? "llmc" : "nanogpt"; }
@@ -71,46 +72,9 @@ StatusOr<std::vector<std::string>> Discover(TokenFormat format, const std::strin
   return found;
 }
 
-struct Split {
-  std::vector<uint16_t> ids;
-  nlohmann::ordered_json sources = nlohmann::ordered_json::array();
-};
-
-Status ReadSplit(TokenFormat format, const std::vector<std::string>& files, int vocab, Split* out) {
-  for (const std::string& path : files) {
-    auto file = MappedFile::Open(path);
-    if (!file.ok())
-      return file.status().code() == StatusCode::kNotFound
-                 ? file.status()
-                 : Status::InvalidArgument(file.status().message());
-    const std::span<const uint8_t> bytes(file->data(), file->size());
-    ATOLL_ASSIGN_OR_RETURN(std::vector<uint16_t> ids, format == TokenFormat::kLlmc
-                                                          ? ParseLlmcBin(bytes, path)
-                                                          : ParseNanoGptBin(bytes, path));
-    for (size_t i = 0; i < ids.size(); ++i)
-      if (ids[i] >= vocab)
-        return Status::InvalidArgument(fmt::format(
-            "{}: token {} at position {} is outside the vocabulary [0, {}) (--vocab-size)", path,
-            ids[i], i, vocab));
-    out->sources.push_back({{"path", path},
-                            {"bytes", bytes.size()},
-                            {"tokens", ids.size()},
-                            {"xxh3", HashToHex(Hash64(bytes.data(), bytes.size()))}});
-    out->ids.insert(out->ids.end(), ids.begin(), ids.end());
-  }
-  return Status::Ok();
-}
-
-}  // namespace
-
-StatusOr<TokenFormat> ParseTokenFormat(const std::string& name) {
-  if (name == "nanogpt") return TokenFormat::kNanoGpt;
-  if (name == "llmc") return TokenFormat::kLlmc;
-  return Status::InvalidArgument(fmt::format("--format {}: expected nanogpt, llmc or text", name));
-}
-
-StatusOr<std::vector<uint16_t>> ParseNanoGptBin(std::span<const uint8_t> bytes,
-                                                const std::string& path) {
+// The id bytes of a nanoGPT file, after its checks.
+StatusOr<std::span<const uint8_t>> NanoGptPayload(std::span<const uint8_t> bytes,
+                                                  const std::string& path) {
   // Headerless ids cannot be told from anything else; refuse the two headers we know.
   if (bytes.size() >= 8 && std::memcmp(bytes.data(), "ATOLTOK1", 8) == 0)
     return Status::InvalidArgument(fmt::format(
@@ -121,11 +85,12 @@ StatusOr<std::vector<uint16_t>> ParseNanoGptBin(std::span<const uint8_t> bytes,
   if (bytes.size() % 2 != 0)
     return Status::InvalidArgument(fmt::format(
         "{}: {} bytes, an odd number: not nanoGPT's uint16 tokens", path, bytes.size()));
-  return Ids(bytes.data(), bytes.size() / 2);
+  return bytes;
 }
 
-StatusOr<std::vector<uint16_t>> ParseLlmcBin(std::span<const uint8_t> bytes,
-                                             const std::string& path) {
+// The id bytes of an llm.c file, after its header's checks.
+StatusOr<std::span<const uint8_t>> LlmcPayload(std::span<const uint8_t> bytes,
+                                               const std::string& path) {
   const size_t header = kLlmcHeaderInts * 4;
   if (bytes.size() < header)
     return Status::InvalidArgument(fmt::format("{}: {} bytes, shorter than llm.c's {}-byte header",
@@ -149,7 +114,63 @@ StatusOr<std::vector<uint16_t>> ParseLlmcBin(std::span<const uint8_t> bytes,
     return Status::InvalidArgument(
         fmt::format("{}: the header says {} tokens, the file holds {} bytes after it", path, count,
                     bytes.size() - header));
-  return Ids(bytes.data() + header, size_t(count));
+  return bytes.subspan(header);
+}
+
+struct Split {
+  std::vector<uint16_t> ids;
+  nlohmann::ordered_json sources = nlohmann::ordered_json::array();
+};
+
+Status ReadSplit(TokenFormat format, const std::vector<std::string>& files, int vocab, Split* out) {
+  for (const std::string& path : files) {
+    auto file = MappedFile::Open(path);
+    if (!file.ok())
+      return file.status().code() == StatusCode::kNotFound
+                 ? file.status()
+                 : Status::InvalidArgument(file.status().message());
+    const std::span<const uint8_t> bytes(file->data(), file->size());
+    // The ids are read from the mapping straight into the split: no copy per file.
+    ATOLL_ASSIGN_OR_RETURN(
+        const std::span<const uint8_t> payload,
+        format == TokenFormat::kLlmc ? LlmcPayload(bytes, path) : NanoGptPayload(bytes, path));
+    const size_t n = payload.size() / 2;
+    for (size_t i = 0; i < n; ++i)
+      if (const uint16_t id = Le16(payload.data() + 2 * i); id >= vocab)
+        return Status::InvalidArgument(fmt::format(
+            "{}: token {} at position {} is outside the vocabulary [0, {}) (--vocab-size)", path,
+            id, i, vocab));
+    out->sources.push_back({{"path", path},
+                            {"bytes", bytes.size()},
+                            {"tokens", n},
+                            {"xxh3", HashToHex(Hash64(bytes.data(), bytes.size()))}});
+    AppendIds(payload, &out->ids);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<TokenFormat> ParseTokenFormat(const std::string& name) {
+  if (name == "nanogpt") return TokenFormat::kNanoGpt;
+  if (name == "llmc") return TokenFormat::kLlmc;
+  return Status::InvalidArgument(fmt::format("--format {}: expected nanogpt, llmc or text", name));
+}
+
+StatusOr<std::vector<uint16_t>> ParseNanoGptBin(std::span<const uint8_t> bytes,
+                                                const std::string& path) {
+  ATOLL_ASSIGN_OR_RETURN(const std::span<const uint8_t> payload, NanoGptPayload(bytes, path));
+  std::vector<uint16_t> ids;
+  AppendIds(payload, &ids);
+  return ids;
+}
+
+StatusOr<std::vector<uint16_t>> ParseLlmcBin(std::span<const uint8_t> bytes,
+                                             const std::string& path) {
+  ATOLL_ASSIGN_OR_RETURN(const std::span<const uint8_t> payload, LlmcPayload(bytes, path));
+  std::vector<uint16_t> ids;
+  AppendIds(payload, &ids);
+  return ids;
 }
 
 StatusOr<ImportResult> ImportTokenFiles(const ImportOptions& o) {
