@@ -26,20 +26,23 @@ struct PrepareArgs {
   int threads = 0;
 };
 
-void RunPrepare(const PrepareArgs& a) {
+// data prepare, and data import --format text (any_files: every file, strict UTF-8).
+void RunPrepare(const PrepareArgs& a, bool any_files = false) {
+  const char* command = any_files ? "data import" : "data prepare";
   PrepareOptions o;
   o.inputs = a.inputs.empty() ? std::vector<std::string>{DefaultCorpusDir()} : a.inputs;
   o.out_dir = a.out;
   o.val_every = a.val_every;
   o.encoder_dir = a.encoder.empty() ? DefaultEncoderDir() : a.encoder;
   o.threads = a.threads;
+  o.any_files = any_files;
   auto r = PrepareDataset(o);
-  ExitIfError(r.status().WithContext("data prepare"));
+  ExitIfError(r.status().WithContext(command));
   std::printf(
-      "data prepare: %zu documents (%.1f MB) -> %s: train.bin %llu tokens (%zu documents), "
-      "val.bin %llu tokens (%zu documents), meta.json; %.2f s\n",
-      r->documents, double(r->bytes) / 1e6, o.out_dir.c_str(),
-      static_cast<unsigned long long>(r->train_tokens), r->train_documents,
+      "%s: %zu %s (%.1f MB) -> %s: train.bin %llu tokens (%zu documents), val.bin %llu tokens "
+      "(%zu documents), meta.json; %.2f s\n",
+      command, r->documents, any_files ? "UTF-8 files" : "documents", double(r->bytes) / 1e6,
+      o.out_dir.c_str(), static_cast<unsigned long long>(r->train_tokens), r->train_documents,
       static_cast<unsigned long long>(r->val_tokens), r->val_documents, r->seconds);
 }
 
@@ -61,21 +64,7 @@ void RunImport(const ImportArgs& a) {
           "data import: --train and --val are for token files; text is split by --val-every"));
     if (a.inputs.empty())
       ExitIfError(Status::InvalidArgument("data import: --format text needs files or directories"));
-    PrepareOptions o;
-    o.inputs = a.inputs;
-    o.out_dir = a.out;
-    o.val_every = a.val_every;
-    o.encoder_dir = a.encoder.empty() ? DefaultEncoderDir() : a.encoder;
-    o.threads = a.threads;
-    o.any_files = true;
-    auto r = PrepareDataset(o);
-    ExitIfError(r.status().WithContext("data import"));
-    std::printf(
-        "data import: %zu UTF-8 files (%.1f MB) -> %s: train.bin %llu tokens, val.bin %llu "
-        "tokens, meta.json; %.2f s\n",
-        r->documents, double(r->bytes) / 1e6, a.out.c_str(),
-        static_cast<unsigned long long>(r->train_tokens),
-        static_cast<unsigned long long>(r->val_tokens), r->seconds);
+    RunPrepare({a.inputs, a.out, a.val_every, a.encoder, a.threads}, /*any_files=*/true);
     return;
   }
   auto format = ParseTokenFormat(a.format);
