@@ -14,6 +14,7 @@
 #include "core/file.h"
 #include "core/log.h"
 #include "data/tokenizer.h"
+#include "train/config.h"
 
 namespace atl {
 namespace {
@@ -225,17 +226,10 @@ StatusOr<std::string> WriteReport(const ReportOptions& o) {
   data["sync_bytes"] = sync_bytes;
   auto config = ReadFile(dir + "/config.toml");
   data["config"] = config.ok() ? *config : std::string("(no config.toml)");
-  data["strategy"] = "single site";
-  if (config.ok()) {
-    const size_t at = config->find("strategy = ");
-    if (at != std::string::npos && sites.size() > 1) {
-      const size_t end = config->find('\n', at);
-      std::string v = config->substr(at + 11, end - at - 11);
-      v.erase(std::remove(v.begin(), v.end(), '\''), v.end());
-      v.erase(std::remove(v.begin(), v.end(), '"'), v.end());
-      data["strategy"] = v;
-    }
-  }
+  // The strategy as the config reader reads it (a world's), else a single site.
+  auto cfg =
+      config.ok() ? LoadRunConfig(dir + "/config.toml", {}) : StatusOr<RunConfig>(config.status());
+  data["strategy"] = cfg.ok() && cfg->world.sites > 1 ? cfg->world.strategy : "single site";
   // The lead site's prediction against what it measured (a single site's, or site-0's).
   auto plan = ReadFile(dir + "/plan.json");
   if (!plan.ok() && sites.size() > 1) plan = ReadFile(sites.front().second + "/plan.json");

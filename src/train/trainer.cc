@@ -272,9 +272,12 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   // The planner's view of a step (train/predict.h): printed now, compared with the steps at the
   // end; a plan.json of an earlier run in this directory must not stand for this one.
   if (leader) std::filesystem::remove(out + "/plan.json");
+  // Only the leader prints and compares it: the other ranks do not read the calibration.
   const StepPrediction prediction =
-      PredictStep(cfg, omp_get_max_threads(), ProcsOnHost(),
-                  int(std::max(1u, std::thread::hardware_concurrency())), DefaultCalibrationPath());
+      leader ? PredictStep(cfg, omp_get_max_threads(), ProcsOnHost(),
+                           int(std::max(1u, std::thread::hardware_concurrency())),
+                           DefaultCalibrationPath())
+             : StepPrediction{};
   if (leader) LogInfo("{}", DescribePrediction(prediction));
   std::vector<double> step_ms, wan_ms;  // this process's steps, for the comparison
 
