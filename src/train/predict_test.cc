@@ -7,7 +7,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <string>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "core/file.h"
 #include "plan/calibrate.h"
@@ -19,7 +21,10 @@ namespace {
 class PredictTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/predict_test";
+    // One directory per test and process: ctest runs this suite's tests side by side.
+    dir_ = ::testing::TempDir() + "/predict_test_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
+           std::to_string(::getpid());
     std::filesystem::create_directories(dir_);
     cal_ = dir_ + "/calibration.json";
     // 100 GFLOP/s, 400 us per matmul, 4 ns per parameter, fitted at 1 thread.
