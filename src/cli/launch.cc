@@ -137,8 +137,10 @@ StatusOr<int> Launch(const LaunchArgs& a) {
     }
   } mpi_tmp;
   {
-    const char* t = std::getenv("TMPDIR");
-    std::string tmpl = std::string(t != nullptr && *t ? t : "/tmp") + "/atoll-mpi-XXXXXX";
+    // Under the user's own Open MPI session base when there is one, else TMPDIR.
+    const char* base = std::getenv("OMPI_MCA_orte_tmpdir_base");
+    if (base == nullptr || *base == '\0') base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base != nullptr && *base ? base : "/tmp") + "/atoll-mpi-XXXXXX";
     if (::mkdtemp(tmpl.data()) == nullptr)
       return Status::IoError(fmt::format("launch: cannot make a temporary directory {}: {}", tmpl,
                                          std::strerror(errno)));
@@ -247,11 +249,15 @@ StatusOr<int> Launch(const LaunchArgs& a) {
                                      : fmt::format("/rejoin-{}.log", again));
     const std::vector<std::string> argv = plan.SiteArgv(s, *address, rejoin);
     ATOLL_ASSIGN_OR_RETURN(const int fd, OpenLog(c.log));
-    const std::string site_tmp =
-        fmt::format("{}/site-{}{}", mpi_tmp.path, s, rejoin ? "-rejoin" : "");
+    // Each mpirun its own session directory, always: mpiruns starting and ending side by side in
+    // one directory race on it ("ompi.HOST.UID: File exists"), and a site dies before it starts.
+    const std::string site_tmp = fmt::format("{}/site-{}-{}", mpi_tmp.path, s, again);
+    if (::mkdir(site_tmp.c_str(), 0700) != 0 && errno != EEXIST)
+      return Status::IoError(fmt::format("launch: cannot make {}: {}", site_tmp, ErrnoText(errno)));
     std::vector<std::string> site_env = plan.env;
-    if (::mkdir(site_tmp.c_str(), 0700) == 0 && std::getenv("OMPI_MCA_orte_tmpdir_base") == nullptr)
-      site_env.push_back("OMPI_MCA_orte_tmpdir_base=" + site_tmp);
+    std::erase_if(site_env,
+                  [](const std::string& e) { return e.starts_with("OMPI_MCA_orte_tmpdir_base="); });
+    site_env.push_back("OMPI_MCA_orte_tmpdir_base=" + site_tmp);
     auto pid = Spawn(argv, site_env, fd, fd);
     ::close(fd);
     ATOLL_RETURN_IF_ERROR(pid.status());
@@ -290,7 +296,10 @@ StatusOr<int> Launch(const LaunchArgs& a) {
         const int code = WIFEXITED(c.wait_status) ? WEXITSTATUS(c.wait_status) : -1;
         const bool crashed = code != 2 && (!sync || code == -1 || code == 3 || code > 128);
         const bool again = rejoin && crashed && restarts[size_t(s)] < max_restarts;
-        if (int(lost.size()) + 1 < sites) {
+        if (!SiteRegistered(dir + "/coordinator.log", s)) {
+          // It never joined the world: the others would wait for it until their timeouts.
+          if (failed == nullptr) failed = &c;
+        } else if (int(lost.size()) + 1 < sites) {
           lost.push_back(s);
           view.MarkLost(s);
           view.Interrupt();

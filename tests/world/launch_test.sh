@@ -6,6 +6,8 @@
 # "site"; DIR/checkpoint/model.safetensors exists; site 0's loss and validation curve is the
 # single-process one (same batch and micro-batch) within 1e-5 relative, and site 1 reports the same
 # losses; a bad config exits 2, and world.sites = 1 is refused with a pointer to `atoll train`.
+# Also: each site's mpirun has its own Open MPI session directory, and a site that dies before it
+# joins the world fails the launch at once.
 # Usage: launch_test.sh ATOLL MPIEXEC
 set -euo pipefail
 MPIEXEC=${2:?usage: $0 ATOLL MPIEXEC}
@@ -57,4 +59,31 @@ expect_exit 2 "$ATOLL" launch "${W[@]}" --set train.lr=-1 --insecure --out "$T/b
 expect_err "train.lr"
 expect_exit 2 "$ATOLL" launch --config configs/tiny.toml --insecure --out "$T/bad"
 expect_err "atoll train"
+# Each site's mpirun gets a session directory of its own, even under the user's own
+# OMPI_MCA_orte_tmpdir_base: mpiruns sharing one race on it ("ompi.HOST.UID: File exists"), and a
+# site died before it started. And a site that dies before it joins the world fails the launch
+# at once, naming it: the others would wait for it until their timeouts. (ATOLL_MPIRUN: an mpirun
+# that notes its session base, and whose site 0 dies at the start when FAIL_SITE0 is set.)
+cat >"$T/mpirun" <<EOF
+#!/usr/bin/env bash
+site=\$(printf '%s\n' "\$@" | grep -A1 -x -- --site | tail -n 1)
+echo "\$OMPI_MCA_orte_tmpdir_base" >"$T/session.\$site"
+if [[ -n \${FAIL_SITE0:-} && \$site == 0 ]]; then echo "injected: site 0's mpirun dies" >&2; exit 1; fi
+exec "$(command -v "$MPIEXEC")" "\$@"
+EOF
+chmod +x "$T/mpirun"
+mkdir -p "$T/ompi"
+expect_exit 0 env ATOLL_MPIRUN="$T/mpirun" OMPI_MCA_orte_tmpdir_base="$T/ompi" \
+  timeout 100 "$ATOLL" launch "${W[@]}" --insecure -q --out "$T/sessions"
+check_world "$T/sessions"
+s0=$(cat "$T/session.0") s1=$(cat "$T/session.1")
+[[ $s0 != "$s1" && $s0 == "$T/ompi/"* && $s1 == "$T/ompi/"* ]] ||
+  fail "the sites' mpiruns share or leave the session base: '$s0' and '$s1'"
+start=$SECONDS
+expect_exit 1 env ATOLL_MPIRUN="$T/mpirun" FAIL_SITE0=1 \
+  timeout 100 "$ATOLL" launch "${W[@]}" --insecure -q --out "$T/dies"
+expect_err "site 0 failed"
+expect_err "injected: site 0's mpirun dies"
+((SECONDS - start < 30)) || fail "launch took $((SECONDS - start)) s to give up on a site that never joined"
+
 echo "PASS: launch"

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
@@ -57,6 +58,17 @@ SiteRow ReadSiteRow(const std::string& metrics_path) {
   r.wan_bytes = static_cast<uint64_t>(num("wan_bytes_sent"));
   r.sync_bytes = static_cast<uint64_t>(num("sync_bytes_sent"));
   return r;
+}
+
+bool SiteRegistered(const std::string& coordinator_log, int site) {
+  std::ifstream in(coordinator_log);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find("\"register\"") == std::string::npos) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("t", "") == "register" && j.value("site", -1) == site) return true;
+  }
+  return false;
 }
 
 void ReadSiteEvents(const std::string& events_path, SiteRow* row) {

@@ -24,6 +24,8 @@ struct SiteRow {
 SiteRow ReadSiteRow(const std::string& metrics_path);
 // Adds the site's silent-data-corruption events (its events.jsonl) to row.
 void ReadSiteEvents(const std::string& events_path, SiteRow* row);
+// Whether the coordinator's log (DIR/coordinator.log) records that site `site` registered.
+bool SiteRegistered(const std::string& coordinator_log, int site);
 
 class LiveView {
  public:
