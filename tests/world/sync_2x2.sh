@@ -39,11 +39,15 @@ rc0=0 rc1=0
 expect_exit 2 "$ATOLL" train "${W[@]}" --coordinator "$ADDR" --site 0 --out "$T/x" \
   --wan-listen 0.0.0.0:0
 expect_err "--wan-advertise"
-"$MPIEXEC" -n 2 "$ATOLL" train "${W[@]}" --coordinator "$ADDR" --site 0 --out "$T/site-0" \
+# Each mpirun its own Open MPI session directory: two starting side by side in one race on it.
+mkdir -p "$T/ompi-0" "$T/ompi-1"
+OMPI_MCA_orte_tmpdir_base="$T/ompi-0" \
+  "$MPIEXEC" -n 2 "$ATOLL" train "${W[@]}" --coordinator "$ADDR" --site 0 --out "$T/site-0" \
   --checkpoint-dir "$T/w" --wan-listen 0.0.0.0:0 --wan-advertise 127.0.0.1:0 \
   >"$T/s0.out" 2>"$T/s0.err" &
 p0=$!
-"$MPIEXEC" -n 2 "$ATOLL" train "${W[@]}" --coordinator "$ADDR" --site 1 --out "$T/site-1" \
+OMPI_MCA_orte_tmpdir_base="$T/ompi-1" \
+  "$MPIEXEC" -n 2 "$ATOLL" train "${W[@]}" --coordinator "$ADDR" --site 1 --out "$T/site-1" \
   --checkpoint-dir "$T/w" >"$T/s1.out" 2>"$T/s1.err" || rc1=$?
 wait "$p0" || rc0=$?
 [[ $rc0 == 0 && $rc1 == 0 ]] ||
@@ -68,12 +72,14 @@ grep -q '"event"' "$T/coord/coordinator.log" 2>/dev/null || grep -q . "$T/coord/
 # A site with another model shape is refused at registration, with a message on both sides.
 rm -rf "$T/coord"
 coordinator 2
-"$MPIEXEC" -n 2 "$ATOLL" train "${W[@]}" --coordinator "$ADDR" --site 0 --out "$T/b0" \
+OMPI_MCA_orte_tmpdir_base="$T/ompi-0" \
+  "$MPIEXEC" -n 2 "$ATOLL" train "${W[@]}" --coordinator "$ADDR" --site 0 --out "$T/b0" \
   >/dev/null 2>"$T/b0.err" &
 p0=$!
 # Site 0 registers first (its config is the reference), then site 1 arrives with another shape.
 for _ in $(seq 200); do grep -q '"site":0' "$T/coord/coordinator.log" 2>/dev/null && break; sleep 0.1; done
-expect_exit 2 "$MPIEXEC" -n 2 "$ATOLL" train "${W[@]}" --set model.n_embd=64 \
+expect_exit 2 env OMPI_MCA_orte_tmpdir_base="$T/ompi-1" \
+  "$MPIEXEC" -n 2 "$ATOLL" train "${W[@]}" --set model.n_embd=64 \
   --coordinator "$ADDR" --site 1 --out "$T/b1"
 grep -qi "config" "$T/err" || fail "the refused site's error does not mention the config: $(cat "$T/err")"
 kill "$p0" 2>/dev/null || true
