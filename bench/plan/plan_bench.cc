@@ -32,6 +32,9 @@ Setting Make(const char* gpu, const char* network, BatchRule batch = BatchRule::
   s.settings.rules.batch = batch;
   s.settings.rules.sparse = sparse;
   s.settings.search.zero_bubble = zero_bubble;
+  // As `atoll plan frontier` sweeps by default: the notebook's combination, DP not overlapped.
+  s.settings.search.eval.combine = Combine::kReference;
+  s.settings.search.eval.overlap_dp = false;
   s.name = std::string(gpu) + " " + network + ", batch " + BatchRuleName(batch) +
            (sparse ? ", sparse" : "") + (zero_bubble ? ", zero-bubble" : "");
   return s;
@@ -56,7 +59,7 @@ int main(int argc, char** argv) {
   for (const char* gpu : {"V100", "A100", "H100", "H200", "B200"}) {
     settings.push_back(Make(gpu, "default"));
   }
-  for (const char* net : {"low-latency", "global-nvlink", "infinite", "superpod"}) {
+  for (const char* net : {"low-latency", "zero-latency", "global-nvlink", "infinite", "superpod"}) {
     settings.push_back(Make("H100", net));
   }
   settings.push_back(Make("H100", "default", BatchRule::kFixed));

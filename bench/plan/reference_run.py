@@ -7,13 +7,15 @@ ends and its largest run, as JSON. For bench/plan/reference_agreement.sh.
 
 SETTING is an identifier of the notebook's settings ("H100 SXM", "A100 SXM", "V100 SXM",
 "H100 SXM sparse", "No scaling", "DeepSeek scaling", "H100 SXM Low Latency", "H100 SXM Global
-NVLink", ...). The notebook's own code does the work: its first four code cells (definitions and
-settings) and its simulate_training_runs, with matplotlib stubbed out (nothing is drawn); the
-crossover is its own rule (the first run whose utilization is at most 0.8 x clock / max clock).
+NVLink", ...; and "H100 SXM Zero Latency", the paper's, added here). The notebook's own code does
+the work: its first four code cells (definitions and settings) and its simulate_training_runs,
+with matplotlib stubbed out (nothing is drawn); the crossover is its own rule (the first run
+whose utilization is at most 0.8 x clock / max clock).
 Needs numpy and sympy (Debian: python3-numpy, python3-sympy).
 """
 import argparse
 import contextlib
+import copy
 import io
 import json
 import os
@@ -42,6 +44,14 @@ def main():
     settings = {s.identifier: s for s in g["base_comparison_settings"] + g["grand_comparison_settings_dense"]
                 + g["batch_size_comparison_settings"]}
     settings.update({s.identifier + " sparse": s for s in g["base_comparison_sparse_settings"]})
+    # The paper's "zero latency" network, which the code at b1f771c no longer defines (it became
+    # "Low Latency", a tenth of each latency): the H100 with every latency zero, as it was.
+    zl = copy.deepcopy(g["H100_SXM5"])
+    zl.name = "H100 SXM Zero Latency"
+    zl.latency_per_matmul_seconds = 0
+    zl.network_latency_per_level_seconds = [0] * len(zl.network_latency_per_level_seconds)
+    settings[zl.name] = g["SimulationSetting"](zl, g["number_of_layers"], lambda d_model, d_ff: 1,
+                                               g["critical_batch_size"], zl.name)
     if a.setting not in settings:
         sys.exit(f"reference_run: unknown setting {a.setting!r}; known: {sorted(settings)}")
     s = settings[a.setting]

@@ -346,6 +346,8 @@ void AddPlanCommands(CLI::App& app) {
       "frontier",
       "Sweep compute from 1e24 to 1e34 FLOP: shape, batch, GPUs, layout, utilization and time per "
       "budget; where utilization falls (crossover_flop) and the largest run that finishes");
+  // The sweep is the reference notebook's (docs/PLANNER.md 1.7); --combine atoll is ours.
+  fr->model.combine = "reference";
   AddModelOptions(f, &fr->model);
   f->add_option("--min-flop", fr->min_flop, "Smallest budget (FLOP)")->capture_default_str();
   f->add_option("--max-flop", fr->max_flop, "Largest budget (FLOP)")->capture_default_str();

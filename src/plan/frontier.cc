@@ -186,6 +186,11 @@ nlohmann::json FrontierJson(const FrontierResult& r, const FrontierSettings& s) 
           {"sparse", s.rules.sparse},
           {"months", s.months},
           {"zero_bubble", s.search.zero_bubble},
+          {"combine", s.search.eval.combine == Combine::kReference ? "reference" : "atoll"},
+          {"overlap",
+           {{"tp", s.search.eval.overlap_tp},
+            {"dp", s.search.eval.overlap_dp},
+            {"pp", s.search.eval.overlap_pp}}},
           {"utilization_cap", r.utilization_cap},
           {"crossover_flop", opt(r.crossover_flop)},
           {"largest_feasible_flop", opt(r.largest_feasible_flop)},
@@ -198,12 +203,28 @@ nlohmann::json FrontierJson(const FrontierResult& r, const FrontierSettings& s) 
 std::string FrontierReport(const FrontierResult& r, const FrontierSettings& s) {
   const Topology topo = SiteTopology(s.hardware);
   std::string out = DescribeHardware(s.hardware);
-  out += fmt::format(
-      "rules: batch {}, {}, {}-token sequences, {} tokens per parameter, {} months, "
-      "{} pipeline\n\n",
-      BatchRuleName(s.rules.batch), s.rules.sparse ? "sparse (MoE)" : "dense", s.rules.seq_len,
-      s.rules.tokens_per_param, s.months,
-      s.search.zero_bubble ? "zero-bubble" : "interleaved 1F1B");
+  out +=
+      fmt::format("rules: batch {}, {}, {}-token sequences, {} tokens per parameter, {} months\n",
+                  BatchRuleName(s.rules.batch), s.rules.sparse ? "sparse (MoE)" : "dense",
+                  s.rules.seq_len, s.rules.tokens_per_param, s.months);
+  const EvalOptions& e = s.search.eval;
+  std::string hidden;
+  for (const auto& [on, name] : {std::pair{e.overlap_tp, "TP"}, std::pair{e.overlap_pp, "PP"},
+                                 std::pair{e.overlap_dp, "DP"}}) {
+    if (on) hidden += (hidden.empty() ? "" : ", ") + std::string(name);
+  }
+  if (hidden.empty()) hidden = "nothing";
+  out += e.combine == Combine::kReference
+             ? fmt::format(
+                   "step: the reference notebook's (levels' bandwidth overlapped, DP outside the "
+                   "bubble), {}, {} hidden behind matmuls\n\n",
+                   s.search.zero_bubble ? "zero-bubble pipeline"
+                                        : "interleaved 1F1B and zero-bubble pipelines tried",
+                   hidden)
+             : fmt::format(
+                   "step: atoll's (levels in sequence, overlapped traffic inside the pipeline), "
+                   "{} pipeline, {} hidden behind matmuls\n\n",
+                   s.search.zero_bubble ? "zero-bubble" : "interleaved 1F1B", hidden);
   TextTable t;
   for (const char* h : {"compute", "params", "d_model", "layers"}) t.AddColumn(h);
   if (s.rules.sparse) t.AddColumn("E");

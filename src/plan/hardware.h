@@ -73,7 +73,7 @@ struct Hardware {
 
 // Catalogue names, in catalogue order: V100, A100, H100, H200, B200.
 std::vector<std::string> GpuNames();
-// Network variants: default, low-latency, global-nvlink, infinite, superpod.
+// Network variants: default, low-latency, zero-latency, global-nvlink, infinite, superpod.
 std::vector<std::string> NetworkVariantNames();
 // One line describing a variant, for --help and docs.
 std::string DescribeNetworkVariant(std::string_view name);

@@ -55,9 +55,17 @@ TEST(Catalogue, NetworkVariants) {
   EXPECT_DOUBLE_EQ(d.network[0].bandwidth, 9e11);  // NVLink 900 GB/s
   EXPECT_DOUBLE_EQ(d.network[1].bandwidth, 1e11);  // 8 x 400 Gb/s per 8 GPUs, both ways
   EXPECT_DOUBLE_EQ(d.network[1].latency_s, 1.125e-6);
-  Hardware z = *MakeHardware("H100", "low-latency");
+  Hardware z = *MakeHardware("H100", "zero-latency");
   EXPECT_DOUBLE_EQ(z.network[0].latency_s, 0);
+  EXPECT_DOUBLE_EQ(z.network[1].latency_s, 0);
   EXPECT_DOUBLE_EQ(z.gpu.latency_per_matmul_s, 0);
+  // The reference code's "Low Latency": every latency divided by 10, bandwidths as they are.
+  Hardware low = *MakeHardware("H100", "low-latency");
+  ASSERT_EQ(low.network.size(), 2u);
+  EXPECT_DOUBLE_EQ(low.network[0].latency_s, 1.125e-7);
+  EXPECT_DOUBLE_EQ(low.network[1].latency_s, 1.125e-7);
+  EXPECT_DOUBLE_EQ(low.network[1].bandwidth, 1e11);
+  EXPECT_DOUBLE_EQ(low.gpu.latency_per_matmul_s, 4.5e-7);
   Hardware g = *MakeHardware("H100", "global-nvlink");
   ASSERT_EQ(g.network.size(), 1u);
   EXPECT_DOUBLE_EQ(g.network[0].bandwidth, 9e11);

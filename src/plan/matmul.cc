@@ -6,7 +6,7 @@
 namespace atl::plan {
 namespace {
 
-constexpr double kTensorCoreTile = 16;  // gpu_model.py: tensor_core_chunk_size
+constexpr double kTensorCoreTile = 8;  // gpu_model.py: tensor_core_chunk_size (8 since b1f771c)
 constexpr double kUsefulFraction = 0.75;
 
 struct TileGrid {
@@ -53,21 +53,24 @@ LevelIo IoBetweenLevels(const Gpu& g, double d1, double d2, double b, double max
     // Weight gradients: load the accumulator and store it back; otherwise load the weights.
     io.interlevel += weight_grads ? 2 * grad_bytes : weight_bytes;
   }
-  // The right-hand activations are loaded once per big tile row and forwarded on the
-  // distributed network once per small tile row beyond the first.
+  // A multicast on the distributed network: one send and n - 1 receives, n transfers in all
+  // (nothing when one small tile covers the dimension).
+  auto multicast = [](double n, double bytes) { return n > 1 ? n * bytes : 0.0; };
+  // The right-hand activations are loaded once per big tile row and multicast to the small
+  // tile rows.
   io.interlevel += big.rows * right_bytes;
-  io.distributed += (small.rows - 1) * right_bytes;
+  io.distributed += multicast(small.rows, right_bytes);
   if (weight_grads) {
-    // dY is loaded once per tile column.
+    // dY is loaded once per tile column, in the same pattern.
     io.interlevel += big.cols * left_bytes;
-    io.distributed += (small.cols - 1) * left_bytes;
+    io.distributed += multicast(small.cols, left_bytes);
   } else {
     // Outputs are accumulated once per big tile column (load the partial sum except the first
-    // time, store it every time) and reduce-scattered across small tile columns.
+    // time, store it every time) and reduce-scattered across small tile columns: a send and a
+    // receive for each column beyond the first.
     io.interlevel += (2 * big.cols - 1) * left_bytes;
-    io.distributed += (small.cols - 1) * left_bytes;
+    io.distributed += 2 * (small.cols - 1) * left_bytes;
   }
-  io.distributed *= 2;  // both sides of each distributed transfer
   return io;
 }
 
@@ -76,8 +79,10 @@ LevelIo IoBetweenLevels(const Gpu& g, double d1, double d2, double b, double max
 MatmulTraffic MatmulBytes(const Gpu& g, double d1, double d2, double b, bool weight_grads) {
   const double useful_reg = kUsefulFraction * g.register_bytes_per_block;
   const double useful_l2 = kUsefulFraction * g.l2_bytes;
-  // HBM <-> L2: tiles of the usable L2.
-  LevelIo hbm_l2 = IoBetweenLevels(g, d1, d2, b, useful_l2, 1, false, weight_grads);
+  // HBM <-> L2: the weight and gradient tiles stay in the usable L2, or in an SM's registers
+  // when those hold more.
+  LevelIo hbm_l2 =
+      IoBetweenLevels(g, d1, d2, b, std::max(useful_l2, 4 * useful_reg), 1, false, weight_grads);
   // L2 <-> SM: each SM holds its 4 processing blocks' registers' worth of weight tile; with
   // distributed shared memory, SMs share loads over the SM-to-SM network.
   LevelIo l2_sm = IoBetweenLevels(g, d1, d2, b, 4 * useful_reg, g.num_sms,

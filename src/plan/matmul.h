@@ -6,7 +6,8 @@
 // d1 x d2 at every level (HBM -> L2 -> SM shared memory -> registers), each level keeps 75% of
 // its capacity for tiles, the activation matrix (d2 x b, or d1 x b) is streamed once per tile
 // row (or column), and Hopper's distributed shared memory lets SMs of a cluster share loads
-// instead of each reading L2. Arithmetic is padded to 16x16x16 tensor-core tiles.
+// instead of each reading L2 (a multicast: one send, a receive per other SM). Arithmetic is
+// padded to 8x8x8 tensor-core tiles. As gpu_model.py is at b1f771c.
 //
 //   time = max(HBM bytes / HBM BW, L2 bytes / L2 BW, SMEM bytes / SMEM BW,
 //              padded FLOP / (peak x effective utilization)) + latency_per_matmul

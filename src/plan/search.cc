@@ -183,11 +183,14 @@ std::optional<PlanResult> BestLayout(const Gpu& gpu, const Topology& topo, const
         if (per_replica < 1) continue;
         const auto& divs = Divisors(per_replica);
         // atoll: the configured schedule, the fewest microbatches that fill it. The reference's
-        // search (with its combination): both schedules, interleaved 1F1B with each of the 4
-        // fewest microbatch counts >= PP, zero bubble with the fewest >= 2 PP.
+        // search (with its combination): both schedules (zero bubble alone when it is asked
+        // for), interleaved 1F1B with each of the 4 fewest microbatch counts >= PP, zero bubble
+        // with the fewest >= 2 PP.
         const bool reference = options.eval.combine == Combine::kReference;
-        for (const bool zb :
-             reference ? std::vector<bool>{false, true} : std::vector<bool>{options.zero_bubble}) {
+        const std::vector<bool> schedules = reference && !options.zero_bubble
+                                                ? std::vector<bool>{false, true}
+                                                : std::vector<bool>{options.zero_bubble};
+        for (const bool zb : schedules) {
           const int64_t need = zb ? (reference ? 2 * pp : 2 * pp - 1) : pp;
           auto first = std::lower_bound(divs.begin(), divs.end(), need);
           const size_t counts = reference && !zb ? 4 : 1;
