@@ -32,8 +32,10 @@ Setting Make(const char* gpu, const char* network, BatchRule batch = BatchRule::
   s.settings.rules.batch = batch;
   s.settings.rules.sparse = sparse;
   s.settings.search.zero_bubble = zero_bubble;
-  // As `atoll plan frontier` sweeps by default: the notebook's combination, DP not overlapped.
+  // As `atoll plan frontier` sweeps by default: the notebook's combination, DP not overlapped,
+  // both pipeline schedules (zero bubble alone when asked for).
   s.settings.search.eval.combine = Combine::kReference;
+  s.settings.search.both_schedules = !zero_bubble;
   s.settings.search.eval.overlap_dp = false;
   s.name = std::string(gpu) + " " + network + ", batch " + BatchRuleName(batch) +
            (sparse ? ", sparse" : "") + (zero_bubble ? ", zero-bubble" : "");

@@ -137,14 +137,26 @@ StatusOr<int> Launch(const LaunchArgs& a) {
     }
   } mpi_tmp;
   {
-    // Under the user's own Open MPI session base when there is one, else TMPDIR.
-    const char* base = std::getenv("OMPI_MCA_orte_tmpdir_base");
-    if (base == nullptr || *base == '\0') base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base != nullptr && *base ? base : "/tmp") + "/atoll-mpi-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr)
+    // Under the user's own Open MPI session base when there is one we can write, else TMPDIR.
+    auto env = [](const char* name) -> std::string {
+      const char* v = std::getenv(name);
+      return v != nullptr ? v : "";
+    };
+    std::vector<std::string> bases;
+    if (!env("OMPI_MCA_orte_tmpdir_base").empty())
+      bases.push_back(env("OMPI_MCA_orte_tmpdir_base"));
+    bases.push_back(env("TMPDIR").empty() ? "/tmp" : env("TMPDIR"));
+    std::string tmpl;
+    for (const std::string& base : bases) {
+      tmpl = base + "/atoll-mpi-XXXXXX";
+      if (::mkdtemp(tmpl.data()) != nullptr) {
+        mpi_tmp.path = tmpl;
+        break;
+      }
+    }
+    if (mpi_tmp.path.empty())
       return Status::IoError(fmt::format("launch: cannot make a temporary directory {}: {}", tmpl,
                                          std::strerror(errno)));
-    mpi_tmp.path = tmpl;
   }
 
   InstallStopHandlers();
@@ -295,7 +307,7 @@ StatusOr<int> Launch(const LaunchArgs& a) {
         // Never one refused with exit 2 (bad input; a rejoin once the run is over).
         const int code = WIFEXITED(c.wait_status) ? WEXITSTATUS(c.wait_status) : -1;
         const bool crashed = code != 2 && (!sync || code == -1 || code == 3 || code > 128);
-        const bool again = rejoin && crashed && restarts[size_t(s)] < max_restarts;
+        const bool restart = rejoin && crashed && restarts[size_t(s)] < max_restarts;
         if (!SiteRegistered(dir + "/coordinator.log", s)) {
           // It never joined the world: the others would wait for it until their timeouts.
           if (failed == nullptr) failed = &c;
@@ -305,8 +317,8 @@ StatusOr<int> Launch(const LaunchArgs& a) {
           view.Interrupt();
           std::fprintf(stderr, "launch: site %d ended (%s); the world goes on without it%s\n", s,
                        c.how_it_ended().c_str(),
-                       again ? "; starting a new process to take it over (--rejoin)" : "");
-          if (again) {
+                       restart ? "; starting a new process to take it over (--rejoin)" : "");
+          if (restart) {
             ++restarts[size_t(s)];
             if (Status st = start_site(s, true); !st.ok()) {
               std::fprintf(stderr, "launch: site %d cannot be started again: %s\n", s,

@@ -66,7 +66,9 @@ void AddModelOptions(CLI::App* c, ModelArgs* a) {
       ->capture_default_str();
   c->add_flag("--sparse", a->sparse, "Mixture of experts with the paper's sparsity rule");
   c->add_option("--months", a->months, "Training time limit")->capture_default_str();
-  c->add_option("--pipeline", a->pipeline, "Pipeline schedule: 1f1b (interleaved) or zero-bubble")
+  c->add_option("--pipeline", a->pipeline,
+                "Pipeline schedule: 1f1b (interleaved), zero-bubble, or both (each layout tried "
+                "with each)")
       ->capture_default_str();
   c->add_option("--seq-len", a->seq_len, "Tokens per sequence")->capture_default_str();
   c->add_flag("--no-overlap-tp", a->no_overlap_tp, "Do not hide TP bandwidth behind matmuls");
@@ -92,13 +94,14 @@ Status ResolveModel(const ModelArgs& a, Hardware* hw, ShapeRules* rules, SearchO
   if (a.seq_len < 1) return Status::InvalidArgument("--seq-len must be >= 1");
   rules->seq_len = a.seq_len;
   if (!(a.months > 0)) return Status::InvalidArgument("--months must be positive");
-  if (a.pipeline == "1f1b") {
+  search->both_schedules = a.pipeline == "both";
+  if (a.pipeline == "1f1b" || a.pipeline == "both") {
     search->zero_bubble = false;
   } else if (a.pipeline == "zero-bubble" || a.pipeline == "zb") {
     search->zero_bubble = true;
   } else {
     return Status::InvalidArgument(fmt::format(
-        "--pipeline: unknown schedule '{}' (expected 1f1b or zero-bubble)", a.pipeline));
+        "--pipeline: unknown schedule '{}' (expected 1f1b, zero-bubble or both)", a.pipeline));
   }
   search->eval.overlap_tp = !a.no_overlap_tp;
   search->eval.overlap_dp = !a.no_overlap_dp;
@@ -346,8 +349,10 @@ void AddPlanCommands(CLI::App& app) {
       "frontier",
       "Sweep compute from 1e24 to 1e34 FLOP: shape, batch, GPUs, layout, utilization and time per "
       "budget; where utilization falls (crossover_flop) and the largest run that finishes");
-  // The sweep is the reference notebook's (docs/PLANNER.md 1.7); --combine atoll is ours.
+  // The sweep is the reference notebook's (docs/PLANNER.md 1.7): its combination, both pipeline
+  // schedules; --combine atoll is ours.
   fr->model.combine = "reference";
+  fr->model.pipeline = "both";
   AddModelOptions(f, &fr->model);
   f->add_option("--min-flop", fr->min_flop, "Smallest budget (FLOP)")->capture_default_str();
   f->add_option("--max-flop", fr->max_flop, "Largest budget (FLOP)")->capture_default_str();

@@ -185,7 +185,10 @@ nlohmann::json FrontierJson(const FrontierResult& r, const FrontierSettings& s) 
           {"batch_rule", BatchRuleName(s.rules.batch)},
           {"sparse", s.rules.sparse},
           {"months", s.months},
-          {"zero_bubble", s.search.zero_bubble},
+          {"zero_bubble", s.search.zero_bubble && !s.search.both_schedules},
+          {"pipeline", s.search.both_schedules ? "both"
+                       : s.search.zero_bubble  ? "zero-bubble"
+                                               : "1f1b"},
           {"combine", s.search.eval.combine == Combine::kReference ? "reference" : "atoll"},
           {"overlap",
            {{"tp", s.search.eval.overlap_tp},
@@ -214,17 +217,26 @@ std::string FrontierReport(const FrontierResult& r, const FrontierSettings& s) {
     if (on) hidden += (hidden.empty() ? "" : ", ") + std::string(name);
   }
   if (hidden.empty()) hidden = "nothing";
-  out += e.combine == Combine::kReference
-             ? fmt::format(
-                   "step: the reference notebook's (levels' bandwidth overlapped, DP outside the "
-                   "bubble), {}, {} hidden behind matmuls\n\n",
-                   s.search.zero_bubble ? "zero-bubble pipeline"
-                                        : "interleaved 1F1B and zero-bubble pipelines tried",
-                   hidden)
-             : fmt::format(
-                   "step: atoll's (levels in sequence, overlapped traffic inside the pipeline), "
-                   "{} pipeline, {} hidden behind matmuls\n\n",
-                   s.search.zero_bubble ? "zero-bubble" : "interleaved 1F1B", hidden);
+  const std::string pipeline = s.search.both_schedules
+                                   ? "interleaved 1F1B and zero-bubble pipelines tried"
+                               : s.search.zero_bubble ? "zero-bubble pipeline"
+                                                      : "interleaved 1F1B pipeline";
+  if (e.combine == Combine::kReference) {
+    // DP overlapped is hidden behind the whole pipeline, not its matmuls.
+    out += fmt::format(
+        "step: the reference notebook's (levels' bandwidth overlapped, DP outside the bubble{}), "
+        "{}, {} hidden behind matmuls\n\n",
+        e.overlap_dp ? " and hidden behind the pipeline" : "", pipeline,
+        e.overlap_tp && e.overlap_pp ? "TP, PP"
+        : e.overlap_tp               ? "TP"
+        : e.overlap_pp               ? "PP"
+                                     : "nothing");
+  } else {
+    out += fmt::format(
+        "step: atoll's (levels in sequence, overlapped traffic inside the pipeline), {}, {} hidden "
+        "behind matmuls\n\n",
+        pipeline, hidden);
+  }
   TextTable t;
   for (const char* h : {"compute", "params", "d_model", "layers"}) t.AddColumn(h);
   if (s.rules.sparse) t.AddColumn("E");

@@ -11,10 +11,9 @@ namespace {
 constexpr double kMi = 1024 * 1024;
 
 // Latency of one message or collective step at each network level, and of one matmul.
-// 4.5 us per matmul is gpu_model.py's value for every GPU. Per network level we use the paper's
-// 1.125 us (as REFERENCES.md quotes it); the public gpu_model.py has 5 us, which moves the
-// largest feasible H100 run from ~3e31 down to ~9e30 FLOP (configs/hardware/
-// h100-reference-code.toml reproduces that setting).
+// 4.5 us per matmul is gpu_model.py's value for every GPU. Per network level, 1.125 us: the
+// paper's, and gpu_model.py's at b1f771c (an earlier version had 5 us, which
+// configs/hardware/h100-reference-code.toml reproduces; docs/PLANNER.md 1.6 has its effect).
 constexpr double kNetworkLatency = 1.125e-6;
 constexpr double kMatmulLatency = 4.5e-6;
 

@@ -182,12 +182,11 @@ std::optional<PlanResult> BestLayout(const Gpu& gpu, const Topology& topo, const
         int64_t per_replica = batch / (shape.experts * dp * outer);
         if (per_replica < 1) continue;
         const auto& divs = Divisors(per_replica);
-        // atoll: the configured schedule, the fewest microbatches that fill it. The reference's
-        // search (with its combination): both schedules (zero bubble alone when it is asked
-        // for), interleaved 1F1B with each of the 4 fewest microbatch counts >= PP, zero bubble
-        // with the fewest >= 2 PP.
+        // The configured schedule, or both. atoll: the fewest microbatches that fill it. The
+        // reference's search (with its combination): interleaved 1F1B with each of the 4 fewest
+        // microbatch counts >= PP, zero bubble with the fewest >= 2 PP.
         const bool reference = options.eval.combine == Combine::kReference;
-        const std::vector<bool> schedules = reference && !options.zero_bubble
+        const std::vector<bool> schedules = options.both_schedules
                                                 ? std::vector<bool>{false, true}
                                                 : std::vector<bool>{options.zero_bubble};
         for (const bool zb : schedules) {

@@ -28,8 +28,9 @@
 namespace atl::plan {
 
 struct SearchOptions {
-  bool zero_bubble = false;  // zero-bubble pipeline schedule (else interleaved 1F1B)
-  bool interleaving = true;  // 1F1B interleaving v = L / PP
+  bool zero_bubble = false;     // zero-bubble pipeline schedule (else interleaved 1F1B)
+  bool both_schedules = false;  // try interleaved 1F1B and zero bubble (zero_bubble ignored)
+  bool interleaving = true;     // 1F1B interleaving v = L / PP
   EvalOptions eval;
 };
 

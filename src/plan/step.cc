@@ -147,42 +147,54 @@ StepTime EvaluateStepWithMatmul(const Gpu& gpu, const Topology& topo, const Mode
     t.tp_latency_s += tpm.latency_s + tpf.latency_s;
   }
 
-  // Pipeline sends at stage boundaries: with v virtual stages per rank, 2 (PP v - 1) sends per
-  // token per step, attributed to the levels the pipeline spans (the v - 1 wrap-arounds to its
-  // outermost site level). A send may also have to reach another expert's GPU, so it crosses
-  // max(pipeline level, expert level), weighted by the chance that two random experts first
-  // share that level (reference: the pp_level x ep_level loop).
+  // Pipeline sends at stage boundaries (reference: p2p_comm_cost). With v virtual stages per
+  // rank, 2 (PP v - 1) sends per token per step: at each level below the outermost one the
+  // pipeline spans, 2 v prod(PP above) (PP_l - 1); at that outermost one the rest, 2 (PP_l v - 1)
+  // (the v - 1 wrap-arounds included). A send may also have to reach another expert's GPU, so its
+  // bandwidth is paid at max(pipeline level, expert level), weighted by the chance that two
+  // random experts first share that level; its latency at max(pipeline level, outermost expert
+  // level), in full (some token of the microbatch always goes that far, and all wait for it).
   auto ep_chance = [&](int ep_level) {
     if (ep_level < 0) return 1.0 / static_cast<double>(ep);
     return static_cast<double>(Prod(layout.ep, 0, ep_level + 1) - Prod(layout.ep, 0, ep_level)) /
            static_cast<double>(ep);
   };
+  int max_pp_level = -1, max_ep_level = -1;
+  for (size_t l = 0; l < site; ++l) {
+    if (layout.pp[l] > 1) max_pp_level = static_cast<int>(l);
+    if (layout.ep[l] > 1) max_ep_level = static_cast<int>(l);
+  }
   const double dm = static_cast<double>(shape.d_model);
-  for (size_t pl = 0; pl < site; ++pl) {
-    double sends = pl + 1 != site ? 2.0 * static_cast<double>(Prod(layout.pp, pl + 1, site)) *
-                                        static_cast<double>(layout.pp[pl] * v - v)
-                                  : 2.0 * static_cast<double>(layout.pp[pl] * v - 1);
+  for (int pl = 0; pl <= max_pp_level; ++pl) {
+    const size_t pls = static_cast<size_t>(pl);
+    const double sends =
+        pl == max_pp_level
+            ? 2.0 * static_cast<double>(layout.pp[pls] * v - 1)
+            : 2.0 * static_cast<double>(v * Prod(layout.pp, pls + 1, site) * (layout.pp[pls] - 1));
     if (sends <= 0) continue;
     for (int el = -1; el < static_cast<int>(site); ++el) {
-      double chance = ep_chance(el);
+      const double chance = ep_chance(el);
       if (chance <= 0) continue;
-      size_t level = std::max<size_t>(pl, el < 0 ? 0 : static_cast<size_t>(el));
-      CommTime c = PointToPointTime(topo.levels[level], w, dm, n_gpu, sends, batch);
-      t.pp_s += chance * c.bandwidth_s;
-      t.pp_latency_s += chance * c.latency_s;
+      const size_t level = static_cast<size_t>(std::max(pl, el));
+      t.pp_s +=
+          chance * PointToPointTime(topo.levels[level], w, dm, n_gpu, sends, batch).bandwidth_s;
     }
+    const size_t level = static_cast<size_t>(std::max(pl, max_ep_level));
+    t.pp_latency_s += PointToPointTime(topo.levels[level], w, dm, n_gpu, sends, batch).latency_s;
   }
-  // Expert routing at layers that are not pipeline boundaries. The reference adds this inside
-  // the pipeline-level loop, counting it once per network level; we count it once.
-  double expert_sends = 2.0 * (layers - static_cast<double>(pp * v));
-  if (ep > 1 && expert_sends > 0) {
-    for (size_t el = 0; el < site; ++el) {
-      double chance = ep_chance(static_cast<int>(el));
+  // Expert routing at the layers that are not pipeline boundaries, likewise.
+  const double expert_sends = 2.0 * (layers - static_cast<double>(pp * v));
+  if (max_ep_level >= 0 && expert_sends > 0) {
+    for (int el = 0; el <= max_ep_level; ++el) {
+      const double chance = ep_chance(el);
       if (chance <= 0) continue;
-      CommTime c = PointToPointTime(topo.levels[el], w, dm, n_gpu, expert_sends, batch);
-      t.pp_s += chance * c.bandwidth_s;
-      t.pp_latency_s += chance * c.latency_s;
+      t.pp_s += chance * PointToPointTime(topo.levels[static_cast<size_t>(el)], w, dm, n_gpu,
+                                          expert_sends, batch)
+                             .bandwidth_s;
     }
+    t.pp_latency_s += PointToPointTime(topo.levels[static_cast<size_t>(max_ep_level)], w, dm, n_gpu,
+                                       expert_sends, batch)
+                          .latency_s;
   }
 
   if (layout.zero_bubble) {

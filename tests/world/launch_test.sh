@@ -79,6 +79,11 @@ check_world "$T/sessions"
 s0=$(cat "$T/session.0") s1=$(cat "$T/session.1")
 [[ $s0 != "$s1" && $s0 == "$T/ompi/"* && $s1 == "$T/ompi/"* ]] ||
   fail "the sites' mpiruns share or leave the session base: '$s0' and '$s1'"
+[[ -z $(ls -A "$T/ompi") ]] || fail "launch left $(ls -A "$T/ompi") in the session base"
+# A session base that does not exist: launch goes on under TMPDIR (and mpirun makes its own).
+expect_exit 0 env OMPI_MCA_orte_tmpdir_base="$T/missing/ompi" \
+  timeout 100 "$ATOLL" launch "${W[@]}" --insecure -q --out "$T/nobase"
+check_world "$T/nobase"
 start=$SECONDS
 expect_exit 1 env ATOLL_MPIRUN="$T/mpirun" FAIL_SITE0=1 \
   timeout 100 "$ATOLL" launch "${W[@]}" --insecure -q --out "$T/dies"
