@@ -282,6 +282,36 @@ TEST(Step, ReferenceCombination) {
   EXPECT_NEAR(z.step_s, z.matmul_s + z.tp_s + z.pp_s + z.dp_s + z.dp_latency_s, 1e-12 * z.step_s);
 }
 
+// Pipeline sends cross the levels the pipeline spans and no other (reference: p2p_comm_cost): 8
+// interleaved stages inside an NVLink node send nothing over InfiniBand, wrap-arounds included;
+// spread over both levels, the outer one carries its PP v - 1 boundaries, the inner the rest.
+TEST(Step, PipelineSendsStayOnTheLevelsThePipelineSpans) {
+  Hardware hw = *MakeHardware("H100", "default");
+  Topology topo = SiteTopology(hw);
+  ModelShape s = ShapeForWidth(4096, ShapeRules{});
+  const double w = hw.gpu.bytes_per_word(), b = static_cast<double>(s.batch_tokens());
+  Layout l;
+  l.dp = {1, 4};
+  l.tp_model = {1, 1};
+  l.tp_ff = {1, 1};
+  l.pp = {8, 1};
+  l.ep = {1, 1};
+  l.microbatches = 8;
+  l.interleave = 2;
+  const double n = 32, d = static_cast<double>(s.d_model);
+  StepTime t = EvaluateStep(hw.gpu, topo, s, l, EvalOptions{});
+  const CommTime inner = PointToPointTime(topo.levels[0], w, d, n, 2 * (8 * 2 - 1), b);
+  EXPECT_DOUBLE_EQ(t.pp_s, inner.bandwidth_s);
+  EXPECT_DOUBLE_EQ(t.pp_latency_s, inner.latency_s);
+  l.pp = {2, 4};
+  l.dp = {4, 1};
+  t = EvaluateStep(hw.gpu, topo, s, l, EvalOptions{});
+  const double pp_s =
+      PointToPointTime(topo.levels[0], w, d, n, 2.0 * 2 * 4 * (2 - 1), b).bandwidth_s +
+      PointToPointTime(topo.levels[1], w, d, n, 2 * (4 * 2 - 1), b).bandwidth_s;
+  EXPECT_NEAR(t.pp_s, pp_s, 1e-12 * pp_s);
+}
+
 TEST(Step, MemoryCheck) {
   Hardware hw = *MakeHardware("H100", "default");
   Topology topo = SiteTopology(hw);
