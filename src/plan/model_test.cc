@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "plan/hardware.h"
 #include "plan/matmul.h"
@@ -201,16 +203,26 @@ TEST(Step, SingleGpuIsMatmulsOnly) {
   EXPECT_LE(t.utilization, hw.gpu.effective_utilization);
 }
 
+// A layout on a site's two levels (NVLink, InfiniBand): each degree as {inside a node, across}.
+using Split = std::vector<int64_t>;
+Layout TwoLevels(Split dp, Split tp_model, Split tp_ff, Split pp, int64_t microbatches = 1,
+                 int64_t interleave = 1) {
+  Layout l;
+  l.dp = std::move(dp);
+  l.tp_model = std::move(tp_model);
+  l.tp_ff = std::move(tp_ff);
+  l.pp = std::move(pp);
+  l.ep = {1, 1};
+  l.microbatches = microbatches;
+  l.interleave = interleave;
+  return l;
+}
+
 TEST(Step, DataAndTensorParallelTerms) {
   Hardware hw = *MakeHardware("H100", "default");
   Topology topo = SiteTopology(hw);
   ModelShape s = ShapeForWidth(4096, ShapeRules{});
-  Layout l;
-  l.dp = {1, 4};
-  l.tp_model = {2, 1};
-  l.tp_ff = {4, 1};
-  l.pp = {1, 1};
-  l.ep = {1, 1};
+  Layout l = TwoLevels({1, 4}, {2, 1}, {4, 1}, {1, 1});
   EvalOptions no_overlap{false, false, false};
   StepTime t = EvaluateStep(hw.gpu, topo, s, l, no_overlap);
   const double n = 32, w = 2, b = static_cast<double>(s.batch_tokens());
@@ -236,14 +248,8 @@ TEST(Step, ReferenceCombination) {
   Hardware hw = *MakeHardware("H100", "default");
   Topology topo = SiteTopology(hw);
   ModelShape s = ShapeForWidth(4096, ShapeRules{});
-  Layout l;
-  l.dp = {2, 4};  // DP on both levels: atoll adds their times, the reference takes the larger
-  l.tp_model = {2, 1};
-  l.tp_ff = {2, 1};
-  l.pp = {1, 2};
-  l.ep = {1, 1};
-  l.microbatches = 4;
-  l.interleave = 1;
+  // DP on both levels: atoll adds their times, the reference takes the larger.
+  Layout l = TwoLevels({2, 4}, {2, 1}, {2, 1}, {1, 2}, /*microbatches=*/4);
   EvalOptions atoll{false, false, false};
   EvalOptions ref = atoll;
   ref.combine = Combine::kReference;
@@ -290,14 +296,7 @@ TEST(Step, PipelineSendsStayOnTheLevelsThePipelineSpans) {
   Topology topo = SiteTopology(hw);
   ModelShape s = ShapeForWidth(4096, ShapeRules{});
   const double w = hw.gpu.bytes_per_word(), b = static_cast<double>(s.batch_tokens());
-  Layout l;
-  l.dp = {1, 4};
-  l.tp_model = {1, 1};
-  l.tp_ff = {1, 1};
-  l.pp = {8, 1};
-  l.ep = {1, 1};
-  l.microbatches = 8;
-  l.interleave = 2;
+  Layout l = TwoLevels({1, 4}, {1, 1}, {1, 1}, {8, 1}, /*microbatches=*/8, /*interleave=*/2);
   const double n = 32, d = static_cast<double>(s.d_model);
   StepTime t = EvaluateStep(hw.gpu, topo, s, l, EvalOptions{});
   const CommTime inner = PointToPointTime(topo.levels[0], w, d, n, 2 * (8 * 2 - 1), b);

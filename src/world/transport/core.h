@@ -192,6 +192,7 @@ struct Inbox {
   bool absent = false;                    // absent at Connect, and no stream from it since
   bool connected = false;                 // its stream to us has opened
   bool ended = false;                     // ... and has ended
+  bool cancelled = false;                 // ... not by the peer's close (died, keepalive)
   std::string end_reason;
   std::string poison;   // a chunk broke the stream's rules: every later operation with it fails
   std::string lost;     // the peer was declared dead (PeerLost): every later operation fails

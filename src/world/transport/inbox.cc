@@ -103,8 +103,10 @@ std::string WanCore::Unusable(int p, bool awaited) const {
   if (!in.lost.empty()) return fmt::format("{} is lost: {}", PeerName(p), in.lost);
   if (!in.poison.empty()) return fmt::format("{} is unusable: {}", PeerName(p), in.poison);
   // A peer that closed its stream after doing its part of a collective (it finished, saved,
-  // left) dooms only the operations that still wait for it.
-  if (awaited && in.ended) return fmt::format("{} is gone: {}", PeerName(p), in.end_reason);
+  // left) dooms only the operations that still wait for it; one whose stream was cancelled (it
+  // died, or stopped answering the keepalive) dooms every one: it takes part in each.
+  if (in.ended && (awaited || in.cancelled))
+    return fmt::format("{} is gone: {}", PeerName(p), in.end_reason);
   if (shutting_down_) return "the endpoint is shutting down";
   // A link that broke (the peer stopped reading: keepalive, a failed write) fails receives from
   // the peer too: whatever it would still send cannot be answered.

@@ -197,7 +197,8 @@ grpc::Status WanCore::HandleStream(grpc::ServerContext* context,
     Inbox& in = inboxes_[claimed];
     if (in.generation == generation) {  // else a newer stream has replaced this one
       in.ended = true;
-      in.end_reason = context->IsCancelled() ? "its stream was cancelled" : "it closed its stream";
+      in.cancelled = context->IsCancelled();
+      in.end_reason = in.cancelled ? "its stream was cancelled" : "it closed its stream";
       in.stream = nullptr;
     }
   }
