@@ -19,7 +19,7 @@ for a in "$@"; do
     *) progs+=("$a") ;;
   esac
 done
-mapfile -t tests < <(find build/release -type f -name 'cuda_*_test' -perm -u+x | sort)
+mapfile -t tests < <(find build/release -type f -name 'cuda_*_test' -not -name '*emu*' -perm -u+x | sort)
 if [[ ${#tests[@]} -eq 0 ]]; then
   echo "gpu_pack: no CUDA test programs in build/release (is nvcc installed? run scripts/setup.sh)" >&2
   exit 2

@@ -61,9 +61,8 @@ __global__ void SumKernel(double* out, const double* partial, int64_t count) {
 void AdamWStep(float* params, const float* grads, float* m, float* v, const AdamSegment* segments,
                int num_segments, uint64_t n, const AdamScalars& s) {
   if (n == 0 || num_segments == 0) return;
-  AdamWKernel<<<Blocks(n, kThreads), kThreads, 0, Stream()>>>(params, grads, m, v, segments,
-                                                              num_segments, n, s);
-  ATL_LAUNCHED();
+  ATL_LAUNCH(AdamWKernel, Blocks(n, kThreads), kThreads, params, grads, m, v, segments,
+             num_segments, n, s);
 }
 
 double GradSquaredSum(const float* grads, size_t n) {
@@ -71,10 +70,8 @@ double GradSquaredSum(const float* grads, size_t n) {
   const int64_t chunks = (int64_t(n) + kSquareChunk - 1) / kSquareChunk;
   auto* partial =
       static_cast<double*>(Scratch(kScratchReduce, size_t(chunks + 1) * sizeof(double)));
-  SquareChunkKernel<<<unsigned(chunks), kThreads, 0, Stream()>>>(partial, grads, int64_t(n));
-  ATL_LAUNCHED();
-  SumKernel<<<1, 1024, 0, Stream()>>>(partial + chunks, partial, chunks);
-  ATL_LAUNCHED();
+  ATL_LAUNCH(SquareChunkKernel, unsigned(chunks), kThreads, partial, grads, int64_t(n));
+  ATL_LAUNCH(SumKernel, 1, 1024, partial + chunks, partial, chunks);
   double total = 0.0;
   CopyToHost(&total, partial + chunks, sizeof(double));
   return total;

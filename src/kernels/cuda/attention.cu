@@ -83,15 +83,13 @@ constexpr int kWarps = 8;
 void Gather(float* dst, const float* src, int64_t row_stride, int count, int B, int T, int C,
             int NH) {
   const size_t n = size_t(count) * B * T * C;
-  GatherHeads<<<Blocks(n, 256), 256, 0, Stream()>>>(dst, src, row_stride, count, B, T, C, NH);
-  ATL_LAUNCHED();
+  ATL_LAUNCH(GatherHeads, Blocks(n, 256), 256, dst, src, row_stride, count, B, T, C, NH);
 }
 
 void Scatter(float* dst, const float* src, int64_t row_stride, int count, int B, int T, int C,
              int NH, bool add) {
   const size_t n = size_t(count) * B * T * C;
-  ScatterHeads<<<Blocks(n, 256), 256, 0, Stream()>>>(dst, src, row_stride, count, B, T, C, NH, add);
-  ATL_LAUNCHED();
+  ATL_LAUNCH(ScatterHeads, Blocks(n, 256), 256, dst, src, row_stride, count, B, T, C, NH, add);
 }
 
 }  // namespace
@@ -108,8 +106,7 @@ void AttentionForward(float* out, float* att, const float* qkv, int B, int T, in
   // att = scale * q · kᵀ per head, then the causal softmax in place.
   Gemm(false, true, T, T, hs, scale, q, hs, k, hs, 0.0f, att, T, BH, th, th, tt);
   const int64_t rows = int64_t(BH) * T;
-  CausalSoftmax<<<Blocks(size_t(rows), kWarps), 32 * kWarps, 0, Stream()>>>(att, rows, T);
-  ATL_LAUNCHED();
+  ATL_LAUNCH(CausalSoftmax, Blocks(size_t(rows), kWarps), 32 * kWarps, att, rows, T);
   // y = att · v per head; then heads side by side into out.
   Gemm(false, false, T, hs, T, 1.0f, att, T, v, hs, 0.0f, y, hs, BH, tt, th, th);
   Scatter(out, y, C, 1, B, T, C, NH, /*add=*/false);
@@ -131,9 +128,8 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
   Gemm(true, false, T, hs, T, 1.0f, att, T, dy, hs, 0.0f, dv, hs, BH, tt, th, th);
   const int64_t rows = int64_t(BH) * T;
   const float scale = 1.0f / std::sqrt(float(hs));
-  CausalSoftmaxBackward<<<Blocks(size_t(rows), kWarps), 32 * kWarps, 0, Stream()>>>(datt, att, rows,
-                                                                                    T, scale);
-  ATL_LAUNCHED();
+  ATL_LAUNCH(CausalSoftmaxBackward, Blocks(size_t(rows), kWarps), 32 * kWarps, datt, att, rows, T,
+             scale);
   // dq = dscores · k; dk = dscoresᵀ · q (dscores already carries the scale).
   Gemm(false, false, T, hs, T, 1.0f, datt, T, k, hs, 0.0f, dq, hs, BH, tt, th, th);
   Gemm(true, false, T, hs, T, 1.0f, datt, T, q, hs, 0.0f, dk, hs, BH, tt, th, th);

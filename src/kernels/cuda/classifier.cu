@@ -66,11 +66,9 @@ float ClassifierForward(float* logits, float* lse, float* losses, const float* x
   // logits[N,V] = x[N,C] · wte[V,C]ᵀ
   Gemm(false, true, N, V, C, 1.0f, x, C, wte, C, 0.0f, logits, V);
   if (targets == nullptr) return 0.0f;
-  RowLossKernel<<<unsigned(N), kThreads, 0, Stream()>>>(lse, losses, logits, targets, V);
-  ATL_LAUNCHED();
+  ATL_LAUNCH(RowLossKernel, unsigned(N), kThreads, lse, losses, logits, targets, V);
   auto* mean = static_cast<float*>(Scratch(kScratchReduce, sizeof(float)));
-  MeanKernel<<<1, 1024, 0, Stream()>>>(mean, losses, N);
-  ATL_LAUNCHED();
+  ATL_LAUNCH(MeanKernel, 1, 1024, mean, losses, N);
   float host = 0.0f;
   CopyToHost(&host, mean, sizeof(float));
   return host;
@@ -85,9 +83,8 @@ void ClassifierBackward(float* dx, float* dwte, const float* logits, const float
   for (int r0 = 0; r0 < N; r0 += tile) {
     const int rows = std::min(tile, N - r0);
     const size_t n = size_t(rows) * size_t(V);
-    LogitGradKernel<<<Blocks(n, kThreads), kThreads, 0, Stream()>>>(d, logits, lse, targets, dloss,
-                                                                    r0, rows, V);
-    ATL_LAUNCHED();
+    ATL_LAUNCH(LogitGradKernel, Blocks(n, kThreads), kThreads, d, logits, lse, targets, dloss, r0,
+               rows, V);
     // dx[rows,C] += d[rows,V] · wte[V,C]
     if (dx != nullptr)
       Gemm(false, false, rows, C, V, 1.0f, d, V, wte, C, 1.0f, dx + size_t(r0) * C, C);

@@ -36,6 +36,12 @@ namespace atl::kernels::cuda {
 // After a kernel launch: launch-configuration errors now, execution errors at the next sync.
 #define ATL_LAUNCHED() ATL_CUDA(cudaGetLastError())
 
+// kernel<<<grid, block, 0, Stream()>>>(args...), then ATL_LAUNCHED(). On the CUDA emulator
+// (emu/device.h) the kernel runs there and then, and a pointer argument that is not device memory
+// fails the launch, as it would fail the kernel on a GPU.
+#define ATL_LAUNCH(kernel, grid, block, ...) \
+  ::atl::kernels::cuda::Launch(#kernel, kernel, grid, block, __VA_ARGS__)
+
 const char* cublasLt_status_name(cublasStatus_t status);
 
 // The process's stream and cuBLASLt handle (created by UseDevice; UseDevice(DefaultOrdinal()) on
@@ -52,6 +58,22 @@ constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
 // that an op calls take kScratchReduce, so the two never overlap.
 enum ScratchSlot { kScratchOp = 0, kScratchReduce = 1, kScratchSlots = 2 };
 void* Scratch(ScratchSlot slot, size_t bytes);
+
+template <class... P, class... A>
+void Launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, const A&... args) {
+  static_assert(sizeof...(P) == sizeof...(A), "a kernel launched with the wrong argument count");
+#if defined(ATOLL_CUDA_EMULATED)
+  const void* pointers[] = {::atl::cuda_emu::PointerOf(args)..., nullptr};
+  ::atl::cuda_emu::Launch(
+      name, grid, block, [&] { kernel(P(args)...); }, pointers, int(sizeof...(A)));
+#else
+  (void)name;
+  // clang-format off
+  kernel<<<grid, block, 0, Stream()>>>(P(args)...);
+  // clang-format on
+#endif
+  ATL_LAUNCHED();
+}
 
 inline unsigned Blocks(size_t n, unsigned threads) { return unsigned((n + threads - 1) / threads); }
 

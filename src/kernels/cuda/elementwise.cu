@@ -92,28 +92,24 @@ __global__ void PositionGradKernel(float* dwpe, const float* dout, int B, int T,
 
 void GeluForward(float* out, const float* inp, size_t n) {
   if (n == 0) return;
-  GeluForwardKernel<<<Blocks(n, 256), 256, 0, Stream()>>>(out, inp, n);
-  ATL_LAUNCHED();
+  ATL_LAUNCH(GeluForwardKernel, Blocks(n, 256), 256, out, inp, n);
 }
 
 void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) {
   if (n == 0) return;
-  GeluBackwardKernel<<<Blocks(n, 256), 256, 0, Stream()>>>(dinp, inp, dout, n);
-  ATL_LAUNCHED();
+  ATL_LAUNCH(GeluBackwardKernel, Blocks(n, 256), 256, dinp, inp, dout, n);
 }
 
 void ResidualForward(float* out, const float* a, const float* b, size_t n) {
   if (n == 0) return;
-  ResidualForwardKernel<<<Blocks(n, 256), 256, 0, Stream()>>>(out, a, b, n);
-  ATL_LAUNCHED();
+  ATL_LAUNCH(ResidualForwardKernel, Blocks(n, 256), 256, out, a, b, n);
 }
 
 void ResidualBackward(float* da, float* db, const float* dout, size_t n) {
   if (n == 0) return;
   for (float* d : {da, db}) {
     if (d == nullptr) continue;
-    AccumulateKernel<<<Blocks(n, 256), 256, 0, Stream()>>>(d, dout, n);
-    ATL_LAUNCHED();
+    ATL_LAUNCH(AccumulateKernel, Blocks(n, 256), 256, d, dout, n);
   }
 }
 
@@ -121,9 +117,8 @@ void EncoderForward(float* out, const int32_t* inp, const float* wte, const floa
                     int T, int C, int vocab_begin, int vocab_end) {
   const size_t n = size_t(B) * T * C;
   if (n == 0) return;
-  EncoderForwardKernel<<<Blocks(n, 256), 256, 0, Stream()>>>(out, inp, wte, wpe, int64_t(n), T, C,
-                                                             vocab_begin, vocab_end);
-  ATL_LAUNCHED();
+  ATL_LAUNCH(EncoderForwardKernel, Blocks(n, 256), 256, out, inp, wte, wpe, int64_t(n), T, C,
+             vocab_begin, vocab_end);
 }
 
 void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp,
@@ -157,13 +152,11 @@ void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t*
       CopyToDevice(dev, packed.data(), packed.size() * sizeof(int32_t));
       const int U = int(rows.size());
       const dim3 grid(unsigned(U), Blocks(size_t(C), 256));
-      TokenGradKernel<<<grid, 256, 0, Stream()>>>(dwte, dout, dev, dev + U, dev + 2 * U + 1, C);
-      ATL_LAUNCHED();
+      ATL_LAUNCH(TokenGradKernel, grid, 256, dwte, dout, dev, dev + U, dev + 2 * U + 1, C);
     }
   }
   if (dwpe != nullptr) {
-    PositionGradKernel<<<Blocks(size_t(T) * C, 256), 256, 0, Stream()>>>(dwpe, dout, B, T, C);
-    ATL_LAUNCHED();
+    ATL_LAUNCH(PositionGradKernel, Blocks(size_t(T) * C, 256), 256, dwpe, dout, B, T, C);
   }
 }
 

@@ -95,9 +95,8 @@ __global__ void LayerNormParamAddKernel(float* dweight, float* dbias, const floa
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int N, int C) {
   if (N <= 0) return;
-  LayerNormForwardKernel<<<Blocks(size_t(N), kRowsPerBlock), 32 * kRowsPerBlock, 0, Stream()>>>(
-      out, mean, rstd, inp, weight, bias, N, C);
-  ATL_LAUNCHED();
+  ATL_LAUNCH(LayerNormForwardKernel, Blocks(size_t(N), kRowsPerBlock), 32 * kRowsPerBlock, out,
+             mean, rstd, inp, weight, bias, N, C);
 }
 
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
@@ -105,20 +104,17 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
                        int N, int C) {
   if (N <= 0) return;
   if (dinp != nullptr) {
-    LayerNormInputGradKernel<<<Blocks(size_t(N), kRowsPerBlock), 32 * kRowsPerBlock, 0, Stream()>>>(
-        dinp, dout, inp, weight, mean, rstd, N, C);
-    ATL_LAUNCHED();
+    ATL_LAUNCH(LayerNormInputGradKernel, Blocks(size_t(N), kRowsPerBlock), 32 * kRowsPerBlock, dinp,
+               dout, inp, weight, mean, rstd, N, C);
   }
   if (dweight == nullptr && dbias == nullptr) return;
   const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;
   auto* partial =
       static_cast<float*>(Scratch(kScratchReduce, size_t(chunks) * 2 * size_t(C) * sizeof(float)));
   const dim3 grid(Blocks(size_t(C), 128), unsigned(chunks < 65535 ? chunks : 65535));
-  LayerNormParamChunkKernel<<<grid, 128, 0, Stream()>>>(partial, dout, inp, mean, rstd, N, C);
-  ATL_LAUNCHED();
-  LayerNormParamAddKernel<<<Blocks(size_t(C), 128), 128, 0, Stream()>>>(dweight, dbias, partial,
-                                                                        chunks, C);
-  ATL_LAUNCHED();
+  ATL_LAUNCH(LayerNormParamChunkKernel, grid, 128, partial, dout, inp, mean, rstd, N, C);
+  ATL_LAUNCH(LayerNormParamAddKernel, Blocks(size_t(C), 128), 128, dweight, dbias, partial, chunks,
+             C);
 }
 
 }  // namespace atl::kernels::cuda

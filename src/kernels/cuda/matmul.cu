@@ -143,8 +143,7 @@ void MatmulForward(float* out, const float* inp, const float* weight, const floa
   Gemm(false, false, N, OC, IC, 1.0f, inp, IC, weight, OC, 0.0f, out, OC);
   if (bias != nullptr) {
     const int64_t total = int64_t(N) * OC;
-    AddBias<<<Blocks(size_t(total), 256), 256, 0, Stream()>>>(out, bias, N, OC);
-    ATL_LAUNCHED();
+    ATL_LAUNCH(AddBias, Blocks(size_t(total), 256), 256, out, bias, N, OC);
   }
 }
 

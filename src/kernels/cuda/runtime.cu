@@ -245,10 +245,8 @@ void ColumnSumsAdd(float* out, const float* m, int64_t rows, int cols) {
   float* partial =
       static_cast<float*>(Scratch(kScratchReduce, size_t(chunks) * size_t(cols) * sizeof(float)));
   const dim3 grid(Blocks(size_t(cols), 128), unsigned(std::min<int64_t>(chunks, 65535)));
-  ColumnChunkSums<<<grid, 128, 0, Stream()>>>(partial, m, rows, cols);
-  ATL_LAUNCHED();
-  AddChunkSums<<<Blocks(size_t(cols), 128), 128, 0, Stream()>>>(out, partial, chunks, cols);
-  ATL_LAUNCHED();
+  ATL_LAUNCH(ColumnChunkSums, grid, 128, partial, m, rows, cols);
+  ATL_LAUNCH(AddChunkSums, Blocks(size_t(cols), 128), 128, out, partial, chunks, cols);
 }
 
 }  // namespace atl::kernels::cuda

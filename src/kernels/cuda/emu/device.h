@@ -1,0 +1,155 @@
+// The CUDA emulator, device side: what a kernel of kernels/cuda/ sees when it is compiled by the
+// host compiler instead of nvcc (emu/include/ stands in for the toolkit's headers). It lets every
+// kernel and every op of the backend run, and be tested, on a machine without a GPU.
+//
+// Execution model, as the hardware's as far as a correct kernel can tell:
+//   - a launch runs its blocks one after another, and each block's threads as fibers (each its
+//     own stack) on the calling thread; a thread runs until it finishes or waits at a barrier;
+//   - __syncthreads releases the block when every thread still running has arrived (threads that
+//     returned count as arrived, as on Volta and later);
+//   - a warp shuffle is a barrier of the lanes in its mask, which then read each other's values;
+//     a lane of the mask that has returned, or lanes waiting at different barriers, is a
+//     deadlock on the hardware: here the launch stops with an error naming the kernel;
+//   - __shared__ variables are static, hence shared by the block's threads (blocks run in turn).
+// What it cannot show: speed, races between threads without a barrier (fibers switch only at
+// barriers, so such a race never shows), and differences of the hardware's arithmetic (fused
+// multiply-adds, expf's ulps). Results are compared with the CPU backend within tolerances, as on a
+// GPU; the bits a GPU gives are not these.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <type_traits>
+
+#define ATOLL_CUDA_EMULATED 1
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __shared__ static thread_local
+
+struct uint3 {
+  unsigned x, y, z;
+};
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+namespace atl::cuda_emu {
+
+// The indices of the running thread (valid inside a kernel only).
+struct Indices {
+  uint3 thread, block;
+  dim3 block_dim, grid_dim;
+};
+extern thread_local const Indices* current;
+
+// Runs body once per thread of the grid, as the file's comment says. pointers[i] is the kernel's
+// argument i when that is a pointer (null otherwise): each must be null or device memory (a host
+// pointer is an illegal address on a GPU), and only their allocations are open to the kernel.
+// Returns false, with the error for cudaGetLastError (a deadlock, a bad shape or argument), when
+// the launch failed.
+bool Launch(const char* kernel, dim3 grid, dim3 block, const std::function<void()>& body,
+            const void* const* pointers, int count);
+template <class A>
+const void* PointerOf(const A& a) {
+  if constexpr (std::is_pointer_v<A>)
+    return a;
+  else
+    return nullptr;
+}
+
+// Barriers (inside a kernel).
+void SyncThreads();
+// Lanes of `mask` exchange `bytes` of value: *out = the value of lane src (or own value when src
+// is outside the warp's lanes, as the hardware's shuffles do at the edges).
+void WarpExchange(unsigned mask, const void* value, void* out, size_t bytes, int src);
+int Lane();
+
+// Whether [p, p + bytes) lies in one live allocation of device memory.
+bool IsDevice(const void* p, size_t bytes = 1);
+// Records a launch's failure for cudaGetLastError, with the message cudaGetErrorString returns.
+void SetLaunchError(const char* message);
+void SetLaunchError(const std::string& message);
+
+}  // namespace atl::cuda_emu
+
+#define threadIdx (::atl::cuda_emu::current->thread)
+#define blockIdx (::atl::cuda_emu::current->block)
+#define blockDim (::atl::cuda_emu::current->block_dim)
+#define gridDim (::atl::cuda_emu::current->grid_dim)
+constexpr int warpSize = 32;
+
+inline void __syncthreads() { ::atl::cuda_emu::SyncThreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  int unused = 0;
+  ::atl::cuda_emu::WarpExchange(mask, &unused, &unused, sizeof(unused), ::atl::cuda_emu::Lane());
+}
+
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src_lane, int width = warpSize) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8);
+  const int lane = ::atl::cuda_emu::Lane();
+  const int base = lane / width * width;
+  T out;
+  ::atl::cuda_emu::WarpExchange(mask, &v, &out, sizeof(T), base + src_lane % width);
+  return out;
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = warpSize) {
+  const int lane = ::atl::cuda_emu::Lane();
+  const int src = lane ^ lane_mask;
+  T out;
+  // A source beyond the lane's group of `width` gives the lane its own value.
+  const bool same_group = src / width == lane / width;
+  ::atl::cuda_emu::WarpExchange(mask, &v, &out, sizeof(T), same_group ? src : lane);
+  return out;
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = warpSize) {
+  const int lane = ::atl::cuda_emu::Lane();
+  const int src = lane + int(delta);
+  T out;
+  ::atl::cuda_emu::WarpExchange(mask, &v, &out, sizeof(T),
+                                src / width == lane / width ? src : lane);
+  return out;
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = warpSize) {
+  const int lane = ::atl::cuda_emu::Lane();
+  const int src = lane - int(delta);
+  T out;
+  ::atl::cuda_emu::WarpExchange(mask, &v, &out, sizeof(T),
+                                src >= 0 && src / width == lane / width ? src : lane);
+  return out;
+}
+
+// CUDA's mixed-type min and max, and the float intrinsics the kernels use.
+template <class A, class B>
+inline auto min(A a, B b) -> std::common_type_t<A, B> {
+  using C = std::common_type_t<A, B>;
+  return C(b) < C(a) ? C(b) : C(a);
+}
+template <class A, class B>
+inline auto max(A a, B b) -> std::common_type_t<A, B> {
+  using C = std::common_type_t<A, B>;
+  return C(a) < C(b) ? C(b) : C(a);
+}
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+template <class T>
+inline T __ldg(const T* p) {
+  return *p;
+}

@@ -1,0 +1,201 @@
+// The CUDA emulator itself: barriers and shuffles mean what they mean on a GPU, and what would
+// hang or fault on a GPU (a shuffle missing a lane, threads at different barriers, a host
+// pointer in a kernel, host code touching device memory, a bad launch shape, a product whose
+// shapes do not fit) fails here with a message instead of passing by luck.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace atl::kernels::cuda {
+namespace {
+
+template <class T>
+DeviceArray<T> Up(const std::vector<T>& h) {
+  DeviceArray<T> d(h.size());
+  d.Upload(h.data(), h.size());
+  return d;
+}
+template <class T>
+std::vector<T> Down(const DeviceArray<T>& d) {
+  std::vector<T> h(d.size());
+  d.Download(h.data(), h.size());
+  return h;
+}
+
+// The message of the CudaError that fn throws ("" when it throws none).
+template <class F>
+std::string ErrorOf(F fn) {
+  try {
+    fn();
+  } catch (const CudaError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// out[t] = in[n - 1 - t] through shared memory: right only if the barrier waits for every write.
+__global__ void ReverseKernel(float* out, const float* in) {
+  __shared__ float s[256];
+  const unsigned t = threadIdx.x, n = blockDim.x;
+  s[t] = in[blockIdx.x * n + t];
+  __syncthreads();
+  out[blockIdx.x * n + t] = s[n - 1 - t];
+}
+
+TEST(CudaEmulator, SyncThreadsWaitsForTheWholeBlock) {
+  std::vector<float> in(3 * 256);
+  std::iota(in.begin(), in.end(), 0.0f);
+  auto din = Up(in);
+  DeviceArray<float> dout(in.size());
+  ATL_LAUNCH(ReverseKernel, 3, 256, dout.data(), din.data());
+  const auto out = Down(dout);
+  for (int b = 0; b < 3; ++b)
+    for (int t = 0; t < 256; ++t) ASSERT_EQ(out[b * 256 + t], in[b * 256 + 255 - t]);
+}
+
+// Block sums by common.cuh's BlockSum (warp butterflies, then warp 0), and each lane's
+// neighbour by __shfl_down_sync.
+__global__ void SumsKernel(float* sums, int* down, const float* in, int n) {
+  __shared__ float shared[32];
+  float v = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) v += in[i];
+  const float total = BlockSum(v, shared);
+  if (threadIdx.x == 0) sums[0] = total;
+  // every thread got the same total
+  if (threadIdx.x == blockDim.x - 1) sums[1] = total;
+  down[threadIdx.x] = __shfl_down_sync(0xffffffffu, int(threadIdx.x) * 10, 1);
+}
+
+TEST(CudaEmulator, WarpShufflesAndBlockReductions) {
+  std::vector<float> in(1000);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = float(i % 7);
+  auto din = Up(in);
+  DeviceArray<float> sums(2);
+  DeviceArray<int> down(128);
+  ATL_LAUNCH(SumsKernel, 1, 128, sums.data(), down.data(), din.data(), 1000);
+  const auto s = Down(sums);
+  const float want = std::accumulate(in.begin(), in.end(), 0.0f);
+  EXPECT_EQ(s[0], want);
+  EXPECT_EQ(s[1], want);
+  const auto d = Down(down);
+  for (int t = 0; t < 128; ++t)  // the last lane of each warp keeps its own value
+    EXPECT_EQ(d[t], t % 32 == 31 ? t * 10 : (t + 1) * 10) << t;
+}
+
+// Lane 0 of each warp returns before the others shuffle with a full mask.
+__global__ void MissingLaneKernel(float* out) {
+  if (threadIdx.x % 32 == 0) return;
+  out[threadIdx.x] = WarpSum(1.0f);
+}
+
+// Even warps wait at __syncthreads, odd ones shuffle: nobody is released.
+__global__ void SplitBarrierKernel(float* out) {
+  if ((threadIdx.x / 32) % 2 == 0) {
+    __syncthreads();
+  } else if (threadIdx.x % 2 == 0) {
+    out[threadIdx.x] = WarpSum(1.0f);
+  } else {
+    __syncthreads();
+  }
+}
+
+TEST(CudaEmulator, WhatHangsAGpuFailsTheLaunch) {
+  DeviceArray<float> out(64);
+  std::string e = ErrorOf([&] { ATL_LAUNCH(MissingLaneKernel, 1, 64, out.data()); });
+  EXPECT_NE(e.find("MissingLaneKernel"), std::string::npos) << e;
+  EXPECT_NE(e.find("returned"), std::string::npos) << e;
+  e = ErrorOf([&] { ATL_LAUNCH(SplitBarrierKernel, 1, 64, out.data()); });
+  EXPECT_NE(e.find("SplitBarrierKernel"), std::string::npos) << e;
+  EXPECT_NE(e.find("deadlock"), std::string::npos) << e;
+  // The device still works afterwards.
+  std::vector<float> in(256, 1.0f);
+  auto din = Up(in);
+  DeviceArray<float> rev(256);
+  ATL_LAUNCH(ReverseKernel, 1, 256, rev.data(), din.data());
+  EXPECT_EQ(Down(rev), in);
+}
+
+__global__ void CopyKernel(float* out, const float* in, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = in[i];
+}
+
+TEST(CudaEmulator, AHostPointerInAKernelIsAnIllegalAddress) {
+  std::vector<float> host(10, 2.0f);
+  DeviceArray<float> dev(10);
+  const std::string e =
+      ErrorOf([&] { ATL_LAUNCH(CopyKernel, 1, 32, dev.data(), host.data(), 10); });
+  EXPECT_NE(e.find("CopyKernel got argument 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("not device memory"), std::string::npos) << e;
+  // Copies check their direction too.
+  EXPECT_THROW(CopyToDevice(host.data(), dev.data(), 40), CudaError);
+  EXPECT_THROW(CopyToHost(dev.data(), host.data(), 40), CudaError);
+  // A copy past the allocation's end.
+  std::vector<float> big(11);
+  EXPECT_THROW(CopyToDevice(dev.data(), big.data(), 44), CudaError);
+}
+
+TEST(CudaEmulator, ABadLaunchShapeIsRefused) {
+  DeviceArray<float> out(4), in(4);
+  const std::string e = ErrorOf([&] { ATL_LAUNCH(CopyKernel, 1, 2048, out.data(), in.data(), 4); });
+  EXPECT_NE(e.find("invalid configuration"), std::string::npos) << e;
+}
+
+TEST(CudaEmulator, NewDeviceMemoryIsNotZero) {
+  DeviceArray<float> d(8);
+  for (const float x : Down(d)) EXPECT_TRUE(std::isnan(x));
+  d.SetZero();
+  for (const float x : Down(d)) EXPECT_EQ(x, 0.0f);
+}
+
+TEST(CudaEmulatorDeathTest, HostCodeTouchingDeviceMemoryFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        DeviceArray<float> d(4);
+        d.data()[1] = 1.0f;
+      },
+      "host code read or wrote device memory");
+}
+
+// Row-major Gemm over the emulated cuBLASLt against a plain triple loop, both transposes and a
+// strided batch; shapes that do not fit are refused.
+TEST(CudaEmulator, GemmMeansWhatItSays) {
+  const int m = 5, n = 3, k = 4, batch = 2;
+  std::vector<float> a(size_t(batch) * m * k), b(size_t(batch) * k * n);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = float(int(i * 7 % 11) - 5);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = float(int(i * 5 % 13) - 6);
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "ta=" << ta << " tb=" << tb);
+      auto da = Up(a), db = Up(b);
+      DeviceArray<float> dc(size_t(batch) * m * n);
+      dc.SetZero();
+      Gemm(ta, tb, m, n, k, 1.0f, da.data(), ta ? m : k, db.data(), tb ? k : n, 0.0f, dc.data(), n,
+           batch, int64_t(m) * k, int64_t(k) * n, int64_t(m) * n);
+      const auto c = Down(dc);
+      for (int z = 0; z < batch; ++z)
+        for (int i = 0; i < m; ++i)
+          for (int j = 0; j < n; ++j) {
+            float want = 0;
+            for (int p = 0; p < k; ++p) {
+              const float x = ta ? a[z * m * k + p * m + i] : a[z * m * k + i * k + p];
+              const float y = tb ? b[z * k * n + j * k + p] : b[z * k * n + p * n + j];
+              want += x * y;
+            }
+            ASSERT_EQ(c[z * m * n + i * n + j], want) << z << " " << i << " " << j;
+          }
+    }
+  // lda smaller than a row: cuBLASLt refuses the layout.
+  DeviceArray<float> x(100), y(100), z(100);
+  EXPECT_THROW(Gemm(false, false, 4, 4, 4, 1.0f, x.data(), 2, y.data(), 4, 0.0f, z.data(), 4),
+               CudaError);
+}
+
+}  // namespace
+}  // namespace atl::kernels::cuda

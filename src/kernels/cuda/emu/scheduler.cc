@@ -1,0 +1,355 @@
+// The CUDA emulator's launches (device.h): a grid's blocks in turn, a block's threads as fibers
+// switched at barriers, and the deadlocks and bad shapes that would hang or fail on a GPU turned
+// into launch errors that name the kernel.
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda_runtime.h"
+#include "kernels/cuda/emu/memory.h"
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+namespace atl::cuda_emu {
+
+thread_local const Indices* current = nullptr;
+
+namespace {
+
+// ---- Fibers: a stack each and a switch that saves only what the calling convention keeps ----
+
+constexpr size_t kStackBytes = size_t(64) << 10;
+constexpr unsigned kMaxThreads = 1024;
+
+#if defined(__x86_64__)
+struct Context {
+  void* sp = nullptr;
+};
+extern "C" void atl_emu_switch(void** save_sp, void* next_sp);
+extern "C" void atl_emu_start();
+// Saves the callee-saved registers, MXCSR and the x87 control word on the current stack, stores
+// the stack pointer in *save_sp, and resumes the context whose stack pointer is next_sp. A new
+// context's stack is laid out as if it had called atl_emu_switch from atl_emu_start, which calls
+// r13(r12) (the fiber's function and argument) and never returns.
+asm(R"(
+  .text
+  .globl atl_emu_switch
+  .type atl_emu_switch, @function
+atl_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size atl_emu_switch, .-atl_emu_switch
+  .globl atl_emu_start
+  .type atl_emu_start, @function
+atl_emu_start:
+  movq %r12, %rdi
+  callq *%r13
+  ud2
+  .size atl_emu_start, .-atl_emu_start
+)");
+
+void Start(Context* c, char* stack, size_t bytes, void (*fn)(void*), void* arg) {
+  auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15);
+  auto* sp = reinterpret_cast<uint64_t*>(top - 80);  // 16-aligned: after `ret`, rsp % 16 == 0
+  uint32_t csr = 0;
+  uint16_t fcw = 0;
+  asm volatile("stmxcsr %0" : "=m"(csr));
+  asm volatile("fnstcw %0" : "=m"(fcw));
+  sp[0] = uint64_t(csr) | (uint64_t(fcw) << 32);
+  sp[1] = 0;                                // r15
+  sp[2] = 0;                                // r14
+  sp[3] = reinterpret_cast<uint64_t>(fn);   // r13
+  sp[4] = reinterpret_cast<uint64_t>(arg);  // r12
+  sp[5] = 0;                                // rbx
+  sp[6] = 0;                                // rbp
+  sp[7] = reinterpret_cast<uint64_t>(&atl_emu_start);
+  c->sp = sp;
+}
+void Switch(Context* from, Context* to) { atl_emu_switch(&from->sp, to->sp); }
+#else
+struct Context {
+  ucontext_t uc;
+};
+// makecontext passes ints: the function is always the same one, the argument goes in two halves.
+void (*g_fiber_fn)(void*) = nullptr;
+void Trampoline(unsigned lo, unsigned hi) {
+  g_fiber_fn(reinterpret_cast<void*>((uintptr_t(hi) << 32) | uintptr_t(lo)));
+}
+void Start(Context* c, char* stack, size_t bytes, void (*fn)(void*), void* arg) {
+  g_fiber_fn = fn;
+  getcontext(&c->uc);
+  c->uc.uc_stack.ss_sp = stack;
+  c->uc.uc_stack.ss_size = bytes;
+  c->uc.uc_link = nullptr;
+  const auto bits = reinterpret_cast<uintptr_t>(arg);
+  makecontext(&c->uc, reinterpret_cast<void (*)()>(&Trampoline), 2, unsigned(bits),
+              unsigned(bits >> 32));
+}
+void Switch(Context* from, Context* to) { swapcontext(&from->uc, &to->uc); }
+#endif
+
+// Stacks for one block's threads, reserved once per host thread, each with a guard page below.
+char* StackOf(unsigned i) {
+  static thread_local char* base = nullptr;
+  if (base == nullptr) {
+    const size_t total = kStackBytes * kMaxThreads;
+    void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("CUDA emulator: no memory for thread stacks");
+    base = static_cast<char*>(p);
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    for (unsigned t = 0; t < kMaxThreads; ++t) mprotect(base + t * kStackBytes, page, PROT_NONE);
+  }
+  return base + size_t(i) * kStackBytes;
+}
+
+// ---- A block's threads and barriers ----
+
+struct Thread {
+  Indices idx{};
+  Context ctx;
+  unsigned linear = 0;
+  bool done = false;
+};
+
+struct Warp {
+  unsigned live = 0;  // lanes present and not returned
+  unsigned mask = 0;  // of the barrier being gathered
+  int arrived = 0;
+  uint64_t gen = 0;
+  unsigned char slot[32][8] = {};
+};
+
+struct Block {
+  const char* kernel = nullptr;
+  const std::function<void()>* body = nullptr;
+  std::vector<Thread> threads;
+  std::vector<Warp> warps;
+  Context scheduler;
+  Thread* running = nullptr;
+  unsigned alive = 0;
+  unsigned sync_arrived = 0;
+  uint64_t sync_gen = 0;
+  uint64_t progress = 0;  // threads returned, barriers released
+  std::string error;
+};
+thread_local Block* g_block = nullptr;
+
+Block& Current() {
+  if (g_block == nullptr || g_block->running == nullptr)
+    throw std::logic_error("CUDA emulator: a device function was called outside a kernel");
+  return *g_block;
+}
+
+void Yield(Block& b) { Switch(&b.running->ctx, &b.scheduler); }
+
+// Ends the launch with `message`: this fiber is abandoned (its stack is reused by the next block).
+[[noreturn]] void Fail(Block& b, const std::string& message) {
+  if (b.error.empty()) b.error = message;
+  for (;;) Yield(b);
+}
+
+std::string Where(const Block& b) {
+  const Indices& i = b.running->idx;
+  return fmt::format("kernel {}, block ({},{},{}), thread ({},{},{})", b.kernel, i.block.x,
+                     i.block.y, i.block.z, i.thread.x, i.thread.y, i.thread.z);
+}
+
+void ReleaseSync(Block& b) {
+  b.sync_arrived = 0;
+  ++b.sync_gen;
+  ++b.progress;
+}
+
+void Entry(void* arg) {
+  auto* t = static_cast<Thread*>(arg);
+  Block& b = *g_block;
+  try {
+    (*b.body)();
+  } catch (const std::exception& e) {
+    Fail(b, fmt::format("{}: {}", Where(b), e.what()));
+  }
+  t->done = true;
+  --b.alive;
+  ++b.progress;
+  Warp& w = b.warps[t->linear / 32];
+  const unsigned bit = 1u << (t->linear % 32);
+  w.live &= ~bit;
+  if (w.arrived > 0 && (w.mask & bit) != 0)
+    Fail(b,
+         fmt::format("{} returned while lanes of its warp wait for it in a shuffle (mask {:#x}): "
+                     "a GPU hangs or reads garbage here",
+                     Where(b), w.mask));
+  if (b.sync_arrived > 0 && b.sync_arrived == b.alive) ReleaseSync(b);
+  for (;;) Yield(b);  // never resumed
+}
+
+bool ValidShape(dim3 grid, dim3 block) {
+  const uint64_t threads = uint64_t(block.x) * block.y * block.z;
+  return block.x >= 1 && block.y >= 1 && block.z >= 1 && block.x <= 1024 && block.y <= 1024 &&
+         block.z <= 64 && threads <= kMaxThreads && grid.x >= 1 && grid.y >= 1 && grid.z >= 1 &&
+         grid.x <= 0x7fffffffu && grid.y <= 65535 && grid.z <= 65535;
+}
+
+// Runs one block to the end; false (b.error says why) when it failed.
+bool RunBlock(Block& b) {
+  const unsigned n = unsigned(b.threads.size());
+  for (unsigned i = 0; i < n; ++i) {
+    Thread& t = b.threads[i];
+    t.done = false;
+    Start(&t.ctx, StackOf(i), kStackBytes, &Entry, &t);
+  }
+  for (unsigned w = 0; w < b.warps.size(); ++w) {
+    const unsigned lanes = std::min(32u, n - w * 32);
+    b.warps[w] = Warp{};
+    b.warps[w].live = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+  }
+  b.alive = n;
+  b.sync_arrived = 0;
+  while (b.alive > 0) {
+    const uint64_t before = b.progress;
+    for (Thread& t : b.threads) {
+      if (t.done) continue;
+      b.running = &t;
+      current = &t.idx;
+      Switch(&b.scheduler, &t.ctx);
+      b.running = nullptr;
+      current = nullptr;
+      if (!b.error.empty()) return false;
+    }
+    if (b.progress == before) {
+      unsigned waiting = 0;
+      for (const Thread& t : b.threads) waiting += t.done ? 0 : 1;
+      b.error = fmt::format(
+          "kernel {} deadlocked in block ({},{},{}): {} threads wait at barriers that can never "
+          "be released (__syncthreads and a warp shuffle at once, or a shuffle whose lanes took "
+          "different paths)",
+          b.kernel, b.threads[0].idx.block.x, b.threads[0].idx.block.y, b.threads[0].idx.block.z,
+          waiting);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool Launch(const char* kernel, dim3 grid, dim3 block, const std::function<void()>& body,
+            const void* const* pointers, int count) {
+  if (g_block != nullptr) {
+    SetLaunchError("CUDA emulator: a kernel launched another kernel (not supported)");
+    return false;
+  }
+  if (!ValidShape(grid, block)) {
+    SetLaunchError(
+        fmt::format("invalid configuration argument: kernel {} launched with grid "
+                    "({},{},{}) and block ({},{},{})",
+                    kernel, grid.x, grid.y, grid.z, block.x, block.y, block.z));
+    return false;
+  }
+  for (int i = 0; i < count; ++i) {
+    if (pointers[i] != nullptr && !IsDevice(pointers[i])) {
+      SetLaunchError(
+          fmt::format("an illegal memory access: kernel {} got argument {} = {}, which "
+                      "is not device memory (a host pointer?)",
+                      kernel, i, pointers[i]));
+      return false;
+    }
+  }
+  Block b;
+  b.kernel = kernel;
+  b.body = &body;
+  const unsigned n = block.x * block.y * block.z;
+  b.threads.resize(n);
+  b.warps.resize((n + 31) / 32);
+  for (unsigned i = 0; i < n; ++i) {
+    Thread& t = b.threads[i];
+    t.linear = i;
+    t.idx.thread = {i % block.x, i / block.x % block.y, i / (block.x * block.y)};
+    t.idx.block_dim = block;
+    t.idx.grid_dim = grid;
+  }
+  DeviceAccess open(pointers, size_t(count));
+  g_block = &b;
+  bool ok = true;
+  for (unsigned z = 0; z < grid.z && ok; ++z)
+    for (unsigned y = 0; y < grid.y && ok; ++y)
+      for (unsigned x = 0; x < grid.x && ok; ++x) {
+        for (Thread& t : b.threads) t.idx.block = {x, y, z};
+        ok = RunBlock(b);
+      }
+  g_block = nullptr;
+  if (!ok) SetLaunchError(b.error);
+  return ok;
+}
+
+void SyncThreads() {
+  Block& b = Current();
+  const uint64_t gen = b.sync_gen;
+  if (++b.sync_arrived == b.alive) return ReleaseSync(b);
+  while (b.sync_gen == gen) Yield(b);
+}
+
+int Lane() { return int(Current().running->linear % 32); }
+
+void WarpExchange(unsigned mask, const void* value, void* out, size_t bytes, int src) {
+  Block& b = Current();
+  const unsigned lane = b.running->linear % 32;
+  Warp& w = b.warps[b.running->linear / 32];
+  if ((mask >> lane & 1u) == 0)
+    Fail(b, fmt::format("{} shuffles with mask {:#x}, which leaves it out", Where(b), mask));
+  if ((mask & ~w.live) != 0)
+    Fail(b, fmt::format("{} shuffles with mask {:#x}, but lanes {:#x} of its warp have returned or "
+                        "do not exist: a GPU hangs or reads garbage here",
+                        Where(b), mask, mask & ~w.live));
+  if (src < 0 || src >= 32 || (mask >> src & 1u) == 0)
+    Fail(b, fmt::format("{} reads lane {}, outside the shuffle's mask {:#x}", Where(b), src, mask));
+  const auto barrier = [&] {
+    if (w.arrived == 0)
+      w.mask = mask;
+    else if (w.mask != mask)
+      Fail(b, fmt::format("{}: lanes of one warp shuffle with different masks ({:#x}, {:#x})",
+                          Where(b), w.mask, mask));
+    const uint64_t gen = w.gen;
+    if (++w.arrived == std::popcount(mask)) {
+      w.arrived = 0;
+      ++w.gen;
+      ++b.progress;
+      return;
+    }
+    while (w.gen == gen) Yield(b);
+  };
+  std::memcpy(w.slot[lane], value, bytes);
+  barrier();  // every lane has written
+  std::memcpy(out, w.slot[src], bytes);
+  barrier();  // every lane has read
+}
+
+}  // namespace atl::cuda_emu
