@@ -62,6 +62,7 @@ struct GPT<T>::Slot {
     inputs.Allocate(d, N);
     targets.Allocate(d, N);
     host_inputs.resize(N);
+    host_targets.resize(N);
     encoded.Allocate(d, N * C);
     ln1.Allocate(d, L * N * C);
     ln1_mean.Allocate(d, L * N);
@@ -89,6 +90,8 @@ struct GPT<T>::Slot {
   size_t att_per_layer;
   Buffer<int32_t> inputs, targets;    // [N] on the device
   std::vector<int32_t> host_inputs;   // [N] the same ids on the host
+  std::vector<int32_t> host_targets;  // [N] the same targets on the host
+  std::vector<T> host_output;         // stage_output() on the GPU
   Buffer<T> encoded;                  // [N, C] the stage's input (embeddings on the first)
   Buffer<T> ln1, ln1_mean, ln1_rstd;  // [L, N, C], [L, N], [L, N]
   Buffer<T> qkv;                      // [L, N, 3Cl]
@@ -130,7 +133,8 @@ struct GPT<T>::Activations {
         classifier_scratch.resize(std::max(k::ClassifierForwardScratch(int(N), vocab),
                                            k::ClassifierBackwardScratch(int(N), c.n_embd, vocab)));
       if (tp > 1) {
-        vocab_targets.resize(N);
+        vocab_targets.Allocate(d, N);
+        host_vocab_targets.resize(N);
         vocab_stats.resize(N * size_t(tp + 1));
       }
     }
@@ -145,8 +149,12 @@ struct GPT<T>::Activations {
   std::vector<T> datt_scratch;
   Buffer<T> dfch_gelu, dfch;  // [N, Fl]
   std::vector<T> classifier_scratch;
-  std::vector<int32_t> vocab_targets;  // [N] targets in this rank's vocabulary share (tp > 1)
-  std::vector<T> vocab_stats;          // [tp + 1, N] every rank's lse, then the target logits
+  Buffer<int32_t> vocab_targets;            // [N] targets in this rank's vocabulary share (tp > 1)
+  std::vector<int32_t> host_vocab_targets;  // the same, formed on the host
+  std::vector<T> vocab_stats;      // [tp + 1, N] every rank's lse, then the target logits (host)
+  std::vector<T> staging[2];       // GPU only: host copies for all-reduces and the vocabulary loss
+  std::vector<T> host_input_grad;  // input_grad() on the GPU
+  int last_backward_slot = 0;
 
   bool profiling = false;
   std::vector<OpTime> times;
@@ -212,9 +220,6 @@ GPT<T>::GPT(const GPTConfig& cfg, int max_batch, const ModelShard& shard, int sl
     throw std::invalid_argument(fmt::format("GPT: slots must be positive, got {}", slots));
   if (cuda()) {
     if (!std::is_same_v<T, float>) throw std::invalid_argument("GPT: the GPU runs float models");
-    if (!shard.whole(cfg))
-      throw std::invalid_argument(
-          "GPT: on the GPU a model is not split yet (tensor and pipeline parallel run on the CPU)");
     std::string why;
     if (!DeviceUsable(device, &why)) throw std::runtime_error("GPT: no GPU: " + why);
     ops_.cuda = true;
@@ -268,11 +273,17 @@ void GPT<T>::InitParameters(uint64_t seed) {
 }
 
 template <class T>
-void GPT<T>::TensorAllReduce(T* data, size_t n) {
+void GPT<T>::TensorAllReduce(T* data, size_t n, bool on_host) {
   if (shard_.tp_size == 1) return;
   if (!tp_all_reduce_)
     throw std::logic_error("GPT: tensor parallel shard without set_tensor_parallel");
-  tp_all_reduce_(data, n);
+  if (!cuda() || on_host) return tp_all_reduce_(data, n);
+  // The GPU's tensor through host memory: the Communicator reduces host buffers.
+  std::vector<T>& host = acts_->staging[0];
+  host.resize(n);
+  CopyOut(device_, host.data(), data, n);
+  tp_all_reduce_(host.data(), n);
+  CopyIn(device_, data, host.data(), n);
 }
 
 template <class T>
@@ -318,6 +329,7 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
         throw std::invalid_argument(
             fmt::format("GPT::Forward: target token at position {} out of range [0, {}): {}", i, V,
                         targets[i]));
+    std::copy(targets, targets + N, S.host_targets.begin());
     CopyIn(device_, S.targets.data(), targets, size_t(N));
   }
 
@@ -412,46 +424,57 @@ T GPT<T>::VocabParallelLoss(Slot& S, int N) {
   const int C = cfg_.n_embd, Vl = vocab_end_ - vocab_begin_, tp = shard_.tp_size;
   // Targets outside the share point at row 0 here: their losses are discarded, only lse is used.
   for (int n = 0; n < N; ++n) {
-    const int t = S.targets[size_t(n)];
-    a.vocab_targets[size_t(n)] = t >= vocab_begin_ && t < vocab_end_ ? t - vocab_begin_ : 0;
+    const int t = S.host_targets[size_t(n)];
+    a.host_vocab_targets[size_t(n)] = t >= vocab_begin_ && t < vocab_end_ ? t - vocab_begin_ : 0;
   }
+  CopyIn(device_, a.vocab_targets.data(), a.host_vocab_targets.data(), size_t(N));
   ATL_OP("classifier fwd",
          ops_.ClassifierForward(S.logits.data(), S.lse.data(), S.losses.data(),
                                 a.classifier_scratch.data(), S.lnf.data(), W(ParamKind::kWte),
                                 a.vocab_targets.data(), N, C, Vl));
   T* stats = a.vocab_stats.data();
   std::fill(stats, stats + size_t(tp + 1) * N, T(0));
+  // On the GPU: lse and the losses come to the host, and a target's logit is lse - loss (its
+  // row's loss against the target), not read from the logits on the device.
+  const T* lse = HostView(S.lse.data(), size_t(N), a.staging[0]);
+  const T* share_loss = cuda() ? HostView(S.losses.data(), size_t(N), a.staging[1]) : nullptr;
   for (int n = 0; n < N; ++n) {
-    stats[size_t(shard_.tp_rank) * N + n] = S.lse[size_t(n)];
-    const int t = S.targets[size_t(n)];
+    stats[size_t(shard_.tp_rank) * N + n] = lse[n];
+    const int t = S.host_targets[size_t(n)];
     if (t >= vocab_begin_ && t < vocab_end_)
-      stats[size_t(tp) * N + n] = S.logits[size_t(n) * Vl + size_t(t - vocab_begin_)];
+      stats[size_t(tp) * N + n] =
+          cuda() ? lse[n] - share_loss[n] : S.logits[size_t(n) * Vl + size_t(t - vocab_begin_)];
   }
-  ATL_OP("tp all-reduce", TensorAllReduce(stats, size_t(tp + 1) * N));
+  ATL_OP("tp all-reduce", TensorAllReduce(stats, size_t(tp + 1) * N, /*on_host=*/true));
   double sum = 0;  // in row order
   for (int n = 0; n < N; ++n) {
     T mx = stats[n];
     for (int r = 1; r < tp; ++r) mx = std::max(mx, stats[size_t(r) * N + n]);
     T e = 0;
     for (int r = 0; r < tp; ++r) e += std::exp(stats[size_t(r) * N + n] - mx);
-    S.lse[size_t(n)] = mx + std::log(e);
-    S.losses[size_t(n)] = S.lse[size_t(n)] - stats[size_t(tp) * N + n];
-    sum += double(S.losses[size_t(n)]);
+    const T row_lse = mx + std::log(e), loss = row_lse - stats[size_t(tp) * N + n];
+    stats[n] = row_lse;  // row 0 of stats is spent: it now holds the lse, row 1 the losses
+    stats[size_t(N) + n] = loss;
+    sum += double(loss);
   }
+  CopyIn(device_, S.lse.data(), stats, size_t(N));
+  CopyIn(device_, S.losses.data(), stats + N, size_t(N));
   return T(sum / N);
 }
 
 template <class T>
 const T* GPT<T>::stage_output(int slot) const {
-  if (cuda()) throw std::logic_error("GPT::stage_output: pipeline stages run on the CPU");
-  const Slot& S = acts_->slots.at(size_t(slot));
-  return S.residual3.data() + size_t(layer_end_ - layer_begin_ - 1) * acts_->rows * cfg_.n_embd;
+  Slot& S = acts_->slots.at(size_t(slot));
+  const T* out =
+      S.residual3.data() + size_t(layer_end_ - layer_begin_ - 1) * acts_->rows * cfg_.n_embd;
+  return HostView(out, size_t(S.B) * size_t(S.T_len) * size_t(cfg_.n_embd), S.host_output);
 }
 
 template <class T>
 const T* GPT<T>::input_grad() const {
-  if (cuda()) throw std::logic_error("GPT::input_grad: pipeline stages run on the CPU");
-  return acts_->dresidual.data();
+  const Slot& S = acts_->slots[size_t(acts_->last_backward_slot)];
+  return HostView(acts_->dresidual.data(), size_t(S.B) * size_t(S.T_len) * size_t(cfg_.n_embd),
+                  acts_->host_input_grad);
 }
 
 template <class T>
@@ -460,6 +483,7 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
   if (slot < 0 || slot >= int(a.slots.size()))
     throw std::invalid_argument(fmt::format("GPT::Backward: slot {} of {}", slot, a.slots.size()));
   Slot& S = a.slots[size_t(slot)];
+  a.last_backward_slot = slot;
   const bool first = shard_.first_stage(), last = shard_.last_stage(cfg_);
   if (last && !S.had_targets) {
     throw std::logic_error("GPT::Backward: the last Forward had no targets (or there was none)");
@@ -480,9 +504,11 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
     const int32_t* targets = S.targets.data();
     if (tp > 1) {  // this rank's share of the softmax; targets elsewhere are out of its range
       for (int n = 0; n < N; ++n) {
-        const int t = S.targets[size_t(n)];
-        a.vocab_targets[size_t(n)] = t >= vocab_begin_ && t < vocab_end_ ? t - vocab_begin_ : -1;
+        const int t = S.host_targets[size_t(n)];
+        a.host_vocab_targets[size_t(n)] =
+            t >= vocab_begin_ && t < vocab_end_ ? t - vocab_begin_ : -1;
       }
+      CopyIn(device_, a.vocab_targets.data(), a.host_vocab_targets.data(), size_t(N));
       targets = a.vocab_targets.data();
     }
     ATL_OP("classifier bwd",

@@ -23,8 +23,10 @@
 // A pipeline schedule keeps several micro-batches in flight: each has an activation slot.
 //
 // Devices: a GPT runs on the CPU (the default) or, built with CUDA, on the process's GPU
-// (Device::kCuda: float, the whole model in one shard — no tensor or pipeline split yet). On the
-// GPU the parameters, gradients and activations live in GPU memory, and params() and grads()
+// (Device::kCuda: float, any shard). On the GPU the parameters, gradients and activations live in
+// GPU memory; what crosses ranks goes through host memory (tensor-parallel all-reduces,
+// stage_output() and input_grad(), which are host copies there, and input_acts / output_grad,
+// which are read from the host). params() and grads()
 // stay what the rest of atoll reads and writes: host copies. The non-const params() marks the
 // parameters changed, and the next Forward uploads them; Backward ends by downloading the
 // gradients, and a Backward after a non-const grads() uploads them first. The backward hook is
@@ -188,7 +190,10 @@ class GPT {
   void ZeroDeviceBuffers(std::initializer_list<std::pair<T*, size_t>> buffers);
   void EmitOp(const OpEvent& e);
   size_t Off(ParamKind kind, int layer) const;
-  void TensorAllReduce(T* data, size_t n);
+  // data on this device, or on the host (on_host); the Communicator reduces host memory.
+  void TensorAllReduce(T* data, size_t n, bool on_host = false);
+  // p itself on the CPU; on the GPU, a host copy of its n elements in `host`.
+  const T* HostView(const T* p, size_t n, std::vector<T>& host) const;
   T VocabParallelLoss(Slot& slot, int N);
 
   GPTConfig cfg_;

@@ -45,6 +45,14 @@ void GPT<T>::DownloadGrads() {
   CopyOut(device_, grads_.data(), dgrads_.data(), num_params_);
 }
 
+template <class T>
+const T* GPT<T>::HostView(const T* p, size_t n, std::vector<T>& host) const {
+  if (!cuda()) return p;
+  host.resize(n);
+  CopyOut(device_, host.data(), p, n);
+  return host.data();
+}
+
 // On the GPU the hook gets host copies of out and the operands; what it writes to out goes back.
 template <class T>
 void GPT<T>::EmitOp(const OpEvent& e) {
@@ -76,7 +84,8 @@ void GPT<T>::EmitOp(const OpEvent& e) {
   template void GPT<T>::UploadParamsIfChanged();                                         \
   template void GPT<T>::UploadGradsIfChanged();                                          \
   template void GPT<T>::DownloadGrads();                                                 \
-  template void GPT<T>::EmitOp(const OpEvent&);
+  template void GPT<T>::EmitOp(const OpEvent&);                                          \
+  template const T* GPT<T>::HostView(const T*, size_t, std::vector<T>&) const;
 ATL_INSTANTIATE(float)
 ATL_INSTANTIATE(double)
 #undef ATL_INSTANTIATE

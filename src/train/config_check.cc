@@ -62,10 +62,6 @@ Status ValidateRunConfig(const RunConfig& c) {
   if (c.data.dir.empty()) return bad("data.dir", "must not be empty");
   if (Device d; !ParseDevice(t.device, &d))
     return bad("train.device", fmt::format("must be cpu or cuda, got \"{}\"", t.device));
-  if (t.device == "cuda" && (c.parallel.tp != 1 || c.parallel.pp != 1))
-    return bad("train.device",
-               "cuda runs whole-model ranks for now: parallel.tp and parallel.pp "
-               "must be 1 (data parallel works)");
 
   const ParallelConfig& p = c.parallel;
   for (auto [key, v] :
