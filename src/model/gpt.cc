@@ -14,6 +14,7 @@
 
 #include "core/rng.h"
 #include "kernels/ops.h"
+#include "model/gpt_activations.h"
 
 namespace atl {
 
@@ -49,116 +50,6 @@ void Timed(bool profiling, Times& times, const char* op, F&& f) {
     __VA_ARGS__;                        \
     if (a.profiling) ops_.Sync();       \
   })
-
-// One micro-batch's forward activations for every block of the stage (backward needs them).
-// Sizes are per tensor-parallel rank: Cl = n_embd / tp columns of attention, Fl = 4 n_embd / tp of
-// the MLP, NHl heads. The last stage also keeps ln_f and the logits.
-template <class T>
-struct GPT<T>::Slot {
-  Slot(const GPTConfig& c, int max_batch, int layers, int tp, bool last, int vocab, Device d) {
-    const size_t N = size_t(max_batch) * c.seq_len, C = c.n_embd, L = size_t(layers);
-    const size_t Cl = C / size_t(tp), Fl = 4 * C / size_t(tp), NHl = size_t(c.n_head / tp);
-    att_per_layer = size_t(max_batch) * NHl * c.seq_len * c.seq_len;
-    inputs.Allocate(d, N);
-    targets.Allocate(d, N);
-    host_inputs.resize(N);
-    host_targets.resize(N);
-    encoded.Allocate(d, N * C);
-    ln1.Allocate(d, L * N * C);
-    ln1_mean.Allocate(d, L * N);
-    ln1_rstd.Allocate(d, L * N);
-    qkv.Allocate(d, L * N * 3 * Cl);
-    atty.Allocate(d, L * N * Cl);
-    att_probs.Allocate(d, L * att_per_layer);
-    residual2.Allocate(d, L * N * C);
-    ln2.Allocate(d, L * N * C);
-    ln2_mean.Allocate(d, L * N);
-    ln2_rstd.Allocate(d, L * N);
-    fch.Allocate(d, L * N * Fl);
-    fch_gelu.Allocate(d, L * N * Fl);
-    residual3.Allocate(d, L * N * C);
-    if (last) {
-      lnf.Allocate(d, N * C);
-      lnf_mean.Allocate(d, N);
-      lnf_rstd.Allocate(d, N);
-      logits.Allocate(d, N * size_t(vocab));
-      lse.Allocate(d, N);
-      losses.Allocate(d, N);
-    }
-  }
-
-  size_t att_per_layer;
-  Buffer<int32_t> inputs, targets;    // [N] on the device
-  std::vector<int32_t> host_inputs;   // [N] the same ids on the host
-  std::vector<int32_t> host_targets;  // [N] the same targets on the host
-  std::vector<T> host_output;         // stage_output() on the GPU
-  Buffer<T> encoded;                  // [N, C] the stage's input (embeddings on the first)
-  Buffer<T> ln1, ln1_mean, ln1_rstd;  // [L, N, C], [L, N], [L, N]
-  Buffer<T> qkv;                      // [L, N, 3Cl]
-  Buffer<T> atty;                     // [L, N, Cl]
-  Buffer<T> att_probs;                // [L, B, NHl, T, T]
-  Buffer<T> residual2;                // [L, N, C]  residual + attn.c_proj
-  Buffer<T> ln2, ln2_mean, ln2_rstd;  // [L, N, C], [L, N], [L, N]
-  Buffer<T> fch, fch_gelu;            // [L, N, Fl]
-  Buffer<T> residual3;                // [L, N, C]  residual2 + mlp.c_proj
-  Buffer<T> lnf, lnf_mean, lnf_rstd;  // [N, C], [N], [N]   (last stage)
-  Buffer<T> logits;                   // [N, Vl]  this rank's vocabulary share (last stage)
-  Buffer<T> lse, losses;              // [N]      lse over the whole vocabulary (last stage)
-  int B = 0, T_len = 0;
-  bool had_targets = false;
-};
-
-// The slots, and one block's worth of gradient buffers that backward reuses from the top block
-// down (one backward runs at a time). All sized for (max_batch, seq_len) once.
-template <class T>
-struct GPT<T>::Activations {
-  Activations(const GPTConfig& c, int max_batch, int layers, int tp, bool last, int num_slots,
-              int vocab, Device d) {
-    const size_t N = size_t(max_batch) * c.seq_len, C = c.n_embd;
-    const size_t Cl = C / size_t(tp), Fl = 4 * C / size_t(tp);
-    rows = N;
-    for (int i = 0; i < num_slots; ++i)
-      slots.emplace_back(c, max_batch, layers, tp, last, vocab, d);
-    dresidual.Allocate(d, N * C);
-    dln.Allocate(d, N * C);
-    dln1.Allocate(d, N * C);
-    datty.Allocate(d, N * Cl);
-    dqkv.Allocate(d, N * 3 * Cl);
-    // The CPU's scratch (the GPU backend keeps its own).
-    if (d == Device::kCpu) datt_scratch.resize(slots[0].att_per_layer);
-    dfch_gelu.Allocate(d, N * Fl);
-    dfch.Allocate(d, N * Fl);
-    if (last) {
-      if (d == Device::kCpu)
-        classifier_scratch.resize(std::max(k::ClassifierForwardScratch(int(N), vocab),
-                                           k::ClassifierBackwardScratch(int(N), c.n_embd, vocab)));
-      if (tp > 1) {
-        vocab_targets.Allocate(d, N);
-        host_vocab_targets.resize(N);
-        vocab_stats.resize(N * size_t(tp + 1));
-      }
-    }
-  }
-
-  size_t rows;
-  std::vector<Slot> slots;
-  Buffer<T> dresidual;  // [N, C] gradient of the residual stream, carried down the layers
-  Buffer<T> dln, dln1;  // [N, C] gradients of LayerNorm outputs (ln_f / ln_2, ln_1)
-  Buffer<T> datty;      // [N, Cl]
-  Buffer<T> dqkv;       // [N, 3Cl]
-  std::vector<T> datt_scratch;
-  Buffer<T> dfch_gelu, dfch;  // [N, Fl]
-  std::vector<T> classifier_scratch;
-  Buffer<int32_t> vocab_targets;            // [N] targets in this rank's vocabulary share (tp > 1)
-  std::vector<int32_t> host_vocab_targets;  // the same, formed on the host
-  std::vector<T> vocab_stats;      // [tp + 1, N] every rank's lse, then the target logits (host)
-  std::vector<T> staging[2];       // GPU only: host copies for all-reduces and the vocabulary loss
-  std::vector<T> host_input_grad;  // input_grad() on the GPU
-  int last_backward_slot = 0;
-
-  bool profiling = false;
-  std::vector<OpTime> times;
-};
 
 namespace {
 constexpr size_t kKinds = size_t(ParamKind::kLnfB) + 1;
