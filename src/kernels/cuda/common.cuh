@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/runtime.h"
 
@@ -62,14 +63,16 @@ void* Scratch(ScratchSlot slot, size_t bytes);
 template <class... P, class... A>
 void Launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, const A&... args) {
   static_assert(sizeof...(P) == sizeof...(A), "a kernel launched with the wrong argument count");
+  // Implicit conversions only, as <<<>>> allows (no cast may drop const or change a pointer type).
+  static_assert((std::is_convertible_v<const A&, P> && ...), "a kernel argument of the wrong type");
 #if defined(ATOLL_CUDA_EMULATED)
   const void* pointers[] = {::atl::cuda_emu::PointerOf(args)..., nullptr};
   ::atl::cuda_emu::Launch(
-      name, grid, block, [&] { kernel(P(args)...); }, pointers, int(sizeof...(A)));
+      name, grid, block, [&] { kernel(args...); }, pointers, int(sizeof...(A)));
 #else
   (void)name;
   // clang-format off
-  kernel<<<grid, block, 0, Stream()>>>(P(args)...);
+  kernel<<<grid, block, 0, Stream()>>>(args...);
   // clang-format on
 #endif
   ATL_LAUNCHED();

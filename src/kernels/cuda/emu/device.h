@@ -7,10 +7,14 @@
 //     own stack) on the calling thread; a thread runs until it finishes or waits at a barrier;
 //   - __syncthreads releases the block when every thread still running has arrived (threads that
 //     returned count as arrived, as on Volta and later);
-//   - a warp shuffle is a barrier of the lanes in its mask, which then read each other's values;
-//     a lane of the mask that has returned, or lanes waiting at different barriers, is a
-//     deadlock on the hardware: here the launch stops with an error naming the kernel;
-//   - __shared__ variables are static, hence shared by the block's threads (blocks run in turn).
+//   - a warp shuffle is a barrier of the lanes of its mask still running, which then read each
+//     other's values; reading a lane that has returned or is outside the mask (undefined on the
+//     hardware), or lanes waiting at different barriers (a hang), stops the launch with an error
+//     naming the kernel. One barrier per warp at a time: lanes of one warp shuffling at once with
+//     disjoint masks are refused;
+//   - __shared__ variables are static, hence shared by the block's threads (blocks run in turn);
+//   - threads start in index order in even blocks and in reverse order in odd ones, so that a
+//     kernel that relies on an order the hardware does not promise fails one way or the other.
 // What it cannot show: speed, races between threads without a barrier (fibers switch only at
 // barriers, so such a race never shows), and differences of the hardware's arithmetic (fused
 // multiply-adds, expf's ulps). Results are compared with the CPU backend within tolerances, as on a
@@ -101,11 +105,13 @@ T __shfl_sync(unsigned mask, T v, int src_lane, int width = warpSize) {
   const int lane = ::atl::cuda_emu::Lane();
   const int base = lane / width * width;
   T out;
-  ::atl::cuda_emu::WarpExchange(mask, &v, &out, sizeof(T), base + src_lane % width);
+  ::atl::cuda_emu::WarpExchange(mask, &v, &out, sizeof(T),
+                                base + (src_lane % width + width) % width);
   return out;
 }
 template <class T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = warpSize) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8);
   const int lane = ::atl::cuda_emu::Lane();
   const int src = lane ^ lane_mask;
   T out;
@@ -116,6 +122,7 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = warpSize) {
 }
 template <class T>
 T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = warpSize) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8);
   const int lane = ::atl::cuda_emu::Lane();
   const int src = lane + int(delta);
   T out;
@@ -125,6 +132,7 @@ T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = warpSize) {
 }
 template <class T>
 T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = warpSize) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8);
   const int lane = ::atl::cuda_emu::Lane();
   const int src = lane - int(delta);
   T out;

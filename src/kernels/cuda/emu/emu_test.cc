@@ -108,7 +108,7 @@ TEST(CudaEmulator, WhatHangsAGpuFailsTheLaunch) {
   DeviceArray<float> out(64);
   std::string e = ErrorOf([&] { ATL_LAUNCH(MissingLaneKernel, 1, 64, out.data()); });
   EXPECT_NE(e.find("MissingLaneKernel"), std::string::npos) << e;
-  EXPECT_NE(e.find("returned"), std::string::npos) << e;
+  EXPECT_NE(e.find("reads lane 0, which has returned"), std::string::npos) << e;
   e = ErrorOf([&] { ATL_LAUNCH(SplitBarrierKernel, 1, 64, out.data()); });
   EXPECT_NE(e.find("SplitBarrierKernel"), std::string::npos) << e;
   EXPECT_NE(e.find("deadlock"), std::string::npos) << e;
@@ -190,6 +190,11 @@ TEST(CudaEmulator, GemmMeansWhatItSays) {
             }
             ASSERT_EQ(c[z * m * n + i * n + j], want) << z << " " << i << " " << j;
           }
+      // alpha and beta, C the output: 0.5 * product + 2 * (the product) = 2.5 * product.
+      Gemm(ta, tb, m, n, k, 0.5f, da.data(), ta ? m : k, db.data(), tb ? k : n, 2.0f, dc.data(), n,
+           batch, int64_t(m) * k, int64_t(k) * n, int64_t(m) * n);
+      const auto c2 = Down(dc);
+      for (size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c2[i], 2.5f * c[i]) << i;
     }
   // lda smaller than a row: cuBLASLt refuses the layout.
   DeviceArray<float> x(100), y(100), z(100);

@@ -131,7 +131,7 @@ DeviceAccess::~DeviceAccess() {
 bool IsDevice(const void* p, size_t bytes) {
   uintptr_t start = 0;
   const Allocation* a = Find(p, &start);
-  return a != nullptr && reinterpret_cast<uintptr_t>(p) - start + bytes <= a->bytes;
+  return a != nullptr && bytes <= a->bytes - (reinterpret_cast<uintptr_t>(p) - start);
 }
 
 bool OverlapsDevice(const void* p, size_t bytes) {

@@ -191,22 +191,26 @@ void ReleaseSync(Block& b) {
 void Entry(void* arg) {
   auto* t = static_cast<Thread*>(arg);
   Block& b = *g_block;
+  std::string thrown;
   try {
     (*b.body)();
   } catch (const std::exception& e) {
-    Fail(b, fmt::format("{}: {}", Where(b), e.what()));
+    thrown = e.what();
+  } catch (...) {
+    thrown = "an exception";
   }
+  if (!thrown.empty()) Fail(b, fmt::format("{}: {}", Where(b), thrown));
   t->done = true;
   --b.alive;
   ++b.progress;
   Warp& w = b.warps[t->linear / 32];
   const unsigned bit = 1u << (t->linear % 32);
   w.live &= ~bit;
-  if (w.arrived > 0 && (w.mask & bit) != 0)
-    Fail(b,
-         fmt::format("{} returned while lanes of its warp wait for it in a shuffle (mask {:#x}): "
-                     "a GPU hangs or reads garbage here",
-                     Where(b), w.mask));
+  // A shuffle waiting for this lane now waits only for the others.
+  if (w.arrived > 0 && w.arrived == std::popcount(w.mask & w.live)) {
+    w.arrived = 0;
+    ++w.gen;
+  }
   if (b.sync_arrived > 0 && b.sync_arrived == b.alive) ReleaseSync(b);
   for (;;) Yield(b);  // never resumed
 }
@@ -235,7 +239,10 @@ bool RunBlock(Block& b) {
   b.sync_arrived = 0;
   while (b.alive > 0) {
     const uint64_t before = b.progress;
-    for (Thread& t : b.threads) {
+    const Indices& first = b.threads[0].idx;
+    const bool reverse = (first.block.x + first.block.y + first.block.z) % 2 == 1;
+    for (unsigned k = 0; k < n; ++k) {
+      Thread& t = b.threads[reverse ? n - 1 - k : k];
       if (t.done) continue;
       b.running = &t;
       current = &t.idx;
@@ -325,10 +332,6 @@ void WarpExchange(unsigned mask, const void* value, void* out, size_t bytes, int
   Warp& w = b.warps[b.running->linear / 32];
   if ((mask >> lane & 1u) == 0)
     Fail(b, fmt::format("{} shuffles with mask {:#x}, which leaves it out", Where(b), mask));
-  if ((mask & ~w.live) != 0)
-    Fail(b, fmt::format("{} shuffles with mask {:#x}, but lanes {:#x} of its warp have returned or "
-                        "do not exist: a GPU hangs or reads garbage here",
-                        Where(b), mask, mask & ~w.live));
   if (src < 0 || src >= 32 || (mask >> src & 1u) == 0)
     Fail(b, fmt::format("{} reads lane {}, outside the shuffle's mask {:#x}", Where(b), src, mask));
   const auto barrier = [&] {
@@ -338,7 +341,7 @@ void WarpExchange(unsigned mask, const void* value, void* out, size_t bytes, int
       Fail(b, fmt::format("{}: lanes of one warp shuffle with different masks ({:#x}, {:#x})",
                           Where(b), w.mask, mask));
     const uint64_t gen = w.gen;
-    if (++w.arrived == std::popcount(mask)) {
+    if (++w.arrived == std::popcount(mask & w.live)) {
       w.arrived = 0;
       ++w.gen;
       ++b.progress;
@@ -347,7 +350,11 @@ void WarpExchange(unsigned mask, const void* value, void* out, size_t bytes, int
     while (w.gen == gen) Yield(b);
   };
   std::memcpy(w.slot[lane], value, bytes);
-  barrier();  // every lane has written
+  barrier();  // every lane still running has written
+  if ((w.live >> src & 1u) == 0)
+    Fail(b,
+         fmt::format("{} reads lane {}, which has returned or does not exist: undefined on a GPU",
+                     Where(b), src));
   std::memcpy(out, w.slot[src], bytes);
   barrier();  // every lane has read
 }
