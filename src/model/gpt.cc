@@ -171,8 +171,7 @@ void GPT<T>::TensorAllReduce(T* data, size_t n, bool on_host) {
   if (!cuda() || on_host) return tp_all_reduce_(data, n);
   // The GPU's tensor through host memory: the Communicator reduces host buffers.
   std::vector<T>& host = acts_->staging[0];
-  host.resize(n);
-  CopyOut(device_, host.data(), data, n);
+  HostView(data, n, host);
   tp_all_reduce_(host.data(), n);
   CopyIn(device_, data, host.data(), n);
 }

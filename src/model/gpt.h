@@ -192,7 +192,7 @@ class GPT {
   size_t Off(ParamKind kind, int layer) const;
   // data on this device, or on the host (on_host); the Communicator reduces host memory.
   void TensorAllReduce(T* data, size_t n, bool on_host = false);
-  // p itself on the CPU; on the GPU, a host copy of its n elements in `host`.
+  // p itself on the CPU (or when null); on the GPU, a host copy of its n elements in `host`.
   const T* HostView(const T* p, size_t n, std::vector<T>& host) const;
   T VocabParallelLoss(Slot& slot, int N);
 

@@ -47,7 +47,7 @@ void GPT<T>::DownloadGrads() {
 
 template <class T>
 const T* GPT<T>::HostView(const T* p, size_t n, std::vector<T>& host) const {
-  if (!cuda()) return p;
+  if (!cuda() || p == nullptr) return p;
   host.resize(n);
   CopyOut(device_, host.data(), p, n);
   return host.data();
@@ -60,21 +60,15 @@ void GPT<T>::EmitOp(const OpEvent& e) {
     op_hook_(e);
     return;
   }
-  const auto fetch = [this](const T* p, size_t n, std::vector<T>& host) -> const T* {
-    if (p == nullptr) return nullptr;
-    host.resize(n);
-    CopyOut(device_, host.data(), p, n);
-    return host.data();
-  };
   std::vector<T> out, a, w, bias;
   OpEvent h = e;
   const size_t rows = size_t(e.rows), cols = size_t(e.cols), inner = size_t(e.inner);
-  h.out = const_cast<T*>(fetch(e.out, e.n, out));
+  h.out = const_cast<T*>(HostView(e.out, e.n, out));
   // An activation event's `a` has the shape of out; a GEMM's is [rows, inner], its w [inner,
   // cols] forward and [cols, inner] backward (the same count), its bias [cols].
-  h.a = fetch(e.a, e.kind == OpKind::kActivation ? e.n : rows * inner, a);
-  h.w = fetch(e.w, inner * cols, w);
-  h.bias = fetch(e.bias, cols, bias);
+  h.a = HostView(e.a, e.kind == OpKind::kActivation ? e.n : rows * inner, a);
+  h.w = HostView(e.w, inner * cols, w);
+  h.bias = HostView(e.bias, cols, bias);
   op_hook_(h);
   CopyIn(device_, e.out, out.data(), e.n);
 }

@@ -9,7 +9,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -95,8 +94,6 @@ void InstallFaultHandler() {
   });
 }
 
-}  // namespace
-
 // The live allocation holding p, or null.
 Allocation* Find(const void* p, uintptr_t* start) {
   const auto a = reinterpret_cast<uintptr_t>(p);
@@ -108,6 +105,8 @@ Allocation* Find(const void* p, uintptr_t* start) {
   *start = it->first;
   return &it->second;
 }
+
+}  // namespace
 
 DeviceAccess::DeviceAccess(const void* const* pointers, size_t n) {
   for (size_t i = 0; i < n; ++i) {
