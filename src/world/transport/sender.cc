@@ -112,7 +112,10 @@ Status WanCore::ConnectLink(Link* l, double deadline) {
       return Status::Unavailable(
           fmt::format("{} refused this site: {}", PeerName(l->peer), s.error_message()));
     } else {
-      last = s.error_message();
+      // An attempt cut short by the deadline says nothing new: keep why the ones before failed
+      // (a TLS peer-name mismatch must not read as a slow peer).
+      if (s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED || last == "no answer")
+        last = s.error_message();
       fresh = true;
     }
     std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
