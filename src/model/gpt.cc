@@ -153,7 +153,7 @@ size_t GPT<T>::Off(ParamKind kind, int layer) const {
 
 template <class T>
 void GPT<T>::InitParameters(uint64_t seed) {
-  params_dirty_ = true;
+  params_at_ = Newer::kHost;  // every element is written below
   if (shard_.whole(cfg_)) {
     InitWholeModel(cfg_, seed, params_.data());
     return;
@@ -199,7 +199,7 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
   Activations& a = *acts_;
   if (slot < 0 || slot >= int(a.slots.size()))
     throw std::invalid_argument(fmt::format("GPT::Forward: slot {} of {}", slot, a.slots.size()));
-  if (cuda()) UploadParamsIfChanged();
+  if (cuda()) DeviceCurrent(params_, dparams_, params_at_);
   const bool first = shard_.first_stage(), last = shard_.last_stage(cfg_);
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
   const int tp = shard_.tp_size, Cl = C / tp, Fl = 4 * C / tp, NHl = cfg_.n_head / tp;
@@ -378,7 +378,7 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
   if (last && !S.had_targets) {
     throw std::logic_error("GPT::Backward: the last Forward had no targets (or there was none)");
   }
-  if (cuda()) UploadGradsIfChanged();
+  if (cuda()) DeviceCurrent(grads_, dgrads_, grads_at_);
   const int B = S.B, T_len = S.T_len;
   const int C = cfg_.n_embd;
   const int tp = shard_.tp_size, Cl = C / tp, Fl = 4 * C / tp, NHl = cfg_.n_head / tp;
@@ -476,23 +476,27 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
                                                S.inputs.data(), S.host_inputs.data(), B, T_len, C,
                                                vocab_begin_, tp > 1 ? vocab_end_ : -1));
   if (cuda()) {
-    DownloadGrads();
-    if (backward_hook_)
+    grads_at_ = Newer::kDevice;
+    if (backward_hook_) {
+      HostCurrent(grads_, dgrads_, grads_at_);
       for (int l = layer_end_ - 1; l >= layer_begin_; --l) backward_hook_(l);
+      grads_at_ = Newer::kHost;  // the hooks may have written the host's gradients
+    }
   }
 }
 
 template <class T>
 void GPT<T>::ZeroGrad() {
+  if (cuda()) {  // the host's copy is downloaded if it is read
+    ops_.Zero(dgrads_.data(), num_params_);
+    grads_at_ = Newer::kDevice;
+    return;
+  }
   // 44 MB for the `small` preset: worth both cores.
   T* g = grads_.data();
   const int64_t n = int64_t(grads_.size());
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) g[i] = T(0);
-  if (cuda()) {
-    ops_.Zero(dgrads_.data(), num_params_);
-    grads_dirty_ = false;
-  }
 }
 
 template <class T>

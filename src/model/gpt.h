@@ -26,13 +26,20 @@
 // (Device::kCuda: float, any shard). On the GPU the parameters, gradients and activations live in
 // GPU memory; what crosses ranks goes through host memory (tensor-parallel all-reduces,
 // stage_output() and input_grad(), which are host copies there, and input_acts / output_grad,
-// which are read from the host). params() and grads()
-// stay what the rest of atoll reads and writes: host copies. The non-const params() marks the
-// parameters changed, and the next Forward uploads them; Backward ends by downloading the
-// gradients, and a Backward after a non-const grads() uploads them first. The backward hook is
-// then called for every block after the download (no overlap yet), and the op hook sees host
-// copies of its operands (what it changes in *out is uploaded back). Staging through host memory
-// is correct but slow: the optimizer on the GPU (kernels/cuda/ops.h AdamWStep) is the next step.
+// which are read from the host). params() and grads() stay what the rest of atoll reads and
+// writes: host copies, kept in step with the GPU's lazily. Each of the two buffers is newer on
+// the host, newer on the GPU, or the same on both:
+//   - params() and grads() download the GPU's copy first when it is newer; the non-const ones
+//     then mark the host's newer (the caller may write), the const ones leave both the same;
+//   - Forward uploads the parameters, and Backward the gradients, when the host's are newer;
+//   - Backward leaves its gradients newer on the GPU, ZeroGrad zeroes the GPU's alone;
+//   - device_params() and device_grads() give the GPU's buffers, current, for the optimizer on
+//     the GPU (train/optimizer.h): the non-const device_params() marks the GPU's newer.
+// So a step whose optimizer runs on the GPU and that reads nothing on the host moves no
+// parameters or gradients (transfers() counts the bytes moved). A pointer from these accessors
+// is good until the next call that changes which side is newer. With a backward hook, Backward
+// downloads the gradients and then calls it for every block (no overlap yet); the op hook sees
+// host copies of its operands (what it changes in *out is uploaded back).
 //
 // Thread-safety: not thread-safe; one GPT per training process. Kernels use OpenMP inside.
 #pragma once
@@ -56,8 +63,8 @@ class GPT {
   // Allocates parameters, gradients and activations for batches of up to max_batch sequences of
   // up to cfg.seq_len tokens, in `slots` activation slots. Parameters are zero until
   // InitParameters or a load. Throws std::invalid_argument for an invalid config or shard.
-  // On Device::kCuda throws std::invalid_argument unless T is float and the shard is the whole
-  // model, and std::runtime_error when no GPU is usable.
+  // On Device::kCuda throws std::invalid_argument unless T is float, and std::runtime_error when
+  // no GPU is usable.
   GPT(const GPTConfig& cfg, int max_batch, const ModelShard& shard = {}, int slots = 1,
       Device device = Device::kCpu);
   ~GPT();
@@ -70,17 +77,32 @@ class GPT {
   const std::vector<ParamTensor>& layout() const { return layout_; }
   size_t num_params() const { return num_params_; }
   Device device() const { return device_; }
-  // Host buffers (see Devices above): the non-const accessors mark them changed.
+  // Host buffers (see Devices above): current; the non-const accessors mark them newer.
   T* params() {
-    params_dirty_ = true;
+    HostCurrent(params_, dparams_, params_at_);
+    params_at_ = Newer::kHost;
     return params_.data();
   }
-  const T* params() const { return params_.data(); }
+  const T* params() const {
+    HostCurrent(params_, dparams_, params_at_);
+    return params_.data();
+  }
   T* grads() {
-    grads_dirty_ = true;
+    HostCurrent(grads_, dgrads_, grads_at_);
+    grads_at_ = Newer::kHost;
     return grads_.data();
   }
-  const T* grads() const { return grads_.data(); }
+  const T* grads() const {
+    HostCurrent(grads_, dgrads_, grads_at_);
+    return grads_.data();
+  }
+  // The buffers the kernels use (the host's on the CPU), current; device_params() marks the
+  // GPU's newer (the optimizer on the GPU writes them).
+  T* device_params();
+  const T* device_grads();
+  // Bytes moved between the host's buffers and the GPU's for params() and grads() so far (0 on
+  // the CPU).
+  uint64_t transfers() const { return transfer_bytes_; }
 
   // GPT-2 initialization from the counter-based RNG (seed, step 0, RngPurpose::kInit, element
   // index): weights N(0, 0.02); attn.c_proj and mlp.c_proj weights N(0, 0.02/sqrt(2 n_layer));
@@ -183,10 +205,12 @@ class GPT {
     return (cuda() ? dgrads_.data() : grads_.data()) + Off(kind, layer);
   }
   bool cuda() const { return device_ == Device::kCuda; }
-  // GPU only: host → device parameters when changed, gradients before and after a backward.
-  void UploadParamsIfChanged();
-  void UploadGradsIfChanged();
-  void DownloadGrads();
+  // Which copy of a buffer is newer (GPU only; the CPU has one copy).
+  enum class Newer { kHost, kDevice, kBoth };
+  // Downloads the GPU's copy into the host's when the GPU's is newer; then they are the same.
+  void HostCurrent(std::vector<T>& host, const Buffer<T>& dev, Newer& at) const;
+  // Uploads the host's copy when it is newer; then they are the same.
+  void DeviceCurrent(const std::vector<T>& host, Buffer<T>& dev, Newer& at);
   void ZeroDeviceBuffers(std::initializer_list<std::pair<T*, size_t>> buffers);
   void EmitOp(const OpEvent& e);
   size_t Off(ParamKind kind, int layer) const;
@@ -204,12 +228,14 @@ class GPT {
   std::vector<ParamTensor> layout_;
   std::vector<size_t> offsets_;  // [(local layer + 1) * kKinds + kind]; row 0: wte, wpe, ln_f
   size_t num_params_;
-  std::vector<T> params_;
-  std::vector<T> grads_;
+  // The host's buffers; mutable: a const accessor may download the GPU's newer copy into them.
+  mutable std::vector<T> params_;
+  mutable std::vector<T> grads_;
   Device device_ = Device::kCpu;
   Ops<T> ops_;
   Buffer<T> dparams_, dgrads_;  // the GPU's copies (empty on the CPU)
-  bool params_dirty_ = true, grads_dirty_ = false;
+  mutable Newer params_at_ = Newer::kHost, grads_at_ = Newer::kBoth;
+  mutable uint64_t transfer_bytes_ = 0;
   mutable std::vector<T> host_logits_;  // logits() on the GPU
   std::unique_ptr<Activations> acts_;
   std::function<void(int)> backward_hook_;

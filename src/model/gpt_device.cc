@@ -1,5 +1,6 @@
 // GPT's device plumbing (see "Devices" in gpt.h): zeroing buffers where they live, keeping the
-// GPU's parameters and gradients in step with the host copies, and op events with host operands.
+// GPU's parameters and gradients in step with the host copies (lazily, in whichever direction is
+// newer), and op events with host operands.
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -27,22 +28,34 @@ void GPT<T>::ZeroDeviceBuffers(std::initializer_list<std::pair<T*, size_t>> buff
 }
 
 template <class T>
-void GPT<T>::UploadParamsIfChanged() {
-  if (!params_dirty_) return;
-  CopyIn(device_, dparams_.data(), params_.data(), num_params_);
-  params_dirty_ = false;
+void GPT<T>::HostCurrent(std::vector<T>& host, const Buffer<T>& dev, Newer& at) const {
+  if (at != Newer::kDevice) return;
+  CopyOut(device_, host.data(), dev.data(), num_params_);
+  transfer_bytes_ += num_params_ * sizeof(T);
+  at = Newer::kBoth;
 }
 
 template <class T>
-void GPT<T>::UploadGradsIfChanged() {
-  if (!grads_dirty_) return;
-  CopyIn(device_, dgrads_.data(), grads_.data(), num_params_);
-  grads_dirty_ = false;
+void GPT<T>::DeviceCurrent(const std::vector<T>& host, Buffer<T>& dev, Newer& at) {
+  if (at != Newer::kHost) return;
+  CopyIn(device_, dev.data(), host.data(), num_params_);
+  transfer_bytes_ += num_params_ * sizeof(T);
+  at = Newer::kBoth;
 }
 
 template <class T>
-void GPT<T>::DownloadGrads() {
-  CopyOut(device_, grads_.data(), dgrads_.data(), num_params_);
+T* GPT<T>::device_params() {
+  if (!cuda()) return params_.data();
+  DeviceCurrent(params_, dparams_, params_at_);
+  params_at_ = Newer::kDevice;
+  return dparams_.data();
+}
+
+template <class T>
+const T* GPT<T>::device_grads() {
+  if (!cuda()) return grads_.data();
+  DeviceCurrent(grads_, dgrads_, grads_at_);
+  return dgrads_.data();
 }
 
 template <class T>
@@ -75,9 +88,10 @@ void GPT<T>::EmitOp(const OpEvent& e) {
 
 #define ATL_INSTANTIATE(T)                                                               \
   template void GPT<T>::ZeroDeviceBuffers(std::initializer_list<std::pair<T*, size_t>>); \
-  template void GPT<T>::UploadParamsIfChanged();                                         \
-  template void GPT<T>::UploadGradsIfChanged();                                          \
-  template void GPT<T>::DownloadGrads();                                                 \
+  template void GPT<T>::HostCurrent(std::vector<T>&, const Buffer<T>&, Newer&) const;    \
+  template void GPT<T>::DeviceCurrent(const std::vector<T>&, Buffer<T>&, Newer&);        \
+  template T* GPT<T>::device_params();                                                   \
+  template const T* GPT<T>::device_grads();                                              \
   template void GPT<T>::EmitOp(const OpEvent&);                                          \
   template const T* GPT<T>::HostView(const T*, size_t, std::vector<T>&) const;
 ATL_INSTANTIATE(float)

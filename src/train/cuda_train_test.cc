@@ -1,14 +1,20 @@
 // Training on the GPU (train.device = "cuda") against the CPU: the loss curve over 20 steps within
-// 1e-4 relative, two GPU runs with the same bits, and checkpoints that cross devices. Skipped,
-// saying why, where no GPU is usable; train.device's refusals are checked everywhere.
+// 1e-4 relative, two GPU runs with the same bits, checkpoints that cross devices, and the
+// optimizer on the GPU against the CPU's without a transfer per step. Skipped, saying why, where
+// no GPU is usable; train.device's refusals are checked everywhere.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/backend.h"
+#include "model/gpt.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
+#include "train/optimizer.h"
 #include "train/test_util.h"
 
 namespace atl {
@@ -75,6 +81,80 @@ TEST_F(CudaTrainTest, CheckpointsCrossDevices) {
       EXPECT_NEAR(b, a, 1e-4 * std::abs(a)) << "step " << 11 + i;
     }
   }
+}
+
+// max |a - b| over max |b|: a whole buffer's error in units of its scale.
+double NormalizedError(const float* a, const float* b, size_t n) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < n; ++i) {
+    err = std::max(err, std::abs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::abs(double(b[i])));
+  }
+  return err / scale;
+}
+
+// The optimizer on the GPU (train/optimizer.h) beside the CPU's, three steps of a small model:
+// the same parameters, moments, norms and update squares within rounding; after the first step's
+// uploads no step moves parameters, gradients or moments between host and GPU; the host's copies
+// are current when read (one download), and what the host writes reaches the next step.
+TEST(CudaOptimizer, StepsStayOnTheGpuAndMatchTheCpu) {
+  std::string why;
+  if (!DeviceUsable(Device::kCuda, &why)) GTEST_SKIP() << "no GPU here (" << why << ")";
+  const GPTConfig c{.vocab_size = 64, .seq_len = 16, .n_layer = 2, .n_head = 2, .n_embd = 16};
+  GPT<float> cpu(c, 2), gpu(c, 2, {}, 1, Device::kCuda);
+  cpu.InitParameters(5);
+  gpu.InitParameters(5);
+  const size_t n = cpu.num_params();
+  AdamW cpu_opt(cpu.layout(), {}), gpu_opt(gpu.layout(), {});
+  gpu_opt.PlaceOnDevice();
+  std::vector<int32_t> in(32), tg(32);
+  for (size_t i = 0; i < in.size(); ++i) {
+    in[i] = int32_t((i * 7) % 64);
+    tg[i] = int32_t((i * 5 + 3) % 64);
+  }
+  uint64_t moved = 0;
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE(step);
+    for (GPT<float>* m : {&cpu, &gpu}) {
+      m->ZeroGrad();
+      m->Forward(in.data(), tg.data(), 2, 16);
+      m->Backward();
+    }
+    const double sq_cpu = GradSquaredSum(cpu.grads(), n);
+    const double sq_gpu = DeviceGradSquaredSum(gpu.device_grads(), n);
+    EXPECT_NEAR(sq_gpu, sq_cpu, 1e-4 * sq_cpu);
+    cpu_opt.Step(cpu.params(), cpu.grads(), 1e-2, ClipScale(std::sqrt(sq_cpu), 1.0));
+    gpu_opt.StepOnDevice(gpu.device_params(), gpu.device_grads(), 1e-2,
+                         ClipScale(std::sqrt(sq_gpu), 1.0));
+    if (step == 0) {  // the parameters and the (zero) moments went up once
+      moved = gpu.transfers() + gpu_opt.transfers();
+      EXPECT_EQ(moved, 3 * n * sizeof(float));
+    } else {
+      EXPECT_EQ(gpu.transfers() + gpu_opt.transfers(), moved);
+    }
+    for (size_t t = 0; t < cpu.layout().size(); ++t)
+      EXPECT_NEAR(gpu_opt.update_squares()[t], cpu_opt.update_squares()[t],
+                  1e-3 * cpu_opt.update_squares()[t] + 1e-12)
+          << cpu.layout()[t].name;
+  }
+  const GPT<float>& view = gpu;
+  const AdamW& opt_view = gpu_opt;
+  EXPECT_LT(NormalizedError(view.params(), cpu.params(), n), 1e-4);
+  EXPECT_LT(NormalizedError(opt_view.m(), cpu_opt.m(), n), 1e-4);
+  EXPECT_LT(NormalizedError(opt_view.v(), cpu_opt.v(), n), 1e-4);
+  EXPECT_LT(NormalizedError(view.grads(), cpu.grads(), n), 1e-4);
+  // One download each of the parameters, the gradients and the moments; reading again is free.
+  const uint64_t read = gpu.transfers() + gpu_opt.transfers();
+  EXPECT_EQ(read, moved + 4 * n * sizeof(float));
+  (void)view.params(), (void)opt_view.m();
+  EXPECT_EQ(gpu.transfers() + gpu_opt.transfers(), read);
+  // What the host writes reaches the GPU: the next forward uploads it, and uses it.
+  gpu.params()[0] += 1.0f;
+  cpu.params()[0] += 1.0f;
+  const float cpu_loss = cpu.Forward(in.data(), tg.data(), 2, 16);
+  const float gpu_loss = gpu.Forward(in.data(), tg.data(), 2, 16);
+  EXPECT_NEAR(gpu_loss, cpu_loss, 1e-4 * cpu_loss);
+  EXPECT_EQ(gpu.transfers() + gpu_opt.transfers(), read + n * sizeof(float));
 }
 
 // Checked everywhere, with or without a GPU: an unknown device is refused; a split model on the

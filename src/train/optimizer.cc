@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 namespace atl {
 
@@ -105,15 +106,26 @@ AdamW::AdamW(const std::vector<ParamTensor>& layout, Hyper hyper,
   slots_.assign(slot_begin_.back(), 0.0);
 }
 
-void AdamW::Step(float* params, const float* grads, double lr, float grad_scale) {
-  ++t_;
+AdamW::Scalars AdamW::ScalarsAt(double lr) const {
   const double b1 = hyper_.beta1, b2 = hyper_.beta2;
-  const float beta1 = float(b1), one_minus_beta1 = float(1.0 - b1);
-  const float beta2 = float(b2), one_minus_beta2 = float(1.0 - b2);
-  const float step_size = float(lr / (1.0 - std::pow(b1, double(t_))));
-  const float inv_bc2_sqrt = float(1.0 / std::sqrt(1.0 - std::pow(b2, double(t_))));
-  const float eps = float(hyper_.eps);
-  const float decay_factor = float(1.0 - lr * hyper_.weight_decay);
+  return Scalars{.beta1 = float(b1),
+                 .one_minus_beta1 = float(1.0 - b1),
+                 .beta2 = float(b2),
+                 .one_minus_beta2 = float(1.0 - b2),
+                 .step_size = float(lr / (1.0 - std::pow(b1, double(t_)))),
+                 .inv_bc2_sqrt = float(1.0 / std::sqrt(1.0 - std::pow(b2, double(t_)))),
+                 .eps = float(hyper_.eps),
+                 .decay_factor = float(1.0 - lr * hyper_.weight_decay)};
+}
+
+void AdamW::Step(float* params, const float* grads, double lr, float grad_scale) {
+  if (device_) throw std::logic_error("AdamW::Step on host memory after PlaceOnDevice");
+  ++t_;
+  const Scalars sc = ScalarsAt(lr);
+  const float beta1 = sc.beta1, one_minus_beta1 = sc.one_minus_beta1;
+  const float beta2 = sc.beta2, one_minus_beta2 = sc.one_minus_beta2;
+  const float step_size = sc.step_size, inv_bc2_sqrt = sc.inv_bc2_sqrt, eps = sc.eps;
+  const float decay_factor = sc.decay_factor;
   float* m = m_.data();
   float* v = v_.data();
   const size_t n = m_.size();

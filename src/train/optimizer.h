@@ -28,11 +28,21 @@
 // the update the unsharded one gives it. GradSquaredSum sums squares in double over fixed chunks
 // and then adds the chunk sums in order: also independent of the thread count.
 //
+// On the GPU (PlaceOnDevice, the whole local buffer only): the moments live in GPU memory and
+// StepOnDevice updates GPU parameters from GPU gradients with the same arithmetic
+// (kernels/cuda/ops.h AdamWStep: equal within rounding, as either compiler may fuse a multiply
+// and an add). m() and v() stay host copies, kept in step lazily as GPT's params() are: they
+// download the GPU's newer moments first; the non-const ones then mark the host's newer, and the
+// next StepOnDevice uploads them. update_squares() comes from the GPU too: each parameter's move
+// rounded to float, its squares summed in double per segment and the segments in order, so
+// within rounding of the CPU's.
+//
 // Thread-safety: an AdamW is used by one thread at a time (it uses OpenMP inside).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -46,6 +56,10 @@ bool DecaysWeight(const ParamTensor& t);
 // sum g_i^2, summed in double in fixed chunks (from grads[0]), chunk sums added in order. A
 // sharded run sums its shard with this and all-reduces the partial sums.
 double GradSquaredSum(const float* grads, size_t n);
+
+// GradSquaredSum of GPU memory, on the GPU (kernels/cuda/ops.h; its own fixed order, so equal
+// within rounding). Throws std::runtime_error in an atoll built without CUDA.
+double DeviceGradSquaredSum(const float* device_grads, size_t n);
 
 // sqrt(GradSquaredSum(grads, n)), bitwise.
 double GradNorm(const float* grads, size_t n);
@@ -76,11 +90,23 @@ class AdamW {
   // overlap. Empty ranges are allowed; elements outside every tensor have a state slot but are
   // never updated.
   AdamW(const std::vector<ParamTensor>& layout, Hyper hyper, const std::vector<OwnedRange>& owned);
+  AdamW(const AdamW&) = delete;
+  AdamW& operator=(const AdamW&) = delete;
 
   // One update of the owned params (local coordinates) from grads (state coordinates, size()
   // elements; read, not modified) at learning rate lr; grads are multiplied by grad_scale first
   // (the clipping factor).
   void Step(float* params, const float* grads, double lr, float grad_scale);
+
+  // Moves the moments to the process's GPU (see the top). Throws std::logic_error for an AdamW
+  // that does not own the whole local buffer, std::runtime_error without CUDA or a GPU.
+  void PlaceOnDevice();
+  bool on_device() const { return device_ != nullptr; }
+  // Step on the GPU: params and grads are device pointers (GPT::device_params, device_grads).
+  // REQUIRES: on_device().
+  void StepOnDevice(float* params, const float* grads, double lr, float grad_scale);
+  // Bytes of moments moved between the host and the GPU so far (0 on the CPU).
+  uint64_t transfers() const { return transfer_bytes_; }
 
   // What the last Step moved, for the step guard (train/sdc/guard.h): per tensor of the layout,
   // the sum of (p_after - p_before)² over the elements this optimizer owns (0 for a tensor it
@@ -95,10 +121,25 @@ class AdamW {
   // For checkpoint save and load: the moments (state coordinates) and the count of updates they
   // have seen.
   void set_step_count(int64_t t) { t_ = t; }
-  float* m() { return m_.data(); }
-  float* v() { return v_.data(); }
-  const float* m() const { return m_.data(); }
-  const float* v() const { return v_.data(); }
+  // On the GPU: current host copies (see the top); the non-const ones mark them newer.
+  float* m() {
+    HostMoments();
+    if (device_) moments_at_ = Newer::kHost;
+    return m_.data();
+  }
+  float* v() {
+    HostMoments();
+    if (device_) moments_at_ = Newer::kHost;
+    return v_.data();
+  }
+  const float* m() const {
+    HostMoments();
+    return m_.data();
+  }
+  const float* v() const {
+    HostMoments();
+    return v_.data();
+  }
 
  private:
   // State elements [begin, end) are the local elements [begin + shift, end + shift).
@@ -111,11 +152,27 @@ class AdamW {
   // Appends a segment, merged with the last one where both coordinates continue it in the same
   // tensor.
   void AddSegment(size_t begin, size_t end, size_t shift, bool decay, size_t tensor);
+  // The update's scalars at the current update count t_ (shared by Step and StepOnDevice).
+  struct Scalars {
+    float beta1, one_minus_beta1, beta2, one_minus_beta2;
+    float step_size, inv_bc2_sqrt, eps, decay_factor;
+  };
+  Scalars ScalarsAt(double lr) const;
+  // On the GPU: which copy of the moments is newer; HostMoments downloads the GPU's when it is.
+  enum class Newer { kHost, kDevice, kBoth };
+  void HostMoments() const;
+  struct DeviceState;
+  struct DeleteDeviceState {
+    void operator()(DeviceState* d) const;  // where DeviceState is complete
+  };
 
   Hyper hyper_;
-  std::vector<Segment> segments_;  // in state order: the owned elements that lie in a tensor
-  std::vector<float> m_, v_;
+  std::vector<Segment> segments_;     // in state order: the owned elements that lie in a tensor
+  mutable std::vector<float> m_, v_;  // mutable: a const m() may download the GPU's
   int64_t t_ = 0;
+  std::unique_ptr<DeviceState, DeleteDeviceState> device_;  // null on the CPU
+  mutable Newer moments_at_ = Newer::kBoth;
+  mutable uint64_t transfer_bytes_ = 0;
   // The update's squares: chunk c's pieces of segments (in order from chunk_first_[c]) have the
   // slots slot_begin_[c] ... slot_begin_[c + 1] - 1.
   std::vector<size_t> chunk_first_, slot_begin_;

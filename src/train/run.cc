@@ -194,8 +194,11 @@ StatusOr<double> SquaredGradNorm(Run& run) {
       const auto& o = run.reducer->owned()[oi];
       add(g + o.shard_begin + (b - o.local_begin), e - b);
     }
+  } else if (mesh.dp_rank() == 0 && run.optimizer->on_device() && !exact) {
+    const float* g = run.model->device_grads();  // summed where they are
+    for (const auto& [b, e] : run.norm_ranges) sum += DeviceGradSquaredSum(g + b, e - b);
   } else if (mesh.dp_rank() == 0) {
-    for (const auto& [b, e] : run.norm_ranges) add(run.model->grads() + b, e - b);
+    for (const auto& [b, e] : run.norm_ranges) add(ModelView(run).grads() + b, e - b);
   }
   Communicator* world = mesh.world();
   if (exact) {
@@ -494,8 +497,8 @@ CheckpointSource Source(const RunConfig& cfg, const Run& run, int64_t completed,
 Status SaveCheckpoint(Run& run, const std::string& dir, int64_t completed) {
   if (run.model->shard().whole(run.cfg.model) && !Zero(run)) {
     if (run.mesh.rank() != 0) return Status::Ok();
-    return WriteCheckpoint(dir, Source(run.cfg, run, completed, run.model->params(),
-                                       run.optimizer->m(), run.optimizer->v()));
+    return WriteCheckpoint(dir, Source(run.cfg, run, completed, ModelView(run).params(),
+                                       OptimizerView(run).m(), OptimizerView(run).v()));
   }
   std::vector<float> params, m, v;
   ATOLL_RETURN_IF_ERROR(GatherWhole(run, /*with_moments=*/true, &params, &m, &v));

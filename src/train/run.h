@@ -93,6 +93,11 @@ void CheckReducedGradient(Run& run, int replicas);
 
 // ZeRO-1: the optimizer state is sharded over the data-parallel replicas.
 bool Zero(const Run& run);
+// The rank's model and optimizer for reading: on the GPU their host copies download what is newer
+// there without being marked written (the non-const accessors mark them, and the next step then
+// uploads them again).
+inline const GPT<float>& ModelView(const Run& run) { return *run.model; }
+inline const AdamW& OptimizerView(const Run& run) { return *run.optimizer; }
 // Throws the status of a failed tensor-parallel all-reduce out of the model's forward/backward.
 void ThrowIfError(const Status& s);
 

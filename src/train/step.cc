@@ -24,9 +24,10 @@
 namespace atl {
 
 Status CheckStep(Run& run, int64_t s, StepMetrics* m) {
-  ATOLL_ASSIGN_OR_RETURN(std::vector<SdcEvent> events,
-                         run.sdc->AfterStep(s, m->loss, m->grad_norm, m->lr, run.model->params(),
-                                            run.optimizer->m(), run.optimizer->v()));
+  ATOLL_ASSIGN_OR_RETURN(
+      std::vector<SdcEvent> events,
+      run.sdc->AfterStep(s, m->loss, m->grad_norm, m->lr, ModelView(run).params(),
+                         OptimizerView(run).m(), OptimizerView(run).v()));
   std::vector<std::string> mine;
   for (const SdcEvent& e : events) {
     LogWarning("silent data corruption suspected: {}", e.ToString());
@@ -122,7 +123,8 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
       sums[sums.size() - timed + size_t(run.site)] = passes_s / double(computed);
     }
     SiteSums site;
-    site.grads = std::span<float>(run.model->grads(), n_params);
+    // Only sync over sites sums gradients (on the GPU, reading them downloads them).
+    if (over_wan) site.grads = std::span<float>(run.model->grads(), n_params);
     if (over_wan && run.reducer != nullptr) site.fixed = run.reducer->fixed_sums();
     site.losses = std::span<double>(sums);
     site.seconds = std::span<double>(sums).last(timed);
@@ -144,7 +146,7 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
     if (Zero(run))
       run.trace->SetGrads({}, run.reducer->shard_grads(), run.optimizer->size());
     else
-      run.trace->SetGrads(run.model->layout(), run.model->grads(), n_params);
+      run.trace->SetGrads(run.model->layout(), ModelView(run).grads(), n_params);
   }
   double loss_sum = 0.0;
   for (double l : all_losses) loss_sum += l;
@@ -153,9 +155,12 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
   m->grad_norm = std::sqrt(squared_norm);
   m->lr = LearningRate(tc, s);
   const float clip = ClipScale(m->grad_norm, tc.grad_clip);
-  if (run.sdc != nullptr) ATOLL_RETURN_IF_ERROR(run.sdc->BeforeUpdate(s, run.model->params()));
-  run.optimizer->Step(run.model->params(),
-                      Zero(run) ? run.reducer->shard_grads() : run.model->grads(), m->lr, clip);
+  if (run.sdc != nullptr) ATOLL_RETURN_IF_ERROR(run.sdc->BeforeUpdate(s, ModelView(run).params()));
+  if (run.optimizer->on_device())  // the parameters and gradients stay on the GPU
+    run.optimizer->StepOnDevice(run.model->device_params(), run.model->device_grads(), m->lr, clip);
+  else
+    run.optimizer->Step(run.model->params(),
+                        Zero(run) ? run.reducer->shard_grads() : run.model->grads(), m->lr, clip);
   if (run.sdc != nullptr)
     ATOLL_RETURN_IF_ERROR(
         run.sdc->OnUpdate(run.optimizer->update_squares(), run.optimizer->owned_numel()));

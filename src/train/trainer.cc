@@ -91,6 +91,8 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
     run.optimizer = std::make_unique<AdamW>(run.model->layout(), HyperOf(tc), owned);
   } else {
     run.optimizer = std::make_unique<AdamW>(run.model->layout(), HyperOf(tc));
+    // A GPU rank's parameters, gradients and moments stay on the GPU (ZeRO's shards: the host).
+    if (run.model->device() == Device::kCuda) run.optimizer->PlaceOnDevice();
   }
   if (tc.eval_batches > 0)
     run.num_val_windows = std::min<size_t>(run.val.NumEvalWindows(),
@@ -246,7 +248,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   // there is logged, and reported with the next step).
   auto seal_at_rest = [&] {
     if (run.sdc != nullptr)
-      run.sdc->SealAtRest(run.model->params(), run.optimizer->m(), run.optimizer->v());
+      run.sdc->SealAtRest(ModelView(run).params(), OptimizerView(run).m(), OptimizerView(run).v());
   };
   auto check_at_rest = [&] {
     return run.sdc == nullptr
@@ -361,7 +363,10 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     const bool last = s + 1 == tc.steps;
     // Not after a step a faulty rank computed (the run stops, or its site leaves): nothing of it
     // is served to others (a sync site's new process takes what AfterStep publishes).
-    if (!faulty.named) ATOLL_RETURN_IF_ERROR(strategy->AfterStep(s + 1, run.model->params(), last));
+    // One site's strategy reads nothing (and a GPU's parameters stay there).
+    if (!faulty.named)
+      ATOLL_RETURN_IF_ERROR(strategy->AfterStep(
+          s + 1, run.cfg.world.sites > 1 ? run.model->params() : nullptr, last));
     seal_at_rest();  // after the strategy's exchanges, which may move the parameters
     const double dt = NowSeconds() - t0;
     steps_s += dt;

@@ -1,4 +1,5 @@
-// The optimizer's kernels: AdamW over the flat buffers, and the gradient's sum of squares.
+// The optimizer's kernels: AdamW over the flat buffers (with what each step moved), the
+// gradient's sum of squares, and sums of squares over segments.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -12,7 +13,7 @@ constexpr int64_t kSquareChunk = int64_t(1) << 16;  // elements per block of Gra
 
 // One thread per state element: finds its segment (binary search on the segments' ends), then
 // the update of train/optimizer.h.
-__global__ void AdamWKernel(float* params, const float* grads, float* m, float* v,
+__global__ void AdamWKernel(float* params, const float* grads, float* m, float* v, float* deltas,
                             const AdamSegment* segments, int num_segments, uint64_t n,
                             AdamScalars s) {
   const uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -35,7 +36,10 @@ __global__ void AdamWKernel(float* params, const float* grads, float* m, float* 
   const float denom = sqrtf(vi) * s.inv_bc2_sqrt + s.eps;
   float* p = params + (i + seg.shift);  // unsigned: shift may wrap
   const float keep = seg.decay ? s.decay_factor : 1.0f;
-  *p = *p * keep - s.step_size * (mi / denom);
+  const float before = *p;
+  const float after = before * keep - s.step_size * (mi / denom);
+  *p = after;
+  if (deltas != nullptr) deltas[i] = float(double(after) - double(before));
 }
 
 __global__ void SquareChunkKernel(double* partial, const float* g, int64_t n) {
@@ -46,6 +50,17 @@ __global__ void SquareChunkKernel(double* partial, const float* g, int64_t n) {
   for (int64_t i = b + threadIdx.x; i < e; i += blockDim.x) s += double(g[i]) * double(g[i]);
   s = BlockSum(s, shared);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// Block j: the sum of x[i]^2 over segment j's state elements, in double.
+__global__ void SegmentSquaresKernel(double* out, const float* x, const AdamSegment* segments) {
+  __shared__ double shared[32];
+  const AdamSegment seg = segments[blockIdx.x];
+  double s = 0.0;
+  for (uint64_t i = seg.begin + threadIdx.x; i < seg.end; i += blockDim.x)
+    s += double(x[i]) * double(x[i]);
+  s = BlockSum(s, shared);
+  if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
 __global__ void SumKernel(double* out, const double* partial, int64_t count) {
@@ -59,10 +74,18 @@ __global__ void SumKernel(double* out, const double* partial, int64_t count) {
 }  // namespace
 
 void AdamWStep(float* params, const float* grads, float* m, float* v, const AdamSegment* segments,
-               int num_segments, uint64_t n, const AdamScalars& s) {
+               int num_segments, uint64_t n, const AdamScalars& s, float* deltas) {
   if (n == 0 || num_segments == 0) return;
-  ATL_LAUNCH(AdamWKernel, Blocks(n, kThreads), kThreads, params, grads, m, v, segments,
+  ATL_LAUNCH(AdamWKernel, Blocks(n, kThreads), kThreads, params, grads, m, v, deltas, segments,
              num_segments, n, s);
+}
+
+void SegmentSquaredSums(double* host_out, const float* x, const AdamSegment* segments,
+                        int num_segments) {
+  if (num_segments <= 0) return;
+  auto* sums = static_cast<double*>(Scratch(kScratchReduce, size_t(num_segments) * sizeof(double)));
+  ATL_LAUNCH(SegmentSquaresKernel, unsigned(num_segments), kThreads, sums, x, segments);
+  CopyToHost(host_out, sums, size_t(num_segments) * sizeof(double));
 }
 
 double GradSquaredSum(const float* grads, size_t n) {

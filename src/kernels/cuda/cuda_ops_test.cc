@@ -369,7 +369,10 @@ TEST_F(CudaOps, AdamW) {
   }
   auto g_p = Up(p0), g_g = Up(g), g_m = Up(m0), g_v = Up(v0);
   auto g_segs = Up(segs);
-  AdamWStep(g_p.data(), g_g.data(), g_m.data(), g_v.data(), g_segs.data(), int(segs.size()), n, s);
+  const std::vector<float> marker(n, 42.0f);
+  auto g_deltas = Up(marker);
+  AdamWStep(g_p.data(), g_g.data(), g_m.data(), g_v.data(), g_segs.data(), int(segs.size()), n, s,
+            g_deltas.data());
   const auto got_p = Down(g_p), got_m = Down(g_m), got_v = Down(g_v);
   EXPECT_INC(got_p, p0, p);
   EXPECT_INC(got_m, m0, m);
@@ -378,6 +381,22 @@ TEST_F(CudaOps, AdamW) {
   for (uint64_t i = 40000; i < 60000; ++i) ASSERT_EQ(got_m[i], m0[i]) << i;
   for (uint64_t i = 0; i < 7; ++i) ASSERT_EQ(got_p[i], p0[i]) << i;
   for (uint64_t i = 40007; i < 60007; ++i) ASSERT_EQ(got_p[i], p0[i]) << i;
+  // What each parameter moved (the gap not written), and its squares summed per segment.
+  const auto deltas = Down(g_deltas);
+  std::vector<double> want_sq(segs.size(), 0.0);
+  for (size_t j = 0; j < segs.size(); ++j)
+    for (uint64_t i = segs[j].begin; i < segs[j].end; ++i) {
+      const double d = double(got_p[i + 7]) - double(p0[i + 7]);
+      ASSERT_EQ(deltas[i], float(d)) << i;
+      want_sq[j] += d * d;
+    }
+  for (uint64_t i = 40000; i < 60000; ++i) ASSERT_EQ(deltas[i], 42.0f) << i;
+  std::vector<double> got_sq(segs.size(), -1.0);
+  SegmentSquaredSums(got_sq.data(), g_deltas.data(), g_segs.data(), int(segs.size()));
+  for (size_t j = 0; j < segs.size(); ++j) {
+    EXPECT_GT(want_sq[j], 0.0);
+    EXPECT_NEAR(got_sq[j], want_sq[j], 1e-6 * want_sq[j]) << j;
+  }
 }
 
 TEST_F(CudaOps, GradSquaredSum) {

@@ -85,8 +85,15 @@ struct AdamScalars {
 // One AdamW update: the arithmetic of train/optimizer.h, element by element in float (equal to
 // the CPU's within rounding: either compiler may fuse a multiply and an add). segments: device
 // array sorted by begin, disjoint; state elements outside every segment are not updated.
+// deltas (device, n elements, or null): what each updated parameter moved, after - before
+// (exact in double, then rounded to float); elements outside every segment are not written.
 void AdamWStep(float* params, const float* grads, float* m, float* v, const AdamSegment* segments,
-               int num_segments, uint64_t n, const AdamScalars& s);
+               int num_segments, uint64_t n, const AdamScalars& s, float* deltas = nullptr);
+
+// host_out[j] = sum of x[i]^2 over segment j's elements [begin, end), in double, in a fixed
+// order (segments: a device array; shift and decay are ignored).
+void SegmentSquaredSums(double* host_out, const float* x, const AdamSegment* segments,
+                        int num_segments);
 
 // sum g_i^2 in double, in a fixed order (fixed chunks, then the chunk sums in order); returned to
 // the host.
