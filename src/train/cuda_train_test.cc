@@ -55,11 +55,16 @@ TEST_F(CudaTrainTest, TwoRunsGiveTheSameBits) {
   EXPECT_EQ(FinalState(a), FinalState(b));
 }
 
-// Also with the step guard off (no op hook: the GPU path without host copies of the operands).
-TEST_F(CudaTrainTest, TheGuardDoesNotChangeTheRun) {
+// Also with the step guard and the memory checks off: no op hook (no host copies of the
+// operands) and nothing that reads the parameters, gradients or moments on the host, which then
+// stay on the GPU from the first step to the checkpoint: the same bits as the checked run, whose
+// state goes down and up every step.
+TEST_F(CudaTrainTest, TheChecksDoNotChangeTheRun) {
   RunConfig plain = gpu_;
   plain.sdc.guard = false;
-  EXPECT_EQ(FinalState(Run(gpu_, "guarded")), FinalState(Run(plain, "plain")));
+  plain.sdc.memory = false;
+  EXPECT_EQ(FinalState(Run(gpu_, "checked")), FinalState(Run(plain, "plain")));
+  EXPECT_EQ(LossColumns(Run(gpu_, "checked2")), LossColumns(Run(plain, "plain2")));
 }
 
 // A GPU checkpoint resumed on the CPU continues as the GPU run does (within rounding), and the
@@ -155,6 +160,19 @@ TEST(CudaOptimizer, StepsStayOnTheGpuAndMatchTheCpu) {
   const float gpu_loss = gpu.Forward(in.data(), tg.data(), 2, 16);
   EXPECT_NEAR(gpu_loss, cpu_loss, 1e-4 * cpu_loss);
   EXPECT_EQ(gpu.transfers() + gpu_opt.transfers(), read + n * sizeof(float));
+  // So do written gradients and moments: the next step uploads them (here without the update's
+  // squares, which are then zero).
+  for (float* g : {gpu.grads(), cpu.grads()}) g[1] = 3.0f;
+  for (float* m : {gpu_opt.m(), cpu_opt.m()}) m[1] = 0.25f;
+  for (float* v : {gpu_opt.v(), cpu_opt.v()}) v[1] = 0.5f;
+  gpu_opt.set_update_squares(false);
+  cpu_opt.Step(cpu.params(), cpu.grads(), 1e-2, 1.0f);
+  gpu_opt.StepOnDevice(gpu.device_params(), gpu.device_grads(), 1e-2, 1.0f);
+  EXPECT_LT(NormalizedError(view.params(), cpu.params(), n), 1e-4);
+  EXPECT_NEAR(view.params()[1], cpu.params()[1], 1e-6);
+  EXPECT_NEAR(opt_view.m()[1], cpu_opt.m()[1], 1e-6);
+  EXPECT_NEAR(opt_view.v()[1], cpu_opt.v()[1], 1e-6);
+  for (double sq : gpu_opt.update_squares()) EXPECT_EQ(sq, 0.0);
 }
 
 // Checked everywhere, with or without a GPU: an unknown device is refused; a split model on the

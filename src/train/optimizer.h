@@ -98,13 +98,18 @@ class AdamW {
   // (the clipping factor).
   void Step(float* params, const float* grads, double lr, float grad_scale);
 
-  // Moves the moments to the process's GPU (see the top). Throws std::logic_error for an AdamW
-  // that does not own the whole local buffer, std::runtime_error without CUDA or a GPU.
+  // Moves the moments to the process's GPU (see the top). Throws std::logic_error where state and
+  // local coordinates differ (a ZeRO shard), std::runtime_error without CUDA or a GPU.
   void PlaceOnDevice();
   bool on_device() const { return device_ != nullptr; }
   // Step on the GPU: params and grads are device pointers (GPT::device_params, device_grads).
   // REQUIRES: on_device().
   void StepOnDevice(float* params, const float* grads, double lr, float grad_scale);
+  // Whether StepOnDevice computes update_squares() (what each parameter moved, summed per tensor:
+  // a GPU buffer as large as the parameters, another pass over it and a copy to the host per
+  // step); off, it leaves them zero. On by default; the CPU's Step always computes them, in its
+  // own pass.
+  void set_update_squares(bool on) { update_squares_on_ = on; }
   // Bytes of moments moved between the host and the GPU so far (0 on the CPU).
   uint64_t transfers() const { return transfer_bytes_; }
 
@@ -173,6 +178,7 @@ class AdamW {
   std::unique_ptr<DeviceState, DeleteDeviceState> device_;  // null on the CPU
   mutable Newer moments_at_ = Newer::kBoth;
   mutable uint64_t transfer_bytes_ = 0;
+  bool update_squares_on_ = true;
   // The update's squares: chunk c's pieces of segments (in order from chunk_first_[c]) have the
   // slots slot_begin_[c] ... slot_begin_[c + 1] - 1.
   std::vector<size_t> chunk_first_, slot_begin_;

@@ -21,11 +21,17 @@ double DeviceGradSquaredSum(const float* device_grads, size_t n) {
   return cu::GradSquaredSum(device_grads, n);
 }
 
+// Pieces of at most this many elements share the update's squares out over the GPU (one block
+// each; a whole wte would be one block's).
+constexpr uint64_t kPiece = uint64_t(1) << 16;
+
 struct AdamW::DeviceState {
   cu::DeviceArray<float> m, v;
-  cu::DeviceArray<float> deltas;  // what the last step moved each parameter
   cu::DeviceArray<cu::AdamSegment> segments;
-  std::vector<double> segment_squares;  // host: the deltas' squares per segment
+  cu::DeviceArray<float> deltas;            // what the last step moved each parameter (when wanted)
+  cu::DeviceArray<cu::AdamSegment> pieces;  // the segments cut into kPiece elements
+  std::vector<size_t> piece_tensor;         // host: each piece's tensor
+  std::vector<double> piece_squares;        // host: the deltas' squares per piece
 };
 
 void AdamW::DeleteDeviceState::operator()(DeviceState* d) const { delete d; }
@@ -41,13 +47,19 @@ void AdamW::PlaceOnDevice() {
   const size_t n = m_.size();
   d->m = cu::DeviceArray<float>(n);
   d->v = cu::DeviceArray<float>(n);
-  d->deltas = cu::DeviceArray<float>(n);
-  std::vector<cu::AdamSegment> segs;
-  for (const Segment& s : segments_)
+  std::vector<cu::AdamSegment> segs, pieces;
+  for (const Segment& s : segments_) {
     segs.push_back({uint64_t(s.begin), uint64_t(s.end), uint64_t(s.shift), s.decay ? 1u : 0u});
+    for (uint64_t b = s.begin; b < s.end; b += kPiece) {
+      pieces.push_back({b, std::min<uint64_t>(s.end, b + kPiece), 0, 0});
+      d->piece_tensor.push_back(s.tensor);
+    }
+  }
   d->segments = cu::DeviceArray<cu::AdamSegment>(segs.size());
   d->segments.Upload(segs.data(), segs.size());
-  d->segment_squares.assign(segs.size(), 0.0);
+  d->pieces = cu::DeviceArray<cu::AdamSegment>(pieces.size());
+  d->pieces.Upload(pieces.data(), pieces.size());
+  d->piece_squares.assign(pieces.size(), 0.0);
   device_ = std::move(d);
   moments_at_ = Newer::kHost;  // the next step uploads them
 }
@@ -75,12 +87,18 @@ void AdamW::StepOnDevice(float* params, const float* grads, double lr, float gra
                           sc.step_size, sc.inv_bc2_sqrt,    sc.eps,   sc.decay_factor,
                           grad_scale};
   const int count = int(segments_.size());
+  std::fill(update_sq_.begin(), update_sq_.end(), 0.0);
+  if (!update_squares_on_) {
+    cu::AdamWStep(params, grads, d.m.data(), d.v.data(), d.segments.data(), count, m_.size(), s);
+    return;
+  }
+  if (d.deltas.size() != m_.size()) d.deltas = cu::DeviceArray<float>(m_.size());
   cu::AdamWStep(params, grads, d.m.data(), d.v.data(), d.segments.data(), count, m_.size(), s,
                 d.deltas.data());
-  cu::SegmentSquaredSums(d.segment_squares.data(), d.deltas.data(), d.segments.data(), count);
-  std::fill(update_sq_.begin(), update_sq_.end(), 0.0);
-  for (size_t j = 0; j < segments_.size(); ++j)
-    update_sq_[segments_[j].tensor] += d.segment_squares[j];
+  cu::SegmentSquaredSums(d.piece_squares.data(), d.deltas.data(), d.pieces.data(),
+                         int(d.piece_squares.size()));
+  for (size_t j = 0; j < d.piece_squares.size(); ++j)
+    update_sq_[d.piece_tensor[j]] += d.piece_squares[j];
 }
 
 #else

@@ -93,6 +93,8 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
     run.optimizer = std::make_unique<AdamW>(run.model->layout(), HyperOf(tc));
     // A GPU rank's parameters, gradients and moments stay on the GPU (ZeRO's shards: the host).
     if (run.model->device() == Device::kCuda) run.optimizer->PlaceOnDevice();
+    // Only the step guard reads what the update moved.
+    run.optimizer->set_update_squares(cfg.sdc.guard);
   }
   if (tc.eval_batches > 0)
     run.num_val_windows = std::min<size_t>(run.val.NumEvalWindows(),
@@ -247,11 +249,12 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   // first), checked at the start of each and before a checkpoint is written (what they find
   // there is logged, and reported with the next step).
   auto seal_at_rest = [&] {
-    if (run.sdc != nullptr)
+    if (run.sdc != nullptr && run.sdc->memory())
       run.sdc->SealAtRest(ModelView(run).params(), OptimizerView(run).m(), OptimizerView(run).v());
   };
   auto check_at_rest = [&] {
-    return run.sdc == nullptr
+    // Only read when checked (on the GPU reading downloads them, and this may repair them).
+    return run.sdc == nullptr || !run.sdc->memory()
                ? Status::Ok()
                : run.sdc->CheckAtRest(run.model->params(), n_params, run.optimizer->m(),
                                       run.optimizer->v(), run.optimizer->size());

@@ -137,6 +137,8 @@ class SdcMonitor {
              Communicator* dp_group, std::vector<int> replica_ranks, bool zero);
 
   bool active() const { return o_.guard || o_.checksums || o_.memory || fingerprints(); }
+  // Whether the memory checks are on (SealAtRest and CheckAtRest read the state).
+  bool memory() const { return o_.memory; }
   bool fingerprints() const { return o_.fingerprints && (replicas() || sites_ != nullptr); }
   // Cross-site fingerprints: gather(mine) returns every site's vector, by site, on the leader
   // (empty elsewhere; WorldStrategy::GatherOverSites). Collective over the sites' leaders.
