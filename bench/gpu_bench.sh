@@ -8,9 +8,9 @@
 # Environment: BATCH=8 STEPS=12 WARMUP=3; SHAPES="124m 350m"; OUT (when set, the table and the
 # logs are also written there); ATOLL (default: atoll on PATH); PY=python3 (with torch 2.x).
 #
-# atoll runs `atoll train --set train.device=cuda` (float32, the step guard and the memory checks
-# off as PyTorch has neither, no eval, no checkpoint) and its tokens/s is the median over the
-# timed steps of metrics.jsonl; PyTorch runs
+# atoll runs `atoll train --set train.device=cuda` twice, train.precision fp32 and bf16 (the step
+# guard and the memory checks off as PyTorch has neither, no eval, no checkpoint); its tokens/s
+# is the median over the timed steps of metrics.jsonl; PyTorch runs
 # bench/torch_gpt_gpu.py (torch.compile, fused AdamW, scaled_dot_product_attention) twice: fp32
 # (no TF32: atoll's arithmetic) and bf16 autocast (the issue's peer). MFU: F_tok = 6 N + 12 L T C
 # against 67 TFLOP/s for fp32 and 989 for bf16 (H100 SXM dense; pass PEAK_FP32 / PEAK_BF16 for
@@ -46,32 +46,36 @@ PYEOF
 }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
-table="| shape | atoll fp32 tok/s | MFU | PyTorch fp32 tok/s | MFU | atoll / PyTorch fp32 | PyTorch bf16 tok/s | MFU | atoll / PyTorch bf16 |"
-table+=$'\n'"|---|---|---|---|---|---|---|---|---|"
+table="| shape | atoll fp32 tok/s | MFU | PyTorch fp32 tok/s | MFU | atoll / PyTorch fp32 | atoll bf16 tok/s | MFU | PyTorch bf16 tok/s | MFU | atoll / PyTorch bf16 |"
+table+=$'\n'"|---|---|---|---|---|---|---|---|---|---|---|"
 for s in $SHAPES; do
   read -r L H C <<<"$(shape_args "$s")"
   N=$((L * 12 * C * C + 50257 * C))
   FTOK=$((6 * N + 12 * L * 1024 * C))
-  "$ATOLL" train --config configs/gpt2-124m.toml -q --out "$work/atoll-$s" \
-    --set model.n_layer=$L --set model.n_head=$H --set model.n_embd=$C \
-    --set train.device=cuda --set train.steps=$STEPS --set train.batch_size=$BATCH \
-    --set train.micro_batch_size=$BATCH --set train.eval_batches=0 --set train.checkpoint_every=0 \
-    --set train.warmup_steps=1 --set sdc.guard=false --set sdc.memory=false \
-    >"$out/atoll-$s.log" 2>&1 ||
-    { echo "gpu_bench: atoll $s failed:"; tail -20 "$out/atoll-$s.log"; exit 1; }
-  a=$(median_tps "$work/atoll-$s/metrics.jsonl")
+  for prec in fp32 bf16; do
+    "$ATOLL" train --config configs/gpt2-124m.toml -q --out "$work/atoll-$prec-$s" \
+      --set model.n_layer=$L --set model.n_head=$H --set model.n_embd=$C \
+      --set train.device=cuda --set train.precision=$prec --set train.steps=$STEPS \
+      --set train.batch_size=$BATCH --set train.micro_batch_size=$BATCH \
+      --set train.eval_batches=0 --set train.checkpoint_every=0 --set train.warmup_steps=1 \
+      --set sdc.guard=false --set sdc.memory=false >"$out/atoll-$prec-$s.log" 2>&1 ||
+      { echo "gpu_bench: atoll $prec $s failed:"; tail -20 "$out/atoll-$prec-$s.log"; exit 1; }
+  done
+  a=$(median_tps "$work/atoll-fp32-$s/metrics.jsonl")
+  a16=$(median_tps "$work/atoll-bf16-$s/metrics.jsonl")
   p32=$("$PY" bench/torch_gpt_gpu.py --n-layer $L --n-head $H --n-embd $C --batch $BATCH \
     --dtype fp32 --steps $STEPS --warmup $WARMUP --json 2>"$out/torch-fp32-$s.log" | tail -1)
   p16=$("$PY" bench/torch_gpt_gpu.py --n-layer $L --n-head $H --n-embd $C --batch $BATCH \
     --dtype bf16 --steps $STEPS --warmup $WARMUP --json 2>"$out/torch-bf16-$s.log" | tail -1)
-  row=$("$PY" - "$a" "$p32" "$p16" "$FTOK" "$PEAK_FP32" "$PEAK_BF16" "$s" <<'PYEOF'
+  row=$("$PY" - "$a" "$p32" "$p16" "$FTOK" "$PEAK_FP32" "$PEAK_BF16" "$s" "$a16" <<'PYEOF'
 import json, sys
 a, p32, p16 = float(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 ftok, peak32, peak16, s = float(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6]), sys.argv[7]
+a16 = float(sys.argv[8])
 t32, t16 = p32["tokens_per_s"], p16["tokens_per_s"]
 mfu = lambda t, peak: f"{100 * t * ftok / (peak * 1e12):.1f}%"
 print(f"| {s} | {a:,.0f} | {mfu(a, peak32)} | {t32:,.0f} | {mfu(t32, peak32)} | {a / t32:.2f}x "
-      f"| {t16:,.0f} | {mfu(t16, peak16)} | {a / t16:.2f}x |")
+      f"| {a16:,.0f} | {mfu(a16, peak16)} | {t16:,.0f} | {mfu(t16, peak16)} | {a16 / t16:.2f}x |")
 PYEOF
   ) || { echo "gpu_bench: PyTorch $s failed:"; tail -20 "$out/torch-fp32-$s.log" "$out/torch-bf16-$s.log"; exit 1; }
   table+=$'\n'"$row"

@@ -51,6 +51,16 @@ inline bool DeviceUsable(Device d, std::string* why) {
 #endif
 }
 
+// The GPU's matrix products on bf16 operands (float sums and results) or float: the process's
+// setting (kernels/cuda/ops.h SetBf16Matmul). Nothing to set without CUDA.
+inline void SetBf16Matmul(bool on) {
+#if ATOLL_HAVE_CUDA
+  kernels::cuda::SetBf16Matmul(on);
+#else
+  (void)on;
+#endif
+}
+
 // What a device computes with, for comparing replicas' bits: "cpu", or "cuda <GPU name> sm_XY
 // cudart <version>".
 inline std::string DeviceDescription(Device d) {

@@ -165,6 +165,8 @@ std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
       {"train", "checkpoint_every", &c.train.checkpoint_every, "checkpoint every N steps (0: end)"},
       {"train", "threads", &c.train.threads, "OpenMP threads (0: OMP_NUM_THREADS or all cores)"},
       {"train", "device", &c.train.device, "cpu or cuda (a rank's GPU: local rank modulo GPUs)"},
+      {"train", "precision", &c.train.precision,
+       "fp32, or bf16 on cuda: matrix products on bf16 operands, float sums and state"},
       {"data", "dir", &c.data.dir, "directory with train.bin and val.bin"},
       {"parallel", "dp", &c.parallel.dp, "data-parallel replicas (dp * tp * pp = MPI ranks)"},
       {"parallel", "tp", &c.parallel.tp, "tensor-parallel ranks (divides model.n_head)"},

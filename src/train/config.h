@@ -52,6 +52,10 @@ struct TrainConfig {
   // "cpu" or "cuda": where each rank's model runs. A CUDA rank uses the GPU of ordinal (local
   // rank modulo the GPUs it sees): OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or LOCAL_RANK.
   std::string device = "cpu";
+  // "fp32", or "bf16" (train.device = cuda only): the GPU's matrix products on bf16 operands,
+  // accumulated and written in float; parameters, gradients, activations and the optimizer's
+  // state stay float (kernels/cuda/ops.h SetBf16Matmul).
+  std::string precision = "fp32";
 
   int64_t accumulation_steps() const { return batch_size / micro_batch_size; }
   bool operator==(const TrainConfig&) const = default;

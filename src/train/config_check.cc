@@ -62,6 +62,12 @@ Status ValidateRunConfig(const RunConfig& c) {
   if (c.data.dir.empty()) return bad("data.dir", "must not be empty");
   if (Device d; !ParseDevice(t.device, &d))
     return bad("train.device", fmt::format("must be cpu or cuda, got \"{}\"", t.device));
+  if (t.precision != "fp32" && t.precision != "bf16")
+    return bad("train.precision", fmt::format("must be fp32 or bf16, got \"{}\"", t.precision));
+  if (t.precision == "bf16" && t.device != "cuda")
+    return bad("train.precision",
+               "bf16 needs train.device = cuda (the CPU computes in fp32; bf16 products are the "
+               "GPU's tensor cores)");
 
   const ParallelConfig& p = c.parallel;
   for (auto [key, v] :

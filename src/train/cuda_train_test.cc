@@ -67,6 +67,25 @@ TEST_F(CudaTrainTest, TheChecksDoNotChangeTheRun) {
   EXPECT_EQ(LossColumns(Run(gpu_, "checked2")), LossColumns(Run(plain, "plain2")));
 }
 
+// bf16 products (train.precision = bf16): the loss curve near the fp32 GPU run's (within bf16's
+// rounding), falling as much; two bf16 runs give the same bits; and not fp32's bits (the setting
+// takes effect, and the fp32 run after it resets it).
+TEST_F(CudaTrainTest, Bf16FollowsFp32AndRepeatsItself) {
+  RunConfig bf = gpu_;
+  bf.train.precision = "bf16";
+  const std::string a = Run(bf, "bf16_a"), b = Run(bf, "bf16_b"), f = Run(gpu_, "fp32");
+  EXPECT_EQ(LossColumns(a), LossColumns(b));
+  EXPECT_EQ(FinalState(a), FinalState(b));
+  EXPECT_NE(LossColumns(a), LossColumns(f));
+  const auto mb = Metrics(a), mf = Metrics(f);
+  ASSERT_EQ(mb.size(), mf.size());
+  for (size_t i = 0; i < mb.size(); ++i) {
+    const double x = mb[i]["loss"].get<double>(), y = mf[i]["loss"].get<double>();
+    EXPECT_NEAR(x, y, 2e-2 * std::abs(y)) << "step " << i + 1;
+  }
+  EXPECT_LT(mb.back()["loss"].get<double>(), mb.front()["loss"].get<double>() - 0.5);
+}
+
 // A GPU checkpoint resumed on the CPU continues as the GPU run does (within rounding), and the
 // other way round.
 TEST_F(CudaTrainTest, CheckpointsCrossDevices) {
@@ -183,7 +202,15 @@ TEST(CudaTrainConfig, TheDeviceKeyIsChecked) {
   const Status st = ValidateRunConfig(c);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("train.device"), std::string::npos) << st.ToString();
+  c.train.device = "cpu";
+  c.train.precision = "bf16";  // on the CPU
+  const Status cpu_bf16 = ValidateRunConfig(c);
+  EXPECT_EQ(cpu_bf16.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(cpu_bf16.message().find("train.precision"), std::string::npos) << cpu_bf16.ToString();
   c.train.device = "cuda";
+  c.train.precision = "fp16";
+  EXPECT_NE(ValidateRunConfig(c).message().find("must be fp32 or bf16"), std::string::npos);
+  c.train.precision = "bf16";
   c.parallel.tp = 2;
   c.parallel.pp = 2;
   c.model.n_head = 4;

@@ -72,6 +72,8 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
         fmt::format("train.device = {}, but this rank cannot use it: {}", tc.device, why));
   run.model = std::make_unique<GPT<float>>(cfg.model, int(tc.micro_batch_size), shard,
                                            SlotsUsed(run.schedule), device);
+  // The process's setting: every run sets it (tests train several in one process).
+  if (device == Device::kCuda) SetBf16Matmul(tc.precision == "bf16");
   if (Communicator* tp = me.tp_group()) {
     run.model->set_tensor_parallel(
         [tp](float* data, size_t n) { ThrowIfError(tp->AllReduce(std::span<float>(data, n))); });

@@ -57,7 +57,8 @@ constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
 // call for the same slot (kernels on the one stream run in order, so reusing a slot across calls
 // is safe). Grows, never shrinks. An op takes kScratchOp for its own buffers; the helpers below
 // that an op calls take kScratchReduce, so the two never overlap.
-enum ScratchSlot { kScratchOp = 0, kScratchReduce = 1, kScratchSlots = 2 };
+// Gemm's bf16 operands take kScratchGemm.
+enum ScratchSlot { kScratchOp = 0, kScratchReduce = 1, kScratchGemm = 2, kScratchSlots = 3 };
 void* Scratch(ScratchSlot slot, size_t bytes);
 
 template <class... P, class... A>

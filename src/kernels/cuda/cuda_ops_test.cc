@@ -463,3 +463,72 @@ TEST(CudaRuntime, ProbeSaysWhyWithoutADevice) {
 
 }  // namespace
 }  // namespace atl::kernels::cuda
+
+namespace atl::kernels::cuda {
+namespace {
+
+// x rounded to bf16 (to nearest, ties to even), back in float.
+float RoundBf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+}
+
+// bf16 products (SetBf16Matmul): against the double product of the operands rounded to bf16
+// within float accumulation, both transposes, batched, alpha and beta with C read; not the float
+// product (bf16's error shows against the unrounded operands); and the linear layer against the
+// CPU's within bf16 rounding.
+TEST_F(CudaOps, Bf16Products) {
+  struct On {
+    On() { SetBf16Matmul(true); }
+    ~On() { SetBf16Matmul(false); }
+  } on;
+  const int m = 33, n = 17, k = 70, batch = 2;
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "ta " << ta << " tb " << tb);
+      const auto a = Random(size_t(batch) * m * k, 81), b = Random(size_t(batch) * k * n, 82);
+      const auto c0 = Random(size_t(batch) * m * n, 83);
+      const int lda = ta ? m : k, ldb = tb ? k : n;
+      std::vector<double> want(c0.size()), unrounded(c0.size());
+      for (int i = 0; i < batch; ++i)
+        for (int r = 0; r < m; ++r)
+          for (int col = 0; col < n; ++col) {
+            double s = 0, u = 0;
+            for (int x = 0; x < k; ++x) {
+              const float av =
+                  a[size_t(i) * m * k + (ta ? size_t(x) * lda + r : size_t(r) * lda + x)];
+              const float bv =
+                  b[size_t(i) * k * n + (tb ? size_t(col) * ldb + x : size_t(x) * ldb + col)];
+              s += double(RoundBf16(av)) * double(RoundBf16(bv));
+              u += double(av) * double(bv);
+            }
+            const size_t o = size_t(i) * m * n + size_t(r) * n + col;
+            want[o] = 0.5 * s + 2.0 * double(c0[o]);
+            unrounded[o] = 0.5 * u + 2.0 * double(c0[o]);
+          }
+      auto ga = Up(a), gb = Up(b), gc = Up(c0);
+      Gemm(ta, tb, m, n, k, 0.5f, ga.data(), lda, gb.data(), ldb, 2.0f, gc.data(), n, batch,
+           int64_t(m) * k, int64_t(k) * n, int64_t(m) * n);
+      const auto got = Down(gc);
+      EXPECT_LE(NormErr(got, want), kTol);
+      EXPECT_GT(NormErr(got, unrounded), 1e-4);
+    }
+  const int N = 37, IC = 96, OC = 51;
+  const auto inp = Random(size_t(N) * IC, 84), w = Random(size_t(IC) * OC, 85, 0.1f);
+  const auto bias = Random(OC, 86);
+  std::vector<double> ref(size_t(N) * OC);
+  const auto di = D(inp), dw = D(w), db = D(bias);
+  cpu::MatmulForward(ref.data(), di.data(), dw.data(), db.data(), N, IC, OC);
+  auto g_inp = Up(inp), g_w = Up(w), g_b = Up(bias);
+  DeviceArray<float> g_out(ref.size());
+  MatmulForward(g_out.data(), g_inp.data(), g_w.data(), g_b.data(), N, IC, OC);
+  const double err = NormErr(Down(g_out), ref);
+  EXPECT_LE(err, 1e-2);
+  EXPECT_GT(err, kTol);  // bf16's, not float's
+}
+
+}  // namespace
+}  // namespace atl::kernels::cuda

@@ -9,7 +9,13 @@
 // chosen once by cuBLASLt's heuristic and kept: the same problem always runs the same algorithm,
 // with a workspace of fixed size, on the one stream. cuBLAS promises bitwise-identical results
 // run to run on those terms (same toolkit, same GPU architecture and SM count).
+//
+// bf16 products (SetBf16Matmul): each operand's extent is rounded to bf16 into scratch (to
+// nearest, ties to even) and cuBLASLt multiplies the bf16 copies, accumulating and writing float
+// (CUBLAS_COMPUTE_32F, C and D float): the tensor cores' rate, with the sums and the result of
+// float precision.
 #include <cublasLt.h>
+#include <cuda_bf16.h>
 
 #include <map>
 #include <tuple>
@@ -30,7 +36,9 @@ uint32_t Alignment(const void* p) {
 }
 
 using Key = std::tuple<bool, bool, int, int, int, int64_t, int64_t, int64_t, int, int64_t, int64_t,
-                       int64_t, uint32_t, uint32_t, uint32_t, bool>;
+                       int64_t, uint32_t, uint32_t, uint32_t, bool, bool>;
+
+bool bf16_products = false;
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -38,9 +46,10 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-cublasLtMatrixLayout_t Layout(uint64_t rows, uint64_t cols, int64_t ld, int batch, int64_t stride) {
+cublasLtMatrixLayout_t Layout(cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld,
+                              int batch, int64_t stride) {
   cublasLtMatrixLayout_t layout = nullptr;
-  ATL_CUBLAS(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, rows, cols, ld));
+  ATL_CUBLAS(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, ld));
   if (batch > 1) {
     const int32_t count = batch;
     ATL_CUBLAS(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
@@ -56,7 +65,8 @@ const Plan& GetPlan(const Key& key) {
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
   const auto [ta, tb, m, n, k, lda, ldb, ldc, batch, sa, sb, sc, align_a, align_b, align_c,
-              accumulate] = key;
+              accumulate, bf16] = key;
+  const cudaDataType_t in = bf16 ? CUDA_R_16BF : CUDA_R_32F;
   Plan p;
   ATL_CUBLAS(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // cuBLASLt's A is our b, its B our a (see the top of the file).
@@ -67,9 +77,9 @@ const Plan& GetPlan(const Key& key) {
   ATL_CUBLAS(
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   // Stored (column-major) shapes: cuBLASLt's A is n x k (k x n when transposed), B is k x m.
-  p.a = tb ? Layout(k, n, ldb, batch, sb) : Layout(n, k, ldb, batch, sb);
-  p.b = ta ? Layout(m, k, lda, batch, sa) : Layout(k, m, lda, batch, sa);
-  p.c = Layout(n, m, ldc, batch, sc);
+  p.a = tb ? Layout(in, k, n, ldb, batch, sb) : Layout(in, n, k, ldb, batch, sb);
+  p.b = ta ? Layout(in, m, k, lda, batch, sa) : Layout(in, k, m, lda, batch, sa);
+  p.c = Layout(CUDA_R_32F, n, m, ldc, batch, sc);
 
   cublasLtMatmulPreference_t pref = nullptr;
   ATL_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
@@ -105,7 +115,22 @@ __global__ void AddBias(float* out, const float* bias, int64_t rows, int cols) {
   out[i] += bias[i % cols];
 }
 
+// dst[i] = src[i] rounded to bf16.
+__global__ void ToBf16(__nv_bfloat16* dst, const float* src, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+// Elements from a row-major operand's first to one past its last: `rows` rows of `cols` at row
+// stride ld, `batch` times at `stride`.
+int64_t Extent(int64_t rows, int64_t cols, int64_t ld, int batch, int64_t stride) {
+  return (batch > 1 ? int64_t(batch - 1) * stride : 0) + (rows - 1) * ld + cols;
+}
+
 }  // namespace
+
+void SetBf16Matmul(bool on) { bf16_products = on; }
+bool Bf16Matmul() { return bf16_products; }
 
 void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int batch,
@@ -126,14 +151,34 @@ void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const fl
                 Alignment(a),
                 Alignment(b),
                 Alignment(c),
-                beta != 0.0f};
+                beta != 0.0f,
+                bf16_products};
   if (k <= 0) {  // c = beta * c: nothing to multiply (cuBLASLt rejects k = 0)
     if (beta == 1.0f) return;
     if (beta == 0.0f && batch == 1 && ldc == n) return Zero(c, size_t(m) * size_t(n) * 4);
     ThrowCuda("Gemm", __FILE__, __LINE__, "k = 0 with this beta and layout is not supported");
   }
-  const Plan& p = GetPlan(key);
-  ATL_CUBLAS(cublasLtMatmul(BlasLt(), p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c,
+  const void* pa = a;
+  const void* pb = b;
+  Key k2 = key;
+  if (bf16_products) {
+    // Stored shapes: a is [m, k] ([k, m] transposed), b is [k, n] ([n, k] transposed).
+    const int64_t ea =
+        trans_a ? Extent(k, m, lda, batch, stride_a) : Extent(m, k, lda, batch, stride_a);
+    const int64_t eb =
+        trans_b ? Extent(n, k, ldb, batch, stride_b) : Extent(k, n, ldb, batch, stride_b);
+    const int64_t b_at = (ea + 127) / 128 * 128;  // 256-byte aligned
+    auto* s = static_cast<__nv_bfloat16*>(
+        Scratch(kScratchGemm, size_t(b_at + eb) * sizeof(__nv_bfloat16)));
+    ATL_LAUNCH(ToBf16, Blocks(size_t(ea), 256), 256, s, a, ea);
+    ATL_LAUNCH(ToBf16, Blocks(size_t(eb), 256), 256, s + b_at, b, eb);
+    pa = s;
+    pb = s + b_at;
+    std::get<12>(k2) = Alignment(pa);
+    std::get<13>(k2) = Alignment(pb);
+  }
+  const Plan& p = GetPlan(k2);
+  ATL_CUBLAS(cublasLtMatmul(BlasLt(), p.desc, &alpha, pb, p.a, pa, p.b, &beta, c, p.c, c, p.c,
                             &p.algo, BlasWorkspace(), kBlasWorkspaceBytes, Stream()));
 }
 

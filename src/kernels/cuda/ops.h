@@ -13,7 +13,9 @@
 //   GPU model with one CUDA/cuBLASLt version: every reduction has a fixed order (common.cuh), and
 //   each GEMM shape keeps the cuBLASLt algorithm chosen for it first (matmul.cu).
 //
-// Precision: float throughout (CUBLAS_COMPUTE_32F, no TF32).
+// Precision: float throughout (CUBLAS_COMPUTE_32F, no TF32), unless SetBf16Matmul: then every
+// matrix product (Gemm, so the linear layers, the attention's and the classifier's products)
+// rounds its operands to bf16 and accumulates and writes float; every other op stays float.
 //
 // Thread-safety: one caller at a time (runtime.h).
 #pragma once
@@ -61,6 +63,11 @@ void ClassifierBackward(float* dx, float* dwte, const float* logits, const float
                         int N, int C, int V);
 
 // ---- General matrix product (cuBLASLt), for the ops above and for tests ------------------------
+
+// bf16 operands for every product from now on (on) or float (off, the default); the process's
+// setting, as its stream is.
+void SetBf16Matmul(bool on);
+bool Bf16Matmul();
 
 // Row-major: c[m,n] = alpha * op(a) · op(b) + beta * c, op(a) [m,k] (a is [k,m] when trans_a),
 // op(b) [k,n] (b is [n,k] when trans_b); lda, ldb, ldc are the row strides. `batch` products at

@@ -2,7 +2,8 @@
 // to, a "heuristic" that checks the problem as cuBLASLt does and records the alignment its
 // algorithm may assume, and a matmul that checks everything again (shapes, device pointers and
 // their extents, that alignment) and computes with the host's BLAS, batch by batch, then applies
-// alpha and beta once, as cuBLASLt's epilogue does.
+// alpha and beta once, as cuBLASLt's epilogue does. A and B may be bf16 (C and D float, compute
+// float): they are widened to float exactly and multiplied in float.
 #include <cblas.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "cublasLt.h"
+#include "cuda_bf16.h"
 #include "kernels/cuda/emu/memory.h"
 
 struct cublasLtContext {};
@@ -51,8 +53,11 @@ bool Check(const cublasLtMatmulDescOpaque_t* desc, const cublasLtMatrixLayoutOpa
            const cublasLtMatrixLayoutOpaque_t* d, Problem* p) {
   if (desc == nullptr || a == nullptr || b == nullptr || c == nullptr || d == nullptr) return false;
   if (desc->compute != CUBLAS_COMPUTE_32F || desc->scale != CUDA_R_32F) return false;
+  // Float throughout, or bf16 A and B with float C and D.
+  if (a->type != b->type || (a->type != CUDA_R_32F && a->type != CUDA_R_16BF)) return false;
+  if (c->type != CUDA_R_32F || d->type != CUDA_R_32F) return false;
   for (const auto* l : {a, b, c, d}) {
-    if (l->type != CUDA_R_32F || l->rows == 0 || l->cols == 0) return false;
+    if (l->rows == 0 || l->cols == 0) return false;
     if (l->ld < int64_t(l->rows) || l->batch < 1) return false;
     if (l->batch > 1 && l->stride < 0) return false;
   }
@@ -69,7 +74,18 @@ bool Check(const cublasLtMatmulDescOpaque_t* desc, const cublasLtMatrixLayoutOpa
 // Bytes from a matrix's first element to one past its last, over every batch.
 size_t Extent(const cublasLtMatrixLayoutOpaque_t* l) {
   const int64_t one = int64_t(l->ld) * int64_t(l->cols - 1) + int64_t(l->rows);
-  return size_t(one + (l->batch > 1 ? l->stride * (l->batch - 1) : 0)) * sizeof(float);
+  return size_t(one + (l->batch > 1 ? l->stride * (l->batch - 1) : 0)) *
+         (l->type == CUDA_R_16BF ? 2 : sizeof(float));
+}
+
+// A float copy of an operand (widened from bf16 exactly), or the operand itself.
+const float* Widened(const void* p, const cublasLtMatrixLayoutOpaque_t* l,
+                     std::vector<float>& copy) {
+  if (l->type == CUDA_R_32F) return static_cast<const float*>(p);
+  const auto* h = static_cast<const __nv_bfloat16*>(p);
+  copy.resize(Extent(l) / 2);
+  for (size_t i = 0; i < copy.size(); ++i) copy[i] = __bfloat162float(h[i]);
+  return copy.data();
 }
 
 bool Aligned(const void* p, uint32_t align) { return reinterpret_cast<uintptr_t>(p) % align == 0; }
@@ -195,10 +211,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   // As cuBLASLt: the product accumulated whole, then D = alpha * product + beta * C rounded once
   // (accumulating into C block by block of k, as a host BLAS may, rounds at C's magnitude once per
   // block, which loses a small product added to a large C).
-  std::vector<float> product(size_t(p.m) * size_t(p.n));
+  std::vector<float> product(size_t(p.m) * size_t(p.n)), wide_a, wide_b;
+  const float* fa = Widened(a, a_layout, wide_a);
+  const float* fb = Widened(b, b_layout, wide_b);
   for (int32_t i = 0; i < d_layout->batch; ++i) {
-    const float* ai = static_cast<const float*>(a) + i * a_layout->stride;
-    const float* bi = static_cast<const float*>(b) + i * b_layout->stride;
+    const float* ai = fa + i * a_layout->stride;
+    const float* bi = fb + i * b_layout->stride;
     const float* ci = static_cast<const float*>(c) + i * c_layout->stride;
     float* di = static_cast<float*>(d) + i * d_layout->stride;
     cblas_sgemm(CblasColMajor, ta, tb, int(p.m), int(p.n), int(p.k), 1.0f, ai, int(a_layout->ld),
