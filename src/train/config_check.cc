@@ -177,6 +177,10 @@ Status ValidateRunConfig(const RunConfig& c) {
     return bad("sdc.on_alarm", fmt::format("must be warn, stop or redo, got \"{}\"", d.on_alarm));
   if (d.audit_every < 0)
     return bad("sdc.audit_every", fmt::format("must be >= 0, got {}", d.audit_every));
+  if (d.checksums && c.train.precision == "bf16")
+    return bad("sdc.checksums",
+               "cannot check bf16 products (train.precision = bf16): the checksums' error bound "
+               "is float32's, and bf16 operands are 2^15 times coarser");
   if (d.on_faulty != "stop" && d.on_faulty != "exclude")
     return bad("sdc.on_faulty", fmt::format("must be stop or exclude, got \"{}\"", d.on_faulty));
   if (d.on_faulty == "exclude" && (w.sites < 2 || w.strategy != "sync"))

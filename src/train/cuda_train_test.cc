@@ -73,6 +73,9 @@ TEST_F(CudaTrainTest, TheChecksDoNotChangeTheRun) {
 TEST_F(CudaTrainTest, Bf16FollowsFp32AndRepeatsItself) {
   RunConfig bf = gpu_;
   bf.train.precision = "bf16";
+  struct Reset {  // the process's setting back to float, whatever happens here
+    ~Reset() { SetBf16Matmul(false); }
+  } reset;
   const std::string a = Run(bf, "bf16_a"), b = Run(bf, "bf16_b"), f = Run(gpu_, "fp32");
   EXPECT_EQ(LossColumns(a), LossColumns(b));
   EXPECT_EQ(FinalState(a), FinalState(b));
@@ -124,6 +127,7 @@ double NormalizedError(const float* a, const float* b, size_t n) {
 TEST(CudaOptimizer, StepsStayOnTheGpuAndMatchTheCpu) {
   std::string why;
   if (!DeviceUsable(Device::kCuda, &why)) GTEST_SKIP() << "no GPU here (" << why << ")";
+  SetBf16Matmul(false);  // float products, whatever a test before left (the process's setting)
   const GPTConfig c{.vocab_size = 64, .seq_len = 16, .n_layer = 2, .n_head = 2, .n_embd = 16};
   GPT<float> cpu(c, 2), gpu(c, 2, {}, 1, Device::kCuda);
   cpu.InitParameters(5);
@@ -211,6 +215,9 @@ TEST(CudaTrainConfig, TheDeviceKeyIsChecked) {
   c.train.precision = "fp16";
   EXPECT_NE(ValidateRunConfig(c).message().find("must be fp32 or bf16"), std::string::npos);
   c.train.precision = "bf16";
+  c.sdc.checksums = true;  // their bound is float32's
+  EXPECT_NE(ValidateRunConfig(c).message().find("sdc.checksums"), std::string::npos);
+  c.sdc.checksums = false;
   c.parallel.tp = 2;
   c.parallel.pp = 2;
   c.model.n_head = 4;

@@ -489,9 +489,12 @@ TEST_F(CudaOps, Bf16Products) {
   for (const bool ta : {false, true})
     for (const bool tb : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "ta " << ta << " tb " << tb);
-      const auto a = Random(size_t(batch) * m * k, 81), b = Random(size_t(batch) * k * n, 82);
+      // Row strides and batch strides with gaps: the converted extents keep the layout.
+      const int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2;
+      const int64_t sa = int64_t(ta ? k : m) * lda + 5, sb = int64_t(tb ? n : k) * ldb + 7;
+      const auto a = Random(size_t(batch) * size_t(sa), 81);
+      const auto b = Random(size_t(batch) * size_t(sb), 82);
       const auto c0 = Random(size_t(batch) * m * n, 83);
-      const int lda = ta ? m : k, ldb = tb ? k : n;
       std::vector<double> want(c0.size()), unrounded(c0.size());
       for (int i = 0; i < batch; ++i)
         for (int r = 0; r < m; ++r)
@@ -499,9 +502,9 @@ TEST_F(CudaOps, Bf16Products) {
             double s = 0, u = 0;
             for (int x = 0; x < k; ++x) {
               const float av =
-                  a[size_t(i) * m * k + (ta ? size_t(x) * lda + r : size_t(r) * lda + x)];
+                  a[size_t(i) * size_t(sa) + (ta ? size_t(x) * lda + r : size_t(r) * lda + x)];
               const float bv =
-                  b[size_t(i) * k * n + (tb ? size_t(col) * ldb + x : size_t(x) * ldb + col)];
+                  b[size_t(i) * size_t(sb) + (tb ? size_t(col) * ldb + x : size_t(x) * ldb + col)];
               s += double(RoundBf16(av)) * double(RoundBf16(bv));
               u += double(av) * double(bv);
             }
@@ -511,7 +514,7 @@ TEST_F(CudaOps, Bf16Products) {
           }
       auto ga = Up(a), gb = Up(b), gc = Up(c0);
       Gemm(ta, tb, m, n, k, 0.5f, ga.data(), lda, gb.data(), ldb, 2.0f, gc.data(), n, batch,
-           int64_t(m) * k, int64_t(k) * n, int64_t(m) * n);
+           sa, sb, int64_t(m) * n);
       const auto got = Down(gc);
       EXPECT_LE(NormErr(got, want), kTol);
       EXPECT_GT(NormErr(got, unrounded), 1e-4);
