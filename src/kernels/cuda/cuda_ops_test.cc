@@ -513,8 +513,8 @@ TEST_F(CudaOps, Bf16Products) {
             unrounded[o] = 0.5 * u + 2.0 * double(c0[o]);
           }
       auto ga = Up(a), gb = Up(b), gc = Up(c0);
-      Gemm(ta, tb, m, n, k, 0.5f, ga.data(), lda, gb.data(), ldb, 2.0f, gc.data(), n, batch,
-           sa, sb, int64_t(m) * n);
+      Gemm(ta, tb, m, n, k, 0.5f, ga.data(), lda, gb.data(), ldb, 2.0f, gc.data(), n, batch, sa, sb,
+           int64_t(m) * n);
       const auto got = Down(gc);
       EXPECT_LE(NormErr(got, want), kTol);
       EXPECT_GT(NormErr(got, unrounded), 1e-4);
