@@ -129,6 +129,28 @@ void CopyOut(Device device, T* host_dst, const T* src, size_t n) {
   std::copy(src, src + n, host_dst);
 }
 
+// Which copy of a buffer kept both on the host and on the GPU is newer (kBoth: they are the same):
+// GPT's parameters and gradients, AdamW's moments on the GPU.
+enum class Newer { kHost, kDevice, kBoth };
+
+// The host's copy made current: the GPU's n elements downloaded when they are newer; then both
+// are the same. Returns the bytes moved.
+template <class T>
+size_t HostCurrent(Newer& at, T* host, const T* dev, size_t n) {
+  if (at != Newer::kDevice) return 0;
+  CopyOut(Device::kCuda, host, dev, n);
+  at = Newer::kBoth;
+  return n * sizeof(T);
+}
+// The GPU's copy made current: the host's n elements uploaded when they are newer.
+template <class T>
+size_t DeviceCurrent(Newer& at, const T* host, T* dev, size_t n) {
+  if (at != Newer::kHost) return 0;
+  CopyIn(Device::kCuda, dev, host, n);
+  at = Newer::kBoth;
+  return n * sizeof(T);
+}
+
 // The ops of kernels/ops.h on one device. On the GPU (float only): device pointers throughout,
 // plus the token ids on the host for the embedding gradient.
 template <class T>

@@ -205,11 +205,9 @@ class GPT {
     return (cuda() ? dgrads_.data() : grads_.data()) + Off(kind, layer);
   }
   bool cuda() const { return device_ == Device::kCuda; }
-  // Which copy of a buffer is newer (GPU only; the CPU has one copy).
-  enum class Newer { kHost, kDevice, kBoth };
-  // Downloads the GPU's copy into the host's when the GPU's is newer; then they are the same.
+  // backend.h's HostCurrent and DeviceCurrent for a whole buffer (GPU only; the CPU has one copy,
+  // whose flag never says the GPU's is newer), counted in transfers().
   void HostCurrent(std::vector<T>& host, const Buffer<T>& dev, Newer& at) const;
-  // Uploads the host's copy when it is newer; then they are the same.
   void DeviceCurrent(const std::vector<T>& host, Buffer<T>& dev, Newer& at);
   void ZeroDeviceBuffers(std::initializer_list<std::pair<T*, size_t>> buffers);
   void EmitOp(const OpEvent& e);

@@ -29,18 +29,12 @@ void GPT<T>::ZeroDeviceBuffers(std::initializer_list<std::pair<T*, size_t>> buff
 
 template <class T>
 void GPT<T>::HostCurrent(std::vector<T>& host, const Buffer<T>& dev, Newer& at) const {
-  if (at != Newer::kDevice) return;
-  CopyOut(device_, host.data(), dev.data(), num_params_);
-  transfer_bytes_ += num_params_ * sizeof(T);
-  at = Newer::kBoth;
+  transfer_bytes_ += atl::HostCurrent(at, host.data(), dev.data(), num_params_);
 }
 
 template <class T>
 void GPT<T>::DeviceCurrent(const std::vector<T>& host, Buffer<T>& dev, Newer& at) {
-  if (at != Newer::kHost) return;
-  CopyIn(device_, dev.data(), host.data(), num_params_);
-  transfer_bytes_ += num_params_ * sizeof(T);
-  at = Newer::kBoth;
+  transfer_bytes_ += atl::DeviceCurrent(at, host.data(), dev.data(), num_params_);
 }
 
 template <class T>

@@ -46,6 +46,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/backend.h"
 #include "model/config.h"
 
 namespace atl {
@@ -128,21 +129,21 @@ class AdamW {
   void set_step_count(int64_t t) { t_ = t; }
   // On the GPU: current host copies (see the top); the non-const ones mark them newer.
   float* m() {
-    HostMoments();
-    if (device_) moments_at_ = Newer::kHost;
+    HostMoment(m_, m_at_);
+    m_at_ = Newer::kHost;
     return m_.data();
   }
   float* v() {
-    HostMoments();
-    if (device_) moments_at_ = Newer::kHost;
+    HostMoment(v_, v_at_);
+    v_at_ = Newer::kHost;
     return v_.data();
   }
   const float* m() const {
-    HostMoments();
+    HostMoment(m_, m_at_);
     return m_.data();
   }
   const float* v() const {
-    HostMoments();
+    HostMoment(v_, v_at_);
     return v_.data();
   }
 
@@ -163,9 +164,9 @@ class AdamW {
     float step_size, inv_bc2_sqrt, eps, decay_factor;
   };
   Scalars ScalarsAt(double lr) const;
-  // On the GPU: which copy of the moments is newer; HostMoments downloads the GPU's when it is.
-  enum class Newer { kHost, kDevice, kBoth };
-  void HostMoments() const;
+  // On the GPU: downloads the GPU's copy of moment m_ or v_ (`host`) when `at` says it is newer
+  // (backend.h's HostCurrent). On the CPU the flags never say so.
+  void HostMoment(std::vector<float>& host, Newer& at) const;
   struct DeviceState;
   struct DeleteDeviceState {
     void operator()(DeviceState* d) const;  // where DeviceState is complete
@@ -175,8 +176,8 @@ class AdamW {
   std::vector<Segment> segments_;     // in state order: the owned elements that lie in a tensor
   mutable std::vector<float> m_, v_;  // mutable: a const m() may download the GPU's
   int64_t t_ = 0;
-  std::unique_ptr<DeviceState, DeleteDeviceState> device_;  // null on the CPU
-  mutable Newer moments_at_ = Newer::kBoth;
+  std::unique_ptr<DeviceState, DeleteDeviceState> device_;   // null on the CPU
+  mutable Newer m_at_ = Newer::kBoth, v_at_ = Newer::kBoth;  // which copy of each is newer
   mutable uint64_t transfer_bytes_ = 0;
   bool update_squares_on_ = true;
   // The update's squares: chunk c's pieces of segments (in order from chunk_first_[c]) have the

@@ -61,40 +61,32 @@ void AdamW::PlaceOnDevice() {
   d->pieces.Upload(pieces.data(), pieces.size());
   d->piece_squares.assign(pieces.size(), 0.0);
   device_ = std::move(d);
-  moments_at_ = Newer::kHost;  // the next step uploads them
+  m_at_ = v_at_ = Newer::kHost;  // the next step uploads them
 }
 
-void AdamW::HostMoments() const {
-  if (!device_ || moments_at_ != Newer::kDevice) return;
-  device_->m.Download(m_.data(), m_.size());
-  device_->v.Download(v_.data(), v_.size());
-  transfer_bytes_ += 2 * m_.size() * sizeof(float);
-  moments_at_ = Newer::kBoth;
+void AdamW::HostMoment(std::vector<float>& host, Newer& at) const {
+  if (!device_) return;
+  const cu::DeviceArray<float>& dev = &host == &m_ ? device_->m : device_->v;
+  transfer_bytes_ += HostCurrent(at, host.data(), dev.data(), host.size());
 }
 
 void AdamW::StepOnDevice(float* params, const float* grads, double lr, float grad_scale) {
   if (!device_) throw std::logic_error("AdamW::StepOnDevice before PlaceOnDevice");
   DeviceState& d = *device_;
-  if (moments_at_ == Newer::kHost) {
-    d.m.Upload(m_.data(), m_.size());
-    d.v.Upload(v_.data(), v_.size());
-    transfer_bytes_ += 2 * m_.size() * sizeof(float);
-  }
-  moments_at_ = Newer::kDevice;
+  transfer_bytes_ += DeviceCurrent(m_at_, m_.data(), d.m.data(), m_.size());
+  transfer_bytes_ += DeviceCurrent(v_at_, v_.data(), d.v.data(), v_.size());
+  m_at_ = v_at_ = Newer::kDevice;
   ++t_;
   const Scalars sc = ScalarsAt(lr);
   const cu::AdamScalars s{sc.beta1,     sc.one_minus_beta1, sc.beta2, sc.one_minus_beta2,
                           sc.step_size, sc.inv_bc2_sqrt,    sc.eps,   sc.decay_factor,
                           grad_scale};
-  const int count = int(segments_.size());
   std::fill(update_sq_.begin(), update_sq_.end(), 0.0);
-  if (!update_squares_on_) {
-    cu::AdamWStep(params, grads, d.m.data(), d.v.data(), d.segments.data(), count, m_.size(), s);
-    return;
-  }
-  if (d.deltas.size() != m_.size()) d.deltas = cu::DeviceArray<float>(m_.size());
-  cu::AdamWStep(params, grads, d.m.data(), d.v.data(), d.segments.data(), count, m_.size(), s,
-                d.deltas.data());
+  if (update_squares_on_ && d.deltas.size() != m_.size())
+    d.deltas = cu::DeviceArray<float>(m_.size());
+  cu::AdamWStep(params, grads, d.m.data(), d.v.data(), d.segments.data(), int(segments_.size()),
+                m_.size(), s, update_squares_on_ ? d.deltas.data() : nullptr);
+  if (!update_squares_on_) return;
   cu::SegmentSquaredSums(d.piece_squares.data(), d.deltas.data(), d.pieces.data(),
                          int(d.piece_squares.size()));
   for (size_t j = 0; j < d.piece_squares.size(); ++j)
@@ -116,7 +108,7 @@ void AdamW::PlaceOnDevice() {
       "AdamW on the GPU: this atoll was built without CUDA (no nvcc when it was configured)");
 }
 
-void AdamW::HostMoments() const {}
+void AdamW::HostMoment(std::vector<float>&, Newer&) const {}
 
 void AdamW::StepOnDevice(float*, const float*, double, float) {
   throw std::logic_error("AdamW::StepOnDevice before PlaceOnDevice");
