@@ -194,14 +194,16 @@ struct Ops {
     ATL_GPU(kernels::cuda::MatmulBackward(dinp, dw, db, dout, inp, w, N, IC, OC));
     kernels::MatmulBackward(dinp, dw, db, dout, inp, w, N, IC, OC);
   }
+  // att: the probabilities [B, NH, T, T] on the CPU; each row's log-sum-exp [B, NH, T] on the GPU
+  // (flash-style, kernels/cuda/ops.h), whose backward also reads the forward's out.
   void AttentionForward(T* out, T* att, const T* qkv, int B, int T_, int C, int NH) const {
     ATL_GPU(kernels::cuda::AttentionForward(out, att, qkv, B, T_, C, NH));
     kernels::AttentionForward(out, att, qkv, B, T_, C, NH);
   }
   // scratch: the CPU's (B*NH*T*T elements); the GPU uses its own.
-  void AttentionBackward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, int B,
-                         int T_, int C, int NH) const {
-    ATL_GPU(kernels::cuda::AttentionBackward(dqkv, dout, qkv, att, B, T_, C, NH));
+  void AttentionBackward(T* dqkv, T* scratch, const T* dout, const T* out, const T* qkv,
+                         const T* att, int B, int T_, int C, int NH) const {
+    ATL_GPU(kernels::cuda::AttentionBackward(dqkv, dout, out, qkv, att, B, T_, C, NH));
     kernels::AttentionBackward(dqkv, scratch, dout, qkv, att, B, T_, C, NH);
   }
   void GeluForward(T* out, const T* inp, size_t n) const {

@@ -111,6 +111,9 @@ GPT<T>::GPT(const GPTConfig& cfg, int max_batch, const ModelShard& shard, int sl
     throw std::invalid_argument(fmt::format("GPT: slots must be positive, got {}", slots));
   if (cuda()) {
     if (!std::is_same_v<T, float>) throw std::invalid_argument("GPT: the GPU runs float models");
+    if (cfg.n_embd / cfg.n_head > 128)
+      throw std::invalid_argument(fmt::format(
+          "GPT: the GPU's attention takes head sizes up to 128, got {}", cfg.n_embd / cfg.n_head));
     std::string why;
     if (!DeviceUsable(device, &why)) throw std::runtime_error("GPT: no GPU: " + why);
     ops_.cuda = true;
@@ -246,7 +249,7 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
     T* ln1_rstd = S.ln1_rstd.data() + i * NR;
     T* qkv = S.qkv.data() + i * NR * 3 * Cl;
     T* atty = S.atty.data() + i * NR * Cl;
-    T* att = S.att_probs.data() + i * S.att_per_layer;
+    T* att = S.att.data() + i * S.att_per_layer;
     T* res2 = S.residual2.data() + i * NR * C;
     T* ln2 = S.ln2.data() + i * NR * C;
     T* ln2_mean = S.ln2_mean.data() + i * NR;
@@ -421,7 +424,7 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
     const T* ln1_rstd = S.ln1_rstd.data() + i * NR;
     const T* qkv = S.qkv.data() + i * NR * 3 * Cl;
     const T* atty = S.atty.data() + i * NR * Cl;
-    const T* att = S.att_probs.data() + i * S.att_per_layer;
+    const T* att = S.att.data() + i * S.att_per_layer;
     const T* res2 = S.residual2.data() + i * NR * C;
     const T* ln2 = S.ln2.data() + i * NR * C;
     const T* ln2_mean = S.ln2_mean.data() + i * NR;
@@ -459,7 +462,8 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
     Op(OpKind::kGemmBackward, l, 1, a.datty.data(), N, Cl, dres, W(ParamKind::kAttnProjW, l),
        nullptr, C);
     ATL_OP("attention bwd", ops_.AttentionBackward(a.dqkv.data(), a.datt_scratch.data(),
-                                                   a.datty.data(), qkv, att, B, T_len, Cl, NHl));
+                                                   a.datty.data(), atty, qkv, att, B, T_len, Cl,
+                                                   NHl));
     ATL_OP("matmul bwd",
            ops_.MatmulBackward(a.dln1.data(), D(ParamKind::kAttnW, l), D(ParamKind::kAttnB, l),
                                a.dqkv.data(), ln1, W(ParamKind::kAttnW, l), N, C, 3 * Cl));

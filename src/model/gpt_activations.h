@@ -21,7 +21,8 @@ struct GPT<T>::Slot {
   Slot(const GPTConfig& c, int max_batch, int layers, int tp, bool last, int vocab, Device d) {
     const size_t N = size_t(max_batch) * c.seq_len, C = c.n_embd, L = size_t(layers);
     const size_t Cl = C / size_t(tp), Fl = 4 * C / size_t(tp), NHl = size_t(c.n_head / tp);
-    att_per_layer = size_t(max_batch) * NHl * c.seq_len * c.seq_len;
+    // The probabilities on the CPU; the GPU's flash-style attention keeps each row's lse.
+    att_per_layer = size_t(max_batch) * NHl * c.seq_len * (d == Device::kCpu ? c.seq_len : 1);
     inputs.Allocate(d, N);
     targets.Allocate(d, N);
     host_inputs.resize(N);
@@ -32,7 +33,7 @@ struct GPT<T>::Slot {
     ln1_rstd.Allocate(d, L * N);
     qkv.Allocate(d, L * N * 3 * Cl);
     atty.Allocate(d, L * N * Cl);
-    att_probs.Allocate(d, L * att_per_layer);
+    att.Allocate(d, L * att_per_layer);
     residual2.Allocate(d, L * N * C);
     ln2.Allocate(d, L * N * C);
     ln2_mean.Allocate(d, L * N);
@@ -59,7 +60,7 @@ struct GPT<T>::Slot {
   Buffer<T> ln1, ln1_mean, ln1_rstd;  // [L, N, C], [L, N], [L, N]
   Buffer<T> qkv;                      // [L, N, 3Cl]
   Buffer<T> atty;                     // [L, N, Cl]
-  Buffer<T> att_probs;                // [L, B, NHl, T, T]
+  Buffer<T> att;                      // [L, B, NHl, T, T] probabilities; [L, B, NHl, T] lse (GPU)
   Buffer<T> residual2;                // [L, N, C]  residual + attn.c_proj
   Buffer<T> ln2, ln2_mean, ln2_rstd;  // [L, N, C], [L, N], [L, N]
   Buffer<T> fch, fch_gelu;            // [L, N, Fl]

@@ -68,6 +68,11 @@ Status ValidateRunConfig(const RunConfig& c) {
     return bad("train.precision",
                "bf16 needs train.device = cuda (the CPU computes in fp32; bf16 products are the "
                "GPU's tensor cores)");
+  if (t.device == "cuda" && c.model.n_head > 0 && c.model.n_embd / c.model.n_head > 128)
+    return bad("train.device",
+               fmt::format("the GPU's attention takes head sizes up to 128; model.n_embd / "
+                           "model.n_head = {}",
+                           c.model.n_embd / c.model.n_head));
 
   const ParallelConfig& p = c.parallel;
   for (auto [key, v] :

@@ -222,6 +222,15 @@ TEST(CudaTrainConfig, TheDeviceKeyIsChecked) {
   c.parallel.pp = 2;
   c.model.n_head = 4;
   EXPECT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c).ToString();
+  // The attention kernel's limit: head size 128 runs, 129 is refused, on the GPU only.
+  c.model.n_embd = 4 * 129;
+  EXPECT_NE(ValidateRunConfig(c).message().find("head sizes up to 128"), std::string::npos);
+  c.model.n_embd = 4 * 128;
+  EXPECT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c).ToString();
+  c.model.n_embd = 4 * 129;
+  c.train.device = "cpu";
+  c.train.precision = "fp32";
+  EXPECT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c).ToString();
 }
 
 // Without a GPU, train.device = "cuda" is bad input (exit 2) saying why.

@@ -1,8 +1,24 @@
-// Causal multi-head self-attention with the probabilities stored (the layout of ops.h, which
-// backward and the CPU reference share): heads are gathered into [B, NH, T, hs] blocks, the
-// products are strided-batched cuBLASLt GEMMs over the B * NH heads, and the causal softmax runs
-// one warp per row. (A flash-style kernel that keeps no [T, T] matrix is the next step.)
+// Causal multi-head self-attention, flash-style (FlashAttention-2's algorithm, Dao 2023): no
+// [T, T] matrix is ever stored. Forward keeps, per query row, a running maximum and sum of the
+// exponentials over tiles of keys staged in shared memory (the online softmax), and saves the
+// row's log-sum-exp; backward recomputes the probabilities from it. Memory is O(T) per head, not
+// O(T²).
+//
+// Determinism without atomics (FlashAttention-2's own backward adds dQ atomically): backward is
+// two kernels. The dQ kernel gives each query row to one thread group, which walks the keys in
+// order; it also forms D_i = dO_i · O_i. The dK/dV kernel gives each key row to one thread group,
+// which walks the queries in order. So every gradient element is one thread's sum in a fixed
+// order.
+//
+// Threads: R threads per row (R = 1, 2, 4 for head sizes up to 32, 64, 128), kThreads / R rows per
+// block. Part r of a row owns the dimensions e * R + r, e < 32 (interleaved, so the R parts read
+// neighbouring words of shared memory, not one bank); dimensions ≥ hs are zero. A dot product is
+// each part's 32 products in order, then the parts summed by a fixed butterfly (RowSum), which
+// gives every part the same bits. Loops over a tile are uniform across the block (rows past T
+// and keys past the causal edge are masked, not skipped), so the shuffles meet.
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
@@ -10,131 +26,259 @@
 namespace atl::kernels::cuda {
 namespace {
 
-// Element i of `count` head-major blocks [B, NH, T, hs] (block `which` = i / (B T C)) sits at
-// this offset of a token-major tensor [B, T, row_stride] whose block `which` starts at column
-// which * C, head h at column h * hs of it.
-__device__ inline int64_t TokenMajorOffset(int64_t i, int64_t row_stride, int B, int T, int C,
-                                           int NH) {
-  const int64_t x = int64_t(B) * T * C;
-  const int64_t which = i / x, r = i % x;
-  const int hs = C / NH;
-  const int64_t d = r % hs, t = (r / hs) % T, bh = r / (int64_t(hs) * T);
-  const int64_t h = bh % NH, b = bh / NH;
-  return (b * T + t) * row_stride + which * C + h * hs + d;
+constexpr int kThreads = 128;  // per block
+constexpr int kTile = 32;      // keys (forward, dQ) or queries (dK/dV) staged per step
+constexpr int kPart = 32;      // dimensions per thread
+
+template <int R>
+__device__ inline float RowSum(float v) {
+  if constexpr (R >= 2) v += __shfl_xor_sync(0xffffffffu, v, 1);
+  if constexpr (R >= 4) v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v;
 }
 
-// dst[which][b, h, t, d] = src[b, t, which * C + h * hs + d]: q, k, v of qkv (count 3, row
-// stride 3C) or one [B, T, C] tensor (count 1).
-__global__ void GatherHeads(float* dst, const float* src, int64_t row_stride, int count, int B,
-                            int T, int C, int NH) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= int64_t(B) * T * C * count) return;
-  dst[i] = src[TokenMajorOffset(i, row_stride, B, T, C, NH)];
-}
-
-// The inverse: dst[b, t, which * C + h * hs + d] (+)= src[which][b, h, t, d].
-__global__ void ScatterHeads(float* dst, const float* src, int64_t row_stride, int count, int B,
-                             int T, int C, int NH, bool add) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= int64_t(B) * T * C * count) return;
-  float* o = dst + TokenMajorOffset(i, row_stride, B, T, C, NH);
-  *o = add ? *o + src[i] : src[i];
-}
-
-// In place over each row of att [rows = B*NH*T, T]: softmax of the causal prefix (t + 1 entries),
-// zero above the diagonal. One warp per row.
-__global__ void CausalSoftmax(float* att, int64_t rows, int T) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const int len = int(row % T) + 1;
-  float* p = att + row * T;
-  float mx = -INFINITY;
-  for (int j = lane; j < len; j += 32) mx = fmaxf(mx, p[j]);
-  mx = WarpMax(mx);
-  float sum = 0.0f;
-  for (int j = lane; j < len; j += 32) {
-    const float e = expf(p[j] - mx);
-    p[j] = e;
-    sum += e;
+// x[e] = row[e * R + part] for the row's first hs dimensions, 0 beyond (and for a dead row).
+template <int R>
+__device__ inline void LoadPart(float (&x)[kPart], const float* row, bool live, int hs, int part) {
+#pragma unroll
+  for (int e = 0; e < kPart; ++e) {
+    const int d = e * R + part;
+    x[e] = live && d < hs ? row[d] : 0.0f;
   }
-  const float inv = 1.0f / WarpSum(sum);
-  for (int j = lane; j < T; j += 32) p[j] = j < len ? p[j] * inv : 0.0f;
 }
 
-// In place: datt becomes d(pre-softmax scores) * scale: att * (datt - sum(att * datt)) * scale on
-// the causal prefix, zero above.
-__global__ void CausalSoftmaxBackward(float* datt, const float* att, int64_t rows, int T,
-                                      float scale) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const int len = int(row % T) + 1;
-  float* d = datt + row * T;
-  const float* a = att + row * T;
-  float dot = 0.0f;
-  for (int j = lane; j < len; j += 32) dot += a[j] * d[j];
-  dot = WarpSum(dot);
-  for (int j = lane; j < T; j += 32) d[j] = j < len ? a[j] * (d[j] - dot) * scale : 0.0f;
+// row[e * R + part] (+)= scale * x[e] for the first hs dimensions.
+template <int R>
+__device__ inline void StorePart(float* row, const float (&x)[kPart], float scale, int hs, int part,
+                                 bool add) {
+#pragma unroll
+  for (int e = 0; e < kPart; ++e) {
+    const int d = e * R + part;
+    if (d < hs) row[d] = add ? row[d] + x[e] * scale : x[e] * scale;
+  }
 }
 
-constexpr int kWarps = 8;
-
-void Gather(float* dst, const float* src, int64_t row_stride, int count, int B, int T, int C,
-            int NH) {
-  const size_t n = size_t(count) * B * T * C;
-  ATL_LAUNCH(GatherHeads, Blocks(n, 256), 256, dst, src, row_stride, count, B, T, C, NH);
+// tile[j][d] = src[(first + j) * stride + d], zero past `count` rows or hs columns.
+template <int R>
+__device__ inline void LoadTile(float (&tile)[kTile][kPart * R], const float* src, int64_t stride,
+                                int first, int count, int hs) {
+  for (int i = threadIdx.x; i < kTile * kPart * R; i += blockDim.x) {
+    const int j = i / (kPart * R), d = i % (kPart * R);
+    tile[j][d] = first + j < count && d < hs ? src[int64_t(first + j) * stride + d] : 0.0f;
+  }
 }
 
-void Scatter(float* dst, const float* src, int64_t row_stride, int count, int B, int T, int C,
-             int NH, bool add) {
-  const size_t n = size_t(count) * B * T * C;
-  ATL_LAUNCH(ScatterHeads, Blocks(n, 256), 256, dst, src, row_stride, count, B, T, C, NH, add);
+// The dot product of a row part with row j of a tile, over the whole row.
+template <int R>
+__device__ inline float Dot(const float (&x)[kPart], const float (&tile)[kTile][kPart * R], int j,
+                            int part) {
+  float s = 0.0f;
+#pragma unroll
+  for (int e = 0; e < kPart; ++e) s += x[e] * tile[j][e * R + part];
+  return RowSum<R>(s);
+}
+
+// x[e] += a * tile[j][e * R + part].
+template <int R>
+__device__ inline void Axpy(float (&x)[kPart], float a, const float (&tile)[kTile][kPart * R],
+                            int j, int part) {
+#pragma unroll
+  for (int e = 0; e < kPart; ++e) x[e] += a * tile[j][e * R + part];
+}
+
+// Where head h of sequence b starts in qkv [B, T, 3C] (q; k at + C, v at + 2C) and in a [B, T, C]
+// tensor.
+struct Head {
+  int64_t qkv, bt;
+  __device__ Head(int b, int h, int T, int C, int hs)
+      : qkv(int64_t(b) * T * 3 * C + int64_t(h) * hs), bt(int64_t(b) * T * C + int64_t(h) * hs) {}
+};
+
+// grid (ceil(T / rows), B * NH). out [B, T, C]; lse [B, NH, T].
+template <int R>
+__global__ void __launch_bounds__(kThreads)
+    FlashForward(float* out, float* lse, const float* qkv, int T, int C, int NH, float scale) {
+  constexpr int kRows = kThreads / R;
+  __shared__ float ks[kTile][kPart * R], vs[kTile][kPart * R];
+  const int hs = C / NH, bh = blockIdx.y, part = threadIdx.x % R;
+  const Head at(bh / NH, bh % NH, T, C, hs);
+  const int64_t stride = 3 * int64_t(C);
+  const int first = blockIdx.x * kRows, t = first + threadIdx.x / R;
+  const int last = min(first + kRows, T) - 1;  // the block's last row: keys past it are masked
+  const bool live = t < T;
+  float q[kPart], o[kPart];
+  LoadPart<R>(q, qkv + at.qkv + int64_t(t) * stride, live, hs, part);
+#pragma unroll
+  for (int e = 0; e < kPart; ++e) o[e] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int k0 = 0; k0 <= last; k0 += kTile) {
+    __syncthreads();  // the previous tile is consumed
+    LoadTile<R>(ks, qkv + at.qkv + C, stride, k0, T, hs);
+    LoadTile<R>(vs, qkv + at.qkv + 2 * C, stride, k0, T, hs);
+    __syncthreads();
+    float s[kTile];
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kTile; ++j) {
+      const float dot = Dot<R>(q, ks, j, part);
+      s[j] = k0 + j <= t ? dot * scale : -INFINITY;
+      tile_max = fmaxf(tile_max, s[j]);
+    }
+    // Key 0 is in every row's first tile, so m is finite from the first tile on.
+    const float m_new = fmaxf(m, tile_max);
+    const float correction = expf(m - m_new);
+    l *= correction;
+#pragma unroll
+    for (int e = 0; e < kPart; ++e) o[e] *= correction;
+#pragma unroll
+    for (int j = 0; j < kTile; ++j) {
+      const float p = expf(s[j] - m_new);
+      l += p;
+      Axpy<R>(o, p, vs, j, part);
+    }
+    m = m_new;
+  }
+  if (!live) return;
+  StorePart<R>(out + at.bt + int64_t(t) * C, o, 1.0f / l, hs, part, /*add=*/false);
+  if (part == 0) lse[int64_t(bh) * T + t] = m + logf(l);
+}
+
+// dq (+)= Σ_j ds_ij k_j over keys j ≤ i, ds_ij = p_ij (dO_i · v_j - D_i) scale, p_ij from lse;
+// writes D_i = dO_i · O_i to dsum [B, NH, T] for the dK/dV kernel. grid (ceil(T / rows), B * NH).
+template <int R>
+__global__ void __launch_bounds__(kThreads)
+    FlashBackwardQuery(float* dqkv, float* dsum, const float* dout, const float* out,
+                       const float* qkv, const float* lse, int T, int C, int NH, float scale) {
+  constexpr int kRows = kThreads / R;
+  __shared__ float ks[kTile][kPart * R], vs[kTile][kPart * R];
+  const int hs = C / NH, bh = blockIdx.y, part = threadIdx.x % R;
+  const Head at(bh / NH, bh % NH, T, C, hs);
+  const int64_t stride = 3 * int64_t(C);
+  const int first = blockIdx.x * kRows, t = first + threadIdx.x / R;
+  const int last = min(first + kRows, T) - 1;
+  const bool live = t < T;
+  float q[kPart], dO[kPart], dq[kPart];
+  LoadPart<R>(q, qkv + at.qkv + int64_t(t) * stride, live, hs, part);
+  LoadPart<R>(dq, out + at.bt + int64_t(t) * C, live, hs, part);  // O, briefly
+  LoadPart<R>(dO, dout + at.bt + int64_t(t) * C, live, hs, part);
+  float D = 0.0f;
+#pragma unroll
+  for (int e = 0; e < kPart; ++e) D += dO[e] * dq[e];
+  D = RowSum<R>(D);
+#pragma unroll
+  for (int e = 0; e < kPart; ++e) dq[e] = 0.0f;
+  const float row_lse = live ? lse[int64_t(bh) * T + t] : 0.0f;
+  if (live && part == 0) dsum[int64_t(bh) * T + t] = D;
+  for (int k0 = 0; k0 <= last; k0 += kTile) {
+    __syncthreads();
+    LoadTile<R>(ks, qkv + at.qkv + C, stride, k0, T, hs);
+    LoadTile<R>(vs, qkv + at.qkv + 2 * C, stride, k0, T, hs);
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kTile; ++j) {
+      const float s = Dot<R>(q, ks, j, part) * scale;
+      const float dp = Dot<R>(dO, vs, j, part);
+      const float p = k0 + j <= t ? expf(s - row_lse) : 0.0f;
+      Axpy<R>(dq, p * (dp - D) * scale, ks, j, part);
+    }
+  }
+  if (live) StorePart<R>(dqkv + at.qkv + int64_t(t) * stride, dq, 1.0f, hs, part, /*add=*/true);
+}
+
+// dk (+)= Σ_i ds_ij q_i and dv (+)= Σ_i p_ij dO_i over queries i ≥ j. grid (ceil(T / rows),
+// B * NH), a block's rows being keys.
+template <int R>
+__global__ void __launch_bounds__(kThreads)
+    FlashBackwardKeyValue(float* dqkv, const float* dsum, const float* dout, const float* qkv,
+                          const float* lse, int T, int C, int NH, float scale) {
+  constexpr int kRows = kThreads / R;
+  __shared__ float qs[kTile][kPart * R], dos[kTile][kPart * R];
+  __shared__ float lses[kTile], dsums[kTile];
+  const int hs = C / NH, bh = blockIdx.y, part = threadIdx.x % R;
+  const Head at(bh / NH, bh % NH, T, C, hs);
+  const int64_t stride = 3 * int64_t(C);
+  const int first = blockIdx.x * kRows, key = first + threadIdx.x / R;
+  const bool live = key < T;
+  float k[kPart], v[kPart], dk[kPart], dv[kPart];
+  LoadPart<R>(k, qkv + at.qkv + C + int64_t(key) * stride, live, hs, part);
+  LoadPart<R>(v, qkv + at.qkv + 2 * C + int64_t(key) * stride, live, hs, part);
+#pragma unroll
+  for (int e = 0; e < kPart; ++e) dk[e] = dv[e] = 0.0f;
+  // Queries before the block's first key see none of its keys.
+  for (int q0 = first; q0 < T; q0 += kTile) {
+    __syncthreads();
+    LoadTile<R>(qs, qkv + at.qkv, stride, q0, T, hs);
+    LoadTile<R>(dos, dout + at.bt, C, q0, T, hs);
+    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+      const bool in = q0 + i < T;
+      lses[i] = in ? lse[int64_t(bh) * T + q0 + i] : 0.0f;
+      dsums[i] = in ? dsum[int64_t(bh) * T + q0 + i] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kTile; ++i) {
+      const float s = Dot<R>(k, qs, i, part) * scale;
+      const float dp = Dot<R>(v, dos, i, part);
+      const int query = q0 + i;
+      const float p = query >= key && query < T ? expf(s - lses[i]) : 0.0f;
+      Axpy<R>(dv, p, dos, i, part);
+      Axpy<R>(dk, p * (dp - dsums[i]) * scale, qs, i, part);
+    }
+  }
+  if (!live) return;
+  StorePart<R>(dqkv + at.qkv + C + int64_t(key) * stride, dk, 1.0f, hs, part, /*add=*/true);
+  StorePart<R>(dqkv + at.qkv + 2 * C + int64_t(key) * stride, dv, 1.0f, hs, part, /*add=*/true);
+}
+
+dim3 Grid(int R, int B, int T, int NH) {
+  const int rows = kThreads / R;
+  return dim3(unsigned((T + rows - 1) / rows), unsigned(B * NH));
+}
+
+// Threads per row for head size hs.
+int PartsFor(int C, int NH) {
+  const int hs = C / NH;
+  if (hs <= kPart) return 1;
+  if (hs <= 2 * kPart) return 2;
+  if (hs <= 4 * kPart) return 4;
+  throw std::invalid_argument("AttentionForward: head size " + std::to_string(hs) +
+                              " is over the GPU kernel's 128");
+}
+
+template <int R>
+void Forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, float scale) {
+  ATL_LAUNCH(FlashForward<R>, Grid(R, B, T, NH), kThreads, out, lse, qkv, T, C, NH, scale);
+}
+
+template <int R>
+void Backward(float* dqkv, float* dsum, const float* dout, const float* out, const float* qkv,
+              const float* lse, int B, int T, int C, int NH, float scale) {
+  ATL_LAUNCH(FlashBackwardQuery<R>, Grid(R, B, T, NH), kThreads, dqkv, dsum, dout, out, qkv, lse,
+             T, C, NH, scale);
+  ATL_LAUNCH(FlashBackwardKeyValue<R>, Grid(R, B, T, NH), kThreads, dqkv,
+             static_cast<const float*>(dsum), dout, qkv, lse, T, C, NH, scale);
 }
 
 }  // namespace
 
-void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
   if (B <= 0 || T <= 0) return;
-  const int hs = C / NH, BH = B * NH;
-  const int64_t X = int64_t(B) * T * C;
-  auto* s = static_cast<float*>(Scratch(kScratchOp, size_t(4 * X) * sizeof(float)));
-  float *q = s, *k = s + X, *v = s + 2 * X, *y = s + 3 * X;
-  Gather(q, qkv, 3 * C, 3, B, T, C, NH);
-  const float scale = 1.0f / std::sqrt(float(hs));
-  const int64_t th = int64_t(T) * hs, tt = int64_t(T) * T;
-  // att = scale * q · kᵀ per head, then the causal softmax in place.
-  Gemm(false, true, T, T, hs, scale, q, hs, k, hs, 0.0f, att, T, BH, th, th, tt);
-  const int64_t rows = int64_t(BH) * T;
-  ATL_LAUNCH(CausalSoftmax, Blocks(size_t(rows), kWarps), 32 * kWarps, att, rows, T);
-  // y = att · v per head; then heads side by side into out.
-  Gemm(false, false, T, hs, T, 1.0f, att, T, v, hs, 0.0f, y, hs, BH, tt, th, th);
-  Scatter(out, y, C, 1, B, T, C, NH, /*add=*/false);
+  const int R = PartsFor(C, NH);
+  const float scale = 1.0f / std::sqrt(float(C / NH));
+  if (R == 1) Forward<1>(out, lse, qkv, B, T, C, NH, scale);
+  if (R == 2) Forward<2>(out, lse, qkv, B, T, C, NH, scale);
+  if (R == 4) Forward<4>(out, lse, qkv, B, T, C, NH, scale);
 }
 
-void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
-                       int T, int C, int NH) {
+void AttentionBackward(float* dqkv, const float* dout, const float* out, const float* qkv,
+                       const float* lse, int B, int T, int C, int NH) {
   if (B <= 0 || T <= 0) return;
-  const int hs = C / NH, BH = B * NH;
-  const int64_t X = int64_t(B) * T * C, th = int64_t(T) * hs, tt = int64_t(T) * T;
-  auto* s =
-      static_cast<float*>(Scratch(kScratchOp, size_t(7 * X + int64_t(BH) * tt) * sizeof(float)));
-  float *q = s, *k = s + X, *v = s + 2 * X, *dy = s + 3 * X;
-  float *dq = s + 4 * X, *dk = s + 5 * X, *dv = s + 6 * X, *datt = s + 7 * X;
-  Gather(q, qkv, 3 * C, 3, B, T, C, NH);
-  Gather(dy, dout, C, 1, B, T, C, NH);
-  // datt = dy · vᵀ; dv = attᵀ · dy.
-  Gemm(false, true, T, T, hs, 1.0f, dy, hs, v, hs, 0.0f, datt, T, BH, th, th, tt);
-  Gemm(true, false, T, hs, T, 1.0f, att, T, dy, hs, 0.0f, dv, hs, BH, tt, th, th);
-  const int64_t rows = int64_t(BH) * T;
-  const float scale = 1.0f / std::sqrt(float(hs));
-  ATL_LAUNCH(CausalSoftmaxBackward, Blocks(size_t(rows), kWarps), 32 * kWarps, datt, att, rows, T,
-             scale);
-  // dq = dscores · k; dk = dscoresᵀ · q (dscores already carries the scale).
-  Gemm(false, false, T, hs, T, 1.0f, datt, T, k, hs, 0.0f, dq, hs, BH, tt, th, th);
-  Gemm(true, false, T, hs, T, 1.0f, datt, T, q, hs, 0.0f, dk, hs, BH, tt, th, th);
-  // dq, dk, dv are contiguous in q, k, v order: one scatter adds all three into dqkv.
-  Scatter(dqkv, dq, 3 * C, 3, B, T, C, NH, /*add=*/true);
+  const int R = PartsFor(C, NH);
+  const float scale = 1.0f / std::sqrt(float(C / NH));
+  auto* dsum = static_cast<float*>(Scratch(kScratchOp, size_t(B) * NH * T * sizeof(float)));
+  if (R == 1) Backward<1>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale);
+  if (R == 2) Backward<2>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale);
+  if (R == 4) Backward<4>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale);
 }
 
 }  // namespace atl::kernels::cuda

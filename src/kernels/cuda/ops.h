@@ -6,6 +6,7 @@
 // - Pointers are device pointers, except: ClassifierForward returns the mean loss to the host;
 //   EncoderBackward also takes the token ids on the host (it groups repeated tokens there, so the
 //   gradient rows are summed in (b,t) order without atomics).
+// - Attention keeps no probabilities: it saves each row's log-sum-exp instead (see below).
 // - Scratch is the backend's own (common.cuh), so the scratch arguments of the CPU signatures are
 //   gone.
 // - Results agree with the CPU backend within floating-point rounding, not bitwise (different
@@ -45,9 +46,12 @@ void MatmulForward(float* out, const float* inp, const float* weight, const floa
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                     const float* weight, int N, int IC, int OC);
 
-void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
-void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
-                       int T, int C, int NH);
+// Flash-style (attention.cu): no [T, T] probabilities. Instead of att, forward writes each query
+// row's log-sum-exp of its scaled scores, lse [B, NH, T], and backward takes it with the forward's
+// out; so the GPU's attention memory is O(T) per head. Head sizes up to 128.
+void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void AttentionBackward(float* dqkv, const float* dout, const float* out, const float* qkv,
+                       const float* lse, int B, int T, int C, int NH);
 
 void GeluForward(float* out, const float* inp, size_t n);
 void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n);
