@@ -94,16 +94,16 @@ struct Head {
       : qkv(int64_t(b) * T * 3 * C + int64_t(h) * hs), bt(int64_t(b) * T * C + int64_t(h) * hs) {}
 };
 
-// grid (ceil(T / rows), B * NH). out [B, T, C]; lse [B, NH, T].
+// grid (B * NH, ceil(T / rows)). out [B, T, C]; lse [B, NH, T].
 template <int R>
 __global__ void __launch_bounds__(kThreads)
     FlashForward(float* out, float* lse, const float* qkv, int T, int C, int NH, float scale) {
   constexpr int kRows = kThreads / R;
   __shared__ float ks[kTile][kPart * R], vs[kTile][kPart * R];
-  const int hs = C / NH, bh = blockIdx.y, part = threadIdx.x % R;
+  const int hs = C / NH, bh = blockIdx.x, part = threadIdx.x % R;
   const Head at(bh / NH, bh % NH, T, C, hs);
   const int64_t stride = 3 * int64_t(C);
-  const int first = blockIdx.x * kRows, t = first + threadIdx.x / R;
+  const int first = blockIdx.y * kRows, t = first + threadIdx.x / R;
   const int last = min(first + kRows, T) - 1;  // the block's last row: keys past it are masked
   const bool live = t < T;
   float q[kPart], o[kPart];
@@ -144,17 +144,17 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dq (+)= Σ_j ds_ij k_j over keys j ≤ i, ds_ij = p_ij (dO_i · v_j - D_i) scale, p_ij from lse;
-// writes D_i = dO_i · O_i to dsum [B, NH, T] for the dK/dV kernel. grid (ceil(T / rows), B * NH).
+// writes D_i = dO_i · O_i to dsum [B, NH, T] for the dK/dV kernel. grid (B * NH, ceil(T / rows)).
 template <int R>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardQuery(float* dqkv, float* dsum, const float* dout, const float* out,
                        const float* qkv, const float* lse, int T, int C, int NH, float scale) {
   constexpr int kRows = kThreads / R;
   __shared__ float ks[kTile][kPart * R], vs[kTile][kPart * R];
-  const int hs = C / NH, bh = blockIdx.y, part = threadIdx.x % R;
+  const int hs = C / NH, bh = blockIdx.x, part = threadIdx.x % R;
   const Head at(bh / NH, bh % NH, T, C, hs);
   const int64_t stride = 3 * int64_t(C);
-  const int first = blockIdx.x * kRows, t = first + threadIdx.x / R;
+  const int first = blockIdx.y * kRows, t = first + threadIdx.x / R;
   const int last = min(first + kRows, T) - 1;
   const bool live = t < T;
   float q[kPart], dO[kPart], dq[kPart];
@@ -185,8 +185,8 @@ __global__ void __launch_bounds__(kThreads)
   if (live) StorePart<R>(dqkv + at.qkv + int64_t(t) * stride, dq, 1.0f, hs, part, /*add=*/true);
 }
 
-// dk (+)= Σ_i ds_ij q_i and dv (+)= Σ_i p_ij dO_i over queries i ≥ j. grid (ceil(T / rows),
-// B * NH), a block's rows being keys.
+// dk (+)= Σ_i ds_ij q_i and dv (+)= Σ_i p_ij dO_i over queries i ≥ j. grid (B * NH,
+// ceil(T / rows)), a block's rows being keys.
 template <int R>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardKeyValue(float* dqkv, const float* dsum, const float* dout, const float* qkv,
@@ -194,10 +194,10 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kRows = kThreads / R;
   __shared__ float qs[kTile][kPart * R], dos[kTile][kPart * R];
   __shared__ float lses[kTile], dsums[kTile];
-  const int hs = C / NH, bh = blockIdx.y, part = threadIdx.x % R;
+  const int hs = C / NH, bh = blockIdx.x, part = threadIdx.x % R;
   const Head at(bh / NH, bh % NH, T, C, hs);
   const int64_t stride = 3 * int64_t(C);
-  const int first = blockIdx.x * kRows, key = first + threadIdx.x / R;
+  const int first = blockIdx.y * kRows, key = first + threadIdx.x / R;
   const bool live = key < T;
   float k[kPart], v[kPart], dk[kPart], dv[kPart];
   LoadPart<R>(k, qkv + at.qkv + C + int64_t(key) * stride, live, hs, part);
@@ -230,9 +230,10 @@ __global__ void __launch_bounds__(kThreads)
   StorePart<R>(dqkv + at.qkv + 2 * C + int64_t(key) * stride, dv, 1.0f, hs, part, /*add=*/true);
 }
 
+// x: the B * NH heads (up to 2^31 - 1); y: the blocks of rows (T / rows, far under 65535).
 dim3 Grid(int R, int B, int T, int NH) {
   const int rows = kThreads / R;
-  return dim3(unsigned((T + rows - 1) / rows), unsigned(B * NH));
+  return dim3(unsigned(B * NH), unsigned((T + rows - 1) / rows));
 }
 
 // Threads per row for head size hs.
@@ -241,8 +242,8 @@ int PartsFor(int C, int NH) {
   if (hs <= kPart) return 1;
   if (hs <= 2 * kPart) return 2;
   if (hs <= 4 * kPart) return 4;
-  throw std::invalid_argument("AttentionForward: head size " + std::to_string(hs) +
-                              " is over the GPU kernel's 128");
+  throw std::invalid_argument("GPU attention: head size " + std::to_string(hs) +
+                              " is over the kernel's 128");
 }
 
 template <int R>
