@@ -15,6 +15,9 @@ for _d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
 done
 _cublas=$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
 [[ -n "$_cublas" ]] && _libs+=":$(dirname "$_cublas")"
+# NCCL (comm/nccl/): the toolkit's, or the one PyTorch's wheels bring (nvidia/nccl/lib).
+_nccl=$(find /usr/local /opt /usr/lib -name 'libnccl.so.2*' 2>/dev/null | head -1)
+[[ -n "$_nccl" ]] && _libs+=":$(dirname "$_nccl")"
 export LD_LIBRARY_PATH="$_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="/tmp/atoll-gpu/bin:$PATH"
-unset _atoll_root _libs _d _cublas
+unset _atoll_root _libs _d _cublas _nccl

@@ -128,6 +128,9 @@ class Communicator {
   virtual int size() const = 0;
   // "rank 1", or for a sub-group "rank 1 of group 0 (world rank 3)": prefixes error messages.
   virtual std::string label() const = 0;
+  // Whether the buffers passed are device memory of the process's GPU (NCCL, comm/nccl/nccl_comm.h) rather
+  // than host memory (every other backend).
+  virtual bool device_memory() const { return false; }
 
   // ---- Non-blocking operations (type-erased; the typed wrappers below are the usual entry). ----
 

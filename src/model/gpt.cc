@@ -172,6 +172,7 @@ void GPT<T>::TensorAllReduce(T* data, size_t n, bool on_host) {
   if (!tp_all_reduce_)
     throw std::logic_error("GPT: tensor parallel shard without set_tensor_parallel");
   if (!cuda() || on_host) return tp_all_reduce_(data, n);
+  if (tp_device_all_reduce_) return tp_device_all_reduce_(data, n);
   // The GPU's tensor through host memory: the Communicator reduces host buffers.
   std::vector<T>& host = acts_->staging[0];
   HostView(data, n, host);

@@ -139,9 +139,13 @@ class GPT {
 
   // Tensor parallel: the all-reduce (sum, in place, identical result on every rank) over the
   // tp_size ranks of this shard's tensor-parallel group. Required when tp_size > 1; it may throw
-  // (the exception leaves Forward / Backward).
-  void set_tensor_parallel(std::function<void(T* data, size_t n)> all_reduce) {
+  // (the exception leaves Forward / Backward). all_reduce takes host memory; on the GPU,
+  // device_all_reduce (optional: NCCL) takes the GPU's tensors where they are, which otherwise
+  // go through host memory.
+  void set_tensor_parallel(std::function<void(T* data, size_t n)> all_reduce,
+                           std::function<void(T* data, size_t n)> device_all_reduce = nullptr) {
     tp_all_reduce_ = std::move(all_reduce);
+    tp_device_all_reduce_ = std::move(device_all_reduce);
   }
 
   // Optional hook for overlapping communication with the backward (data parallel buckets):
@@ -244,6 +248,7 @@ class GPT {
       EmitOp({kind, layer, gemm, out, size_t(rows) * size_t(cols), rows, cols, a, w, bias, inner});
   }
   std::function<void(T*, size_t)> tp_all_reduce_;
+  std::function<void(T*, size_t)> tp_device_all_reduce_;  // optional: GPU memory (NCCL)
 };
 
 extern template class GPT<float>;

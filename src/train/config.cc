@@ -179,6 +179,8 @@ std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
       {"parallel", "bucket_mb", &c.parallel.bucket_mb, "gradient all-reduce bucket size, MiB"},
       {"parallel", "overlap", &c.parallel.overlap,
        "start bucket reductions during backward (false: all after it)"},
+      {"parallel", "comm", &c.parallel.comm,
+       "mpi, or nccl: GPU ranks all-reduce tensor-parallel activations in GPU memory"},
       {"world", "sites", &c.world.sites, "sites (datacenters) joined by WAN links"},
       {"world", "ranks_per_site", &c.world.ranks_per_site, "MPI ranks per site (dp * tp * pp)"},
       {"world", "strategy", &c.world.strategy, "how sites agree: sync, diloco, streaming or async"},

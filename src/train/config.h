@@ -76,6 +76,7 @@ struct ParallelConfig {
   bool reproducible = false;      // bitwise-identical parameters for any dp (fixed-point reduction)
   double bucket_mb = 4.0;         // data-parallel all-reduce bucket size, MiB
   bool overlap = true;            // start each bucket's reduction during backward (false: after it)
+  std::string comm = "mpi";       // "nccl": GPU ranks' tensor-parallel all-reduces over NCCL
   bool operator==(const ParallelConfig&) const = default;
 };
 

@@ -86,6 +86,10 @@ Status ValidateRunConfig(const RunConfig& c) {
     return bad("parallel.pp", fmt::format("must be at most model.n_layer = {} (a stage holds at "
                                           "least one block), got {}",
                                           c.model.n_layer, p.pp));
+  if (p.comm != "mpi" && p.comm != "nccl")
+    return bad("parallel.comm", fmt::format("must be \"mpi\" or \"nccl\", got \"{}\"", p.comm));
+  if (p.comm == "nccl" && c.train.device != "cuda")
+    return bad("parallel.comm", "nccl needs train.device = cuda (it moves GPU memory)");
   if (p.schedule != "1f1b" && p.schedule != "gpipe")
     return bad("parallel.schedule",
                fmt::format("must be \"1f1b\" or \"gpipe\", got \"{}\"", p.schedule));

@@ -231,6 +231,12 @@ TEST(CudaTrainConfig, TheDeviceKeyIsChecked) {
   c.train.device = "cpu";
   c.train.precision = "fp32";
   EXPECT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c).ToString();
+  // NCCL moves GPU memory: refused on the CPU; an unknown backend is refused by name.
+  c.parallel.comm = "nccl";
+  EXPECT_NE(ValidateRunConfig(c).message().find("nccl needs train.device = cuda"),
+            std::string::npos);
+  c.parallel.comm = "gloo";
+  EXPECT_NE(ValidateRunConfig(c).message().find("parallel.comm"), std::string::npos);
 }
 
 // Without a GPU, train.device = "cuda" is bad input (exit 2) saying why.

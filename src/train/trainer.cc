@@ -17,6 +17,9 @@
 #include <utility>
 #include <vector>
 
+#if ATOLL_HAVE_CUDA
+#include "comm/nccl/nccl_comm.h"
+#endif
 #include "core/file.h"
 #include "core/log.h"
 #include "data/dataset.h"
@@ -75,8 +78,22 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
   // The process's setting: every run sets it (tests train several in one process).
   if (device == Device::kCuda) SetBf16Matmul(tc.precision == "bf16");
   if (Communicator* tp = me.tp_group()) {
+    // parallel.comm = nccl: the GPU's tensors are all-reduced where they are, over NCCL (made
+    // from the MPI group; the host's, the vocabulary loss's statistics, stay on MPI).
+    std::function<void(float*, size_t)> on_gpu;
+    if (pc.comm == "nccl") {
+#if ATOLL_HAVE_CUDA
+      ATOLL_ASSIGN_OR_RETURN(run.tp_nccl, MakeNcclCommunicator(*tp));
+      on_gpu = [g = run.tp_nccl.get()](float* data, size_t n) {
+        ThrowIfError(g->AllReduce(std::span<float>(data, n)));
+      };
+#else
+      return Status::InvalidArgument("parallel.comm = nccl: this atoll was built without CUDA");
+#endif
+    }
     run.model->set_tensor_parallel(
-        [tp](float* data, size_t n) { ThrowIfError(tp->AllReduce(std::span<float>(data, n))); });
+        [tp](float* data, size_t n) { ThrowIfError(tp->AllReduce(std::span<float>(data, n))); },
+        std::move(on_gpu));
   }
   run.norm_ranges = NormRanges(cfg.model, shard);
   // A single process in the normal mode needs no reducer.

@@ -155,6 +155,7 @@ void UseDevice(int ordinal) {
 }
 
 cudaStream_t Stream() { return Ready().stream; }
+void* StreamHandle() { return Stream(); }
 cublasLtHandle_t BlasLt() { return Ready().blas; }
 void* BlasWorkspace() { return Ready().blas_workspace; }
 

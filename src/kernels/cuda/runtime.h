@@ -63,6 +63,9 @@ void CopyToDevice(void* dst, const void* src, size_t bytes);
 void CopyToHost(void* dst, const void* src, size_t bytes);
 void CopyOnDevice(void* dst, const void* src, size_t bytes);
 void Zero(void* p, size_t bytes);
+// The process's stream (a cudaStream_t), for libraries that queue work in order with the
+// kernels (NCCL: comm/nccl/nccl_comm.h).
+void* StreamHandle();
 // Waits for every kernel issued so far; throws the first asynchronous error they raised.
 void Synchronize();
 

@@ -15,6 +15,7 @@ enum cudaError_t {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInsufficientDriver = 35,
   cudaErrorNoDevice = 100,
+  cudaErrorNotReady = 600,
   cudaErrorInvalidDevice = 101,
   cudaErrorLaunchFailure = 719,
 };
@@ -62,6 +63,8 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flag
 inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   return atl::cuda_emu::StreamSynchronize(stream);
 }
+// Work runs when it is issued on the emulator, so a stream is always done.
+inline cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
 inline cudaError_t cudaDeviceSynchronize() { return atl::cuda_emu::StreamSynchronize(nullptr); }
 template <class T>
 inline cudaError_t cudaMalloc(T** p, size_t bytes) {

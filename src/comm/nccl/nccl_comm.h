@@ -1,0 +1,42 @@
+// NCCL backend: the ranks of one site, each driving its own GPU, exchanging DEVICE memory directly
+// (NVLink, PCIe or the network, as NCCL finds them) instead of staging through host memory.
+//
+// Every buffer passed to it is device memory of the process's GPU (kernels/cuda/runtime.h); its
+// operations are queued on the process's stream, in order with the kernels, so a buffer written
+// by a kernel is read after that kernel, and a kernel issued after Wait() reads the result.
+// device_memory() is true, which is how the layers above tell it from the host backends.
+//
+// Made from a bootstrap Communicator (MPI, say) of the same ranks: rank 0 draws NCCL's unique id,
+// the bootstrap broadcasts it, and every rank joins. Split splits the bootstrap and makes a new
+// NCCL communicator over each part.
+//
+// Differences from the Communicator contract, from NCCL:
+//   - Send and Recv match by (source, destination) in order; tags are not matched (NCCL has
+//     none), so a pair of ranks must send in the order the other receives.
+//   - Timeouts: Wait() polls the stream and, after `timeout_s`, aborts the NCCL communicator
+//     (ncclCommAbort, which ends its kernels) and returns DeadlineExceeded naming the operation;
+//     the communicator is unusable after that (every later call fails).
+//   - Sums are in NCCL's order (ring or tree, chosen by NCCL from the group's size and topology):
+//     bitwise-repeatable on one machine with one NCCL version and the same NCCL_* settings, not
+//     the MPI backend's bits.
+//
+// Built with the CUDA backend only (ATOLL_HAVE_CUDA); the emulated build (kernels/cuda/emu/)
+// links an emulated NCCL, so several processes with emulated GPUs test it without a GPU.
+//
+// Thread-safety: as Communicator (one thread per process drives the GPU).
+#pragma once
+
+#include <memory>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+
+namespace atl {
+
+// Collective over `bootstrap` (every rank of it calls, in the same order as its other
+// collectives). The process's GPU must be selected (kernels::cuda::UseDevice) or selectable
+// (DefaultOrdinal). Errors: Unavailable when NCCL cannot join (two ranks on one GPU, no GPU).
+StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(Communicator& bootstrap,
+                                                             double timeout_s = 300.0);
+
+}  // namespace atl
