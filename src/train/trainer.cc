@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#if ATOLL_HAVE_CUDA
+#if ATOLL_HAVE_NCCL
 #include "comm/nccl/nccl_comm.h"
 #endif
 #include "core/file.h"
@@ -82,13 +82,13 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
     // from the MPI group; the host's, the vocabulary loss's statistics, stay on MPI).
     std::function<void(float*, size_t)> on_gpu;
     if (pc.comm == "nccl") {
-#if ATOLL_HAVE_CUDA
+#if ATOLL_HAVE_NCCL
       ATOLL_ASSIGN_OR_RETURN(run.tp_nccl, MakeNcclCommunicator(*tp));
       on_gpu = [g = run.tp_nccl.get()](float* data, size_t n) {
         ThrowIfError(g->AllReduce(std::span<float>(data, n)));
       };
 #else
-      return Status::InvalidArgument("parallel.comm = nccl: this atoll was built without CUDA");
+      return Status::InvalidArgument("parallel.comm = nccl: this atoll was built without NCCL");
 #endif
     }
     run.model->set_tensor_parallel(

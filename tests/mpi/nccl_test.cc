@@ -145,6 +145,11 @@ TEST(Nccl, BadArgumentsAreRefusedByName) {
   const Status s = nccl->Send(x.data(), 4, DType::kFloat32, nccl->size() + 3, 0);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("is not a rank"), std::string::npos) << s.ToString();
+  const Status tagged = nccl->Send(x.data(), 4, DType::kFloat32, 0, 3);
+  EXPECT_EQ(tagged.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(tagged.message().find("no tags"), std::string::npos) << tagged.ToString();
+  EXPECT_EQ(nccl->Recv(x.data(), 4, DType::kFloat32, nccl->rank(), 0).code(),
+            StatusCode::kInvalidArgument);
 #if ATOLL_NCCL_EMULATED
   // A host pointer: NCCL's kernels on a GPU would fault on it; the emulator says so.
   std::vector<float> host(4, 1.0f);
@@ -159,6 +164,7 @@ TEST(Nccl, BadArgumentsAreRefusedByName) {
 // operation within the timeout (2 s here), not a hang.
 TEST(Nccl, APeerThatNeverJoinsIsAnErrorNotAHang) {
   if (world->size() < 2) GTEST_SKIP() << "one rank";
+  setenv("ATOLL_EMU_NCCL_TIMEOUT_S", "2", 1);  // the emulated NCCL's own wait, for this test
   auto lonely = MakeNcclCommunicator(*world, /*timeout_s=*/2.0);
   ASSERT_TRUE(lonely.ok()) << lonely.status().ToString();
   if (world->rank() == 0) {
@@ -171,6 +177,7 @@ TEST(Nccl, APeerThatNeverJoinsIsAnErrorNotAHang) {
     EXPECT_FALSE((*lonely)->AllReduce(x.data(), 8, DType::kFloat32).ok());
   }
   ASSERT_TRUE(world->Barrier().ok());
+  unsetenv("ATOLL_EMU_NCCL_TIMEOUT_S");
 }
 
 }  // namespace
@@ -178,7 +185,6 @@ TEST(Nccl, APeerThatNeverJoinsIsAnErrorNotAHang) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  setenv("ATOLL_EMU_NCCL_TIMEOUT_S", "2", 0);  // the emulated NCCL's own wait
   auto w = atl::MpiCommunicator::CreateWorld(&argc, &argv);
   if (!w.ok()) {
     std::fprintf(stderr, "%s\n", w.status().ToString().c_str());

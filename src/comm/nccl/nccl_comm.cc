@@ -5,6 +5,9 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <nccl.h>
+#if !defined(ATOLL_CUDA_EMULATED)
+#include <dlfcn.h>
+#endif
 
 #include <chrono>
 #include <memory>
@@ -16,6 +19,71 @@
 
 namespace atl {
 namespace {
+
+// NCCL's functions: the emulator's, or libnccl.so.2's, loaded on first use (dlopen), so that a
+// program that never makes an NCCL communicator starts without the library.
+struct Api {
+  decltype(&ncclGetUniqueId) GetUniqueId;
+  decltype(&ncclCommInitRank) CommInitRank;
+  decltype(&ncclCommDestroy) CommDestroy;
+  decltype(&ncclCommAbort) CommAbort;
+  decltype(&ncclCommGetAsyncError) CommGetAsyncError;
+  decltype(&ncclGetErrorString) GetErrorString;
+  decltype(&ncclGetLastError) GetLastError;
+  decltype(&ncclAllReduce) AllReduce;
+  decltype(&ncclReduceScatter) ReduceScatter;
+  decltype(&ncclAllGather) AllGather;
+  decltype(&ncclBroadcast) Broadcast;
+  decltype(&ncclSend) Send;
+  decltype(&ncclRecv) Recv;
+};
+
+// The API, or null with *why saying what is missing.
+const Api* LoadApi(std::string* why) {
+  static std::string error;
+  static const Api* api = []() -> const Api* {
+    static Api a{};
+#if defined(ATOLL_CUDA_EMULATED)
+    a = Api{&ncclGetUniqueId, &ncclCommInitRank,     &ncclCommDestroy, &ncclCommAbort,
+            &ncclCommGetAsyncError, &ncclGetErrorString, &ncclGetLastError, &ncclAllReduce,
+            &ncclReduceScatter, &ncclAllGather,     &ncclBroadcast,   &ncclSend,
+            &ncclRecv};
+    return &a;
+#else
+    void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      error = fmt::format("cannot load libnccl.so.2 ({}); put NCCL's lib folder on "
+                          "LD_LIBRARY_PATH",
+                          dlerror());
+      return nullptr;
+    }
+    bool ok = true;
+    auto get = [&](auto& f, const char* name) {
+      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(lib, name));
+      if (f == nullptr) {
+        ok = false;
+        error = fmt::format("libnccl.so.2 has no {}", name);
+      }
+    };
+    get(a.GetUniqueId, "ncclGetUniqueId");
+    get(a.CommInitRank, "ncclCommInitRank");
+    get(a.CommDestroy, "ncclCommDestroy");
+    get(a.CommAbort, "ncclCommAbort");
+    get(a.CommGetAsyncError, "ncclCommGetAsyncError");
+    get(a.GetErrorString, "ncclGetErrorString");
+    get(a.GetLastError, "ncclGetLastError");
+    get(a.AllReduce, "ncclAllReduce");
+    get(a.ReduceScatter, "ncclReduceScatter");
+    get(a.AllGather, "ncclAllGather");
+    get(a.Broadcast, "ncclBroadcast");
+    get(a.Send, "ncclSend");
+    get(a.Recv, "ncclRecv");
+    return ok ? &a : nullptr;
+#endif
+  }();
+  if (api == nullptr && why != nullptr) *why = error;
+  return api;
+}
 
 ncclDataType_t NcclType(DType t) {
   switch (t) {
@@ -37,13 +105,22 @@ ncclDataType_t NcclType(DType t) {
 // abort has ended it. Shared with the pending operations, so a handle outliving a failed
 // communicator still reads a valid state.
 struct State {
+  const Api* nccl = nullptr;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   double timeout_s = 300;
   bool broken = false;
 
+  // NCCL's last error message (before an abort, which ends the communicator).
+  std::string LastError() const { return comm != nullptr ? nccl->GetLastError(comm) : ""; }
+  // Ends the communicator now: its kernels stop, so nothing waiting on the stream hangs.
+  void Abort() {
+    broken = true;
+    if (comm != nullptr) nccl->CommAbort(comm);
+    comm = nullptr;
+  }
   ~State() {
-    if (comm != nullptr) (void)(broken ? ncclCommAbort(comm) : ncclCommDestroy(comm));
+    if (comm != nullptr) nccl->CommDestroy(comm);
   }
 };
 
@@ -61,18 +138,20 @@ class StreamWait final : public CommHandle::Pending {
       if (state_->broken) return Status::Unavailable(what_ + ": the NCCL communicator was aborted");
       const cudaError_t e = cudaStreamQuery(state_->stream);
       if (e == cudaSuccess) return Status::Ok();
-      if (e != cudaErrorNotReady)
+      if (e != cudaErrorNotReady) {
+        state_->Abort();
         return Status::Internal(fmt::format("{}: CUDA: {}", what_, cudaGetErrorString(e)));
+      }
       ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(state_->comm, &async);
+      state_->nccl->CommGetAsyncError(state_->comm, &async);
       if (async != ncclSuccess && async != ncclInProgress) {
-        state_->broken = true;
+        const std::string why = state_->LastError();
+        state_->Abort();
         return Status::Unavailable(fmt::format("{}: NCCL: {} ({})", what_,
-                                               ncclGetErrorString(async),
-                                               ncclGetLastError(state_->comm)));
+                                               state_->nccl->GetErrorString(async), why));
       }
       if (std::chrono::steady_clock::now() > deadline) {
-        state_->broken = true;  // the destructor aborts, ending the stuck kernels
+        state_->Abort();  // ends the stuck kernels
         return Status::Unavailable(
             fmt::format("{}: not done within {} s (a peer never joined?); the NCCL communicator "
                         "is aborted",
@@ -101,42 +180,49 @@ class NcclCommunicator final : public Communicator {
 
   CommHandle IAllReduce(void* data, size_t count, DType dtype) override {
     return Issue(CommOp::kAllReduce, count, dtype, -1, 0, [&] {
-      return ncclAllReduce(data, data, count, NcclType(dtype), ncclSum, state_->comm,
+      return state_->nccl->AllReduce(data, data, count, NcclType(dtype), ncclSum, state_->comm,
                            state_->stream);
     });
   }
   CommHandle IReduceScatter(const void* send, void* recv, size_t count, DType dtype) override {
     return Issue(CommOp::kReduceScatter, count, dtype, -1, 0, [&] {
-      return ncclReduceScatter(send, recv, count, NcclType(dtype), ncclSum, state_->comm,
+      return state_->nccl->ReduceScatter(send, recv, count, NcclType(dtype), ncclSum, state_->comm,
                                state_->stream);
     });
   }
   CommHandle IAllGather(const void* send, void* recv, size_t count, DType dtype) override {
     return Issue(CommOp::kAllGather, count, dtype, -1, 0, [&] {
-      return ncclAllGather(send, recv, count, NcclType(dtype), state_->comm, state_->stream);
+      return state_->nccl->AllGather(send, recv, count, NcclType(dtype), state_->comm, state_->stream);
     });
   }
   CommHandle IBroadcast(void* data, size_t count, DType dtype, int root) override {
     return Issue(CommOp::kBroadcast, count, dtype, root, 0, [&] {
-      return ncclBroadcast(data, data, count, NcclType(dtype), root, state_->comm,
+      return state_->nccl->Broadcast(data, data, count, NcclType(dtype), root, state_->comm,
                            state_->stream);
     });
   }
   CommHandle ISend(const void* data, size_t count, DType dtype, int dest, int tag) override {
+    if (Status s = CheckPeer(CommOp::kSend, count, dtype, dest, tag); !s.ok())
+      return CommHandle::Done(s);
     return Issue(CommOp::kSend, count, dtype, dest, tag, [&] {
-      return ncclSend(data, count, NcclType(dtype), dest, state_->comm, state_->stream);
+      return state_->nccl->Send(data, count, NcclType(dtype), dest, state_->comm, state_->stream);
     });
   }
   CommHandle IRecv(void* data, size_t count, DType dtype, int source, int tag) override {
+    if (Status s = CheckPeer(CommOp::kRecv, count, dtype, source, tag); !s.ok())
+      return CommHandle::Done(s);
     return Issue(CommOp::kRecv, count, dtype, source, tag, [&] {
-      return ncclRecv(data, count, NcclType(dtype), source, state_->comm, state_->stream);
+      return state_->nccl->Recv(data, count, NcclType(dtype), source, state_->comm, state_->stream);
     });
   }
   // NCCL has no barrier: an all-reduce of one int on the GPU is one.
   CommHandle IBarrier() override {
-    if (!token_) token_ = std::make_unique<kernels::cuda::DeviceArray<int32_t>>(1);
+    if (!token_) {
+      token_ = std::make_unique<kernels::cuda::DeviceArray<int32_t>>(1);
+      token_->SetZero();
+    }
     return Issue(CommOp::kBarrier, 0, DType::kByte, -1, 0, [&] {
-      return ncclAllReduce(token_->data(), token_->data(), 1, ncclInt32, ncclSum, state_->comm,
+      return state_->nccl->AllReduce(token_->data(), token_->data(), 1, ncclInt32, ncclSum, state_->comm,
                            state_->stream);
     });
   }
@@ -148,38 +234,71 @@ class NcclCommunicator final : public Communicator {
     return Make(boot, std::move(part), state_->timeout_s);
   }
 
+  // Every rank says whether its part so far went well; all fail alike if one did not (so none
+  // waits for a rank that gave up).
+  static Status Agree(Communicator& bootstrap, const std::string& where, const Status& mine) {
+    int32_t failed = mine.ok() ? 0 : 1;
+    ATOLL_RETURN_IF_ERROR(bootstrap.AllReduce(&failed, 1, DType::kInt32));
+    if (!mine.ok()) return mine;
+    if (failed > 0)
+      return Status::Unavailable(
+          fmt::format("{}: {} other rank(s) could not set up NCCL", where, failed));
+    return Status::Ok();
+  }
+
   static StatusOr<std::unique_ptr<Communicator>> Make(Communicator& bootstrap,
                                                       std::unique_ptr<Communicator> owned,
                                                       double timeout_s) {
     const std::string where = bootstrap.label() + ": nccl";
     auto state = std::make_shared<State>();
     state->timeout_s = timeout_s;
-    try {
-      kernels::cuda::UseDevice(kernels::cuda::DefaultOrdinal());  // nothing when already chosen
-      state->stream = static_cast<cudaStream_t>(kernels::cuda::StreamHandle());
-    } catch (const std::exception& e) {
-      return Status::Unavailable(fmt::format("{}: no GPU: {}", where, e.what()));
-    }
     ncclUniqueId id{};
-    if (bootstrap.rank() == 0) {
-      const ncclResult_t r = ncclGetUniqueId(&id);
-      if (r != ncclSuccess)
-        return Status::Unavailable(fmt::format("{}: ncclGetUniqueId: {}", where,
-                                               ncclGetErrorString(r)));
+    Status setup;
+    if (std::string why; (state->nccl = LoadApi(&why)) == nullptr) {
+      setup = Status::Unavailable(fmt::format("{}: {}", where, why));
+    } else {
+      try {
+        // The process's GPU (chosen on first use) and stream; NCCL runs on this thread's device.
+        state->stream = static_cast<cudaStream_t>(kernels::cuda::StreamHandle());
+      } catch (const std::exception& e) {
+        setup = Status::Unavailable(fmt::format("{}: no GPU: {}", where, e.what()));
+      }
     }
+    if (setup.ok() && bootstrap.rank() == 0) {
+      if (const ncclResult_t r = state->nccl->GetUniqueId(&id); r != ncclSuccess)
+        setup = Status::Unavailable(
+            fmt::format("{}: ncclGetUniqueId: {}", where, state->nccl->GetErrorString(r)));
+    }
+    ATOLL_RETURN_IF_ERROR(Agree(bootstrap, where, setup));
     ATOLL_RETURN_IF_ERROR(bootstrap.Broadcast(&id, sizeof(id), DType::kByte, 0));
-    const ncclResult_t r = ncclCommInitRank(&state->comm, bootstrap.size(), id, bootstrap.rank());
-    if (r != ncclSuccess) {
+    if (const ncclResult_t r =
+            state->nccl->CommInitRank(&state->comm, bootstrap.size(), id, bootstrap.rank());
+        r != ncclSuccess) {
       state->comm = nullptr;
-      return Status::Unavailable(
+      setup = Status::Unavailable(
           fmt::format("{}: ncclCommInitRank: {} (every rank needs a GPU of its own)", where,
-                      ncclGetErrorString(r)));
+                      state->nccl->GetErrorString(r)));
+    }
+    if (Status agreed = Agree(bootstrap, where, setup); !agreed.ok()) {
+      state->Abort();
+      return agreed;
     }
     return std::unique_ptr<Communicator>(
         new NcclCommunicator(std::move(state), bootstrap, std::move(owned)));
   }
 
  private:
+  // NCCL matches sends and receives by pair, in order: no tags, no messages to oneself.
+  Status CheckPeer(CommOp op, size_t count, DType dtype, int peer, int tag) const {
+    if (tag != 0)
+      return Status::InvalidArgument(ErrorPrefix(op, count, dtype, peer, tag) +
+                                     ": NCCL has no tags (messages match in order); use tag 0");
+    if (peer == rank())
+      return Status::InvalidArgument(ErrorPrefix(op, count, dtype, peer, tag) +
+                                     ": NCCL cannot send to the same rank");
+    return Status::Ok();
+  }
+
   template <class Call>
   CommHandle Issue(CommOp op, size_t count, DType dtype, int peer, int tag, Call call) {
     if (Status s = CheckArgs(op, count, dtype, peer, tag); !s.ok()) return CommHandle::Done(s);
@@ -190,9 +309,10 @@ class NcclCommunicator final : public Communicator {
     if (r != ncclSuccess && r != ncclInProgress) {
       // A bad argument leaves the communicator as it was; anything else (a peer gone, a
       // system error) leaves it unusable.
-      if (r != ncclInvalidArgument && r != ncclInvalidUsage) state_->broken = true;
-      return CommHandle::Done(Status::Unavailable(fmt::format(
-          "{}: NCCL: {} ({})", what, ncclGetErrorString(r), ncclGetLastError(state_->comm))));
+      const std::string why = state_->LastError();
+      if (r != ncclInvalidArgument && r != ncclInvalidUsage) state_->Abort();
+      return CommHandle::Done(Status::Unavailable(
+          fmt::format("{}: NCCL: {} ({})", what, state_->nccl->GetErrorString(r), why)));
     }
     return CommHandle(std::make_unique<StreamWait>(state_, what));
   }

@@ -11,11 +11,17 @@
 // NCCL communicator over each part.
 //
 // Differences from the Communicator contract, from NCCL:
-//   - Send and Recv match by (source, destination) in order; tags are not matched (NCCL has
-//     none), so a pair of ranks must send in the order the other receives.
-//   - Timeouts: Wait() polls the stream and, after `timeout_s`, aborts the NCCL communicator
-//     (ncclCommAbort, which ends its kernels) and returns DeadlineExceeded naming the operation;
-//     the communicator is unusable after that (every later call fails).
+//   - Send and Recv match by (source, destination) in order: NCCL has no tags, so a tag other
+//     than 0, or a message to oneself, is refused (InvalidArgument). A send waits for its receive
+//     on the stream, so a pair must be ordered (one sends while the other receives).
+//   - Timeouts: Wait() polls the stream and, after `timeout_s`, aborts the NCCL communicator at
+//     once (ncclCommAbort, which ends its kernels) and returns Unavailable naming the operation;
+//     so does an asynchronous NCCL error. The communicator is unusable after that. Not covered:
+//     a peer missing when the first operation sets up NCCL's connections, or at
+//     ncclCommInitRank, blocks inside NCCL (a non-blocking communicator would fix it).
+//   - A rank that cannot set up (no libnccl.so.2, no GPU) makes every rank's call fail alike.
+//   - libnccl.so.2 is loaded when the first communicator is made (dlopen), so programs that
+//     never make one start without it.
 //   - Sums are in NCCL's order (ring or tree, chosen by NCCL from the group's size and topology):
 //     bitwise-repeatable on one machine with one NCCL version and the same NCCL_* settings, not
 //     the MPI backend's bits.

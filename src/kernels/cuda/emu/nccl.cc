@@ -240,11 +240,10 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
   atl::cuda_emu::DeviceAccess open{send, recv};
   std::vector<std::vector<char>> parts;
   EMU_NCCL_TRY(Exchange(c, send, bytes, &parts));
+  for (const auto& p : parts)
+    if (p.size() != bytes) return Fail(c, ncclInvalidUsage, "count mismatch");
   std::vector<char> sum = parts[0];
-  for (int r = 1; r < c->nranks; ++r) {
-    if (parts[size_t(r)].size() != bytes) return Fail(c, ncclInvalidUsage, "count mismatch");
-    Add(t, sum.data(), parts[size_t(r)].data(), count);
-  }
+  for (int r = 1; r < c->nranks; ++r) Add(t, sum.data(), parts[size_t(r)].data(), count);
   if (bytes > 0) std::memcpy(recv, sum.data(), bytes);
   return ncclSuccess;
 }
