@@ -37,24 +37,27 @@ __device__ inline float RowSum(float v) {
   return v;
 }
 
+template <int R>
+struct Row;
+
 // x[e] = row[e * R + part] for the row's first hs dimensions, 0 beyond (and for a dead row).
 template <int R>
-__device__ inline void LoadPart(float (&x)[kPart], const float* row, bool live, int hs, int part) {
+__device__ inline void LoadPart(float (&x)[kPart], const float* row, const Row<R>& at) {
 #pragma unroll
   for (int e = 0; e < kPart; ++e) {
-    const int d = e * R + part;
-    x[e] = live && d < hs ? row[d] : 0.0f;
+    const int d = e * R + at.part;
+    x[e] = at.live && d < at.hs ? row[d] : 0.0f;
   }
 }
 
 // row[e * R + part] (+)= scale * x[e] for the first hs dimensions.
 template <int R>
-__device__ inline void StorePart(float* row, const float (&x)[kPart], float scale, int hs, int part,
+__device__ inline void StorePart(float* row, const float (&x)[kPart], float scale, const Row<R>& at,
                                  bool add) {
 #pragma unroll
   for (int e = 0; e < kPart; ++e) {
-    const int d = e * R + part;
-    if (d < hs) row[d] = add ? row[d] + x[e] * scale : x[e] * scale;
+    const int d = e * R + at.part;
+    if (d < at.hs) row[d] = add ? row[d] + x[e] * scale : x[e] * scale;
   }
 }
 
@@ -86,42 +89,64 @@ __device__ inline void Axpy(float (&x)[kPart], float a, const float (&tile)[kTil
   for (int e = 0; e < kPart; ++e) x[e] += a * tile[j][e * R + part];
 }
 
-// Where head h of sequence b starts in qkv [B, T, 3C] (q; k at + C, v at + 2C) and in a [B, T, C]
-// tensor.
-struct Head {
-  int64_t qkv, bt;
-  __device__ Head(int b, int h, int T, int C, int hs)
-      : qkv(int64_t(b) * T * 3 * C + int64_t(h) * hs), bt(int64_t(b) * T * C + int64_t(h) * hs) {}
+// What a thread of a grid (B * NH, ceil(T / rows)) works on: row `row` (a query; a key in the
+// dK/dV kernel) of head bh, as part `part` of its R threads; the block's rows are [first, last]
+// (rows past T are not live).
+template <int R>
+struct Row {
+  int C, hs, bh, part, first, row, last;
+  bool live;
+  int64_t qkv, bt;  // where the head starts in qkv [B, T, 3C] and in a [B, T, C] tensor
+  __device__ Row(int T, int C_, int NH)
+      : C(C_),
+        hs(C / NH),
+        bh(blockIdx.x),
+        part(threadIdx.x % R),
+        first(blockIdx.y * (kThreads / R)),
+        row(first + threadIdx.x / R),
+        last(min(first + kThreads / R, T) - 1),
+        live(row < T),
+        qkv(int64_t(bh / NH) * T * 3 * C + int64_t(bh % NH) * hs),
+        bt(int64_t(bh / NH) * T * C + int64_t(bh % NH) * hs) {}
+  __device__ int64_t stride() const { return 3 * int64_t(C); }
+  // The head's q (which 0), k (1) or v (2) in qkv, from token 0, and this row's.
+  template <class P>
+  __device__ P* Qkv0(P* base, int which) const {
+    return base + qkv + int64_t(which) * C;
+  }
+  template <class P>
+  __device__ P* Qkv(P* base, int which) const {
+    return Qkv0(base, which) + int64_t(row) * stride();
+  }
+  // This row of the head in a [B, T, C] tensor.
+  template <class P>
+  __device__ P* Bt(P* base) const {
+    return base + bt + int64_t(row) * C;
+  }
 };
 
 // grid (B * NH, ceil(T / rows)). out [B, T, C]; lse [B, NH, T].
 template <int R>
 __global__ void __launch_bounds__(kThreads)
     FlashForward(float* out, float* lse, const float* qkv, int T, int C, int NH, float scale) {
-  constexpr int kRows = kThreads / R;
   __shared__ float ks[kTile][kPart * R], vs[kTile][kPart * R];
-  const int hs = C / NH, bh = blockIdx.x, part = threadIdx.x % R;
-  const Head at(bh / NH, bh % NH, T, C, hs);
-  const int64_t stride = 3 * int64_t(C);
-  const int first = blockIdx.y * kRows, t = first + threadIdx.x / R;
-  const int last = min(first + kRows, T) - 1;  // the block's last row: keys past it are masked
-  const bool live = t < T;
+  const Row<R> at(T, C, NH);
   float q[kPart], o[kPart];
-  LoadPart<R>(q, qkv + at.qkv + int64_t(t) * stride, live, hs, part);
+  LoadPart<R>(q, at.Qkv(qkv, 0), at);
 #pragma unroll
   for (int e = 0; e < kPart; ++e) o[e] = 0.0f;
   float m = -INFINITY, l = 0.0f;
-  for (int k0 = 0; k0 <= last; k0 += kTile) {
+  for (int k0 = 0; k0 <= at.last; k0 += kTile) {
     __syncthreads();  // the previous tile is consumed
-    LoadTile<R>(ks, qkv + at.qkv + C, stride, k0, T, hs);
-    LoadTile<R>(vs, qkv + at.qkv + 2 * C, stride, k0, T, hs);
+    LoadTile<R>(ks, at.Qkv0(qkv, 1), at.stride(), k0, T, at.hs);
+    LoadTile<R>(vs, at.Qkv0(qkv, 2), at.stride(), k0, T, at.hs);
     __syncthreads();
     float s[kTile];
     float tile_max = -INFINITY;
 #pragma unroll
     for (int j = 0; j < kTile; ++j) {
-      const float dot = Dot<R>(q, ks, j, part);
-      s[j] = k0 + j <= t ? dot * scale : -INFINITY;
+      const float dot = Dot<R>(q, ks, j, at.part);
+      s[j] = k0 + j <= at.row ? dot * scale : -INFINITY;
       tile_max = fmaxf(tile_max, s[j]);
     }
     // Key 0 is in every row's first tile, so m is finite from the first tile on.
@@ -134,13 +159,13 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kTile; ++j) {
       const float p = expf(s[j] - m_new);
       l += p;
-      Axpy<R>(o, p, vs, j, part);
+      Axpy<R>(o, p, vs, j, at.part);
     }
     m = m_new;
   }
-  if (!live) return;
-  StorePart<R>(out + at.bt + int64_t(t) * C, o, 1.0f / l, hs, part, /*add=*/false);
-  if (part == 0) lse[int64_t(bh) * T + t] = m + logf(l);
+  if (!at.live) return;
+  StorePart<R>(at.Bt(out), o, 1.0f / l, at, /*add=*/false);
+  if (at.part == 0) lse[int64_t(at.bh) * T + at.row] = m + logf(l);
 }
 
 // dq (+)= Σ_j ds_ij k_j over keys j ≤ i, ds_ij = p_ij (dO_i · v_j - D_i) scale, p_ij from lse;
@@ -149,40 +174,34 @@ template <int R>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardQuery(float* dqkv, float* dsum, const float* dout, const float* out,
                        const float* qkv, const float* lse, int T, int C, int NH, float scale) {
-  constexpr int kRows = kThreads / R;
   __shared__ float ks[kTile][kPart * R], vs[kTile][kPart * R];
-  const int hs = C / NH, bh = blockIdx.x, part = threadIdx.x % R;
-  const Head at(bh / NH, bh % NH, T, C, hs);
-  const int64_t stride = 3 * int64_t(C);
-  const int first = blockIdx.y * kRows, t = first + threadIdx.x / R;
-  const int last = min(first + kRows, T) - 1;
-  const bool live = t < T;
+  const Row<R> at(T, C, NH);
   float q[kPart], dO[kPart], dq[kPart];
-  LoadPart<R>(q, qkv + at.qkv + int64_t(t) * stride, live, hs, part);
-  LoadPart<R>(dq, out + at.bt + int64_t(t) * C, live, hs, part);  // O, briefly
-  LoadPart<R>(dO, dout + at.bt + int64_t(t) * C, live, hs, part);
+  LoadPart<R>(q, at.Qkv(qkv, 0), at);
+  LoadPart<R>(dq, at.Bt(out), at);  // O, briefly
+  LoadPart<R>(dO, at.Bt(dout), at);
   float D = 0.0f;
 #pragma unroll
   for (int e = 0; e < kPart; ++e) D += dO[e] * dq[e];
   D = RowSum<R>(D);
 #pragma unroll
   for (int e = 0; e < kPart; ++e) dq[e] = 0.0f;
-  const float row_lse = live ? lse[int64_t(bh) * T + t] : 0.0f;
-  if (live && part == 0) dsum[int64_t(bh) * T + t] = D;
-  for (int k0 = 0; k0 <= last; k0 += kTile) {
+  const float row_lse = at.live ? lse[int64_t(at.bh) * T + at.row] : 0.0f;
+  if (at.live && at.part == 0) dsum[int64_t(at.bh) * T + at.row] = D;
+  for (int k0 = 0; k0 <= at.last; k0 += kTile) {
     __syncthreads();
-    LoadTile<R>(ks, qkv + at.qkv + C, stride, k0, T, hs);
-    LoadTile<R>(vs, qkv + at.qkv + 2 * C, stride, k0, T, hs);
+    LoadTile<R>(ks, at.Qkv0(qkv, 1), at.stride(), k0, T, at.hs);
+    LoadTile<R>(vs, at.Qkv0(qkv, 2), at.stride(), k0, T, at.hs);
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < kTile; ++j) {
-      const float s = Dot<R>(q, ks, j, part) * scale;
-      const float dp = Dot<R>(dO, vs, j, part);
-      const float p = k0 + j <= t ? expf(s - row_lse) : 0.0f;
-      Axpy<R>(dq, p * (dp - D) * scale, ks, j, part);
+      const float s = Dot<R>(q, ks, j, at.part) * scale;
+      const float dp = Dot<R>(dO, vs, j, at.part);
+      const float p = k0 + j <= at.row ? expf(s - row_lse) : 0.0f;
+      Axpy<R>(dq, p * (dp - D) * scale, ks, j, at.part);
     }
   }
-  if (live) StorePart<R>(dqkv + at.qkv + int64_t(t) * stride, dq, 1.0f, hs, part, /*add=*/true);
+  if (at.live) StorePart<R>(at.Qkv(dqkv, 0), dq, 1.0f, at, /*add=*/true);
 }
 
 // dk (+)= Σ_i ds_ij q_i and dv (+)= Σ_i p_ij dO_i over queries i ≥ j. grid (B * NH,
@@ -191,43 +210,38 @@ template <int R>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardKeyValue(float* dqkv, const float* dsum, const float* dout, const float* qkv,
                           const float* lse, int T, int C, int NH, float scale) {
-  constexpr int kRows = kThreads / R;
   __shared__ float qs[kTile][kPart * R], dos[kTile][kPart * R];
   __shared__ float lses[kTile], dsums[kTile];
-  const int hs = C / NH, bh = blockIdx.x, part = threadIdx.x % R;
-  const Head at(bh / NH, bh % NH, T, C, hs);
-  const int64_t stride = 3 * int64_t(C);
-  const int first = blockIdx.y * kRows, key = first + threadIdx.x / R;
-  const bool live = key < T;
+  const Row<R> at(T, C, NH);
   float k[kPart], v[kPart], dk[kPart], dv[kPart];
-  LoadPart<R>(k, qkv + at.qkv + C + int64_t(key) * stride, live, hs, part);
-  LoadPart<R>(v, qkv + at.qkv + 2 * C + int64_t(key) * stride, live, hs, part);
+  LoadPart<R>(k, at.Qkv(qkv, 1), at);
+  LoadPart<R>(v, at.Qkv(qkv, 2), at);
 #pragma unroll
   for (int e = 0; e < kPart; ++e) dk[e] = dv[e] = 0.0f;
   // Queries before the block's first key see none of its keys.
-  for (int q0 = first; q0 < T; q0 += kTile) {
+  for (int q0 = at.first; q0 < T; q0 += kTile) {
     __syncthreads();
-    LoadTile<R>(qs, qkv + at.qkv, stride, q0, T, hs);
-    LoadTile<R>(dos, dout + at.bt, C, q0, T, hs);
+    LoadTile<R>(qs, at.Qkv0(qkv, 0), at.stride(), q0, T, at.hs);
+    LoadTile<R>(dos, dout + at.bt, C, q0, T, at.hs);
     for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
       const bool in = q0 + i < T;
-      lses[i] = in ? lse[int64_t(bh) * T + q0 + i] : 0.0f;
-      dsums[i] = in ? dsum[int64_t(bh) * T + q0 + i] : 0.0f;
+      lses[i] = in ? lse[int64_t(at.bh) * T + q0 + i] : 0.0f;
+      dsums[i] = in ? dsum[int64_t(at.bh) * T + q0 + i] : 0.0f;
     }
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < kTile; ++i) {
-      const float s = Dot<R>(k, qs, i, part) * scale;
-      const float dp = Dot<R>(v, dos, i, part);
+      const float s = Dot<R>(k, qs, i, at.part) * scale;
+      const float dp = Dot<R>(v, dos, i, at.part);
       const int query = q0 + i;
-      const float p = query >= key && query < T ? expf(s - lses[i]) : 0.0f;
-      Axpy<R>(dv, p, dos, i, part);
-      Axpy<R>(dk, p * (dp - dsums[i]) * scale, qs, i, part);
+      const float p = query >= at.row && query < T ? expf(s - lses[i]) : 0.0f;
+      Axpy<R>(dv, p, dos, i, at.part);
+      Axpy<R>(dk, p * (dp - dsums[i]) * scale, qs, i, at.part);
     }
   }
-  if (!live) return;
-  StorePart<R>(dqkv + at.qkv + C + int64_t(key) * stride, dk, 1.0f, hs, part, /*add=*/true);
-  StorePart<R>(dqkv + at.qkv + 2 * C + int64_t(key) * stride, dv, 1.0f, hs, part, /*add=*/true);
+  if (!at.live) return;
+  StorePart<R>(at.Qkv(dqkv, 1), dk, 1.0f, at, /*add=*/true);
+  StorePart<R>(at.Qkv(dqkv, 2), dv, 1.0f, at, /*add=*/true);
 }
 
 // x: the B * NH heads (up to 2^31 - 1); y: the blocks of rows (T / rows, far under 65535).
@@ -254,8 +268,8 @@ void Forward(float* out, float* lse, const float* qkv, int B, int T, int C, int 
 template <int R>
 void Backward(float* dqkv, float* dsum, const float* dout, const float* out, const float* qkv,
               const float* lse, int B, int T, int C, int NH, float scale) {
-  ATL_LAUNCH(FlashBackwardQuery<R>, Grid(R, B, T, NH), kThreads, dqkv, dsum, dout, out, qkv, lse,
-             T, C, NH, scale);
+  ATL_LAUNCH(FlashBackwardQuery<R>, Grid(R, B, T, NH), kThreads, dqkv, dsum, dout, out, qkv, lse, T,
+             C, NH, scale);
   ATL_LAUNCH(FlashBackwardKeyValue<R>, Grid(R, B, T, NH), kThreads, dqkv,
              static_cast<const float*>(dsum), dout, qkv, lse, T, C, NH, scale);
 }
