@@ -20,22 +20,11 @@ namespace atl {
 namespace {
 
 using kernels::cuda::DeviceArray;
+using kernels::cuda::ToDevice;
+using kernels::cuda::ToHost;
 
 MpiCommunicator* world = nullptr;
 Communicator* nccl = nullptr;
-
-template <class T>
-DeviceArray<T> Up(const std::vector<T>& h) {
-  DeviceArray<T> d(h.size());
-  d.Upload(h.data(), h.size());
-  return d;
-}
-template <class T>
-std::vector<T> Down(const DeviceArray<T>& d) {
-  std::vector<T> h(d.size());
-  d.Download(h.data(), h.size());
-  return h;
-}
 
 TEST(Nccl, SaysItTakesDeviceMemory) {
   EXPECT_TRUE(nccl->device_memory());
@@ -52,15 +41,15 @@ TEST(Nccl, AllReduceOnTheGpu) {
   std::vector<int64_t> k(5, int64_t(1) << 40);
   for (size_t i = 0; i < f.size(); ++i) f[i] = float(c.rank() + i);
   for (size_t i = 0; i < d.size(); ++i) d[i] = 0.25 * c.rank() - double(i);
-  auto gf = Up(f);
-  auto gd = Up(d);
-  auto gk = Up(k);
+  auto gf = ToDevice(f);
+  auto gd = ToDevice(d);
+  auto gk = ToDevice(k);
   ASSERT_TRUE(c.AllReduce(gf.data(), f.size(), DType::kFloat32).ok());
   ASSERT_TRUE(c.AllReduce(gd.data(), d.size(), DType::kFloat64).ok());
   ASSERT_TRUE(c.AllReduce(gk.data(), k.size(), DType::kInt64).ok());
-  f = Down(gf);
-  d = Down(gd);
-  k = Down(gk);
+  f = ToHost(gf);
+  d = ToHost(gd);
+  k = ToHost(gk);
   const double rank_sum = n * (n - 1) / 2.0;
   for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(f[i], float(rank_sum + n * i));
   for (size_t i = 0; i < d.size(); ++i) EXPECT_EQ(d[i], 0.25 * rank_sum - double(n) * i);
@@ -73,27 +62,27 @@ TEST(Nccl, ReduceScatterAllGatherBroadcastBarrier) {
   const size_t k = 5;
   std::vector<double> send(n * k);
   for (size_t i = 0; i < send.size(); ++i) send[i] = 100.0 * c.rank() + double(i);
-  auto gsend = Up(send);
+  auto gsend = ToDevice(send);
   DeviceArray<double> grecv(k);
   ASSERT_TRUE(c.ReduceScatter(gsend.data(), grecv.data(), k, DType::kFloat64).ok());
-  const auto recv = Down(grecv);
+  const auto recv = ToHost(grecv);
   const double rank_sum = n * (n - 1) / 2.0;
   for (size_t i = 0; i < k; ++i)
     EXPECT_EQ(recv[i], 100.0 * rank_sum + n * double(c.rank() * k + i));
 
   std::vector<float> mine(k);
   for (size_t i = 0; i < k; ++i) mine[i] = float(10 * c.rank() + i);
-  auto gmine = Up(mine);
+  auto gmine = ToDevice(mine);
   DeviceArray<float> gall(n * k);
   ASSERT_TRUE(c.AllGather(gmine.data(), gall.data(), k, DType::kFloat32).ok());
-  const auto all = Down(gall);
+  const auto all = ToHost(gall);
   for (int r = 0; r < n; ++r)
     for (size_t i = 0; i < k; ++i) EXPECT_EQ(all[r * k + i], float(10 * r + i));
 
   const int root = n - 1;
-  auto gb = Up(std::vector<int32_t>(7, c.rank() == root ? 42 : -1));
+  auto gb = ToDevice(std::vector<int32_t>(7, c.rank() == root ? 42 : -1));
   ASSERT_TRUE(c.Broadcast(gb.data(), 7, DType::kInt32, root).ok());
-  for (int32_t v : Down(gb)) EXPECT_EQ(v, 42);
+  for (int32_t v : ToHost(gb)) EXPECT_EQ(v, 42);
   EXPECT_TRUE(c.Barrier().ok());
 }
 
@@ -104,7 +93,7 @@ TEST(Nccl, SendRecvRing) {
   const int n = c.size();
   if (n < 2) GTEST_SKIP() << "one rank";
   const int next = (c.rank() + 1) % n, prev = (c.rank() + n - 1) % n;
-  auto out = Up(std::vector<float>{float(c.rank()), 2.5f});
+  auto out = ToDevice(std::vector<float>{float(c.rank()), 2.5f});
   DeviceArray<float> in(2);
   auto send = [&] { return c.Send(out.data(), 2, DType::kFloat32, next, 0); };
   auto recv = [&] { return c.Recv(in.data(), 2, DType::kFloat32, prev, 0); };
@@ -115,11 +104,11 @@ TEST(Nccl, SendRecvRing) {
     ASSERT_TRUE(recv().ok());
     ASSERT_TRUE(send().ok());
   }
-  EXPECT_EQ(Down(in), (std::vector<float>{float(prev), 2.5f}));
+  EXPECT_EQ(ToHost(in), (std::vector<float>{float(prev), 2.5f}));
   // Non-blocking: the handles finish with the stream.
   CommHandle h = c.IAllReduce(in.data(), 2, DType::kFloat32);
   ASSERT_TRUE(h.Wait().ok());
-  EXPECT_EQ(Down(in)[1], 2.5f * n);
+  EXPECT_EQ(ToHost(in)[1], 2.5f * n);
 }
 
 TEST(Nccl, SplitMakesNcclGroups) {
@@ -130,11 +119,11 @@ TEST(Nccl, SplitMakesNcclGroups) {
   EXPECT_TRUE(g.device_memory());
   const int members = (world->size() + 1 - color) / 2;
   EXPECT_EQ(g.size(), members);
-  auto x = Up(std::vector<int32_t>{world->rank(), 1});
+  auto x = ToDevice(std::vector<int32_t>{world->rank(), 1});
   ASSERT_TRUE(g.AllReduce(x.data(), 2, DType::kInt32).ok());
   int want = 0;
   for (int r = color; r < world->size(); r += 2) want += r;
-  EXPECT_EQ(Down(x), (std::vector<int32_t>{want, members}));
+  EXPECT_EQ(ToHost(x), (std::vector<int32_t>{want, members}));
   auto none = nccl->Split(Communicator::kNoGroup, 0);
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(*none, nullptr);

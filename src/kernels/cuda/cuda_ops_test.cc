@@ -51,19 +51,6 @@ std::vector<int32_t> Tokens(size_t n, int vocab, uint32_t seed) {
 
 std::vector<double> D(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
-template <class T>
-DeviceArray<T> Up(const std::vector<T>& h) {
-  DeviceArray<T> d(h.size());
-  d.Upload(h.data(), h.size());
-  return d;
-}
-
-std::vector<float> Down(const DeviceArray<float>& d) {
-  std::vector<float> h(d.size());
-  d.Download(h.data(), h.size());
-  return h;
-}
-
 double NormErr(const std::vector<float>& got, const std::vector<double>& want) {
   EXPECT_EQ(got.size(), want.size());
   double num = 0, den = 0;
@@ -120,16 +107,16 @@ TEST_F(CudaOps, Matmul) {
     cpu::MatmulForward(out.data(), di.data(), dw_.data(), db_.data(), s.N, s.IC, s.OC);
     cpu::MatmulBackward(dinp.data(), dw.data(), db.data(), ddout.data(), di.data(), dw_.data(), s.N,
                         s.IC, s.OC);
-    auto g_inp = Up(inp), g_w = Up(w), g_b = Up(bias), g_dout = Up(dout);
+    auto g_inp = ToDevice(inp), g_w = ToDevice(w), g_b = ToDevice(bias), g_dout = ToDevice(dout);
     DeviceArray<float> g_out(out.size());
-    auto g_dinp = Up(dinp0), g_dw = Up(dw0), g_db = Up(db0);
+    auto g_dinp = ToDevice(dinp0), g_dw = ToDevice(dw0), g_db = ToDevice(db0);
     MatmulForward(g_out.data(), g_inp.data(), g_w.data(), g_b.data(), s.N, s.IC, s.OC);
     MatmulBackward(g_dinp.data(), g_dw.data(), g_db.data(), g_dout.data(), g_inp.data(), g_w.data(),
                    s.N, s.IC, s.OC);
-    EXPECT_CLOSE(Down(g_out), out);
-    EXPECT_INC(Down(g_dinp), dinp0, dinp);
-    EXPECT_INC(Down(g_dw), dw0, dw);
-    EXPECT_INC(Down(g_db), db0, db);
+    EXPECT_CLOSE(ToHost(g_out), out);
+    EXPECT_INC(ToHost(g_dinp), dinp0, dinp);
+    EXPECT_INC(ToHost(g_dw), dw0, dw);
+    EXPECT_INC(ToHost(g_db), db0, db);
   }
 }
 
@@ -150,19 +137,19 @@ TEST_F(CudaOps, LayerNorm) {
                           s.N, s.C);
     cpu::LayerNormBackward(dinp.data(), dw.data(), db.data(), ddout.data(), di.data(), dw_.data(),
                            mean.data(), rstd.data(), s.N, s.C);
-    auto g_inp = Up(inp), g_w = Up(w), g_b = Up(b), g_dout = Up(dout);
+    auto g_inp = ToDevice(inp), g_w = ToDevice(w), g_b = ToDevice(b), g_dout = ToDevice(dout);
     DeviceArray<float> g_out(nc), g_mean(s.N), g_rstd(s.N);
-    auto g_dinp = Up(dinp0), g_dw = Up(dw0), g_db = Up(db0);
+    auto g_dinp = ToDevice(dinp0), g_dw = ToDevice(dw0), g_db = ToDevice(db0);
     LayerNormForward(g_out.data(), g_mean.data(), g_rstd.data(), g_inp.data(), g_w.data(),
                      g_b.data(), s.N, s.C);
     LayerNormBackward(g_dinp.data(), g_dw.data(), g_db.data(), g_dout.data(), g_inp.data(),
                       g_w.data(), g_mean.data(), g_rstd.data(), s.N, s.C);
-    EXPECT_CLOSE(Down(g_out), out);
-    EXPECT_CLOSE(Down(g_mean), mean);
-    EXPECT_CLOSE(Down(g_rstd), rstd);
-    EXPECT_INC(Down(g_dinp), dinp0, dinp);
-    EXPECT_INC(Down(g_dw), dw0, dw);
-    EXPECT_INC(Down(g_db), db0, db);
+    EXPECT_CLOSE(ToHost(g_out), out);
+    EXPECT_CLOSE(ToHost(g_mean), mean);
+    EXPECT_CLOSE(ToHost(g_rstd), rstd);
+    EXPECT_INC(ToHost(g_dinp), dinp0, dinp);
+    EXPECT_INC(ToHost(g_dw), dw0, dw);
+    EXPECT_INC(ToHost(g_db), db0, db);
   }
 }
 
@@ -199,11 +186,11 @@ TEST_F(CudaOps, Attention) {
     float amp;
   };
   for (const Shape s :
-       {Shape{1, 1, 4, 1, 1}, Shape{2, 7, 12, 3, 1}, Shape{3, 64, 64, 4, 1}, Shape{1, 129, 96, 2, 1},
-        Shape{1, 300, 32, 1, 1}, Shape{1, 70, 256, 2, 1}, Shape{2, 45, 192, 2, 1},
-        Shape{1, 100, 128, 2, 6}, Shape{2, 256, 768, 12, 1}}) {
-    SCOPED_TRACE(testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C
-                                    << " NH=" << s.NH << " amp=" << s.amp);
+       {Shape{1, 1, 4, 1, 1}, Shape{2, 7, 12, 3, 1}, Shape{3, 64, 64, 4, 1},
+        Shape{1, 129, 96, 2, 1}, Shape{1, 300, 32, 1, 1}, Shape{1, 70, 256, 2, 1},
+        Shape{2, 45, 192, 2, 1}, Shape{1, 100, 128, 2, 6}, Shape{2, 256, 768, 12, 1}}) {
+    SCOPED_TRACE(testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH
+                                    << " amp=" << s.amp);
     const size_t x = size_t(s.B) * s.T * s.C, natt = size_t(s.B) * s.NH * s.T * s.T;
     auto qkv = Random(3 * x, 21);
     for (size_t i = 0; i < qkv.size(); ++i)
@@ -214,18 +201,18 @@ TEST_F(CudaOps, Attention) {
     cpu::AttentionForward(out.data(), att.data(), dq.data(), s.B, s.T, s.C, s.NH);
     cpu::AttentionBackward(dqkv.data(), scratch.data(), ddout.data(), dq.data(), att.data(), s.B,
                            s.T, s.C, s.NH);
-    auto g_qkv = Up(qkv), g_dout = Up(dout), g_dqkv = Up(dqkv0);
+    auto g_qkv = ToDevice(qkv), g_dout = ToDevice(dout), g_dqkv = ToDevice(dqkv0);
     DeviceArray<float> g_out(x), g_lse(size_t(s.B) * s.NH * s.T);
     AttentionForward(g_out.data(), g_lse.data(), g_qkv.data(), s.B, s.T, s.C, s.NH);
     AttentionBackward(g_dqkv.data(), g_dout.data(), g_out.data(), g_qkv.data(), g_lse.data(), s.B,
                       s.T, s.C, s.NH);
-    EXPECT_CLOSE(Down(g_out), out);
+    EXPECT_CLOSE(ToHost(g_out), out);
     const auto lse = RowLse(qkv, s.B, s.T, s.C, s.NH);
-    EXPECT_CLOSE(Down(g_lse), lse);
+    EXPECT_CLOSE(ToHost(g_lse), lse);
     if (s.amp > 1) {
       EXPECT_GT(*std::max_element(lse.begin(), lse.end()), 88.0);
     }
-    EXPECT_INC(Down(g_dqkv), dqkv0, dqkv);
+    EXPECT_INC(ToHost(g_dqkv), dqkv0, dqkv);
   }
 }
 
@@ -246,21 +233,21 @@ TEST_F(CudaOps, GeluAndResidual) {
     cpu::GeluBackward(dgelu.data(), dx.data(), ddout.data(), n);
     cpu::ResidualForward(res.data(), dx.data(), dy.data(), n);
     cpu::ResidualBackward(da.data(), db.data(), ddout.data(), n);
-    auto g_x = Up(x), g_y = Up(y), g_dout = Up(dout), g_dgelu = Up(d0), g_da = Up(d0),
-         g_db = Up(d1);
+    auto g_x = ToDevice(x), g_y = ToDevice(y), g_dout = ToDevice(dout), g_dgelu = ToDevice(d0),
+         g_da = ToDevice(d0), g_db = ToDevice(d1);
     DeviceArray<float> g_gelu(n), g_res(n);
     GeluForward(g_gelu.data(), g_x.data(), n);
     GeluBackward(g_dgelu.data(), g_x.data(), g_dout.data(), n);
     ResidualForward(g_res.data(), g_x.data(), g_y.data(), n);
     ResidualBackward(g_da.data(), g_db.data(), g_dout.data(), n);
-    EXPECT_CLOSE(Down(g_gelu), gelu);
-    EXPECT_INC(Down(g_dgelu), d0, dgelu);
-    EXPECT_CLOSE(Down(g_res), res);
-    EXPECT_INC(Down(g_da), d0, da);
-    EXPECT_INC(Down(g_db), d1, db);
+    EXPECT_CLOSE(ToHost(g_gelu), gelu);
+    EXPECT_INC(ToHost(g_dgelu), d0, dgelu);
+    EXPECT_CLOSE(ToHost(g_res), res);
+    EXPECT_INC(ToHost(g_da), d0, da);
+    EXPECT_INC(ToHost(g_db), d1, db);
     // GELU in place (out aliases inp), as ops.h allows.
     GeluForward(g_x.data(), g_x.data(), n);
-    EXPECT_CLOSE(Down(g_x), gelu);
+    EXPECT_CLOSE(ToHost(g_x), gelu);
   }
 }
 
@@ -289,20 +276,20 @@ TEST_F(CudaOps, Encoder) {
                           s.B, s.T, s.C, s.begin, s.end);
       cpu::EncoderBackward(dwte.data(), with_wpe ? dwpe.data() : nullptr, ddout.data(), tok.data(),
                            s.B, s.T, s.C, s.begin, s.end);
-      auto g_tok = Up(tok);
-      auto g_wte = Up(wte), g_wpe = Up(wpe), g_dout = Up(dout), g_dwte = Up(dwte0),
-           g_dwpe = Up(dwpe0);
+      auto g_tok = ToDevice(tok);
+      auto g_wte = ToDevice(wte), g_wpe = ToDevice(wpe), g_dout = ToDevice(dout),
+           g_dwte = ToDevice(dwte0), g_dwpe = ToDevice(dwpe0);
       DeviceArray<float> g_out(n * s.C);
       EncoderForward(g_out.data(), g_tok.data(), g_wte.data(), with_wpe ? g_wpe.data() : nullptr,
                      s.B, s.T, s.C, s.begin, s.end);
       EncoderBackward(g_dwte.data(), with_wpe ? g_dwpe.data() : nullptr, g_dout.data(),
                       g_tok.data(), tok.data(), s.B, s.T, s.C, s.begin, s.end);
-      EXPECT_CLOSE(Down(g_out), out);
-      EXPECT_INC(Down(g_dwte), dwte0, dwte);
+      EXPECT_CLOSE(ToHost(g_out), out);
+      EXPECT_INC(ToHost(g_dwte), dwte0, dwte);
       if (with_wpe)
-        EXPECT_INC(Down(g_dwpe), dwpe0, dwpe);
+        EXPECT_INC(ToHost(g_dwpe), dwpe0, dwpe);
       else
-        EXPECT_TRUE(SameBits(Down(g_dwpe), dwpe0));
+        EXPECT_TRUE(SameBits(ToHost(g_dwpe), dwpe0));
     }
   }
 }
@@ -327,19 +314,19 @@ TEST_F(CudaOps, Classifier) {
                                dwte_.data(), tgt.data(), s.N, s.C, s.V);
     cpu::ClassifierBackward(dx.data(), dwte.data(), scratch.data(), logits.data(), lse.data(),
                             dx_.data(), dwte_.data(), tgt.data(), 1.0 / s.N, s.N, s.C, s.V);
-    auto g_tgt = Up(tgt);
-    auto g_x = Up(x), g_wte = Up(wte), g_dx = Up(dx0), g_dwte = Up(dwte0);
+    auto g_tgt = ToDevice(tgt);
+    auto g_x = ToDevice(x), g_wte = ToDevice(wte), g_dx = ToDevice(dx0), g_dwte = ToDevice(dwte0);
     DeviceArray<float> g_logits(logits.size()), g_lse(s.N), g_losses(s.N);
     const float g_loss = ClassifierForward(g_logits.data(), g_lse.data(), g_losses.data(),
                                            g_x.data(), g_wte.data(), g_tgt.data(), s.N, s.C, s.V);
     ClassifierBackward(g_dx.data(), g_dwte.data(), g_logits.data(), g_lse.data(), g_x.data(),
                        g_wte.data(), g_tgt.data(), 1.0f / s.N, s.N, s.C, s.V);
     EXPECT_NEAR(g_loss, loss, kTol * std::abs(loss));
-    EXPECT_CLOSE(Down(g_logits), logits);
-    EXPECT_CLOSE(Down(g_lse), lse);
-    EXPECT_CLOSE(Down(g_losses), losses);
-    EXPECT_INC(Down(g_dx), dx0, dx);
-    EXPECT_INC(Down(g_dwte), dwte0, dwte);
+    EXPECT_CLOSE(ToHost(g_logits), logits);
+    EXPECT_CLOSE(ToHost(g_lse), lse);
+    EXPECT_CLOSE(ToHost(g_losses), losses);
+    EXPECT_INC(ToHost(g_dx), dx0, dx);
+    EXPECT_INC(ToHost(g_dwte), dwte0, dwte);
   }
 }
 
@@ -354,12 +341,12 @@ TEST_F(CudaOps, OptionalArguments) {
                      OC);
   cpu::MatmulBackward(static_cast<double*>(nullptr), dw.data(), static_cast<double*>(nullptr),
                       ddout.data(), di.data(), dw_.data(), N, IC, OC);
-  auto g_inp = Up(inp), g_w = Up(w), g_dout = Up(dout), g_dw = Up(dw0);
+  auto g_inp = ToDevice(inp), g_w = ToDevice(w), g_dout = ToDevice(dout), g_dw = ToDevice(dw0);
   DeviceArray<float> g_out(out.size());
   MatmulForward(g_out.data(), g_inp.data(), g_w.data(), nullptr, N, IC, OC);
   MatmulBackward(nullptr, g_dw.data(), nullptr, g_dout.data(), g_inp.data(), g_w.data(), N, IC, OC);
-  EXPECT_CLOSE(Down(g_out), out);
-  EXPECT_INC(Down(g_dw), dw0, dw);
+  EXPECT_CLOSE(ToHost(g_out), out);
+  EXPECT_INC(ToHost(g_dw), dw0, dw);
 
   // Logits only: the loss is 0 and lse, losses are not touched.
   const auto wte = Random(size_t(V) * IC, 95, 0.3f), marker = Random(N, 96);
@@ -368,14 +355,14 @@ TEST_F(CudaOps, OptionalArguments) {
   cpu::ClassifierForward(logits.data(), static_cast<double*>(nullptr),
                          static_cast<double*>(nullptr), static_cast<double*>(nullptr), di.data(),
                          dwte_.data(), nullptr, N, IC, V);
-  auto g_wte = Up(wte), g_lse = Up(marker), g_losses = Up(marker);
+  auto g_wte = ToDevice(wte), g_lse = ToDevice(marker), g_losses = ToDevice(marker);
   DeviceArray<float> g_logits(logits.size());
   EXPECT_EQ(ClassifierForward(g_logits.data(), g_lse.data(), g_losses.data(), g_inp.data(),
                               g_wte.data(), nullptr, N, IC, V),
             0.0f);
-  EXPECT_CLOSE(Down(g_logits), logits);
-  EXPECT_TRUE(SameBits(Down(g_lse), marker));
-  EXPECT_TRUE(SameBits(Down(g_losses), marker));
+  EXPECT_CLOSE(ToHost(g_logits), logits);
+  EXPECT_TRUE(SameBits(ToHost(g_lse), marker));
+  EXPECT_TRUE(SameBits(ToHost(g_losses), marker));
 }
 
 // AdamW against its formula (train/optimizer.h) in double, over segments with and without decay,
@@ -410,13 +397,13 @@ TEST_F(CudaOps, AdamW) {
       pi = pi * (seg.decay ? 1 - lr * wd : 1.0) - lr / (1 - std::pow(b1, t)) * m[i] / denom;
     }
   }
-  auto g_p = Up(p0), g_g = Up(g), g_m = Up(m0), g_v = Up(v0);
-  auto g_segs = Up(segs);
+  auto g_p = ToDevice(p0), g_g = ToDevice(g), g_m = ToDevice(m0), g_v = ToDevice(v0);
+  auto g_segs = ToDevice(segs);
   const std::vector<float> marker(n, 42.0f);
-  auto g_deltas = Up(marker);
+  auto g_deltas = ToDevice(marker);
   AdamWStep(g_p.data(), g_g.data(), g_m.data(), g_v.data(), g_segs.data(), int(segs.size()), n, s,
             g_deltas.data());
-  const auto got_p = Down(g_p), got_m = Down(g_m), got_v = Down(g_v);
+  const auto got_p = ToHost(g_p), got_m = ToHost(g_m), got_v = ToHost(g_v);
   EXPECT_INC(got_p, p0, p);
   EXPECT_INC(got_m, m0, m);
   EXPECT_INC(got_v, v0, v);
@@ -425,7 +412,7 @@ TEST_F(CudaOps, AdamW) {
   for (uint64_t i = 0; i < 7; ++i) ASSERT_EQ(got_p[i], p0[i]) << i;
   for (uint64_t i = 40007; i < 60007; ++i) ASSERT_EQ(got_p[i], p0[i]) << i;
   // What each parameter moved (the gap not written), and its squares summed per segment.
-  const auto deltas = Down(g_deltas);
+  const auto deltas = ToHost(g_deltas);
   std::vector<double> want_sq(segs.size(), 0.0);
   for (size_t j = 0; j < segs.size(); ++j)
     for (uint64_t i = segs[j].begin; i < segs[j].end; ++i) {
@@ -447,7 +434,7 @@ TEST_F(CudaOps, GradSquaredSum) {
     const auto g = Random(n, 71);
     double want = 0;
     for (float x : g) want += double(x) * double(x);
-    auto dev = Up(g);
+    auto dev = ToDevice(g);
     EXPECT_NEAR(GradSquaredSum(dev.data(), n), want, 1e-12 * want) << n;
   }
 }
@@ -461,8 +448,9 @@ TEST_F(CudaOps, TwoRunsGiveTheSameBits) {
   const auto tok = Tokens(N, 50, 86), tgt = Tokens(N, V, 87);
   auto run = [&] {
     std::vector<std::vector<float>> outs;
-    auto g_qkv = Up(qkv), g_dout = Up(dout), g_w = Up(w), g_x = Up(x), g_wte = Up(wte);
-    auto g_tok = Up(tok), g_tgt = Up(tgt);
+    auto g_qkv = ToDevice(qkv), g_dout = ToDevice(dout), g_w = ToDevice(w), g_x = ToDevice(x),
+         g_wte = ToDevice(wte);
+    auto g_tok = ToDevice(tok), g_tgt = ToDevice(tgt);
     DeviceArray<float> att(size_t(B) * NH * T), out(size_t(N) * C), dqkv(qkv.size());
     DeviceArray<float> dw(w.size()), db(3 * C), dx(x.size()), dwte(wte.size()), lnw(C), lnb(C);
     DeviceArray<float> logits(size_t(N) * V), lse(N), losses(N), mean(N), rstd(N);
@@ -482,7 +470,7 @@ TEST_F(CudaOps, TwoRunsGiveTheSameBits) {
                        g_tgt.data(), 1.0f / N, N, C, V);
     EncoderBackward(dwte.data(), nullptr, g_dout.data(), g_tok.data(), tok.data(), B, T, C);
     for (auto* a : {&att, &out, &dqkv, &dw, &db, &dx, &dwte, &lnw, &lnb, &lse})
-      outs.push_back(Down(*a));
+      outs.push_back(ToHost(*a));
     outs.push_back({loss, float(GradSquaredSum(dwte.data(), dwte.size()))});
     return outs;
   };
@@ -556,10 +544,10 @@ TEST_F(CudaOps, Bf16Products) {
             want[o] = 0.5 * s + 2.0 * double(c0[o]);
             unrounded[o] = 0.5 * u + 2.0 * double(c0[o]);
           }
-      auto ga = Up(a), gb = Up(b), gc = Up(c0);
+      auto ga = ToDevice(a), gb = ToDevice(b), gc = ToDevice(c0);
       Gemm(ta, tb, m, n, k, 0.5f, ga.data(), lda, gb.data(), ldb, 2.0f, gc.data(), n, batch, sa, sb,
            int64_t(m) * n);
-      const auto got = Down(gc);
+      const auto got = ToHost(gc);
       EXPECT_LE(NormErr(got, want), kTol);
       EXPECT_GT(NormErr(got, unrounded), 1e-4);
     }
@@ -569,10 +557,10 @@ TEST_F(CudaOps, Bf16Products) {
   std::vector<double> ref(size_t(N) * OC);
   const auto di = D(inp), dw = D(w), db = D(bias);
   cpu::MatmulForward(ref.data(), di.data(), dw.data(), db.data(), N, IC, OC);
-  auto g_inp = Up(inp), g_w = Up(w), g_b = Up(bias);
+  auto g_inp = ToDevice(inp), g_w = ToDevice(w), g_b = ToDevice(bias);
   DeviceArray<float> g_out(ref.size());
   MatmulForward(g_out.data(), g_inp.data(), g_w.data(), g_b.data(), N, IC, OC);
-  const double err = NormErr(Down(g_out), ref);
+  const double err = NormErr(ToHost(g_out), ref);
   EXPECT_LE(err, 1e-2);
   EXPECT_GT(err, kTol);  // bf16's, not float's
 }

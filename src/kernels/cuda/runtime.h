@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace atl::kernels::cuda {
 
@@ -97,5 +98,19 @@ class DeviceArray {
   T* p_ = nullptr;
   size_t n_ = 0;
 };
+
+// A host vector's copy on the device, and a device array's on the host (synchronous).
+template <class T>
+DeviceArray<T> ToDevice(const std::vector<T>& host) {
+  DeviceArray<T> d(host.size());
+  d.Upload(host.data(), host.size());
+  return d;
+}
+template <class T>
+std::vector<T> ToHost(const DeviceArray<T>& d) {
+  std::vector<T> h(d.size());
+  d.Download(h.data(), h.size());
+  return h;
+}
 
 }  // namespace atl::kernels::cuda

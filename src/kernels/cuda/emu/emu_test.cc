@@ -14,19 +14,6 @@
 namespace atl::kernels::cuda {
 namespace {
 
-template <class T>
-DeviceArray<T> Up(const std::vector<T>& h) {
-  DeviceArray<T> d(h.size());
-  d.Upload(h.data(), h.size());
-  return d;
-}
-template <class T>
-std::vector<T> Down(const DeviceArray<T>& d) {
-  std::vector<T> h(d.size());
-  d.Download(h.data(), h.size());
-  return h;
-}
-
 // The message of the CudaError that fn throws ("" when it throws none).
 template <class F>
 std::string ErrorOf(F fn) {
@@ -50,10 +37,10 @@ __global__ void ReverseKernel(float* out, const float* in) {
 TEST(CudaEmulator, SyncThreadsWaitsForTheWholeBlock) {
   std::vector<float> in(3 * 256);
   std::iota(in.begin(), in.end(), 0.0f);
-  auto din = Up(in);
+  auto din = ToDevice(in);
   DeviceArray<float> dout(in.size());
   ATL_LAUNCH(ReverseKernel, 3, 256, dout.data(), din.data());
-  const auto out = Down(dout);
+  const auto out = ToHost(dout);
   for (int b = 0; b < 3; ++b)
     for (int t = 0; t < 256; ++t) ASSERT_EQ(out[b * 256 + t], in[b * 256 + 255 - t]);
 }
@@ -74,15 +61,15 @@ __global__ void SumsKernel(float* sums, int* down, const float* in, int n) {
 TEST(CudaEmulator, WarpShufflesAndBlockReductions) {
   std::vector<float> in(1000);
   for (size_t i = 0; i < in.size(); ++i) in[i] = float(i % 7);
-  auto din = Up(in);
+  auto din = ToDevice(in);
   DeviceArray<float> sums(2);
   DeviceArray<int> down(128);
   ATL_LAUNCH(SumsKernel, 1, 128, sums.data(), down.data(), din.data(), 1000);
-  const auto s = Down(sums);
+  const auto s = ToHost(sums);
   const float want = std::accumulate(in.begin(), in.end(), 0.0f);
   EXPECT_EQ(s[0], want);
   EXPECT_EQ(s[1], want);
-  const auto d = Down(down);
+  const auto d = ToHost(down);
   for (int t = 0; t < 128; ++t)  // the last lane of each warp keeps its own value
     EXPECT_EQ(d[t], t % 32 == 31 ? t * 10 : (t + 1) * 10) << t;
 }
@@ -114,10 +101,10 @@ TEST(CudaEmulator, WhatHangsAGpuFailsTheLaunch) {
   EXPECT_NE(e.find("deadlock"), std::string::npos) << e;
   // The device still works afterwards.
   std::vector<float> in(256, 1.0f);
-  auto din = Up(in);
+  auto din = ToDevice(in);
   DeviceArray<float> rev(256);
   ATL_LAUNCH(ReverseKernel, 1, 256, rev.data(), din.data());
-  EXPECT_EQ(Down(rev), in);
+  EXPECT_EQ(ToHost(rev), in);
 }
 
 __global__ void CopyKernel(float* out, const float* in, int n) {
@@ -148,9 +135,9 @@ TEST(CudaEmulator, ABadLaunchShapeIsRefused) {
 
 TEST(CudaEmulator, NewDeviceMemoryIsNotZero) {
   DeviceArray<float> d(8);
-  for (const float x : Down(d)) EXPECT_TRUE(std::isnan(x));
+  for (const float x : ToHost(d)) EXPECT_TRUE(std::isnan(x));
   d.SetZero();
-  for (const float x : Down(d)) EXPECT_EQ(x, 0.0f);
+  for (const float x : ToHost(d)) EXPECT_EQ(x, 0.0f);
 }
 
 TEST(CudaEmulatorDeathTest, HostCodeTouchingDeviceMemoryFaults) {
@@ -173,12 +160,12 @@ TEST(CudaEmulator, GemmMeansWhatItSays) {
   for (const bool ta : {false, true})
     for (const bool tb : {false, true}) {
       SCOPED_TRACE(testing::Message() << "ta=" << ta << " tb=" << tb);
-      auto da = Up(a), db = Up(b);
+      auto da = ToDevice(a), db = ToDevice(b);
       DeviceArray<float> dc(size_t(batch) * m * n);
       dc.SetZero();
       Gemm(ta, tb, m, n, k, 1.0f, da.data(), ta ? m : k, db.data(), tb ? k : n, 0.0f, dc.data(), n,
            batch, int64_t(m) * k, int64_t(k) * n, int64_t(m) * n);
-      const auto c = Down(dc);
+      const auto c = ToHost(dc);
       for (int z = 0; z < batch; ++z)
         for (int i = 0; i < m; ++i)
           for (int j = 0; j < n; ++j) {
@@ -193,7 +180,7 @@ TEST(CudaEmulator, GemmMeansWhatItSays) {
       // alpha and beta, C the output: 0.5 * product + 2 * (the product) = 2.5 * product.
       Gemm(ta, tb, m, n, k, 0.5f, da.data(), ta ? m : k, db.data(), tb ? k : n, 2.0f, dc.data(), n,
            batch, int64_t(m) * k, int64_t(k) * n, int64_t(m) * n);
-      const auto c2 = Down(dc);
+      const auto c2 = ToHost(dc);
       for (size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c2[i], 2.5f * c[i]) << i;
     }
   // lda smaller than a row: cuBLASLt refuses the layout.
