@@ -124,8 +124,6 @@ struct State {
   }
 };
 
-class NcclCommunicator;
-
 // One queued operation: done when the stream has passed it.
 class StreamWait final : public CommHandle::Pending {
  public:

@@ -55,36 +55,28 @@ void AddTyped(void* acc, const void* add, size_t n) {
   for (size_t i = 0; i < n; ++i) a[i] += b[i];
 }
 
-bool Add(ncclDataType_t t, void* acc, const void* add, size_t n) {
+// acc[i] += add[i] over n elements of t (the callers refuse float16 first).
+void Add(ncclDataType_t t, void* acc, const void* add, size_t n) {
   switch (t) {
     case ncclInt8:
-      AddTyped<int8_t>(acc, add, n);
-      return true;
+      return AddTyped<int8_t>(acc, add, n);
     case ncclUint8:
-      AddTyped<uint8_t>(acc, add, n);
-      return true;
+      return AddTyped<uint8_t>(acc, add, n);
     case ncclInt32:
-      AddTyped<int32_t>(acc, add, n);
-      return true;
+      return AddTyped<int32_t>(acc, add, n);
     case ncclUint32:
-      AddTyped<uint32_t>(acc, add, n);
-      return true;
+      return AddTyped<uint32_t>(acc, add, n);
     case ncclInt64:
-      AddTyped<int64_t>(acc, add, n);
-      return true;
+      return AddTyped<int64_t>(acc, add, n);
     case ncclUint64:
-      AddTyped<uint64_t>(acc, add, n);
-      return true;
+      return AddTyped<uint64_t>(acc, add, n);
     case ncclFloat32:
-      AddTyped<float>(acc, add, n);
-      return true;
+      return AddTyped<float>(acc, add, n);
     case ncclFloat64:
-      AddTyped<double>(acc, add, n);
-      return true;
+      return AddTyped<double>(acc, add, n);
     case ncclFloat16:
-      return false;
+      return;
   }
-  return false;
 }
 
 double TimeoutSeconds() {
