@@ -129,6 +129,17 @@ void CopyOut(Device device, T* host_dst, const T* src, size_t n) {
   std::copy(src, src + n, host_dst);
 }
 
+// The largest |x_i| of n floats in GPU memory (infinity when one is not finite), read there: the
+// step guard's activation signal (train/sdc/monitor.h) without a download.
+inline float DeviceMaxAbs(const float* x, size_t n) {
+#if ATOLL_HAVE_CUDA
+  return kernels::cuda::MaxAbs(x, n);
+#else
+  (void)x, (void)n;
+  throw std::logic_error("DeviceMaxAbs in an atoll built without CUDA");
+#endif
+}
+
 // Which copy of a buffer kept both on the host and on the GPU is newer (kBoth: they are the same):
 // GPT's parameters and gradients, AdamW's moments on the GPU.
 enum class Newer { kHost, kDevice, kBoth };

@@ -39,7 +39,8 @@
 // parameters or gradients (transfers() counts the bytes moved). A pointer from these accessors
 // is good until the next call that changes which side is newer. With a backward hook, Backward
 // downloads the gradients and then calls it for every block (no overlap yet); the op hook sees
-// host copies of its operands (what it changes in *out is uploaded back).
+// host copies of its operands (what it changes in *out is uploaded back), or the GPU's buffers
+// when it reads them there (set_op_hook's device_reader).
 //
 // Thread-safety: not thread-safe; one GPT per training process. Kernels use OpenMP inside.
 #pragma once
@@ -100,6 +101,10 @@ class GPT {
   // GPU's newer (the optimizer on the GPU writes them).
   T* device_params();
   const T* device_grads();
+  // The parameters where the kernels read them, current, for reading only: on the GPU the GPU's
+  // buffer (the host's newer copy uploaded first), marking nothing; the corruption checks hash it
+  // there (train/sdc/).
+  const T* resident_params() const;
   // Bytes moved between the host's buffers and the GPU's for params() and grads() so far (0 on
   // the CPU).
   uint64_t transfers() const { return transfer_bytes_; }
@@ -179,8 +184,15 @@ class GPT {
     const T* w = nullptr;
     const T* bias = nullptr;
     int inner = 0;
+    bool on_device = false;  // the pointers are GPU memory (see set_op_hook)
   };
-  void set_op_hook(std::function<void(const OpEvent&)> hook) { op_hook_ = std::move(hook); }
+  // On the GPU the hook gets host copies of out and the operands, and what it writes to out is
+  // uploaded back; unless device_reader: then it gets the GPU's pointers (on_device), reads them
+  // only through GPU functions and never writes them, and nothing is copied.
+  void set_op_hook(std::function<void(const OpEvent&)> hook, bool device_reader = false) {
+    op_hook_ = std::move(hook);
+    op_hook_on_device_ = device_reader;
+  }
 
   // Logits of the last Forward (slot 0, last stage): [B, T, vocab_size], row-major; with
   // tp_size > 1 only this rank's vocabulary share: [B, T, Vl], token ShardVocab().begin first.
@@ -242,6 +254,7 @@ class GPT {
   std::unique_ptr<Activations> acts_;
   std::function<void(int)> backward_hook_;
   std::function<void(const OpEvent&)> op_hook_;
+  bool op_hook_on_device_ = false;
   void Op(OpKind kind, int layer, int gemm, T* out, int rows, int cols, const T* a = nullptr,
           const T* w = nullptr, const T* bias = nullptr, int inner = 0) {
     if (op_hook_)

@@ -46,6 +46,15 @@ T* GPT<T>::device_params() {
 }
 
 template <class T>
+const T* GPT<T>::resident_params() const {
+  if (!cuda()) return params_.data();
+  // Making the GPU's copy current changes no value of the model: const to its readers.
+  GPT& self = const_cast<GPT&>(*this);
+  self.DeviceCurrent(params_, self.dparams_, params_at_);
+  return dparams_.data();
+}
+
+template <class T>
 const T* GPT<T>::device_grads() {
   if (!cuda()) return grads_.data();
   DeviceCurrent(grads_, dgrads_, grads_at_);
@@ -60,11 +69,18 @@ const T* GPT<T>::HostView(const T* p, size_t n, std::vector<T>& host) const {
   return host.data();
 }
 
-// On the GPU the hook gets host copies of out and the operands; what it writes to out goes back.
+// On the GPU the hook gets host copies of out and the operands (what it writes to out goes back),
+// or with device_reader the GPU's pointers.
 template <class T>
 void GPT<T>::EmitOp(const OpEvent& e) {
   if (!cuda()) {
     op_hook_(e);
+    return;
+  }
+  if (op_hook_on_device_) {
+    OpEvent d = e;
+    d.on_device = true;
+    op_hook_(d);
     return;
   }
   std::vector<T> out, a, w, bias;
@@ -86,6 +102,7 @@ void GPT<T>::EmitOp(const OpEvent& e) {
   template void GPT<T>::DeviceCurrent(const std::vector<T>&, Buffer<T>&, Newer&);        \
   template T* GPT<T>::device_params();                                                   \
   template const T* GPT<T>::device_grads();                                              \
+  template const T* GPT<T>::resident_params() const;                                     \
   template void GPT<T>::EmitOp(const OpEvent&);                                          \
   template const T* GPT<T>::HostView(const T*, size_t, std::vector<T>&) const;
 ATL_INSTANTIATE(float)

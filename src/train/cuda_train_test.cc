@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -55,10 +56,8 @@ TEST_F(CudaTrainTest, TwoRunsGiveTheSameBits) {
   EXPECT_EQ(FinalState(a), FinalState(b));
 }
 
-// Also with the step guard and the memory checks off: no op hook (no host copies of the
-// operands) and nothing that reads the parameters, gradients or moments on the host, which then
-// stay on the GPU from the first step to the checkpoint: the same bits as the checked run, whose
-// state goes down and up every step.
+// With the step guard and the memory checks off (no op hook, no hashing) the run has the bits of
+// the checked run, whose checks read the GPU's activations and state (they change nothing).
 TEST_F(CudaTrainTest, TheChecksDoNotChangeTheRun) {
   RunConfig plain = gpu_;
   plain.sdc.guard = false;
@@ -66,6 +65,63 @@ TEST_F(CudaTrainTest, TheChecksDoNotChangeTheRun) {
   EXPECT_EQ(FinalState(Run(gpu_, "checked")), FinalState(Run(plain, "plain")));
   EXPECT_EQ(LossColumns(Run(gpu_, "checked2")), LossColumns(Run(plain, "plain2")));
 }
+
+#if ATOLL_HAVE_CUDA
+// The default checks (the step guard, the memory checks) read the GPU's state where it lives: a
+// step moves a few kilobytes between the host and the GPU (token ids, the loss, a max |x| per
+// block output, 8 bytes a tensor per hash), not the model. Per step: what two runs of 2 and 6
+// steps moved apart, divided by 4 (the setup and the final checkpoint cancel).
+TEST_F(CudaTrainTest, TheDefaultChecksReadTheGpuWhereItIs) {
+  RunConfig c = gpu_;
+  c.model.n_embd = 64;  // the model's bytes well above what a step must move
+  c.train.eval_batches = 0;
+  const std::vector<ParamTensor> layout = ParameterLayout(c.model);
+  const double model_bytes = double(layout.back().offset + layout.back().numel) * sizeof(float);
+  auto per_step = [&](const RunConfig& cfg, const std::string& name) {
+    kernels::cuda::CopyCounts at[2];
+    for (const int64_t steps : {2, 6}) {
+      RunConfig r = cfg;
+      r.train.steps = steps;
+      const auto before = kernels::cuda::Copied();
+      Run(r, name + std::to_string(steps));
+      const auto after = kernels::cuda::Copied();
+      at[steps == 6] = {after.to_device - before.to_device, after.to_host - before.to_host};
+    }
+    return std::pair{double(at[1].to_device - at[0].to_device) / 4,
+                     double(at[1].to_host - at[0].to_host) / 4};
+  };
+  RunConfig plain = c;
+  plain.sdc.guard = false;
+  plain.sdc.memory = false;
+  const auto [up, down] = per_step(c, "checked");
+  const auto [plain_up, plain_down] = per_step(plain, "plain");
+  std::printf("bytes a step, up and down: checked %.0f, %.0f; unchecked %.0f, %.0f; model %.0f\n",
+              up, down, plain_up, plain_down, model_bytes);
+  EXPECT_LT(up, model_bytes / 20);
+  EXPECT_LT(down, model_bytes / 20);
+  EXPECT_GE(up, plain_up);
+  EXPECT_GE(down, plain_down);
+}
+
+// A parameter or moment flipped at rest in a GPU run is found by the memory checks, hashing the
+// GPU's buffers, at the start of the step it would first be used in, and named (alone: not
+// repaired).
+TEST_F(CudaTrainTest, MemoryChecksFindFlipsInTheGpusState) {
+  RunConfig c = gpu_;
+  c.faults.inject =
+      "param:step=1,elem=3,bit=5;param:step=6,elem=40,bit=0;"
+      "moment:step=9,moment=v,elem=5,bit=2";
+  const auto events = SdcEvents(Run(c, "flipped"), "memory");
+  ASSERT_EQ(events.size(), 3u);
+  const int steps[] = {1, 6, 9};
+  const char* what[] = {"params:wte.weight", "params:wte.weight", "moment_v:wte.weight"};
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].first, steps[i]);
+    EXPECT_EQ(events[i].second["what"], what[i]);
+    EXPECT_EQ(events[i].second["verdict"], "not repaired");
+  }
+}
+#endif
 
 // bf16 products (train.precision = bf16): the loss curve near the fp32 GPU run's (within bf16's
 // rounding), falling as much; two bf16 runs give the same bits; and not fp32's bits (the setting

@@ -146,6 +146,11 @@ class AdamW {
     HostMoment(v_, v_at_);
     return v_.data();
   }
+  // The moments where the update reads them, current, for reading only: on the GPU its buffers
+  // (the host's newer copies uploaded first), marking nothing; the corruption checks hash them
+  // there (train/sdc/). On the CPU m() and v().
+  const float* resident_m() const;
+  const float* resident_v() const;
 
  private:
   // State elements [begin, end) are the local elements [begin + shift, end + shift).

@@ -70,6 +70,18 @@ void AdamW::HostMoment(std::vector<float>& host, Newer& at) const {
   transfer_bytes_ += HostCurrent(at, host.data(), dev.data(), host.size());
 }
 
+const float* AdamW::resident_m() const {
+  if (!device_) return m();
+  transfer_bytes_ += DeviceCurrent(m_at_, m_.data(), device_->m.data(), m_.size());
+  return device_->m.data();
+}
+
+const float* AdamW::resident_v() const {
+  if (!device_) return v();
+  transfer_bytes_ += DeviceCurrent(v_at_, v_.data(), device_->v.data(), v_.size());
+  return device_->v.data();
+}
+
 void AdamW::StepOnDevice(float* params, const float* grads, double lr, float grad_scale) {
   if (!device_) throw std::logic_error("AdamW::StepOnDevice before PlaceOnDevice");
   DeviceState& d = *device_;
@@ -109,6 +121,9 @@ void AdamW::PlaceOnDevice() {
 }
 
 void AdamW::HostMoment(std::vector<float>&, Newer&) const {}
+
+const float* AdamW::resident_m() const { return m(); }
+const float* AdamW::resident_v() const { return v(); }
 
 void AdamW::StepOnDevice(float*, const float*, double, float) {
   throw std::logic_error("AdamW::StepOnDevice before PlaceOnDevice");

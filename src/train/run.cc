@@ -246,6 +246,8 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
   o.moments_every = cfg.sdc.moments_every;
   o.guard_options.threshold = cfg.sdc.guard_threshold;
   o.guard_options.window = size_t(cfg.sdc.guard_window);
+  o.params_on = run.model->device();
+  o.moments_on = run.optimizer->on_device() ? Device::kCuda : Device::kCpu;
   std::vector<int> replica_ranks;
   for (int r = 0; r < me.dp(); ++r)
     replica_ranks.push_back(me.RankOf(r, me.tp_rank(), me.pp_rank()));
@@ -273,6 +275,9 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
     return Status::Ok();
   const bool* in_step = &run.in_step;
   const bool* replica_pass = &run.replica_pass;
+  // The guard alone reads the GPU's activations where they are (a max |x| per block output); the
+  // others read, or write, host copies.
+  const bool device_reader = faults == nullptr && checks == nullptr && trace == nullptr;
   run.model->set_op_hook(
       [faults, sdc, checks, trace, in_step, replica_pass](const GPT<float>::OpEvent& e) {
         if (!*in_step) return;
@@ -283,7 +288,7 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
           return;
         }
         if (sdc != nullptr && kind == FaultKind::kActivation)
-          sdc->OnActivation(e.layer, e.out, e.n);
+          sdc->OnActivation(e.layer, e.out, e.n, e.on_device);
         if (checks != nullptr) {
           if (kind == FaultKind::kActivation)
             checks->OnResidual(e.layer, e.out, e.a, e.rows, e.cols);
@@ -291,7 +296,8 @@ Status SetUpSdc(Run& run, const std::string& out_dir, bool fresh) {
             checks->OnGemm(kind, e.layer, e.gemm, e.out, e.a, e.w, e.bias, e.rows, e.inner, e.cols);
         }
         if (trace != nullptr) trace->OnOp(kind, e.layer, e.gemm, e.out, e.n);
-      });
+      },
+      device_reader);
   return Status::Ok();
 }
 

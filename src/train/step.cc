@@ -24,13 +24,13 @@
 namespace atl {
 
 Status CheckStep(Run& run, int64_t s, StepMetrics* m) {
-  // The state is read for the fingerprints alone (on the GPU reading downloads it).
+  // The state is read for the fingerprints alone (on the GPU, hashed there).
   const bool hashed = run.sdc->fingerprints();
   ATOLL_ASSIGN_OR_RETURN(std::vector<SdcEvent> events,
                          run.sdc->AfterStep(s, m->loss, m->grad_norm, m->lr,
-                                            hashed ? ModelView(run).params() : nullptr,
-                                            hashed ? OptimizerView(run).m() : nullptr,
-                                            hashed ? OptimizerView(run).v() : nullptr));
+                                            hashed ? run.model->resident_params() : nullptr,
+                                            hashed ? run.optimizer->resident_m() : nullptr,
+                                            hashed ? run.optimizer->resident_v() : nullptr));
   std::vector<std::string> mine;
   for (const SdcEvent& e : events) {
     LogWarning("silent data corruption suspected: {}", e.ToString());
@@ -159,7 +159,8 @@ Status ComputeStep(Run& run, WorldStrategy& strategy, int64_t s, int64_t objecti
   m->lr = LearningRate(tc, s);
   const float clip = ClipScale(m->grad_norm, tc.grad_clip);
   if (run.sdc != nullptr)  // it compares the parameters with ZeRO alone
-    ATOLL_RETURN_IF_ERROR(run.sdc->BeforeUpdate(s, Zero(run) ? ModelView(run).params() : nullptr));
+    ATOLL_RETURN_IF_ERROR(
+        run.sdc->BeforeUpdate(s, Zero(run) ? run.model->resident_params() : nullptr));
   if (run.optimizer->on_device())  // the parameters and gradients stay on the GPU
     run.optimizer->StepOnDevice(run.model->device_params(), run.model->device_grads(), m->lr, clip);
   else

@@ -258,8 +258,8 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
         [s = strategy.get()](const std::vector<uint64_t>& mine) {
           return s->GatherOverSites(mine);
         },
-        [s = strategy.get()](bool corrupt, float* p, size_t n, float* m, float* v, size_t k) {
-          return s->RepairAcrossSites(corrupt, p, n, m, v, k);
+        [s = strategy.get()](bool corrupt, const HostStateFn& state) {
+          return s->RepairAcrossSites(corrupt, state);
         });
   // wan faults strike in the WAN transport, on the leader's sender threads, until Train returns.
   ATOLL_ASSIGN_OR_RETURN(const PayloadFaultScope payload_fault, InstallPayloadFault(run, options));
@@ -267,16 +267,21 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   // The memory checks (train/sdc/memory.h): sealed at the end of each step (and here, before the
   // first), checked at the start of each and before a checkpoint is written (what they find
   // there is logged, and reported with the next step).
+  // They hash the state where it lives (on the GPU, there); a repair writes the host's copies.
   auto seal_at_rest = [&] {
     if (run.sdc != nullptr && run.sdc->memory())
-      run.sdc->SealAtRest(ModelView(run).params(), OptimizerView(run).m(), OptimizerView(run).v());
+      run.sdc->SealAtRest(run.model->resident_params(), run.optimizer->resident_m(),
+                          run.optimizer->resident_v());
+  };
+  const HostStateFn host_state = [&run, n_params] {
+    return HostState{run.model->params(), n_params, run.optimizer->m(), run.optimizer->v(),
+                     run.optimizer->size()};
   };
   auto check_at_rest = [&] {
-    // Only read when checked (on the GPU reading downloads them, and this may repair them).
     return run.sdc == nullptr || !run.sdc->memory()
                ? Status::Ok()
-               : run.sdc->CheckAtRest(run.model->params(), n_params, run.optimizer->m(),
-                                      run.optimizer->v(), run.optimizer->size());
+               : run.sdc->CheckAtRest(run.model->resident_params(), run.optimizer->resident_m(),
+                                      run.optimizer->resident_v(), host_state);
   };
   seal_at_rest();
   // The objective of a site's replica: the mean loss over the whole batch (sync), or over the

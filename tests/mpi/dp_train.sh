@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Data-parallel training end to end under mpirun, on configs/tiny.toml (20 steps, batch 4).
-# Usage: dp_train.sh ATOLL MPIEXEC equivalence|reproducible|faulty_rank
+# Usage: dp_train.sh ATOLL MPIEXEC equivalence|reproducible|faulty_rank|memory_repair [--set ...]
 #  equivalence:  dp2 (micro 2) and dp4 (micro 1) give the single-process loss and validation
 #                curves within 1e-5 relative; only rank 0 writes; the manifest records the mesh;
 #                a world size that is not dp*tp*pp, and a tp that does not divide n_head, are
@@ -10,9 +10,15 @@
 #  reproducible: parallel.reproducible = true gives bitwise-identical final model and optimizer
 #                files for dp 1, 2 and 4 (with and without ZeRO-1), and a dp2 checkpoint resumed
 #                on dp4 ends on the same bits.
+#  memory_repair: dp 2 (with the extra settings: GPU ranks, --set train.device=cuda): a
+#                parameter flipped at rest on rank 1 and a moment on rank 0 are found by the
+#                memory checks at the start of the step they would first be used in, each
+#                repaired from the other replica, and the run ends on the clean run's bits; the
+#                replicas' fingerprints agree every other step (no other event).
 set -euo pipefail
-MPIEXEC=${2:?usage: $0 ATOLL MPIEXEC equivalence|reproducible|faulty_rank}
-MODE=${3:?usage: $0 ATOLL MPIEXEC equivalence|reproducible|faulty_rank}
+MPIEXEC=${2:?usage: $0 ATOLL MPIEXEC equivalence|reproducible|faulty_rank|memory_repair}
+MODE=${3:?usage: $0 ATOLL MPIEXEC equivalence|reproducible|faulty_rank|memory_repair}
+EXTRA=("${@:4}")
 source "$(dirname "$0")/../e2e_lib.sh"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 
@@ -89,6 +95,20 @@ faulty_rank)
     fail "step 4 does not name rank 2 as reached: $last"
   [[ $(grep -c '"peers":"agree"' "$T/faulty_tp/metrics.jsonl") == 3 ]] ||
     fail "tp 2: steps 1-3 were not confirmed by the other replicas"
+  ;;
+memory_repair)
+  trainN 2 --out "$T/clean" --set parallel.reproducible=true "${EXTRA[@]}"
+  trainN 2 --out "$T/flipped" --set parallel.reproducible=true "${EXTRA[@]}" \
+    --inject "param:step=6,rank=1,elem=0,bit=0;moment:step=9,rank=0,moment=v,elem=5,bit=2"
+  grep -q '"sdc"' "$T/clean/metrics.jsonl" && fail "the clean run has events"
+  [[ $(grep -c '"sdc"' "$T/flipped/metrics.jsonl") == 2 ]] || fail "not 2 steps with events"
+  grep -q '"step":6,.*"sdc":\[{"site":0,"rank":1,"detector":"memory","what":"params:wte.weight","verdict":"repaired","source":0}\]' \
+    "$T/flipped/metrics.jsonl" || fail "step 6: no repaired parameter on rank 1"
+  grep -q '"step":9,.*"sdc":\[{"site":0,"rank":0,"detector":"memory","what":"moment_v:wte.weight","verdict":"repaired","source":1}\]' \
+    "$T/flipped/metrics.jsonl" || fail "step 9: no repaired moment on rank 0"
+  for f in model.safetensors optimizer.safetensors; do
+    same_files "$T/clean/checkpoint/$f" "$T/flipped/checkpoint/$f"
+  done
   ;;
 *) fail "unknown mode $MODE" ;;
 esac

@@ -110,4 +110,45 @@ void SegmentSquaredSums(double* host_out, const float* x, const AdamSegment* seg
 // the host.
 double GradSquaredSum(const float* grads, size_t n);
 
+// ---- The corruption checks' reads (checks.cu, for train/sdc/) ----------------------------------
+
+// A range [begin, end) of 32-bit words.
+struct HashRange {
+  uint64_t begin, end;
+};
+// host_out[r] = the fingerprint of range r of the words at `data` (device): any change of one
+// word changes its range's fingerprint (every step below is a bijection of each of its inputs
+// when the other is fixed), and two changes leave it alone with odds near 2^-64. The function
+// (not XXH3, atoll's CPU fingerprint): a range is cut into chunks of kHashChunkWords; in a chunk,
+// thread t of 256 folds words t, t + 256, ... with HashStep from HashMix(t + 1), and the threads'
+// values are combined by HashCombine in a fixed tree (pairs t, t + s for s = 128, 64, ..., 1);
+// the range's is HashMix(length + kHashSeed) combined with its chunks' in order. Deterministic.
+void RangeHashes(uint64_t* host_out, const void* data, const HashRange* host_ranges,
+                 int num_ranges);
+// The largest |x_i| (device; infinity when any is not finite; 0 when n is 0), to the host.
+float MaxAbs(const float* x, size_t n);
+
+#if defined(__CUDACC__)
+#define ATL_HOST_DEVICE __host__ __device__
+#else
+#define ATL_HOST_DEVICE
+#endif
+constexpr uint64_t kHashChunkWords = 8192;
+constexpr uint64_t kHashSeed = 0x9E3779B97F4A7C15ull;
+// MurmurHash3's 64-bit finalizer: a bijection.
+ATL_HOST_DEVICE inline uint64_t HashMix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xFF51AFD7ED558CCDull;
+  x ^= x >> 33;
+  x *= 0xC4CEB9FE1A85EC53ull;
+  return x ^ (x >> 33);
+}
+ATL_HOST_DEVICE inline uint64_t HashStep(uint64_t h, uint32_t word) {
+  return HashMix(h + (uint64_t(word) + 1) * kHashSeed);
+}
+ATL_HOST_DEVICE inline uint64_t HashCombine(uint64_t a, uint64_t b) {
+  return HashMix(a * 0xD6E8FEB86659FD93ull + b);
+}
+#undef ATL_HOST_DEVICE
+
 }  // namespace atl::kernels::cuda

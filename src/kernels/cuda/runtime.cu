@@ -186,14 +186,23 @@ void Free(void* p) {
   if (p != nullptr) cudaFree(p);  // never throws: called from destructors
 }
 
+static CopyCounts& Counts() {
+  static CopyCounts counts;  // the one thread that drives the GPU updates it
+  return counts;
+}
+
+CopyCounts Copied() { return Counts(); }
+
 void CopyToDevice(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
+  Counts().to_device += bytes;
   ATL_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, Stream()));
   ATL_CUDA(cudaStreamSynchronize(Stream()));
 }
 
 void CopyToHost(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
+  Counts().to_host += bytes;
   ATL_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, Stream()));
   ATL_CUDA(cudaStreamSynchronize(Stream()));
 }

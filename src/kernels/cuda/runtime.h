@@ -64,6 +64,12 @@ void CopyToDevice(void* dst, const void* src, size_t bytes);
 void CopyToHost(void* dst, const void* src, size_t bytes);
 void CopyOnDevice(void* dst, const void* src, size_t bytes);
 void Zero(void* p, size_t bytes);
+// Bytes CopyToDevice and CopyToHost have moved so far in this process (what a step costs in
+// transfers: tests and profiles compare two readings).
+struct CopyCounts {
+  uint64_t to_device = 0, to_host = 0;
+};
+CopyCounts Copied();
 // The process's stream (a cudaStream_t), for libraries that queue work in order with the
 // kernels (NCCL: comm/nccl/nccl_comm.h).
 void* StreamHandle();

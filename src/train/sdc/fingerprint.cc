@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+#include <stdexcept>
+#include <utility>
 
 #include "core/hash.h"
 
@@ -18,8 +20,36 @@ const ParamTensor* TensorAt(const std::vector<ParamTensor>& layout, size_t offse
   return nullptr;
 }
 
-std::vector<uint64_t> TensorFingerprints(const std::vector<ParamTensor>& layout,
-                                         const float* data) {
+namespace {
+
+std::vector<uint64_t> DeviceHashes(const float* data,
+                                   const std::vector<std::pair<size_t, size_t>>& ranges) {
+#if ATOLL_HAVE_CUDA
+  std::vector<kernels::cuda::HashRange> r;
+  for (const auto& [offset, numel] : ranges) r.push_back({offset, offset + numel});
+  std::vector<uint64_t> out(r.size());
+  kernels::cuda::RangeHashes(out.data(), data, r.data(), int(r.size()));
+  return out;
+#else
+  (void)data, (void)ranges;
+  throw std::logic_error("GPU fingerprints in an atoll built without CUDA");
+#endif
+}
+
+}  // namespace
+
+uint64_t BufferFingerprint(const float* data, size_t n, Device device) {
+  if (device == Device::kCuda) return DeviceHashes(data, {{0, n}})[0];
+  return Hash64(data, n * sizeof(float));
+}
+
+std::vector<uint64_t> TensorFingerprints(const std::vector<ParamTensor>& layout, const float* data,
+                                         Device device) {
+  if (device == Device::kCuda) {
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (const ParamTensor& t : layout) ranges.emplace_back(t.offset, t.numel);
+    return DeviceHashes(data, ranges);
+  }
   // Pieces of at most kChunk floats, hashed by the threads; a tensor of several pieces gets the
   // hash of its pieces' hashes (the same value for any thread count).
   constexpr size_t kChunk = size_t(1) << 20;

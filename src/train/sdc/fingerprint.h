@@ -1,9 +1,9 @@
 // Replica fingerprints: data-parallel replicas hold the same parameters bit for bit after every
 // optimizer step (they apply the same update to the same values), so a replica whose parameters
 // differ from the others' was corrupted. Each replica hashes its buffer tensor by tensor (XXH3 of
-// the float bits; 8 bytes a tensor), the replicas all-gather the hashes, and per tensor the
-// replicas outside the majority are named. With two replicas there is no majority: both are
-// named, and a replay (train/sdc/audit.h) decides which one is wrong.
+// the float bits, or on the GPU a hash computed there; 8 bytes a tensor), the replicas all-gather
+// the hashes, and per tensor the replicas outside the majority are named. With two replicas there
+// is no majority: both are named, and a replay (train/sdc/audit.h) decides which one is wrong.
 //
 // Thread-safety: pure functions, and one collective (Compare) per call on its communicator.
 #pragma once
@@ -14,6 +14,7 @@
 
 #include "comm/communicator.h"
 #include "core/status.h"
+#include "model/backend.h"
 #include "model/config.h"
 
 namespace atl {
@@ -23,8 +24,14 @@ std::string ShortTensorName(const std::string& name);
 // The tensor of `layout` that holds element `offset` of the flat buffer; null: none.
 const ParamTensor* TensorAt(const std::vector<ParamTensor>& layout, size_t offset);
 
-// One hash per tensor of `layout` over data (the flat buffer the layout describes).
-std::vector<uint64_t> TensorFingerprints(const std::vector<ParamTensor>& layout, const float* data);
+// One hash per tensor of `layout` over data (the flat buffer the layout describes), a buffer of
+// `device`: on the GPU (device memory) kernels/cuda's RangeHashes, read there (8 bytes a tensor
+// come back), which is another function than the CPU's XXH3. A run's ranks share train.device,
+// so hashes of one function only are ever compared.
+std::vector<uint64_t> TensorFingerprints(const std::vector<ParamTensor>& layout, const float* data,
+                                         Device device = Device::kCpu);
+// One hash of a whole buffer of n floats on `device` (ZeRO's moment shard), as above.
+uint64_t BufferFingerprint(const float* data, size_t n, Device device = Device::kCpu);
 
 struct FingerprintMismatch {
   int replica;        // a replica outside the majority (or one of two that disagree)

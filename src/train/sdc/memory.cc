@@ -5,17 +5,21 @@
 
 #include <span>
 
-#include "core/hash.h"
 #include "train/sdc/fingerprint.h"
 
 namespace atl {
 
-RestSeal::RestSeal(std::vector<ParamTensor> layout, size_t moments_size, bool moments_sharded)
-    : layout_(std::move(layout)), moments_size_(moments_size), sharded_(moments_sharded) {}
+RestSeal::RestSeal(std::vector<ParamTensor> layout, size_t moments_size, bool moments_sharded,
+                   Device params_on, Device moments_on)
+    : layout_(std::move(layout)),
+      moments_size_(moments_size),
+      sharded_(moments_sharded),
+      params_on_(params_on),
+      moments_on_(moments_on) {}
 
 std::vector<uint64_t> RestSeal::Hashes(const float* data, bool moments) const {
-  if (moments && sharded_) return {Hash64(data, moments_size_ * sizeof(float))};
-  return TensorFingerprints(layout_, data);
+  if (moments && sharded_) return {BufferFingerprint(data, moments_size_, moments_on_)};
+  return TensorFingerprints(layout_, data, moments ? moments_on_ : params_on_);
 }
 
 void RestSeal::Seal(const float* params, const float* m, const float* v) {
@@ -44,8 +48,8 @@ std::vector<std::string> RestSeal::Verify(const float* params, const float* m,
   return out;
 }
 
-StatusOr<int> RepairFromReplica(Communicator& dp, bool corrupt, float* params, size_t n, float* m,
-                                float* v, size_t k, bool moments) {
+StatusOr<int> RepairFromReplica(Communicator& dp, bool corrupt, const HostStateFn& state,
+                                bool moments) {
   std::vector<int64_t> flags(size_t(dp.size()), 0);
   flags[size_t(dp.rank())] = corrupt ? 1 : 0;
   ATOLL_RETURN_IF_ERROR(dp.AllReduce(std::span<int64_t>(flags)));
@@ -56,10 +60,11 @@ StatusOr<int> RepairFromReplica(Communicator& dp, bool corrupt, float* params, s
     if (flags[r] == 0 && root < 0) root = int(r);
   }
   if (!any || root < 0) return -1;
-  ATOLL_RETURN_IF_ERROR(dp.Broadcast(std::span<float>(params, n), root));
+  const HostState h = state();
+  ATOLL_RETURN_IF_ERROR(dp.Broadcast(std::span<float>(h.params, h.n), root));
   if (moments) {
-    ATOLL_RETURN_IF_ERROR(dp.Broadcast(std::span<float>(m, k), root));
-    ATOLL_RETURN_IF_ERROR(dp.Broadcast(std::span<float>(v, k), root));
+    ATOLL_RETURN_IF_ERROR(dp.Broadcast(std::span<float>(h.m, h.k), root));
+    ATOLL_RETURN_IF_ERROR(dp.Broadcast(std::span<float>(h.v, h.k), root));
   }
   return root;
 }

@@ -12,15 +12,20 @@
 // With ZeRO a replica's moments are its own shard, with no copy elsewhere: a corrupt shard is
 // found and named, not repaired; so is anything on a single replica (dp 1).
 //
+// On the GPU the state is hashed where it lives (kernels/cuda's RangeHashes: 8 bytes a tensor
+// come back); only a repair downloads it (HostState).
+//
 // Thread-safety: belongs to its rank's training thread; Repair is collective over the dp group.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "core/status.h"
+#include "model/backend.h"
 #include "model/config.h"
 
 namespace atl {
@@ -28,8 +33,10 @@ namespace atl {
 class RestSeal {
  public:
   // layout: the rank's parameter tensors; moments_size: the AdamW moments' length (the layout's
-  // total, or with ZeRO the rank's shard, sealed as one piece named "shard").
-  RestSeal(std::vector<ParamTensor> layout, size_t moments_size, bool moments_sharded);
+  // total, or with ZeRO the rank's shard, sealed as one piece named "shard"); params_on,
+  // moments_on: where the buffers Seal and Verify get live (device memory on the GPU).
+  RestSeal(std::vector<ParamTensor> layout, size_t moments_size, bool moments_sharded,
+           Device params_on = Device::kCpu, Device moments_on = Device::kCpu);
 
   bool sealed() const { return !params_.empty(); }
   // After an update. m, v may be null (not sealed).
@@ -43,14 +50,27 @@ class RestSeal {
   std::vector<ParamTensor> layout_;
   size_t moments_size_;
   bool sharded_;
+  Device params_on_, moments_on_;
   std::vector<uint64_t> params_, m_, v_;
 };
+
+// The rank's state as a repair writes it: host buffers of n parameters and of k moments each.
+// On the GPU getting them downloads the state and marks the host's copies newer (the next step
+// uploads them): a repair asks for them only when it copies.
+struct HostState {
+  float* params;
+  size_t n;
+  float* m;
+  float* v;
+  size_t k;
+};
+using HostStateFn = std::function<HostState()>;
 
 // The dp group's replicas repair corrupt state from one whose check passed (`corrupt`: this
 // replica's verdict): returns the replica the state came from, or -1 when no replica was corrupt
 // or none was clean (nothing to copy from). Moments are copied only when `moments` (not ZeRO).
 // Collective over dp.
-StatusOr<int> RepairFromReplica(Communicator& dp, bool corrupt, float* params, size_t n, float* m,
-                                float* v, size_t k, bool moments);
+StatusOr<int> RepairFromReplica(Communicator& dp, bool corrupt, const HostStateFn& state,
+                                bool moments);
 
 }  // namespace atl

@@ -134,7 +134,7 @@ SdcMonitor::SdcMonitor(SdcOptions o, std::vector<ParamTensor> layout, size_t mom
       zero_(zero),
       replica_ranks_(std::move(replica_ranks)),
       guard_(o.guard_options),
-      seal_(layout_, moments_size, zero) {}
+      seal_(layout_, moments_size, zero, o.params_on, o.moments_on) {}
 
 void SdcMonitor::AddMismatches(int64_t s, const char* what,
                                const std::vector<FingerprintMismatch>& mismatches,
@@ -181,16 +181,21 @@ Status SdcMonitor::CompareSites(int64_t s, const std::vector<Hashed>& buffers,
   return Status::Ok();
 }
 
-void SdcMonitor::OnActivation(int layer, const float* out, size_t n) {
+void SdcMonitor::OnActivation(int layer, const float* out, size_t n, bool on_device) {
   if (!o_.guard) return;
   const SdcTimer timer(&cost_.guard);
   if (act_max_.size() <= size_t(layer)) act_max_.resize(size_t(layer) + 1, 0.0);
   float mx = 0;
   bool finite = true;
-  for (size_t i = 0; i < n; ++i) {
-    const float a = std::abs(out[i]);
-    finite &= std::isfinite(a);
-    mx = std::max(mx, a);
+  if (on_device) {
+    mx = DeviceMaxAbs(out, n);  // infinity when one is not finite
+    finite = std::isfinite(mx);
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      const float a = std::abs(out[i]);
+      finite &= std::isfinite(a);
+      mx = std::max(mx, a);
+    }
   }
   act_max_[size_t(layer)] = finite ? std::max(act_max_[size_t(layer)], double(mx))
                                    : std::numeric_limits<double>::infinity();
@@ -250,7 +255,8 @@ void SdcMonitor::OnReducedGradient(const GradChecksum::Mismatch& mm, double seco
          mm.count);
 }
 
-Status SdcMonitor::CheckAtRest(float* params, size_t n, float* m, float* v, size_t k) {
+Status SdcMonitor::CheckAtRest(const float* params, const float* m, const float* v,
+                               const HostStateFn& state) {
   if (!o_.memory) return Status::Ok();
   const SdcTimer timer(&cost_.memory);
   const std::vector<std::string> changed = seal_.Verify(params, m, v);
@@ -261,8 +267,7 @@ Status SdcMonitor::CheckAtRest(float* params, size_t n, float* m, float* v, size
   int source = -1;
   if (dp_ != nullptr && dp_->size() > 1) {
     const bool repairable = std::any_of(changed.begin(), changed.end(), replicated);
-    ATOLL_ASSIGN_OR_RETURN(const int root,
-                           RepairFromReplica(*dp_, repairable, params, n, m, v, k, !zero_));
+    ATOLL_ASSIGN_OR_RETURN(const int root, RepairFromReplica(*dp_, repairable, state, !zero_));
     if (root >= 0 && repairable)
       source = size_t(root) < replica_ranks_.size() ? replica_ranks_[size_t(root)] : root;
   }
@@ -272,7 +277,7 @@ Status SdcMonitor::CheckAtRest(float* params, size_t n, float* m, float* v, size
     const bool left = std::any_of(changed.begin(), changed.end(), [&](const std::string& what) {
       return source < 0 || !replicated(what);
     });
-    ATOLL_ASSIGN_OR_RETURN(const int root, sites_repair_(left, params, n, m, v, k));
+    ATOLL_ASSIGN_OR_RETURN(const int root, sites_repair_(left, state));
     if (left) source_site = root;
   }
   for (const std::string& what : changed) {
@@ -302,7 +307,7 @@ Status SdcMonitor::BeforeUpdate(int64_t s, const float* params) {
   pending_.clear();
   if (zero_ && o_.fingerprints && replicas()) {
     const SdcTimer timer(&cost_.fingerprints);
-    return Compare(s, {"params", TensorFingerprints(layout_, params)}, &pending_);
+    return Compare(s, {"params", TensorFingerprints(layout_, params, o_.params_on)}, &pending_);
   }
   return Status::Ok();
 }
@@ -376,10 +381,10 @@ StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, do
   if (by_replicas || by_sites) {
     const SdcTimer timer(&cost_.fingerprints);
     std::vector<Hashed> buffers;
-    buffers.emplace_back("params", TensorFingerprints(layout_, params));
+    buffers.emplace_back("params", TensorFingerprints(layout_, params, o_.params_on));
     if (moments && !zero_) {
-      buffers.emplace_back("moment_m", TensorFingerprints(layout_, m));
-      buffers.emplace_back("moment_v", TensorFingerprints(layout_, v));
+      buffers.emplace_back("moment_m", TensorFingerprints(layout_, m, o_.moments_on));
+      buffers.emplace_back("moment_v", TensorFingerprints(layout_, v, o_.moments_on));
     }
     if (by_replicas)
       for (const Hashed& b : buffers) ATOLL_RETURN_IF_ERROR(Compare(s, b, &out));

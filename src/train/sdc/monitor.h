@@ -35,6 +35,10 @@
 // An event names the step (1-based), site, rank, detector, and what it saw: the tensor or the
 // signal, the value, the median and how many robust deviations (log scale) it was off.
 //
+// On the GPU the detectors read the state where it lives: the fingerprints and the memory checks
+// hash the GPU's buffers (SdcOptions::params_on), the guard takes each block output's max |x|
+// there (OnActivation's on_device); a few bytes come back. The checksums read host copies.
+//
 // Thread-safety: belongs to its rank's training thread; AfterStep is collective over the dp group
 // when fingerprints are on.
 #pragma once
@@ -126,6 +130,10 @@ struct SdcOptions {
   bool memory = true;
   int64_t moments_every = 1;
   StepGuard::Options guard_options;
+  // Where the parameters and the moments that the fingerprints and the memory checks hash live:
+  // on the GPU (kCuda) they are hashed there (fingerprint.h), and their pointers are device
+  // memory.
+  Device params_on = Device::kCpu, moments_on = Device::kCpu;
 };
 
 class SdcMonitor {
@@ -146,15 +154,15 @@ class SdcMonitor {
   // ... and state at rest that no data-parallel replica could repair, copied from another site
   // (WorldStrategy::RepairAcrossSites: returns the site copied from, -1 for none). Collective
   // over the world.
-  using SitesRepair = std::function<StatusOr<int>(bool corrupt, float* params, size_t n, float* m,
-                                                  float* v, size_t k)>;
+  using SitesRepair = std::function<StatusOr<int>(bool corrupt, const HostStateFn& state)>;
   void set_sites(SitesGather gather, SitesRepair repair) {
     sites_ = std::move(gather);
     sites_repair_ = std::move(repair);
   }
 
-  // The model's op hook, activations only (kind 2): the max |x| of each block's output.
-  void OnActivation(int layer, const float* out, size_t n);
+  // The model's op hook, activations only (kind 2): the max |x| of each block's output (on_device:
+  // `out` is GPU memory, read there).
+  void OnActivation(int layer, const float* out, size_t n, bool on_device = false);
   // The micro-batch the next GEMMs belong to (its index in the whole batch).
   void At(int64_t micro) { micro_ = micro; }
   // The model's op hook, GEMMs (checksums on): checks c = a·w (+ bias), or a·wᵀ for kind
@@ -172,8 +180,9 @@ class SdcMonitor {
   // and moments before the next one (after the world strategy's exchanges); CheckAtRest at the
   // start of a step, before anything reads them: what changed since becomes an event of this step,
   // and with data-parallel replicas is repaired from one whose check passed (collective over the dp
-  // group when dp > 1). n: the parameters' length, k: the moments'.
-  Status CheckAtRest(float* params, size_t n, float* m, float* v, size_t k);
+  // group when dp > 1), into `state`'s buffers. params, m, v: where they live (params_on,
+  // moments_on), as SealAtRest's.
+  Status CheckAtRest(const float* params, const float* m, const float* v, const HostStateFn& state);
   void SealAtRest(const float* params, const float* m, const float* v) {
     if (!o_.memory) return;
     const SdcTimer timer(&cost_.memory);

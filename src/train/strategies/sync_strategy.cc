@@ -209,24 +209,24 @@ class SyncStrategy final : public WorldStrategy {
     return n;
   }
 
-  StatusOr<int> RepairAcrossSites(bool corrupt, float* params, size_t n, float* m, float* v,
-                                  size_t k) override {
+  StatusOr<int> RepairAcrossSites(bool corrupt, const HostStateFn& state) override {
     int64_t site_corrupt = corrupt ? 1 : 0, root = -1;
     if (c_.site_comm != nullptr && c_.site_comm->size() > 1)
       ATOLL_RETURN_IF_ERROR(c_.site_comm->AllReduce(std::span<int64_t>(&site_corrupt, 1)));
     if (c_.leader) {
       ATOLL_RETURN_IF_ERROR(Elastic([&](Communicator* sites) -> Status {
-        ATOLL_ASSIGN_OR_RETURN(
-            const int r, RepairFromReplica(*sites, site_corrupt > 0, params, n, m, v, k, true));
+        ATOLL_ASSIGN_OR_RETURN(const int r,
+                               RepairFromReplica(*sites, site_corrupt > 0, state, true));
         root = r < 0 ? -1 : live_[size_t(r)];
         return Status::Ok();
       }));
     }
     ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<int64_t>(&root, 1)));
     if (root >= 0) {
-      ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(params, n)));
-      ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(m, k)));
-      ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(v, k)));
+      const HostState h = state();
+      ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(h.params, h.n)));
+      ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(h.m, h.k)));
+      ATOLL_RETURN_IF_ERROR(ShareInSite(c_, std::span<float>(h.v, h.k)));
     }
     return int(root);
   }

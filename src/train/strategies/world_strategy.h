@@ -237,9 +237,8 @@ class WorldStrategy {
   // none (train/sdc/memory.h RepairFromReplica over the sites' leaders, then inside each site);
   // returns that site, or -1 (nothing to repair, no clean site, or not sync). Collective over
   // the world (sync).
-  virtual StatusOr<int> RepairAcrossSites(bool corrupt, float* params, size_t n, float* m, float* v,
-                                          size_t k) {
-    (void)corrupt, (void)params, (void)n, (void)m, (void)v, (void)k;
+  virtual StatusOr<int> RepairAcrossSites(bool corrupt, const HostStateFn& state) {
+    (void)corrupt, (void)state;
     return -1;
   }
 };

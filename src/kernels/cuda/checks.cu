@@ -1,0 +1,125 @@
+// The silent-data-corruption checks' kernels (train/sdc/): fingerprints of ranges of device
+// memory, and the largest magnitude of an array, each returned to the host in a few bytes, so
+// that the checks read GPU state where it lives instead of downloading it.
+#include <cfloat>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace atl::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr uint64_t kWordsPerThread = kHashChunkWords / kThreads;
+static_assert(kHashChunkWords % kThreads == 0);
+
+// Block c: chunk c of the ranges' chunks (first[r] is range r's first; first[num_ranges] the
+// total), its words in RangeHashStep order per thread, then the threads in a fixed tree.
+__global__ void ChunkHashKernel(uint64_t* partial, const uint32_t* words, const HashRange* ranges,
+                                const uint64_t* first, int num_ranges) {
+  __shared__ uint64_t tree[kThreads];
+  const uint64_t c = blockIdx.x;
+  int lo = 0, hi = num_ranges;  // the last range whose first chunk is at or before c
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (first[mid] <= c)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  const HashRange r = ranges[lo];
+  const uint64_t begin = r.begin + (c - first[lo]) * kHashChunkWords;
+  const uint64_t end = min(r.end, begin + kHashChunkWords);
+  uint64_t h = HashMix(uint64_t(threadIdx.x) + 1);
+  for (uint64_t k = 0; k < kWordsPerThread; ++k) {
+    const uint64_t i = begin + k * kThreads + threadIdx.x;
+    if (i < end) h = HashStep(h, words[i]);
+  }
+  tree[threadIdx.x] = h;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (int(threadIdx.x) < s)
+      tree[threadIdx.x] = HashCombine(tree[threadIdx.x], tree[threadIdx.x + s]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[c] = tree[0];
+}
+
+// Thread r: range r's hash, its length's then its chunks' in order.
+__global__ void RangeHashKernel(uint64_t* out, const uint64_t* partial, const HashRange* ranges,
+                                const uint64_t* first, int num_ranges) {
+  const int r = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (r >= num_ranges) return;
+  uint64_t h = HashMix(ranges[r].end - ranges[r].begin + kHashSeed);
+  for (uint64_t c = first[r]; c < first[r + 1]; ++c) h = HashCombine(h, partial[c]);
+  out[r] = h;
+}
+
+// Block b: the largest |x| over its chunk of kMaxChunk elements (a non-finite one counts as
+// infinity).
+constexpr int64_t kMaxChunk = int64_t(1) << 16;
+__global__ void MaxAbsKernel(float* partial, const float* x, int64_t n) {
+  __shared__ float shared[32];
+  const int64_t b = int64_t(blockIdx.x) * kMaxChunk, e = min(n, b + kMaxChunk);
+  float m = 0.0f;
+  for (int64_t i = b + threadIdx.x; i < e; i += blockDim.x) {
+    const float a = fabsf(x[i]);
+    m = fmaxf(m, a <= FLT_MAX ? a : INFINITY);  // NaN fails the comparison too
+  }
+  m = BlockMax(m, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = m;
+}
+
+__global__ void MaxKernel(float* out, const float* partial, int64_t count) {
+  __shared__ float shared[32];
+  float m = 0.0f;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) m = fmaxf(m, partial[i]);
+  m = BlockMax(m, shared);
+  if (threadIdx.x == 0) *out = m;
+}
+
+}  // namespace
+
+void RangeHashes(uint64_t* host_out, const void* data, const HashRange* host_ranges,
+                 int num_ranges) {
+  if (num_ranges <= 0) return;
+  const size_t R = size_t(num_ranges);
+  // One upload: the ranges, then each range's first chunk (and the total).
+  std::vector<uint64_t> table(2 * R + R + 1);
+  uint64_t chunks = 0;
+  for (size_t r = 0; r < R; ++r) {
+    table[2 * r] = host_ranges[r].begin;
+    table[2 * r + 1] = host_ranges[r].end;
+    table[2 * R + r] = chunks;
+    chunks += (host_ranges[r].end - host_ranges[r].begin + kHashChunkWords - 1) / kHashChunkWords;
+  }
+  table[3 * R] = chunks;
+  auto* scratch =
+      static_cast<uint64_t*>(Scratch(kScratchOp, (table.size() + chunks + R) * sizeof(uint64_t)));
+  CopyToDevice(scratch, table.data(), table.size() * sizeof(uint64_t));
+  const auto* ranges = reinterpret_cast<const HashRange*>(scratch);
+  const uint64_t* first = scratch + 2 * R;
+  uint64_t* partial = scratch + table.size();
+  uint64_t* out = partial + chunks;
+  if (chunks > 0)
+    ATL_LAUNCH(ChunkHashKernel, unsigned(chunks), kThreads, partial,
+               static_cast<const uint32_t*>(data), ranges, first, num_ranges);
+  ATL_LAUNCH(RangeHashKernel, Blocks(R, 128), 128, out, static_cast<const uint64_t*>(partial),
+             ranges, first, num_ranges);
+  CopyToHost(host_out, out, R * sizeof(uint64_t));
+}
+
+float MaxAbs(const float* x, size_t n) {
+  if (n == 0) return 0.0f;
+  const int64_t chunks = (int64_t(n) + kMaxChunk - 1) / kMaxChunk;
+  auto* partial = static_cast<float*>(Scratch(kScratchReduce, size_t(chunks + 1) * sizeof(float)));
+  ATL_LAUNCH(MaxAbsKernel, unsigned(chunks), kThreads, partial, x, int64_t(n));
+  ATL_LAUNCH(MaxKernel, 1, 1024, partial + chunks, static_cast<const float*>(partial), chunks);
+  float m = 0.0f;
+  CopyToHost(&m, partial + chunks, sizeof(float));
+  return m;
+}
+
+}  // namespace atl::kernels::cuda

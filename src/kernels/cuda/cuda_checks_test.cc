@@ -1,0 +1,119 @@
+// The corruption checks' reads on the GPU (checks.cu): RangeHashes against the function its
+// comment defines, computed here on the host; every changed word found in its own range and no
+// other; MaxAbs against the host's, non-finite values included. Skipped without a usable GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
+
+namespace atl::kernels::cuda {
+namespace {
+
+class CudaChecks : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!Available(&why)) GTEST_SKIP() << "no GPU here (" << why << ")";
+  }
+};
+
+std::vector<uint32_t> Words(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<uint32_t> v(n);
+  for (uint32_t& w : v) w = gen();
+  return v;
+}
+
+// RangeHashes's function as ops.h states it, one word after another.
+uint64_t Reference(const uint32_t* words, HashRange r) {
+  constexpr uint64_t kThreads = 256;
+  uint64_t h = HashMix(r.end - r.begin + kHashSeed);
+  for (uint64_t b = r.begin; b < r.end; b += kHashChunkWords) {
+    std::vector<uint64_t> t(kThreads);
+    for (uint64_t i = 0; i < kThreads; ++i) {
+      t[i] = HashMix(i + 1);
+      for (uint64_t w = b + i; w < std::min(r.end, b + kHashChunkWords); w += kThreads)
+        t[i] = HashStep(t[i], words[w]);
+    }
+    for (uint64_t s = kThreads / 2; s > 0; s /= 2)
+      for (uint64_t i = 0; i < s; ++i) t[i] = HashCombine(t[i], t[i + s]);
+    h = HashCombine(h, t[0]);
+  }
+  return h;
+}
+
+std::vector<uint64_t> OnGpu(const DeviceArray<uint32_t>& d, const std::vector<HashRange>& ranges) {
+  std::vector<uint64_t> out(ranges.size());
+  RangeHashes(out.data(), d.data(), ranges.data(), int(ranges.size()));
+  return out;
+}
+
+// Ranges of odd lengths, one of several chunks, an empty one, adjacent and apart, in no order.
+const std::vector<HashRange> kRanges = {
+    {0, 1}, {1, 8}, {8, 8}, {20, 20 + 3 * kHashChunkWords + 77}, {9, 20}, {30000, 30256}};
+
+TEST_F(CudaChecks, RangeHashesIsTheStatedFunction) {
+  const auto words = Words(40000, 1);
+  const auto d = ToDevice(words);
+  const auto got = OnGpu(d, kRanges);
+  for (size_t r = 0; r < kRanges.size(); ++r)
+    EXPECT_EQ(got[r], Reference(words.data(), kRanges[r])) << "range " << r;
+  EXPECT_EQ(OnGpu(d, kRanges), got);  // twice: the same
+  // The same words at another place give the same fingerprint; another length another one.
+  std::vector<uint32_t> moved(words.size(), 0);
+  std::copy(words.begin() + 9, words.begin() + 20, moved.begin() + 100);
+  const auto dm = ToDevice(moved);
+  EXPECT_EQ(OnGpu(dm, {{100, 111}})[0], got[4]);
+  EXPECT_NE(OnGpu(dm, {{100, 110}})[0], got[4]);
+}
+
+// A flipped bit anywhere (sign, exponent, mantissa; first, middle, last word of a chunk) changes
+// its range's fingerprint and no other's.
+TEST_F(CudaChecks, EveryFlippedBitIsFoundInItsRange) {
+  auto words = Words(40000, 2);
+  const auto clean = OnGpu(ToDevice(words), kRanges);
+  std::mt19937 gen(3);
+  const uint64_t c = kHashChunkWords;  // range 3 is [20, 97 + 3c)
+  std::vector<uint64_t> where = {0, 1, 7, 9, 19, 20, 19 + c, 20 + c, 96 + 3 * c, 30255};
+  for (int i = 0; i < 40; ++i) where.push_back(20 + gen() % (3 * kHashChunkWords + 77));
+  for (const uint64_t w : where) {
+    const int bit = int(gen() % 32);
+    words[w] ^= 1u << bit;
+    const auto got = OnGpu(ToDevice(words), kRanges);
+    words[w] ^= 1u << bit;
+    for (size_t r = 0; r < kRanges.size(); ++r) {
+      const bool inside = w >= kRanges[r].begin && w < kRanges[r].end;
+      EXPECT_EQ(got[r] != clean[r], inside) << "word " << w << " bit " << bit << " range " << r;
+    }
+  }
+}
+
+TEST_F(CudaChecks, MaxAbs) {
+  for (const size_t n : {size_t(1), size_t(1000), size_t(65537), size_t(300001)}) {
+    std::mt19937 gen{uint32_t(n)};
+    std::normal_distribution<float> dist(0.0f, 3.0f);
+    std::vector<float> x(n);
+    for (float& v : x) v = dist(gen);
+    float want = 0;
+    for (float v : x) want = std::max(want, std::abs(v));
+    EXPECT_EQ(MaxAbs(ToDevice(x).data(), n), want) << n;
+    x[n / 2] = -2 * want;  // the largest is negative
+    EXPECT_EQ(MaxAbs(ToDevice(x).data(), n), 2 * want) << n;
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -INFINITY}) {
+      x[n - 1] = bad;
+      EXPECT_EQ(MaxAbs(ToDevice(x).data(), n), INFINITY) << n << " " << bad;
+    }
+  }
+  EXPECT_EQ(MaxAbs(nullptr, 0), 0.0f);
+}
+
+}  // namespace
+}  // namespace atl::kernels::cuda
