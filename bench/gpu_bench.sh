@@ -9,7 +9,8 @@
 # logs are also written there); ATOLL (default: atoll on PATH); PY=python3 (with torch 2.x).
 #
 # atoll runs `atoll train --set train.device=cuda` twice, train.precision fp32 and bf16 (the step
-# guard and the memory checks off as PyTorch has neither, no eval, no checkpoint); its tokens/s
+# guard and the memory checks off as PyTorch has neither, no eval, no checkpoint; then once more
+# in bf16 with them, on the first shape: what they cost); its tokens/s
 # is the median over the timed steps of metrics.jsonl; PyTorch runs
 # bench/torch_gpt_gpu.py (torch.compile, fused AdamW, scaled_dot_product_attention) twice: fp32
 # (no TF32: atoll's arithmetic) and bf16 autocast (the issue's peer). MFU: F_tok = 6 N + 12 L T C
@@ -18,7 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
 BATCH=${BATCH:-8} STEPS=${STEPS:-12} WARMUP=${WARMUP:-3} SHAPES=${SHAPES:-"124m 350m"}
@@ -81,6 +82,23 @@ PYEOF
   table+=$'\n'"$row"
 done
 echo "$table" | tee "$out/gpu_bench.md"
+echo
+# What the default detectors cost (the step guard and the memory checks, which read the GPU's
+# state where it lives): bf16, the first shape, with them against without (the table's run).
+s=${SHAPES%% *}
+read -r L H C <<<"$(shape_args "$s")"
+"$ATOLL" train --config configs/gpt2-124m.toml -q --out "$work/atoll-checked-$s" \
+  --set model.n_layer=$L --set model.n_head=$H --set model.n_embd=$C \
+  --set train.device=cuda --set train.precision=bf16 --set train.steps=$STEPS \
+  --set train.batch_size=$BATCH --set train.micro_batch_size=$BATCH \
+  --set train.eval_batches=0 --set train.checkpoint_every=0 --set train.warmup_steps=1 \
+  >"$out/atoll-checked-$s.log" 2>&1 ||
+  { echo "gpu_bench: atoll with the checks failed:"; tail -20 "$out/atoll-checked-$s.log"; exit 1; }
+checked=$(median_tps "$work/atoll-checked-$s/metrics.jsonl")
+plain=$(median_tps "$work/atoll-bf16-$s/metrics.jsonl")
+"$PY" -c "import sys; c, p = map(float, sys.argv[1:]); print(f'the default detectors (sdc.guard, sdc.memory), bf16 $s: {c:,.0f} tok/s with, {p:,.0f} without: {c / p:.3f}x')" \
+  "$checked" "$plain" | tee -a "$out/gpu_bench.md"
+grep -h "sdc cost per step" "$out/atoll-checked-$s.log" | tee -a "$out/gpu_bench.md"
 echo
 echo "atoll's time per op (gpt2-124m, batch $BATCH, the GPU waited for after every op):"
 MODEL_STEP=${MODEL_STEP:-$(command -v kernels_model_step || echo build/release/bench/kernels_model_step)}
