@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -137,6 +138,16 @@ inline float DeviceMaxAbs(const float* x, size_t n) {
 #else
   (void)x, (void)n;
   throw std::logic_error("DeviceMaxAbs in an atoll built without CUDA");
+#endif
+}
+
+// Bytes copied host -> GPU and GPU -> host so far in this process ({0, 0} without CUDA).
+inline std::pair<uint64_t, uint64_t> DeviceCopies() {
+#if ATOLL_HAVE_CUDA
+  const kernels::cuda::CopyCounts c = kernels::cuda::Copied();
+  return {c.to_device, c.to_host};
+#else
+  return {0, 0};
 #endif
 }
 

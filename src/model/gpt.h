@@ -101,9 +101,12 @@ class GPT {
   // GPU's newer (the optimizer on the GPU writes them).
   T* device_params();
   const T* device_grads();
+  // The GPU's gradients for writing (a reduction in GPU memory: NCCL), current; marks them newer.
+  T* mutable_device_grads();
   // The parameters where the kernels read them, current, for reading only: on the GPU the GPU's
-  // buffer (the host's newer copy uploaded first), marking nothing; the corruption checks hash it
-  // there (train/sdc/).
+  // buffer (the host's newer copy uploaded first), then marked newer, so that the host's copy is
+  // downloaded again before it is read; the corruption checks hash it there (train/sdc/) and
+  // what they checked is what every later reader gets.
   const T* resident_params() const;
   // Bytes moved between the host's buffers and the GPU's for params() and grads() so far (0 on
   // the CPU).

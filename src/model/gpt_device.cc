@@ -46,11 +46,22 @@ T* GPT<T>::device_params() {
 }
 
 template <class T>
+T* GPT<T>::mutable_device_grads() {
+  if (!cuda()) return grads_.data();
+  DeviceCurrent(grads_, dgrads_, grads_at_);
+  grads_at_ = Newer::kDevice;
+  return dgrads_.data();
+}
+
+template <class T>
 const T* GPT<T>::resident_params() const {
   if (!cuda()) return params_.data();
   // Making the GPU's copy current changes no value of the model: const to its readers.
   GPT& self = const_cast<GPT&>(*this);
   self.DeviceCurrent(params_, self.dparams_, params_at_);
+  // The GPU's copy is the one checked from now on: a later host read downloads it rather than
+  // trusting a host copy no check sees.
+  params_at_ = Newer::kDevice;
   return dparams_.data();
 }
 
@@ -103,6 +114,7 @@ void GPT<T>::EmitOp(const OpEvent& e) {
   template T* GPT<T>::device_params();                                                   \
   template const T* GPT<T>::device_grads();                                              \
   template const T* GPT<T>::resident_params() const;                                     \
+  template T* GPT<T>::mutable_device_grads();                                            \
   template void GPT<T>::EmitOp(const OpEvent&);                                          \
   template const T* GPT<T>::HostView(const T*, size_t, std::vector<T>&) const;
 ATL_INSTANTIATE(float)

@@ -8,6 +8,7 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <stdexcept>
 
 #include "core/log.h"
 
@@ -66,6 +67,10 @@ GradientReducer::GradientReducer(Communicator* comm, const std::vector<ParamTens
                                options.reproducible ? sizeof(int64_t) : sizeof(float))),
       handles_(buckets_.size()),
       started_(buckets_.size(), false) {
+  if (device_memory() && (reproducible_ || zero_))
+    throw std::invalid_argument(
+        "GradientReducer: a communicator of device memory (NCCL) sums in the normal mode only "
+        "(the reproducible mode and ZeRO-1 work on host memory)");
   for (const auto& t : layout) n_ = std::max(n_, t.offset + t.numel);
   const size_t D = size_t(ranks_), r = comm != nullptr ? size_t(comm->rank()) : 0;
   // owned_: bucket by bucket from the bottom of the buffer (the last bucket) up.

@@ -95,7 +95,10 @@ class GradientReducer {
   };
 
   // comm: the data-parallel group (nullptr: one replica; Finish only converts in reproducible
-  // mode). layout: this rank's local buffer (above).
+  // mode). layout: this rank's local buffer (above). A communicator of device memory (NCCL:
+  // Communicator::device_memory) takes the normal mode only (std::invalid_argument otherwise),
+  // and then Finish takes the GPU's gradients (not Hook: GPT's backward hook on the GPU sees host
+  // copies).
   GradientReducer(Communicator* comm, const std::vector<ParamTensor>& layout, Options options);
   // The whole model on every replica, without ZeRO.
   GradientReducer(Communicator* comm, const GPTConfig& cfg, double bucket_mb, bool reproducible,
@@ -103,6 +106,8 @@ class GradientReducer {
 
   bool reproducible() const { return reproducible_; }
   bool zero() const { return zero_; }
+  // Whether the gradients it sums are device memory (its communicator's).
+  bool device_memory() const { return comm_ != nullptr && comm_->device_memory(); }
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   // Elements of the local buffer.
   size_t size() const { return n_; }

@@ -76,7 +76,9 @@ struct ParallelConfig {
   bool reproducible = false;      // bitwise-identical parameters for any dp (fixed-point reduction)
   double bucket_mb = 4.0;         // data-parallel all-reduce bucket size, MiB
   bool overlap = true;            // start each bucket's reduction during backward (false: after it)
-  std::string comm = "mpi";       // "nccl": GPU ranks' tensor-parallel all-reduces over NCCL
+  // "nccl": GPU ranks' tensor-parallel all-reduces, and their data-parallel gradients in the
+  // normal mode (not reproducible, zero or sdc.checksums), over NCCL in GPU memory
+  std::string comm = "mpi";
   bool operator==(const ParallelConfig&) const = default;
 };
 

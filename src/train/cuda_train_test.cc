@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,8 @@
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/optimizer.h"
+#include "train/sdc/fingerprint.h"
+#include "train/sdc/memory.h"
 #include "train/test_util.h"
 
 namespace atl {
@@ -120,6 +123,47 @@ TEST_F(CudaTrainTest, MemoryChecksFindFlipsInTheGpusState) {
     EXPECT_EQ(events[i].second["what"], what[i]);
     EXPECT_EQ(events[i].second["verdict"], "not repaired");
   }
+}
+
+// A bit flipped in GPU memory, where no host copy sees it: the seal over the GPU's buffers names
+// the tensor (parameters and moments), the replicas' fingerprints differ in that tensor alone,
+// and a host read afterwards gets the GPU's copy, the one the checks saw.
+TEST(CudaSdc, TheMemoryChecksSeeAFlipInGpuMemory) {
+  std::string why;
+  if (!DeviceUsable(Device::kCuda, &why)) GTEST_SKIP() << "no GPU here (" << why << ")";
+  const GPTConfig c{.vocab_size = 64, .seq_len = 16, .n_layer = 2, .n_head = 2, .n_embd = 16};
+  GPT<float> gpu(c, 2, {}, 1, Device::kCuda);
+  gpu.InitParameters(5);
+  AdamW opt(gpu.layout(), {});
+  opt.PlaceOnDevice();
+  const GPT<float>& view = gpu;
+  (void)view.params();  // the host's copy, current now
+  RestSeal seal(gpu.layout(), opt.size(), false, Device::kCuda, Device::kCuda);
+  seal.Seal(gpu.resident_params(), opt.resident_m(), opt.resident_v());
+  EXPECT_TRUE(seal.Verify(gpu.resident_params(), opt.resident_m(), opt.resident_v()).empty());
+  const std::vector<uint64_t> clean =
+      TensorFingerprints(gpu.layout(), gpu.resident_params(), Device::kCuda);
+  auto flip = [](const float* at) {  // bit 3 of one word, in GPU memory alone
+    uint32_t w = 0;
+    kernels::cuda::CopyToHost(&w, at, sizeof w);
+    w ^= 8u;
+    kernels::cuda::CopyToDevice(const_cast<float*>(at), &w, sizeof w);
+  };
+  const ParamTensor& t = gpu.layout()[3];
+  const size_t k = t.offset + t.numel / 2;
+  const float before = view.params()[k];
+  flip(gpu.resident_params() + k);
+  flip(opt.resident_v() + 7);  // in wte
+  EXPECT_EQ(seal.Verify(gpu.resident_params(), opt.resident_m(), opt.resident_v()),
+            (std::vector<std::string>{"params:" + ShortTensorName(t.name), "moment_v:wte.weight"}));
+  const std::vector<uint64_t> now =
+      TensorFingerprints(gpu.layout(), gpu.resident_params(), Device::kCuda);
+  for (size_t i = 0; i < now.size(); ++i) EXPECT_EQ(now[i] != clean[i], i == 3) << i;
+  uint32_t a, b;
+  const float after = view.params()[k];
+  std::memcpy(&a, &before, 4);
+  std::memcpy(&b, &after, 4);
+  EXPECT_EQ(a ^ b, 8u);
 }
 #endif
 

@@ -147,8 +147,8 @@ class AdamW {
     return v_.data();
   }
   // The moments where the update reads them, current, for reading only: on the GPU its buffers
-  // (the host's newer copies uploaded first), marking nothing; the corruption checks hash them
-  // there (train/sdc/). On the CPU m() and v().
+  // (the host's newer copies uploaded first), then marked newer (as GPT::resident_params); the
+  // corruption checks hash them there (train/sdc/). On the CPU m() and v().
   const float* resident_m() const;
   const float* resident_v() const;
 

@@ -73,12 +73,14 @@ void AdamW::HostMoment(std::vector<float>& host, Newer& at) const {
 const float* AdamW::resident_m() const {
   if (!device_) return m();
   transfer_bytes_ += DeviceCurrent(m_at_, m_.data(), device_->m.data(), m_.size());
+  m_at_ = Newer::kDevice;  // the checked copy: a host read downloads it
   return device_->m.data();
 }
 
 const float* AdamW::resident_v() const {
   if (!device_) return v();
   transfer_bytes_ += DeviceCurrent(v_at_, v_.data(), device_->v.data(), v_.size());
+  v_at_ = Newer::kDevice;
   return device_->v.data();
 }
 

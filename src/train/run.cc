@@ -423,7 +423,9 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
       // With a reducer, the last backward starts each bucket's reduction as its blocks complete.
       // Reproducible mode: every micro-batch's gradient alone (Add zeroes the buffer after
       // accumulating it in fixed point; the hook does the same per bucket for the last one).
-      const bool hooked = reducer != nullptr && final_backward && cfg.parallel.overlap;
+      // Not over NCCL: GPT's backward hook on the GPU sees host copies of the gradients.
+      const bool hooked = reducer != nullptr && final_backward && cfg.parallel.overlap &&
+                          !reducer->device_memory();
       if (hooked) model.set_backward_hook(reducer->Hook(model.grads()));
       model.BackwardStage(op.slot, recv.data(), run.loss_scale);
       if (hooked) model.set_backward_hook(nullptr);
@@ -449,7 +451,9 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
   if (embed != nullptr && !reproducible)
     ATOLL_RETURN_IF_ERROR(embed->AllReduce(std::span<float>(model.grads(), wte)));
   if (reducer != nullptr) {
-    ATOLL_RETURN_IF_ERROR(reducer->Finish(model.grads()));
+    // Over NCCL the GPU's gradients are summed where they are.
+    ATOLL_RETURN_IF_ERROR(
+        reducer->Finish(reducer->device_memory() ? model.mutable_device_grads() : model.grads()));
     run.comm_wait_s += reducer->last_wait_s();
   }
   if (embed != nullptr && reproducible)

@@ -97,9 +97,21 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
   }
   run.norm_ranges = NormRanges(cfg.model, shard);
   // A single process in the normal mode needs no reducer.
+  // parallel.comm = nccl sums the dp group's gradients in GPU memory too, in the normal mode
+  // (the reproducible mode's fixed point, ZeRO's shards and the gradient checksums work on host
+  // memory, over MPI).
+  Communicator* dp_comm = me.dp_group();
+  if (pc.comm == "nccl" && pc.dp > 1 && !pc.reproducible && !pc.zero && !cfg.sdc.checksums) {
+#if ATOLL_HAVE_NCCL
+    ATOLL_ASSIGN_OR_RETURN(run.dp_nccl, MakeNcclCommunicator(*dp_comm));
+    dp_comm = run.dp_nccl.get();
+#else
+    return Status::InvalidArgument("parallel.comm = nccl: this atoll was built without NCCL");
+#endif
+  }
   if (pc.dp > 1 || pc.reproducible)
     run.reducer =
-        std::make_unique<GradientReducer>(me.dp_group(), run.model->layout(),
+        std::make_unique<GradientReducer>(dp_comm, run.model->layout(),
                                           GradientReducer::Options{.bucket_mb = pc.bucket_mb,
                                                                    .reproducible = pc.reproducible,
                                                                    .micro_batches = run.accum,
@@ -323,6 +335,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   bool replicas_agreed = true;  // the data-parallel replicas' fingerprints, after the last step
   int64_t replayed = 0;
   std::vector<std::string> carried;  // the events of a step computed again without a faulty site
+  const auto copies_at_start = DeviceCopies();
   for (int64_t s = start; s < tc.steps; ++s) {
     const double t0 = NowSeconds();
     InjectBufferFaults(run, FaultKind::kParam, s);
@@ -455,6 +468,14 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     LogInfo("data parallel: {:.2f} ms per step waiting for gradient reductions after backward",
             run.comm_wait_s * 1e3 / double(tc.steps - start));
   if (leader && options.progress) progress.Finish();
+  if (leader && run.model->device() == Device::kCuda && tc.steps > start) {
+    const auto [up, down] = DeviceCopies();
+    const double per_step = 1e-3 / double(tc.steps - start);
+    LogInfo("GPU copies per step (rank 0, evaluations included): {:.1f} KB host to GPU, {:.1f} KB "
+            "GPU to host",
+            double(up - copies_at_start.first) * per_step,
+            double(down - copies_at_start.second) * per_step);
+  }
   if (leader && run.sdc != nullptr && tc.steps > start)
     LogSdcCost(run.sdc->cost(), (run.trace != nullptr ? run.trace->seconds() : 0.0) + snapshot_s,
                replays_s, replayed, steps_s, tc.steps - start);

@@ -1,7 +1,11 @@
 // The silent-data-corruption checks' kernels (train/sdc/): fingerprints of ranges of device
 // memory, and the largest magnitude of an array, each returned to the host in a few bytes, so
 // that the checks read GPU state where it lives instead of downloading it.
+#include <fmt/format.h>
+
 #include <cfloat>
+#include <climits>
+#include <cstdint>
 #include <cmath>
 #include <vector>
 
@@ -96,6 +100,8 @@ void RangeHashes(uint64_t* host_out, const void* data, const HashRange* host_ran
     chunks += (host_ranges[r].end - host_ranges[r].begin + kHashChunkWords - 1) / kHashChunkWords;
   }
   table[3 * R] = chunks;
+  if (chunks > uint64_t(INT32_MAX))
+    throw CudaError(fmt::format("RangeHashes: {} chunks, over a grid's limit", chunks));
   auto* scratch =
       static_cast<uint64_t*>(Scratch(kScratchOp, (table.size() + chunks + R) * sizeof(uint64_t)));
   CopyToDevice(scratch, table.data(), table.size() * sizeof(uint64_t));

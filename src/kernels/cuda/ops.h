@@ -117,7 +117,7 @@ struct HashRange {
   uint64_t begin, end;
 };
 // host_out[r] = the fingerprint of range r of the words at `data` (device): any change of one
-// word changes its range's fingerprint (every step below is a bijection of each of its inputs
+// word changes its range's fingerprint (every step below is one-to-one in each of its inputs
 // when the other is fixed), and two changes leave it alone with odds near 2^-64. The function
 // (not XXH3, atoll's CPU fingerprint): a range is cut into chunks of kHashChunkWords; in a chunk,
 // thread t of 256 folds words t, t + 256, ... with HashStep from HashMix(t + 1), and the threads'

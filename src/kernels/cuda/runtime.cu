@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -186,23 +187,22 @@ void Free(void* p) {
   if (p != nullptr) cudaFree(p);  // never throws: called from destructors
 }
 
-static CopyCounts& Counts() {
-  static CopyCounts counts;  // the one thread that drives the GPU updates it
-  return counts;
-}
+namespace {
+std::atomic<uint64_t> copied_to_device{0}, copied_to_host{0};
+}  // namespace
 
-CopyCounts Copied() { return Counts(); }
+CopyCounts Copied() { return {copied_to_device.load(), copied_to_host.load()}; }
 
 void CopyToDevice(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
-  Counts().to_device += bytes;
+  copied_to_device += bytes;
   ATL_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, Stream()));
   ATL_CUDA(cudaStreamSynchronize(Stream()));
 }
 
 void CopyToHost(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
-  Counts().to_host += bytes;
+  copied_to_host += bytes;
   ATL_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, Stream()));
   ATL_CUDA(cudaStreamSynchronize(Stream()));
 }
