@@ -151,6 +151,13 @@ inline std::pair<uint64_t, uint64_t> DeviceCopies() {
 #endif
 }
 
+// Waits for the GPU's queued work (nothing on the CPU, or without CUDA).
+inline void SynchronizeDevice() {
+#if ATOLL_HAVE_CUDA
+  kernels::cuda::Synchronize();
+#endif
+}
+
 // Which copy of a buffer kept both on the host and on the GPU is newer (kBoth: they are the same):
 // GPT's parameters and gradients, AdamW's moments on the GPU.
 enum class Newer { kHost, kDevice, kBoth };

@@ -124,6 +124,14 @@ void GradientReducer::Begin() {
   hook_status_ = Status::Ok();
 }
 
+void GradientReducer::set_checksum(GradChecksum* c) {
+  if (c != nullptr && device_memory())
+    throw std::invalid_argument(
+        "GradientReducer: gradient checksums read host memory; this communicator sums GPU "
+        "memory (NCCL)");
+  checksum_ = c;
+}
+
 void GradientReducer::Launch(size_t i, float* grads) {
   started_[i] = true;
   const GradBucket& b = buckets_[i];

@@ -144,7 +144,9 @@ class GradientReducer {
   // Checksums carried through the reduction (parallel/grad_checksum.h; null: none): each bucket's
   // contribution is recorded just before its reduction starts, and Finish sums the records over
   // the group. The checksum's segments must have the edges Cuts() gives.
-  void set_checksum(GradChecksum* c) { checksum_ = c; }
+  // Not with a communicator of device memory (std::invalid_argument: the records read the
+  // gradients on the host).
+  void set_checksum(GradChecksum* c);
   // The edges the checksum's segments need: every bucket's, and with ZeRO every rank's pieces'.
   std::vector<size_t> Cuts() const;
 
@@ -163,6 +165,7 @@ class GradientReducer {
   size_t shard_size() const { return shard_size_; }
   // After Finish: the summed gradient of the owned pieces, shard_size() elements in shard
   // coordinates. Valid until the next Finish (or until that `grads` changes, with one rank).
+  // With a communicator of device memory: Finish's `grads`, GPU memory.
   float* shard_grads() { return shard_grads_; }
   const float* shard_grads() const { return shard_grads_; }
 

@@ -438,5 +438,34 @@ TEST(GradientReducer, ZeroWithoutCommunicatorOwnsEverything) {
   EXPECT_EQ(local, g);
 }
 
+// A communicator of GPU memory (NCCL's kind) sums in the normal mode only: the reproducible
+// mode, ZeRO and the gradient checksums read the gradients on the host, and are refused.
+TEST(GradientReducer, ACommunicatorOfDeviceMemoryTakesTheNormalModeOnly) {
+  struct DeviceComm final : Communicator {
+    int rank() const override { return 0; }
+    int size() const override { return 2; }
+    std::string label() const override { return "fake"; }
+    bool device_memory() const override { return true; }
+    CommHandle IAllReduce(void*, size_t, DType) override { return Done(); }
+    CommHandle IReduceScatter(const void*, void*, size_t, DType) override { return Done(); }
+    CommHandle IAllGather(const void*, void*, size_t, DType) override { return Done(); }
+    CommHandle IBroadcast(void*, size_t, DType, int) override { return Done(); }
+    CommHandle ISend(const void*, size_t, DType, int, int) override { return Done(); }
+    CommHandle IRecv(void*, size_t, DType, int, int) override { return Done(); }
+    CommHandle IBarrier() override { return Done(); }
+    StatusOr<std::unique_ptr<Communicator>> Split(int, int) override {
+      return Status::Internal("fake");
+    }
+    static CommHandle Done() { return CommHandle::Done(Status::Ok()); }
+  } comm;
+  const std::vector<ParamTensor> layout = ParameterLayout(Small());
+  GradientReducer normal(&comm, layout, {});
+  EXPECT_TRUE(normal.device_memory());
+  GradChecksum sums(normal.size(), 64, normal.Cuts());
+  EXPECT_THROW(normal.set_checksum(&sums), std::invalid_argument);
+  EXPECT_THROW(GradientReducer(&comm, layout, {.reproducible = true}), std::invalid_argument);
+  EXPECT_THROW(GradientReducer(&comm, layout, {.zero = true}), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace atl

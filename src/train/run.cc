@@ -424,8 +424,8 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
       // Reproducible mode: every micro-batch's gradient alone (Add zeroes the buffer after
       // accumulating it in fixed point; the hook does the same per bucket for the last one).
       // Not over NCCL: GPT's backward hook on the GPU sees host copies of the gradients.
-      const bool hooked = reducer != nullptr && final_backward && cfg.parallel.overlap &&
-                          !reducer->device_memory();
+      const bool hooked =
+          reducer != nullptr && final_backward && cfg.parallel.overlap && !reducer->device_memory();
       if (hooked) model.set_backward_hook(reducer->Hook(model.grads()));
       model.BackwardStage(op.slot, recv.data(), run.loss_scale);
       if (hooked) model.set_backward_hook(nullptr);
@@ -448,12 +448,23 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
   // mode the fixed-point reduction comes first).
   const size_t wte = model.layout().front().numel;  // this rank's vocabulary share of wte
   Communicator* embed = mesh.embed_group();
-  if (embed != nullptr && !reproducible)
-    ATOLL_RETURN_IF_ERROR(embed->AllReduce(std::span<float>(model.grads(), wte)));
+  const bool on_gpu = reducer != nullptr && reducer->device_memory();
+  if (embed != nullptr && !reproducible) {
+    if (on_gpu) {  // wte's gradient alone through the host, the rest stays on the GPU
+      float* g = model.mutable_device_grads();
+      std::vector<float> host(wte);
+      CopyOut(Device::kCuda, host.data(), g, wte);
+      ATOLL_RETURN_IF_ERROR(embed->AllReduce(std::span<float>(host)));
+      CopyIn(Device::kCuda, g, host.data(), wte);
+    } else {
+      ATOLL_RETURN_IF_ERROR(embed->AllReduce(std::span<float>(model.grads(), wte)));
+    }
+  }
   if (reducer != nullptr) {
-    // Over NCCL the GPU's gradients are summed where they are.
-    ATOLL_RETURN_IF_ERROR(
-        reducer->Finish(reducer->device_memory() ? model.mutable_device_grads() : model.grads()));
+    // Over NCCL the GPU's gradients are summed where they are (after the backward's kernels, so
+    // that the wait is the reduction's alone).
+    if (on_gpu) SynchronizeDevice();
+    ATOLL_RETURN_IF_ERROR(reducer->Finish(on_gpu ? model.mutable_device_grads() : model.grads()));
     run.comm_wait_s += reducer->last_wait_s();
   }
   if (embed != nullptr && reproducible)

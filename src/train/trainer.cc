@@ -101,6 +101,14 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
   // (the reproducible mode's fixed point, ZeRO's shards and the gradient checksums work on host
   // memory, over MPI).
   Communicator* dp_comm = me.dp_group();
+  if (pc.comm == "nccl" && pc.dp > 1 && (pc.reproducible || pc.zero || cfg.sdc.checksums) &&
+      me.rank() == 0)
+    LogInfo(
+        "parallel.comm = nccl: the data-parallel gradients go through host memory and MPI "
+        "({} works on host memory)",
+        pc.reproducible ? "parallel.reproducible"
+        : pc.zero       ? "parallel.zero"
+                        : "sdc.checksums");
   if (pc.comm == "nccl" && pc.dp > 1 && !pc.reproducible && !pc.zero && !cfg.sdc.checksums) {
 #if ATOLL_HAVE_NCCL
     ATOLL_ASSIGN_OR_RETURN(run.dp_nccl, MakeNcclCommunicator(*dp_comm));

@@ -21,9 +21,17 @@ layout() {
   local dir=$1 dp=$2 tp=$3 pp=$4
   shift 4
   "$MPIEXEC" -n $((dp * tp * pp)) "$ATOLL" train "${BASE[@]}" --set parallel.dp="$dp" \
-    --set parallel.tp="$tp" --set parallel.pp="$pp" --out "$dir" "$@" >"$T/stdout" ||
-    fail "dp $dp tp $tp pp $pp $* exited $?"
+    --set parallel.tp="$tp" --set parallel.pp="$pp" --out "$dir" "$@" >"$T/stdout" \
+    2>"$T/stderr" || { cat "$T/stderr" >&2; fail "dp $dp tp $tp pp $pp $* exited $?"; }
   [[ $(cat "$T/stdout") == "$dir/checkpoint" ]] || fail "printed '$(cat "$T/stdout")'"
+  # Over NCCL the gradients and activations stay on the GPU: rank 0 uploads a few kilobytes a
+  # step (over MPI, at least its share of the gradients: 3 MB and more here).
+  if [[ " $* " == *" parallel.comm=nccl "* ]]; then
+    local up
+    up=$(sed -nE 's/.*GPU copies per step .*: ([0-9.]+) KB host to GPU.*/\1/p' "$T/stderr")
+    [[ -n $up ]] || fail "no 'GPU copies per step' line"
+    awk -v up="$up" 'BEGIN { exit !(up < 200) }' || fail "uploads $up KB a step over NCCL"
+  fi
 }
 
 # header FILE: the safetensors JSON header (tensor names, dtypes, shapes, offsets).
