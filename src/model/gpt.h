@@ -228,6 +228,8 @@ class GPT {
   // whose flag never says the GPU's is newer), counted in transfers().
   void HostCurrent(std::vector<T>& host, const Buffer<T>& dev, Newer& at) const;
   void DeviceCurrent(const std::vector<T>& host, Buffer<T>& dev, Newer& at);
+  // ... and then marked newer there; returns the GPU's buffer.
+  T* DeviceNewer(const std::vector<T>& host, Buffer<T>& dev, Newer& at);
   void ZeroDeviceBuffers(std::initializer_list<std::pair<T*, size_t>> buffers);
   void EmitOp(const OpEvent& e);
   size_t Off(ParamKind kind, int layer) const;

@@ -38,31 +38,30 @@ void GPT<T>::DeviceCurrent(const std::vector<T>& host, Buffer<T>& dev, Newer& at
 }
 
 template <class T>
+T* GPT<T>::DeviceNewer(const std::vector<T>& host, Buffer<T>& dev, Newer& at) {
+  DeviceCurrent(host, dev, at);
+  at = Newer::kDevice;
+  return dev.data();
+}
+
+template <class T>
 T* GPT<T>::device_params() {
-  if (!cuda()) return params_.data();
-  DeviceCurrent(params_, dparams_, params_at_);
-  params_at_ = Newer::kDevice;
-  return dparams_.data();
+  return cuda() ? DeviceNewer(params_, dparams_, params_at_) : params_.data();
 }
 
 template <class T>
 T* GPT<T>::mutable_device_grads() {
-  if (!cuda()) return grads_.data();
-  DeviceCurrent(grads_, dgrads_, grads_at_);
-  grads_at_ = Newer::kDevice;
-  return dgrads_.data();
+  return cuda() ? DeviceNewer(grads_, dgrads_, grads_at_) : grads_.data();
 }
 
 template <class T>
 const T* GPT<T>::resident_params() const {
   if (!cuda()) return params_.data();
-  // Making the GPU's copy current changes no value of the model: const to its readers.
+  // Making the GPU's copy current changes no value of the model: const to its readers. It is the
+  // one checked from now on: a later host read downloads it rather than trusting a host copy no
+  // check sees.
   GPT& self = const_cast<GPT&>(*this);
-  self.DeviceCurrent(params_, self.dparams_, params_at_);
-  // The GPU's copy is the one checked from now on: a later host read downloads it rather than
-  // trusting a host copy no check sees.
-  params_at_ = Newer::kDevice;
-  return dparams_.data();
+  return self.DeviceNewer(params_, self.dparams_, params_at_);
 }
 
 template <class T>
@@ -111,6 +110,7 @@ void GPT<T>::EmitOp(const OpEvent& e) {
   template void GPT<T>::ZeroDeviceBuffers(std::initializer_list<std::pair<T*, size_t>>); \
   template void GPT<T>::HostCurrent(std::vector<T>&, const Buffer<T>&, Newer&) const;    \
   template void GPT<T>::DeviceCurrent(const std::vector<T>&, Buffer<T>&, Newer&);        \
+  template T* GPT<T>::DeviceNewer(const std::vector<T>&, Buffer<T>&, Newer&);            \
   template T* GPT<T>::device_params();                                                   \
   template const T* GPT<T>::device_grads();                                              \
   template const T* GPT<T>::resident_params() const;                                     \

@@ -149,8 +149,8 @@ class AdamW {
   // The moments where the update reads them, current, for reading only: on the GPU its buffers
   // (the host's newer copies uploaded first), then marked newer (as GPT::resident_params); the
   // corruption checks hash them there (train/sdc/). On the CPU m() and v().
-  const float* resident_m() const;
-  const float* resident_v() const;
+  const float* resident_m() const { return ResidentMoment(m_, m_at_); }
+  const float* resident_v() const { return ResidentMoment(v_, v_at_); }
 
  private:
   // State elements [begin, end) are the local elements [begin + shift, end + shift).
@@ -172,6 +172,9 @@ class AdamW {
   // On the GPU: downloads the GPU's copy of moment m_ or v_ (`host`) when `at` says it is newer
   // (backend.h's HostCurrent). On the CPU the flags never say so.
   void HostMoment(std::vector<float>& host, Newer& at) const;
+  // The GPU's copy of moment m_ or v_, current (uploaded when `host` is newer), then marked newer;
+  // on the CPU `host` itself.
+  const float* ResidentMoment(const std::vector<float>& host, Newer& at) const;
   struct DeviceState;
   struct DeleteDeviceState {
     void operator()(DeviceState* d) const;  // where DeviceState is complete

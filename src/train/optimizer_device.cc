@@ -70,18 +70,12 @@ void AdamW::HostMoment(std::vector<float>& host, Newer& at) const {
   transfer_bytes_ += HostCurrent(at, host.data(), dev.data(), host.size());
 }
 
-const float* AdamW::resident_m() const {
-  if (!device_) return m();
-  transfer_bytes_ += DeviceCurrent(m_at_, m_.data(), device_->m.data(), m_.size());
-  m_at_ = Newer::kDevice;  // the checked copy: a host read downloads it
-  return device_->m.data();
-}
-
-const float* AdamW::resident_v() const {
-  if (!device_) return v();
-  transfer_bytes_ += DeviceCurrent(v_at_, v_.data(), device_->v.data(), v_.size());
-  v_at_ = Newer::kDevice;
-  return device_->v.data();
+const float* AdamW::ResidentMoment(const std::vector<float>& host, Newer& at) const {
+  if (!device_) return host.data();
+  cu::DeviceArray<float>& dev = &host == &m_ ? device_->m : device_->v;
+  transfer_bytes_ += DeviceCurrent(at, host.data(), dev.data(), host.size());
+  at = Newer::kDevice;  // the checked copy: a host read downloads it
+  return dev.data();
 }
 
 void AdamW::StepOnDevice(float* params, const float* grads, double lr, float grad_scale) {
@@ -124,8 +118,9 @@ void AdamW::PlaceOnDevice() {
 
 void AdamW::HostMoment(std::vector<float>&, Newer&) const {}
 
-const float* AdamW::resident_m() const { return m(); }
-const float* AdamW::resident_v() const { return v(); }
+const float* AdamW::ResidentMoment(const std::vector<float>& host, Newer&) const {
+  return host.data();
+}
 
 void AdamW::StepOnDevice(float*, const float*, double, float) {
   throw std::logic_error("AdamW::StepOnDevice before PlaceOnDevice");

@@ -96,27 +96,31 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
         std::move(on_gpu));
   }
   run.norm_ranges = NormRanges(cfg.model, shard);
-  // A single process in the normal mode needs no reducer.
-  // parallel.comm = nccl sums the dp group's gradients in GPU memory too, in the normal mode
-  // (the reproducible mode's fixed point, ZeRO's shards and the gradient checksums work on host
-  // memory, over MPI).
+  // parallel.comm = nccl sums the dp group's gradients in GPU memory too, in the normal mode;
+  // the reproducible mode's fixed point, ZeRO's shards and the gradient checksums work on host
+  // memory, over MPI (said once in the log).
   Communicator* dp_comm = me.dp_group();
-  if (pc.comm == "nccl" && pc.dp > 1 && (pc.reproducible || pc.zero || cfg.sdc.checksums) &&
-      me.rank() == 0)
-    LogInfo(
-        "parallel.comm = nccl: the data-parallel gradients go through host memory and MPI "
-        "({} works on host memory)",
-        pc.reproducible ? "parallel.reproducible"
-        : pc.zero       ? "parallel.zero"
-                        : "sdc.checksums");
-  if (pc.comm == "nccl" && pc.dp > 1 && !pc.reproducible && !pc.zero && !cfg.sdc.checksums) {
+  const char* host_mode = pc.reproducible     ? "parallel.reproducible"
+                          : pc.zero           ? "parallel.zero"
+                          : cfg.sdc.checksums ? "sdc.checksums"
+                                              : nullptr;
+  if (pc.comm == "nccl" && pc.dp > 1) {
+    if (host_mode != nullptr) {
+      if (me.rank() == 0)
+        LogInfo(
+            "parallel.comm = nccl: the data-parallel gradients go through host memory and MPI "
+            "({} works on host memory)",
+            host_mode);
+    } else {
 #if ATOLL_HAVE_NCCL
-    ATOLL_ASSIGN_OR_RETURN(run.dp_nccl, MakeNcclCommunicator(*dp_comm));
-    dp_comm = run.dp_nccl.get();
+      ATOLL_ASSIGN_OR_RETURN(run.dp_nccl, MakeNcclCommunicator(*dp_comm));
+      dp_comm = run.dp_nccl.get();
 #else
-    return Status::InvalidArgument("parallel.comm = nccl: this atoll was built without NCCL");
+      return Status::InvalidArgument("parallel.comm = nccl: this atoll was built without NCCL");
 #endif
+    }
   }
+  // A single process in the normal mode needs no reducer.
   if (pc.dp > 1 || pc.reproducible)
     run.reducer =
         std::make_unique<GradientReducer>(dp_comm, run.model->layout(),
