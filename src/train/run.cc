@@ -60,8 +60,10 @@ Status LocalMoments(Run& run, std::vector<float>* m, std::vector<float>* v) {
   m->assign(n, 0.0f);
   v->assign(n, 0.0f);
   if (!Zero(run)) {
-    std::copy(run.optimizer->m(), run.optimizer->m() + n, m->begin());
-    std::copy(run.optimizer->v(), run.optimizer->v() + n, v->begin());
+    // Read through the const view: a GPU's moments stay the newer copy (no upload after).
+    const AdamW& opt = OptimizerView(run);
+    std::copy(opt.m(), opt.m() + n, m->begin());
+    std::copy(opt.v(), opt.v() + n, v->begin());
     return Status::Ok();
   }
   ATOLL_RETURN_IF_ERROR(run.reducer->AllGather(m->data(), run.optimizer->m()));
@@ -77,7 +79,7 @@ Status GatherWhole(Run& run, bool with_moments, std::vector<float>* params, std:
   std::vector<float> local_m, local_v;
   if (with_moments) ATOLL_RETURN_IF_ERROR(LocalMoments(run, &local_m, &local_v));
   const size_t n = run.model->num_params();
-  const float* local[3] = {run.model->params(), local_m.data(), local_v.data()};
+  const float* local[3] = {ModelView(run).params(), local_m.data(), local_v.data()};
   const int parts = with_moments ? 3 : 1;
   if (mesh.rank() != 0) {
     if (mesh.dp_rank() == 0)
@@ -450,7 +452,10 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
   Communicator* embed = mesh.embed_group();
   const bool on_gpu = reducer != nullptr && reducer->device_memory();
   if (embed != nullptr && !reproducible) {
-    if (on_gpu) {  // wte's gradient alone through the host, the rest stays on the GPU
+    if (run.embed_nccl != nullptr) {  // summed where it is
+      ATOLL_RETURN_IF_ERROR(
+          run.embed_nccl->AllReduce(std::span<float>(model.mutable_device_grads(), wte)));
+    } else if (model.device() == Device::kCuda) {  // wte's gradient alone through the host
       float* g = model.mutable_device_grads();
       std::vector<float> host(wte);
       CopyOut(Device::kCuda, host.data(), g, wte);
@@ -534,8 +539,9 @@ StatusOr<double> Validate(Run& run) {
     std::vector<float> params, unused_m, unused_v;
     ATOLL_RETURN_IF_ERROR(GatherWhole(run, /*with_moments=*/false, &params, &unused_m, &unused_v));
     if (run.mesh.rank() != 0) return std::nan("");
-    if (run.eval_model == nullptr)
-      run.eval_model = std::make_unique<GPT<float>>(run.cfg.model, micro);
+    if (run.eval_model == nullptr)  // on the rank's device (a GPU rank: a whole model beside it)
+      run.eval_model = std::make_unique<GPT<float>>(run.cfg.model, micro, ModelShard{}, 1,
+                                                    run.model->device());
     std::copy(params.begin(), params.end(), run.eval_model->params());
     model = run.eval_model.get();
   }

@@ -57,9 +57,10 @@ struct Run {
   // what world.balance compares across sites.
   double passes_s = 0;
   std::vector<PipeOp> schedule;
-  std::unique_ptr<GPT<float>> model;  // this rank's shard
+  std::unique_ptr<GPT<float>> model;      // this rank's shard
   std::unique_ptr<Communicator> tp_nccl;  // parallel.comm = nccl: the tp group over NCCL
   std::unique_ptr<Communicator> dp_nccl;  // ... and the dp group's (GradientReducer, normal mode)
+  std::unique_ptr<Communicator> embed_nccl;  // ... and the tied wte's (pp > 1, not reproducible)
   std::unique_ptr<GradientReducer> reducer;
   std::unique_ptr<AdamW> optimizer;
   std::vector<std::pair<size_t, size_t>> norm_ranges;  // NormRanges of the shard

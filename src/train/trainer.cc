@@ -52,6 +52,16 @@ StatusOr<TokenFile> OpenTokenFile(const std::string& dir, const char* name) {
 
 namespace {
 
+// parallel.comm = nccl: an NCCL communicator over `group`'s ranks (collective over it).
+StatusOr<std::unique_ptr<Communicator>> NcclOver(Communicator& group) {
+#if ATOLL_HAVE_NCCL
+  return MakeNcclCommunicator(group);
+#else
+  (void)group;
+  return Status::InvalidArgument("parallel.comm = nccl: this atoll was built without NCCL");
+#endif
+}
+
 // The rank's state for the run: the mesh, the model shard, the reducer and the optimizer, the
 // parameters initialized or resumed. Returns the step the run starts from.
 StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& run) {
@@ -82,14 +92,10 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
     // from the MPI group; the host's, the vocabulary loss's statistics, stay on MPI).
     std::function<void(float*, size_t)> on_gpu;
     if (pc.comm == "nccl") {
-#if ATOLL_HAVE_NCCL
-      ATOLL_ASSIGN_OR_RETURN(run.tp_nccl, MakeNcclCommunicator(*tp));
+      ATOLL_ASSIGN_OR_RETURN(run.tp_nccl, NcclOver(*tp));
       on_gpu = [g = run.tp_nccl.get()](float* data, size_t n) {
         ThrowIfError(g->AllReduce(std::span<float>(data, n)));
       };
-#else
-      return Status::InvalidArgument("parallel.comm = nccl: this atoll was built without NCCL");
-#endif
     }
     run.model->set_tensor_parallel(
         [tp](float* data, size_t n) { ThrowIfError(tp->AllReduce(std::span<float>(data, n))); },
@@ -112,13 +118,15 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
             "({} works on host memory)",
             host_mode);
     } else {
-#if ATOLL_HAVE_NCCL
-      ATOLL_ASSIGN_OR_RETURN(run.dp_nccl, MakeNcclCommunicator(*dp_comm));
+      ATOLL_ASSIGN_OR_RETURN(run.dp_nccl, NcclOver(*dp_comm));
       dp_comm = run.dp_nccl.get();
-#else
-      return Status::InvalidArgument("parallel.comm = nccl: this atoll was built without NCCL");
-#endif
     }
+  }
+  // ... and the tied wte's gradient between the first and the last stage (the reproducible mode
+  // adds it on the host, after its fixed-point reduction).
+  if (Communicator* embed = me.embed_group();
+      embed != nullptr && pc.comm == "nccl" && !pc.reproducible) {
+    ATOLL_ASSIGN_OR_RETURN(run.embed_nccl, NcclOver(*embed));
   }
   // A single process in the normal mode needs no reducer.
   if (pc.dp > 1 || pc.reproducible)
@@ -155,7 +163,7 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
 // once). Every site keeps its own state beside it first (diloco, streaming). Collective over the
 // world.
 Status SaveOnLeadSite(Run& run, WorldStrategy& strategy, const std::string& dir, int64_t step) {
-  ATOLL_RETURN_IF_ERROR(strategy.SaveSiteState(dir, step, run.model->params()));
+  ATOLL_RETURN_IF_ERROR(strategy.SaveSiteState(dir, step, ModelView(run).params()));
   for (int wrote = -1;;) {
     ATOLL_RETURN_IF_ERROR(strategy.AgreeOnLive());
     if (strategy.lead_site() == wrote) return Status::Ok();
@@ -278,13 +286,11 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   ATOLL_ASSIGN_OR_RETURN(std::unique_ptr<WorldStrategy> strategy, MakeWorldStrategy(sc));
   // The sites of a sync run hold one model: their fingerprints are compared too.
   if (run.sdc != nullptr && SyncOverSites(cfg))
-    run.sdc->set_sites(
-        [s = strategy.get()](const std::vector<uint64_t>& mine) {
-          return s->GatherOverSites(mine);
-        },
-        [s = strategy.get()](bool corrupt, const HostStateFn& state) {
-          return s->RepairAcrossSites(corrupt, state);
-        });
+    run.sdc->set_sites([s = strategy.get()](
+                           const std::vector<uint64_t>& mine) { return s->GatherOverSites(mine); },
+                       [s = strategy.get()](bool corrupt, const HostStateFn& state) {
+                         return s->RepairAcrossSites(corrupt, state);
+                       });
   // wan faults strike in the WAN transport, on the leader's sender threads, until Train returns.
   ATOLL_ASSIGN_OR_RETURN(const PayloadFaultScope payload_fault, InstallPayloadFault(run, options));
   ATOLL_ASSIGN_OR_RETURN(start, strategy->Start(start, run.model->params()));
@@ -347,8 +353,16 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   bool replicas_agreed = true;  // the data-parallel replicas' fingerprints, after the last step
   int64_t replayed = 0;
   std::vector<std::string> carried;  // the events of a step computed again without a faulty site
-  const auto copies_at_start = DeviceCopies();
+  // The GPU copies of the steps after the first (whose uploads of the parameters and the
+  // moments are once a run), and of the validations among them.
+  std::pair<uint64_t, uint64_t> copies_from, val_copies;
+  int64_t validations = 0;
   for (int64_t s = start; s < tc.steps; ++s) {
+    if (s == start + 1) {
+      copies_from = DeviceCopies();
+      val_copies = {0, 0};
+      validations = 0;
+    }
     const double t0 = NowSeconds();
     InjectBufferFaults(run, FaultKind::kParam, s);
     ATOLL_RETURN_IF_ERROR(check_at_rest());
@@ -452,7 +466,12 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     ATOLL_RETURN_IF_ERROR(last ? strategy->AgreeOnLive() : strategy->ShareLead());
     if (run.num_val_windows > 0 && run.site == strategy->lead_site() &&
         (last || (tc.eval_every > 0 && (s + 1) % tc.eval_every == 0))) {
+      const auto before = DeviceCopies();
       ATOLL_ASSIGN_OR_RETURN(const double val_loss, Validate(run));
+      const auto after = DeviceCopies();
+      val_copies.first += after.first - before.first;
+      val_copies.second += after.second - before.second;
+      ++validations;
       if (leader) m.val_loss = val_loss;
     }
     if (leader) {
@@ -480,13 +499,16 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
     LogInfo("data parallel: {:.2f} ms per step waiting for gradient reductions after backward",
             run.comm_wait_s * 1e3 / double(tc.steps - start));
   if (leader && options.progress) progress.Finish();
-  if (leader && run.model->device() == Device::kCuda && tc.steps > start) {
+  if (leader && run.model->device() == Device::kCuda && tc.steps > start + 1) {
     const auto [up, down] = DeviceCopies();
-    const double per_step = 1e-3 / double(tc.steps - start);
-    LogInfo("GPU copies per step (rank 0, evaluations included): {:.1f} KB host to GPU, {:.1f} KB "
-            "GPU to host",
-            double(up - copies_at_start.first) * per_step,
-            double(down - copies_at_start.second) * per_step);
+    const double per_step = 1e-3 / double(tc.steps - start - 1);
+    const double per_val = 1e-3 / double(std::max<int64_t>(validations, 1));
+    LogInfo(
+        "GPU copies per step (rank 0, after the first, validations apart): {:.1f} KB host to "
+        "GPU, {:.1f} KB GPU to host; per validation: {:.1f} KB, {:.1f} KB",
+        double(up - copies_from.first - val_copies.first) * per_step,
+        double(down - copies_from.second - val_copies.second) * per_step,
+        double(val_copies.first) * per_val, double(val_copies.second) * per_val);
   }
   if (leader && run.sdc != nullptr && tc.steps > start)
     LogSdcCost(run.sdc->cost(), (run.trace != nullptr ? run.trace->seconds() : 0.0) + snapshot_s,
