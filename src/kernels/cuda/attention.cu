@@ -16,10 +16,13 @@
 // each part's 32 products in order, then the parts summed by a fixed butterfly (RowSum), which
 // gives every part the same bits. Loops over a tile are uniform across the block (rows past T
 // and keys past the causal edge are masked, not skipped), so the shuffles meet.
+//
+// In bf16 mode (SetBf16Matmul), heads up to 64 go to the tensor cores instead (attention_tc.cu).
 #include <cmath>
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/attention_tc.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -278,6 +281,7 @@ void Backward(float* dqkv, float* dsum, const float* dout, const float* out, con
 
 void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
   if (B <= 0 || T <= 0) return;
+  if (TensorCoreAttention(C, NH)) return TcAttentionForward(out, lse, qkv, B, T, C, NH);
   const int R = PartsFor(C, NH);
   const float scale = 1.0f / std::sqrt(float(C / NH));
   if (R == 1) Forward<1>(out, lse, qkv, B, T, C, NH, scale);
@@ -291,6 +295,8 @@ void AttentionBackward(float* dqkv, const float* dout, const float* out, const f
   const int R = PartsFor(C, NH);
   const float scale = 1.0f / std::sqrt(float(C / NH));
   auto* dsum = static_cast<float*>(Scratch(kScratchOp, size_t(B) * NH * T * sizeof(float)));
+  if (TensorCoreAttention(C, NH))
+    return TcAttentionBackward(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH);
   if (R == 1) Backward<1>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale);
   if (R == 2) Backward<2>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale);
   if (R == 4) Backward<4>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cuda_test_util.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/ops.h"
@@ -22,75 +23,6 @@ namespace atl::kernels::cuda {
 namespace {
 
 namespace cpu = ::atl::kernels;
-
-constexpr double kTol = 1e-5;
-
-class CudaOps : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!Available(&why)) GTEST_SKIP() << "no GPU here (" << why << "): the CUDA op tests need one";
-  }
-};
-
-std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
-
-std::vector<int32_t> Tokens(size_t n, int vocab, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
-  std::vector<int32_t> v(n);
-  for (int32_t& x : v) x = dist(gen);
-  return v;
-}
-
-std::vector<double> D(const std::vector<float>& v) { return {v.begin(), v.end()}; }
-
-double NormErr(const std::vector<float>& got, const std::vector<double>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    const double d = double(got[i]) - want[i];
-    num += d * d;
-    den += want[i] * want[i];
-  }
-  if (!std::isfinite(num)) return INFINITY;
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-#define EXPECT_CLOSE(got, want) EXPECT_LE(NormErr(got, want), kTol) << #got
-
-// A gradient that started at init: its increment against the reference's, so that the starting
-// values do not hide an error in what the op added. The GPU's float result is init + increment
-// rounded to float, which costs up to 2^-24 |init + increment| per element: the bound adds that
-// to kTol, relative to the increment's norm. (An op that overwrote instead of adding misses by
-// |init| / |increment|, millions of times that allowance.)
-void ExpectIncrement(const char* what, const std::vector<float>& got,
-                     const std::vector<float>& init, const std::vector<double>& want) {
-  ASSERT_EQ(got.size(), init.size()) << what;
-  ASSERT_EQ(want.size(), init.size()) << what;
-  double num = 0, den = 0, norm_got = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double inc = double(got[i]) - double(init[i]), want_inc = want[i] - double(init[i]);
-    num += (inc - want_inc) * (inc - want_inc);
-    den += want_inc * want_inc;
-    norm_got += double(got[i]) * double(got[i]);
-  }
-  if (den == 0) den = 1;
-  const double err = std::sqrt(num / den);
-  const double bound = kTol + 1.2e-7 * std::sqrt(norm_got / den);
-  EXPECT_LE(err, bound) << what;
-}
-#define EXPECT_INC(got, init, want) ExpectIncrement(#got, got, init, want)
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
-}
 
 TEST_F(CudaOps, Matmul) {
   struct Shape {
@@ -151,29 +83,6 @@ TEST_F(CudaOps, LayerNorm) {
     EXPECT_INC(ToHost(g_dw), dw0, dw);
     EXPECT_INC(ToHost(g_db), db0, db);
   }
-}
-
-// Each query row's log-sum-exp of its scaled causal scores, in double, from the float inputs.
-std::vector<double> RowLse(const std::vector<float>& qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH;
-  const double scale = 1.0 / std::sqrt(double(hs));
-  std::vector<double> lse(size_t(B) * NH * T), s(static_cast<size_t>(T));
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h)
-      for (int t = 0; t < T; ++t) {
-        const float* q = qkv.data() + (size_t(b) * T + t) * 3 * C + size_t(h) * hs;
-        double mx = -INFINITY, sum = 0;
-        for (int j = 0; j <= t; ++j) {
-          const float* k = qkv.data() + (size_t(b) * T + j) * 3 * C + C + size_t(h) * hs;
-          double dot = 0;
-          for (int d = 0; d < hs; ++d) dot += double(q[d]) * k[d];
-          s[size_t(j)] = dot * scale;
-          mx = std::max(mx, s[size_t(j)]);
-        }
-        for (int j = 0; j <= t; ++j) sum += std::exp(s[size_t(j)] - mx);
-        lse[(size_t(b) * NH + h) * T + t] = mx + std::log(sum);
-      }
-  return lse;
 }
 
 // Flash-style on the GPU (no probabilities: each row's lse) against the CPU's stored-probability
@@ -491,78 +400,6 @@ TEST(CudaRuntime, ProbeSaysWhyWithoutADevice) {
     EXPECT_FALSE(Available(&why));
     EXPECT_EQ(why, info.reason);
   }
-}
-
-}  // namespace
-}  // namespace atl::kernels::cuda
-
-namespace atl::kernels::cuda {
-namespace {
-
-// x rounded to bf16 (to nearest, ties to even), back in float.
-float RoundBf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  std::memcpy(&x, &u, sizeof(x));
-  return x;
-}
-
-// bf16 products (SetBf16Matmul): against the double product of the operands rounded to bf16
-// within float accumulation, both transposes, batched, alpha and beta with C read; not the float
-// product (bf16's error shows against the unrounded operands); and the linear layer against the
-// CPU's within bf16 rounding.
-TEST_F(CudaOps, Bf16Products) {
-  struct On {
-    On() { SetBf16Matmul(true); }
-    ~On() { SetBf16Matmul(false); }
-  } on;
-  const int m = 33, n = 17, k = 70, batch = 2;
-  for (const bool ta : {false, true})
-    for (const bool tb : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "ta " << ta << " tb " << tb);
-      // Row strides and batch strides with gaps: the converted extents keep the layout.
-      const int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2;
-      const int64_t sa = int64_t(ta ? k : m) * lda + 5, sb = int64_t(tb ? n : k) * ldb + 7;
-      const auto a = Random(size_t(batch) * size_t(sa), 81);
-      const auto b = Random(size_t(batch) * size_t(sb), 82);
-      const auto c0 = Random(size_t(batch) * m * n, 83);
-      std::vector<double> want(c0.size()), unrounded(c0.size());
-      for (int i = 0; i < batch; ++i)
-        for (int r = 0; r < m; ++r)
-          for (int col = 0; col < n; ++col) {
-            double s = 0, u = 0;
-            for (int x = 0; x < k; ++x) {
-              const float av =
-                  a[size_t(i) * size_t(sa) + (ta ? size_t(x) * lda + r : size_t(r) * lda + x)];
-              const float bv =
-                  b[size_t(i) * size_t(sb) + (tb ? size_t(col) * ldb + x : size_t(x) * ldb + col)];
-              s += double(RoundBf16(av)) * double(RoundBf16(bv));
-              u += double(av) * double(bv);
-            }
-            const size_t o = size_t(i) * m * n + size_t(r) * n + col;
-            want[o] = 0.5 * s + 2.0 * double(c0[o]);
-            unrounded[o] = 0.5 * u + 2.0 * double(c0[o]);
-          }
-      auto ga = ToDevice(a), gb = ToDevice(b), gc = ToDevice(c0);
-      Gemm(ta, tb, m, n, k, 0.5f, ga.data(), lda, gb.data(), ldb, 2.0f, gc.data(), n, batch, sa, sb,
-           int64_t(m) * n);
-      const auto got = ToHost(gc);
-      EXPECT_LE(NormErr(got, want), kTol);
-      EXPECT_GT(NormErr(got, unrounded), 1e-4);
-    }
-  const int N = 37, IC = 96, OC = 51;
-  const auto inp = Random(size_t(N) * IC, 84), w = Random(size_t(IC) * OC, 85, 0.1f);
-  const auto bias = Random(OC, 86);
-  std::vector<double> ref(size_t(N) * OC);
-  const auto di = D(inp), dw = D(w), db = D(bias);
-  cpu::MatmulForward(ref.data(), di.data(), dw.data(), db.data(), N, IC, OC);
-  auto g_inp = ToDevice(inp), g_w = ToDevice(w), g_b = ToDevice(bias);
-  DeviceArray<float> g_out(ref.size());
-  MatmulForward(g_out.data(), g_inp.data(), g_w.data(), g_b.data(), N, IC, OC);
-  const double err = NormErr(ToHost(g_out), ref);
-  EXPECT_LE(err, 1e-2);
-  EXPECT_GT(err, kTol);  // bf16's, not float's
 }
 
 }  // namespace

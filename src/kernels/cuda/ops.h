@@ -15,8 +15,9 @@
 //   each GEMM shape keeps the cuBLASLt algorithm chosen for it first (matmul.cu).
 //
 // Precision: float throughout (CUBLAS_COMPUTE_32F, no TF32), unless SetBf16Matmul: then every
-// matrix product (Gemm, so the linear layers, the attention's and the classifier's products)
-// rounds its operands to bf16 and accumulates and writes float; every other op stays float.
+// matrix product (Gemm, so the linear layers' and the classifier's, and attention's for head sizes
+// up to 64, on the tensor cores: attention_tc.cu) rounds its operands to bf16 and accumulates
+// and writes float; every other op stays float.
 //
 // Thread-safety: one caller at a time (runtime.h).
 #pragma once
@@ -79,6 +80,10 @@ bool Bf16Matmul();
 void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int batch = 1,
           int64_t stride_a = 0, int64_t stride_b = 0, int64_t stride_c = 0);
+
+// For tests: d[16x8] += a[16x16] b[16x8] (row-major, device memory) by one tensor-core product
+// on one warp (mma.cuh's fragments), the operands rounded to bf16.
+void Bf16TileProduct(float* d, const float* a, const float* b);
 
 // ---- Optimizer ----------------------------------------------------------------------------------
 

@@ -78,6 +78,9 @@ void SyncThreads();
 // is outside the warp's lanes, as the hardware's shuffles do at the edges).
 void WarpExchange(unsigned mask, const void* value, void* out, size_t bytes, int src);
 int Lane();
+// A warp-wide gather (mma.sync's stand-in): every lane of the warp, all 32 running, gives `bytes`
+// (at most 64) of value; each gets all 32 lanes' in lane order in `all` (32 * bytes).
+void WarpGather(const void* value, void* all, size_t bytes);
 
 // Whether [p, p + bytes) lies in one live allocation of device memory.
 bool IsDevice(const void* p, size_t bytes = 1);
@@ -153,6 +156,11 @@ inline auto max(A a, B b) -> std::common_type_t<A, B> {
   return C(a) < C(b) ? C(b) : C(a);
 }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }

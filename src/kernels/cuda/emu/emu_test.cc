@@ -1,7 +1,8 @@
 // The CUDA emulator itself: barriers and shuffles mean what they mean on a GPU, and what would
 // hang or fault on a GPU (a shuffle missing a lane, threads at different barriers, a host
 // pointer in a kernel, host code touching device memory, a bad launch shape, a product whose
-// shapes do not fit) fails here with a message instead of passing by luck.
+// shapes do not fit, a tensor-core product without the whole warp) fails here with a message
+// instead of passing by luck.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace atl::kernels::cuda {
@@ -91,11 +93,23 @@ __global__ void SplitBarrierKernel(float* out) {
   }
 }
 
+// A tensor-core product (mma.sync: the whole warp together) after lane 5 has returned.
+__global__ void PartialWarpMmaKernel(float* out) {
+  if (threadIdx.x % 32 == 5) return;
+  float d[4] = {};
+  const uint32_t a[4] = {}, b[2] = {};
+  MmaBf16(d, a, b);
+  out[threadIdx.x] = d[0];
+}
+
 TEST(CudaEmulator, WhatHangsAGpuFailsTheLaunch) {
   DeviceArray<float> out(64);
   std::string e = ErrorOf([&] { ATL_LAUNCH(MissingLaneKernel, 1, 64, out.data()); });
   EXPECT_NE(e.find("MissingLaneKernel"), std::string::npos) << e;
   EXPECT_NE(e.find("reads lane 0, which has returned"), std::string::npos) << e;
+  e = ErrorOf([&] { ATL_LAUNCH(PartialWarpMmaKernel, 1, 64, out.data()); });
+  EXPECT_NE(e.find("PartialWarpMmaKernel"), std::string::npos) << e;
+  EXPECT_NE(e.find("the hardware needs the whole warp"), std::string::npos) << e;
   e = ErrorOf([&] { ATL_LAUNCH(SplitBarrierKernel, 1, 64, out.data()); });
   EXPECT_NE(e.find("SplitBarrierKernel"), std::string::npos) << e;
   EXPECT_NE(e.find("deadlock"), std::string::npos) << e;

@@ -139,12 +139,14 @@ struct Thread {
   bool done = false;
 };
 
+constexpr size_t kWarpSlotBytes = 64;  // WarpGather's most per lane
+
 struct Warp {
   unsigned live = 0;  // lanes present and not returned
   unsigned mask = 0;  // of the barrier being gathered
   int arrived = 0;
   uint64_t gen = 0;
-  unsigned char slot[32][8] = {};
+  unsigned char slot[32][kWarpSlotBytes] = {};
 };
 
 struct Block {
@@ -326,6 +328,28 @@ void SyncThreads() {
 
 int Lane() { return int(Current().running->linear % 32); }
 
+namespace {
+
+// The barrier of the running lane's warp for `mask`: returns when every lane of the mask still
+// running has arrived.
+void WarpBarrier(Block& b, Warp& w, unsigned mask) {
+  if (w.arrived == 0)
+    w.mask = mask;
+  else if (w.mask != mask)
+    Fail(b, fmt::format("{}: lanes of one warp shuffle with different masks ({:#x}, {:#x})",
+                        Where(b), w.mask, mask));
+  const uint64_t gen = w.gen;
+  if (++w.arrived == std::popcount(mask & w.live)) {
+    w.arrived = 0;
+    ++w.gen;
+    ++b.progress;
+    return;
+  }
+  while (w.gen == gen) Yield(b);
+}
+
+}  // namespace
+
 void WarpExchange(unsigned mask, const void* value, void* out, size_t bytes, int src) {
   Block& b = Current();
   const unsigned lane = b.running->linear % 32;
@@ -334,29 +358,32 @@ void WarpExchange(unsigned mask, const void* value, void* out, size_t bytes, int
     Fail(b, fmt::format("{} shuffles with mask {:#x}, which leaves it out", Where(b), mask));
   if (src < 0 || src >= 32 || (mask >> src & 1u) == 0)
     Fail(b, fmt::format("{} reads lane {}, outside the shuffle's mask {:#x}", Where(b), src, mask));
-  const auto barrier = [&] {
-    if (w.arrived == 0)
-      w.mask = mask;
-    else if (w.mask != mask)
-      Fail(b, fmt::format("{}: lanes of one warp shuffle with different masks ({:#x}, {:#x})",
-                          Where(b), w.mask, mask));
-    const uint64_t gen = w.gen;
-    if (++w.arrived == std::popcount(mask & w.live)) {
-      w.arrived = 0;
-      ++w.gen;
-      ++b.progress;
-      return;
-    }
-    while (w.gen == gen) Yield(b);
-  };
   std::memcpy(w.slot[lane], value, bytes);
-  barrier();  // every lane still running has written
+  WarpBarrier(b, w, mask);  // every lane still running has written
   if ((w.live >> src & 1u) == 0)
     Fail(b,
          fmt::format("{} reads lane {}, which has returned or does not exist: undefined on a GPU",
                      Where(b), src));
   std::memcpy(out, w.slot[src], bytes);
-  barrier();  // every lane has read
+  WarpBarrier(b, w, mask);  // every lane has read
+}
+
+void WarpGather(const void* value, void* all, size_t bytes) {
+  Block& b = Current();
+  const unsigned lane = b.running->linear % 32;
+  Warp& w = b.warps[b.running->linear / 32];
+  if (bytes > kWarpSlotBytes)
+    Fail(b, fmt::format("{}: a warp gather of {} bytes a lane (at most {})", Where(b), bytes,
+                        kWarpSlotBytes));
+  if (w.live != 0xffffffffu)
+    Fail(b, fmt::format("{}: a warp-wide operation with lanes {:#x} of 32 running (the hardware "
+                        "needs the whole warp)",
+                        Where(b), w.live));
+  std::memcpy(w.slot[lane], value, bytes);
+  WarpBarrier(b, w, 0xffffffffu);
+  for (int l = 0; l < 32; ++l)
+    std::memcpy(static_cast<unsigned char*>(all) + size_t(l) * bytes, w.slot[l], bytes);
+  WarpBarrier(b, w, 0xffffffffu);
 }
 
 }  // namespace atl::cuda_emu

@@ -1,6 +1,6 @@
-// The CUDA emulator's stand-in for the toolkit's cuda_bf16.h: the bfloat16 type and the two
-// conversions kernels/cuda/ uses, with the toolkit's rounding (to nearest, ties to even; a NaN
-// stays a NaN). Only the emulated build sees this file.
+// The CUDA emulator's stand-in for the toolkit's cuda_bf16.h: the bfloat16 type, the two
+// conversions kernels/cuda/ uses and its bits, with the toolkit's rounding (to nearest, ties to
+// even; a NaN stays a NaN). Only the emulated build sees this file.
 #pragma once
 
 #include <cstdint>
@@ -24,3 +24,5 @@ inline float __bfloat162float(__nv_bfloat16 b) {
   std::memcpy(&f, &u, sizeof(f));
   return f;
 }
+
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.x; }

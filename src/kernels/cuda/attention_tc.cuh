@@ -1,0 +1,15 @@
+// Attention on the tensor cores (attention_tc.cu), which attention.cu's AttentionForward and
+// AttentionBackward hand over to when TensorCoreAttention says so. Internal to kernels/cuda/.
+#pragma once
+
+namespace atl::kernels::cuda {
+
+// bf16 products are on (SetBf16Matmul) and the head size C / NH is at most 64.
+bool TensorCoreAttention(int C, int NH);
+// As AttentionForward / AttentionBackward (ops.h), with bf16 operands; dsum: B * NH * T floats
+// of scratch.
+void TcAttentionForward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void TcAttentionBackward(float* dqkv, float* dsum, const float* dout, const float* out,
+                         const float* qkv, const float* lse, int B, int T, int C, int NH);
+
+}  // namespace atl::kernels::cuda

@@ -1,0 +1,150 @@
+// bf16 on the GPU (SetBf16Matmul): the tensor cores' fragments (mma.cuh) against a plain
+// product, the products through cuBLASLt, and attention on the tensor cores (attention_tc.cu)
+// against the CPU's double path on the same inputs rounded to bf16. Skipped without a usable GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/ops.h"
+
+namespace atl::kernels::cuda {
+namespace {
+
+namespace cpu = ::atl::kernels;
+
+struct Bf16On {
+  Bf16On() { SetBf16Matmul(true); }
+  ~Bf16On() { SetBf16Matmul(false); }
+};
+
+std::vector<float> Rounded(std::vector<float> v) {
+  for (float& x : v) x = RoundBf16(x);
+  return v;
+}
+
+// One warp's tensor-core product through mma.cuh's fragment map, against the double product of
+// the rounded operands. A map that swaps a row or column pair, or misses the high halves, is off
+// by the whole product, not by rounding.
+TEST_F(CudaOps, TensorCoreFragmentsHoldTheirElements) {
+  const auto a = Random(16 * 16, 91), b = Random(16 * 8, 92), d0 = Random(16 * 8, 93);
+  std::vector<double> want(d0.begin(), d0.end());
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 8; ++c)
+      for (int k = 0; k < 16; ++k)
+        want[size_t(r) * 8 + c] +=
+            double(RoundBf16(a[size_t(r) * 16 + k])) * double(RoundBf16(b[size_t(k) * 8 + c]));
+  auto ga = ToDevice(a), gb = ToDevice(b), gd = ToDevice(d0);
+  Bf16TileProduct(gd.data(), ga.data(), gb.data());
+  EXPECT_LE(NormErr(ToHost(gd), want), kTol);
+}
+
+// bf16 products (SetBf16Matmul): against the double product of the operands rounded to bf16
+// within float accumulation, both transposes, batched, alpha and beta with C read; not the float
+// product (bf16's error shows against the unrounded operands); and the linear layer against the
+// CPU's within bf16 rounding.
+TEST_F(CudaOps, Bf16Products) {
+  const Bf16On on;
+  const int m = 33, n = 17, k = 70, batch = 2;
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "ta " << ta << " tb " << tb);
+      // Row strides and batch strides with gaps: the converted extents keep the layout.
+      const int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2;
+      const int64_t sa = int64_t(ta ? k : m) * lda + 5, sb = int64_t(tb ? n : k) * ldb + 7;
+      const auto a = Random(size_t(batch) * size_t(sa), 81);
+      const auto b = Random(size_t(batch) * size_t(sb), 82);
+      const auto c0 = Random(size_t(batch) * m * n, 83);
+      std::vector<double> want(c0.size()), unrounded(c0.size());
+      for (int i = 0; i < batch; ++i)
+        for (int r = 0; r < m; ++r)
+          for (int col = 0; col < n; ++col) {
+            double s = 0, u = 0;
+            for (int x = 0; x < k; ++x) {
+              const float av =
+                  a[size_t(i) * size_t(sa) + (ta ? size_t(x) * lda + r : size_t(r) * lda + x)];
+              const float bv =
+                  b[size_t(i) * size_t(sb) + (tb ? size_t(col) * ldb + x : size_t(x) * ldb + col)];
+              s += double(RoundBf16(av)) * double(RoundBf16(bv));
+              u += double(av) * double(bv);
+            }
+            const size_t o = size_t(i) * m * n + size_t(r) * n + col;
+            want[o] = 0.5 * s + 2.0 * double(c0[o]);
+            unrounded[o] = 0.5 * u + 2.0 * double(c0[o]);
+          }
+      auto ga = ToDevice(a), gb = ToDevice(b), gc = ToDevice(c0);
+      Gemm(ta, tb, m, n, k, 0.5f, ga.data(), lda, gb.data(), ldb, 2.0f, gc.data(), n, batch, sa, sb,
+           int64_t(m) * n);
+      const auto got = ToHost(gc);
+      EXPECT_LE(NormErr(got, want), kTol);
+      EXPECT_GT(NormErr(got, unrounded), 1e-4);
+    }
+  const int N = 37, IC = 96, OC = 51;
+  const auto inp = Random(size_t(N) * IC, 84), w = Random(size_t(IC) * OC, 85, 0.1f);
+  const auto bias = Random(OC, 86);
+  std::vector<double> ref(size_t(N) * OC);
+  const auto di = D(inp), dw = D(w), db = D(bias);
+  cpu::MatmulForward(ref.data(), di.data(), dw.data(), db.data(), N, IC, OC);
+  auto g_inp = ToDevice(inp), g_w = ToDevice(w), g_b = ToDevice(bias);
+  DeviceArray<float> g_out(ref.size());
+  MatmulForward(g_out.data(), g_inp.data(), g_w.data(), g_b.data(), N, IC, OC);
+  const double err = NormErr(ToHost(g_out), ref);
+  EXPECT_LE(err, 1e-2);
+  EXPECT_GT(err, kTol);  // bf16's, not float's
+}
+
+// Attention on the tensor cores: head sizes 4 to 64 (both paddings, 32 and 64), T from 1 to past
+// several blocks, rarely a multiple of 64; amp > 1 takes scores past expf's range. The reference
+// is the CPU's double attention on the inputs rounded to bf16 (what the products see): lse within
+// float rounding (its sums are float), out and the gradients within bf16's rounding of the
+// probabilities; out is off the unrounded inputs' by bf16's error (the tensor cores ran); and two
+// runs give the same bits.
+TEST_F(CudaOps, Bf16AttentionOnTheTensorCores) {
+  const Bf16On on;
+  struct Shape {
+    int B, T, C, NH;
+    float amp;
+  };
+  for (const Shape s :
+       {Shape{1, 1, 8, 2, 1}, Shape{2, 7, 24, 1, 1}, Shape{1, 65, 64, 2, 1},
+        Shape{2, 130, 80, 2, 1}, Shape{1, 200, 128, 2, 3}, Shape{2, 64, 768, 12, 1}}) {
+    SCOPED_TRACE(testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH
+                                    << " amp=" << s.amp);
+    const size_t x = size_t(s.B) * s.T * s.C, natt = size_t(s.B) * s.NH * s.T * s.T;
+    auto qkv = Random(3 * x, 121);
+    for (size_t i = 0; i < qkv.size(); ++i)
+      if (i % (3 * size_t(s.C)) < 2 * size_t(s.C)) qkv[i] *= s.amp;
+    const auto dout = Random(x, 122), dqkv0 = Random(3 * x, 123);
+    const auto rq = Rounded(qkv), rdout = Rounded(dout);
+    auto dq = D(rq), ddout = D(rdout), plain = D(qkv);
+    std::vector<double> out(x), att(natt), scratch(natt), dqkv = D(dqkv0), out_plain(x);
+    cpu::AttentionForward(out.data(), att.data(), dq.data(), s.B, s.T, s.C, s.NH);
+    cpu::AttentionBackward(dqkv.data(), scratch.data(), ddout.data(), dq.data(), att.data(), s.B,
+                           s.T, s.C, s.NH);
+    cpu::AttentionForward(out_plain.data(), att.data(), plain.data(), s.B, s.T, s.C, s.NH);
+    const auto run = [&] {
+      auto g_qkv = ToDevice(qkv), g_dout = ToDevice(dout), g_dqkv = ToDevice(dqkv0);
+      DeviceArray<float> g_out(x), g_lse(size_t(s.B) * s.NH * s.T);
+      AttentionForward(g_out.data(), g_lse.data(), g_qkv.data(), s.B, s.T, s.C, s.NH);
+      AttentionBackward(g_dqkv.data(), g_dout.data(), g_out.data(), g_qkv.data(), g_lse.data(), s.B,
+                        s.T, s.C, s.NH);
+      return std::vector<std::vector<float>>{ToHost(g_out), ToHost(g_lse), ToHost(g_dqkv)};
+    };
+    const auto got = run();
+    EXPECT_LE(NormErr(got[0], out), 5e-3);
+    EXPECT_LE(NormErr(got[1], RowLse(rq, s.B, s.T, s.C, s.NH)), kTol);
+    ExpectIncrement("dqkv", got[2], dqkv0, dqkv, 5e-3);
+    if (s.T > 1) {
+      EXPECT_GT(NormErr(got[0], out_plain), 1e-4);  // bf16's, not float's
+    }
+    const auto again = run();
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(SameBits(got[i], again[i])) << i;
+  }
+}
+
+}  // namespace
+}  // namespace atl::kernels::cuda

@@ -1,0 +1,121 @@
+// What the CUDA op tests share (cuda_ops_test.cc, cuda_bf16_test.cc): the fixture that skips
+// without a usable GPU, random inputs, the normalized error and its checks, bits compared.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/runtime.h"
+
+namespace atl::kernels::cuda {
+
+inline constexpr double kTol = 1e-5;
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!Available(&why)) GTEST_SKIP() << "no GPU here (" << why << "): the CUDA op tests need one";
+  }
+};
+
+inline std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+inline std::vector<int32_t> Tokens(size_t n, int vocab, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
+  std::vector<int32_t> v(n);
+  for (int32_t& x : v) x = dist(gen);
+  return v;
+}
+
+inline std::vector<double> D(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+inline double NormErr(const std::vector<float>& got, const std::vector<double>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    const double d = double(got[i]) - want[i];
+    num += d * d;
+    den += want[i] * want[i];
+  }
+  if (!std::isfinite(num)) return INFINITY;
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+#define EXPECT_CLOSE(got, want) EXPECT_LE(NormErr(got, want), kTol) << #got
+
+// A gradient that started at init: its increment against the reference's, so that the starting
+// values do not hide an error in what the op added. The GPU's float result is init + increment
+// rounded to float, which costs up to 2^-24 |init + increment| per element: the bound adds that
+// to kTol, relative to the increment's norm. (An op that overwrote instead of adding misses by
+// |init| / |increment|, millions of times that allowance.)
+inline void ExpectIncrement(const char* what, const std::vector<float>& got,
+                            const std::vector<float>& init, const std::vector<double>& want,
+                            double tol = kTol) {
+  ASSERT_EQ(got.size(), init.size()) << what;
+  ASSERT_EQ(want.size(), init.size()) << what;
+  double num = 0, den = 0, norm_got = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double inc = double(got[i]) - double(init[i]), want_inc = want[i] - double(init[i]);
+    num += (inc - want_inc) * (inc - want_inc);
+    den += want_inc * want_inc;
+    norm_got += double(got[i]) * double(got[i]);
+  }
+  if (den == 0) den = 1;
+  const double err = std::sqrt(num / den);
+  const double bound = tol + 1.2e-7 * std::sqrt(norm_got / den);
+  EXPECT_LE(err, bound) << what;
+}
+#define EXPECT_INC(got, init, want) ExpectIncrement(#got, got, init, want)
+
+inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+}
+
+// x rounded to bf16 (to nearest, ties to even), back in float.
+inline float RoundBf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+}
+
+// Each query row's log-sum-exp of its scaled causal scores, in double, from the float inputs.
+inline std::vector<double> RowLse(const std::vector<float>& qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  std::vector<double> lse(size_t(B) * NH * T), s(static_cast<size_t>(T));
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        const float* q = qkv.data() + (size_t(b) * T + t) * 3 * C + size_t(h) * hs;
+        double mx = -INFINITY, sum = 0;
+        for (int j = 0; j <= t; ++j) {
+          const float* k = qkv.data() + (size_t(b) * T + j) * 3 * C + C + size_t(h) * hs;
+          double dot = 0;
+          for (int d = 0; d < hs; ++d) dot += double(q[d]) * k[d];
+          s[size_t(j)] = dot * scale;
+          mx = std::max(mx, s[size_t(j)]);
+        }
+        for (int j = 0; j <= t; ++j) sum += std::exp(s[size_t(j)] - mx);
+        lse[(size_t(b) * NH + h) * T + t] = mx + std::log(sum);
+      }
+  return lse;
+}
+
+}  // namespace atl::kernels::cuda

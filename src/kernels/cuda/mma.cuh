@@ -1,0 +1,89 @@
+// The tensor cores' warp-wide product, as the kernels of kernels/cuda/ use it: PTX's
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, D[16x8] += A[16x16] B[16x8], bf16
+// operands, float accumulation, one warp (all 32 lanes) together.
+//
+// Which lane holds which element (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating
+// point type"): lane = 4 g + t (g = lane / 4, the group; t = lane % 4, the thread in it);
+//   A: a[0] = (row g,     cols 2t, 2t+1)    a[1] = (row g + 8, cols 2t, 2t+1)
+//      a[2] = (row g,     cols 2t+8, 2t+9)  a[3] = (row g + 8, cols 2t+8, 2t+9)
+//   B: b[0] = (rows 2t, 2t+1, col g)        b[1] = (rows 2t+8, 2t+9, col g)
+//   D: d[0], d[1] = (row g, cols 2t, 2t+1)  d[2], d[3] = (row g + 8, cols 2t, 2t+1)
+// each 32-bit register holding two bf16, the lower-numbered element in its low half. So an
+// accumulator's two rows are known to its lane (a softmax can scale them), and D's layout over
+// two neighbouring 8-column tiles is A's over one 16-column tile (a product's result feeds the
+// next product without a shuffle: AFromAccumulators).
+//
+// On the CUDA emulator (emu/device.h) the warp gathers its lanes' registers and every lane
+// computes its elements from the whole tiles by this same map, in float, k in order; so a kernel
+// that holds the map wrongly fails against the CPU there as it would on a GPU, unless the map
+// itself is wrong, which kernels/cuda/cuda_mma_test.cc checks on a GPU against a plain product.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace atl::kernels::cuda {
+
+__device__ inline uint32_t PackBf16(float lo, float hi) {
+  return uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+         uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16;
+}
+
+__device__ inline float Bf16Lo(uint32_t pair) { return __uint_as_float(pair << 16); }
+__device__ inline float Bf16Hi(uint32_t pair) { return __uint_as_float(pair & 0xffff0000u); }
+
+// d += A B on the warp's fragments (the map above).
+__device__ inline void MmaBf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(ATOLL_CUDA_EMULATED)
+  struct Regs {
+    uint32_t a[4], b[2];
+    float d[4];
+  };
+  Regs mine{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}, {d[0], d[1], d[2], d[3]}};
+  Regs all[32];
+  ::atl::cuda_emu::WarpGather(&mine, all, sizeof(Regs));
+  float A[16][16], B[16][8], C[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    const Regs& r = all[l];
+    for (int h = 0; h < 2; ++h) {  // the register's low (h = 0) and high element
+      const auto el = [h](uint32_t p) { return h == 0 ? Bf16Lo(p) : Bf16Hi(p); };
+      A[g][2 * t + h] = el(r.a[0]);
+      A[g + 8][2 * t + h] = el(r.a[1]);
+      A[g][2 * t + 8 + h] = el(r.a[2]);
+      A[g + 8][2 * t + 8 + h] = el(r.a[3]);
+      B[2 * t + h][g] = el(r.b[0]);
+      B[2 * t + 8 + h][g] = el(r.b[1]);
+      C[g][2 * t + h] = r.d[h];
+      C[g + 8][2 * t + h] = r.d[2 + h];
+    }
+  }
+  const int lane = ::atl::cuda_emu::Lane(), g = lane / 4, t = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+    float s = C[row][col];
+    for (int k = 0; k < 16; ++k) s += A[row][k] * B[k][col];
+    d[i] = s;
+  }
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// The A fragment of a 16x16 tile whose columns 0-7 are the accumulators `lo` and 8-15 `hi`
+// (two 16x8 products' results), each element times the scale of its row (g, g + 8).
+__device__ inline void AFromAccumulators(uint32_t (&a)[4], const float (&lo)[4],
+                                         const float (&hi)[4], float row_g = 1.0f,
+                                         float row_g8 = 1.0f) {
+  a[0] = PackBf16(lo[0] * row_g, lo[1] * row_g);
+  a[1] = PackBf16(lo[2] * row_g8, lo[3] * row_g8);
+  a[2] = PackBf16(hi[0] * row_g, hi[1] * row_g);
+  a[3] = PackBf16(hi[2] * row_g8, hi[3] * row_g8);
+}
+
+}  // namespace atl::kernels::cuda
