@@ -5,8 +5,8 @@
 
 #include <cfloat>
 #include <climits>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -84,13 +84,59 @@ __global__ void MaxKernel(float* out, const float* partial, int64_t count) {
   if (threadIdx.x == 0) *out = m;
 }
 
+// The range tables uploaded so far, on the device: the checks hash the same few layouts (a
+// model's tensors, its moments') every step, so a step uploads none after its first. At most
+// kTables kept, the least recently used replaced. RangeHashes returns only when its kernels are
+// done (its result comes back), so no kernel still reads a table when it is replaced.
+class TableCache {
+ public:
+  const uint64_t* Find(const std::vector<uint64_t>& table) {
+    ++clock_;
+    for (Entry& e : entries_)
+      if (e.table == table) {
+        e.used = clock_;
+        return e.device;
+      }
+    Entry* slot = nullptr;
+    if (entries_.size() < kTables) {
+      slot = &entries_.emplace_back();
+    } else {
+      slot = &entries_.front();
+      for (Entry& e : entries_)
+        if (e.used < slot->used) slot = &e;
+    }
+    if (slot->capacity < table.size()) {
+      Free(slot->device);
+      slot->device = nullptr;
+      slot->capacity = 0;
+      slot->device = static_cast<uint64_t*>(Malloc(table.size() * sizeof(uint64_t)));
+      slot->capacity = table.size();
+    }
+    slot->table = table;
+    slot->used = clock_;
+    CopyToDevice(slot->device, table.data(), table.size() * sizeof(uint64_t));
+    return slot->device;
+  }
+
+ private:
+  static constexpr size_t kTables = 16;
+  struct Entry {
+    std::vector<uint64_t> table;
+    uint64_t* device = nullptr;
+    size_t capacity = 0;
+    uint64_t used = 0;
+  };
+  std::vector<Entry> entries_;
+  uint64_t clock_ = 0;
+};
+
 }  // namespace
 
 void RangeHashes(uint64_t* host_out, const void* data, const HashRange* host_ranges,
                  int num_ranges) {
   if (num_ranges <= 0) return;
   const size_t R = size_t(num_ranges);
-  // One upload: the ranges, then each range's first chunk (and the total).
+  // The table: the ranges, then each range's first chunk (and the total).
   std::vector<uint64_t> table(2 * R + R + 1);
   uint64_t chunks = 0;
   for (size_t r = 0; r < R; ++r) {
@@ -102,12 +148,11 @@ void RangeHashes(uint64_t* host_out, const void* data, const HashRange* host_ran
   table[3 * R] = chunks;
   if (chunks > uint64_t(INT32_MAX))
     throw CudaError(fmt::format("RangeHashes: {} chunks, over a grid's limit", chunks));
-  auto* scratch =
-      static_cast<uint64_t*>(Scratch(kScratchOp, (table.size() + chunks + R) * sizeof(uint64_t)));
-  CopyToDevice(scratch, table.data(), table.size() * sizeof(uint64_t));
-  const auto* ranges = reinterpret_cast<const HashRange*>(scratch);
-  const uint64_t* first = scratch + 2 * R;
-  uint64_t* partial = scratch + table.size();
+  static TableCache cache;  // one thread drives the GPU (runtime.h)
+  const uint64_t* device_table = cache.Find(table);
+  const auto* ranges = reinterpret_cast<const HashRange*>(device_table);
+  const uint64_t* first = device_table + 2 * R;
+  auto* partial = static_cast<uint64_t*>(Scratch(kScratchOp, (chunks + R) * sizeof(uint64_t)));
   uint64_t* out = partial + chunks;
   if (chunks > 0)
     ATL_LAUNCH(ChunkHashKernel, unsigned(chunks), kThreads, partial,

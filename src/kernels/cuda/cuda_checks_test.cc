@@ -75,6 +75,25 @@ TEST_F(CudaChecks, RangeHashesIsTheStatedFunction) {
   EXPECT_NE(OnGpu(dm, {{100, 110}})[0], got[4]);
 }
 
+// The range tables stay on the GPU between calls (a few kept, the least recently used
+// replaced): tables that differ by one bound, more of them than are kept, in turn and again, each
+// give their own reference hashes; a kept table uploads nothing the next time.
+TEST_F(CudaChecks, RangeTablesKeptOnTheGpuAreTheRightOnes) {
+  const auto words = Words(5000, 4);
+  const auto d = ToDevice(words);
+  std::vector<std::vector<HashRange>> tables;
+  for (uint64_t i = 0; i < 40; ++i) tables.push_back({{0, 100 + i}, {200, 300}, {300, 4000 + i}});
+  for (int round = 0; round < 2; ++round)
+    for (const auto& t : tables) {
+      const auto got = OnGpu(d, t);
+      for (size_t r = 0; r < t.size(); ++r)
+        ASSERT_EQ(got[r], Reference(words.data(), t[r])) << "table ending " << t[2].end;
+    }
+  const auto before = Copied();
+  OnGpu(d, tables.back());
+  EXPECT_EQ(Copied().to_device, before.to_device);
+}
+
 // A flipped bit anywhere (sign, exponent, mantissa; first, middle, last word of a chunk) changes
 // its range's fingerprint and no other's.
 TEST_F(CudaChecks, EveryFlippedBitIsFoundInItsRange) {
