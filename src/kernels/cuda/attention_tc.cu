@@ -10,7 +10,10 @@
 // (Q and dO, or K and V) stay in registers as A fragments for the whole kernel. The head's
 // dimensions are padded with zeros to D (32 or 64). Every sum is in a fixed order: the tensor
 // core's within a product, the products in k order, the row sums by a fixed butterfly over the
-// 4 lanes that hold a row. Two runs give the same bits.
+// 4 lanes that hold a row. Two runs give the same bits. A block's rows and the staged tiles are
+// both 64 long and aligned, so every tile a block stages has its first row at or before the
+// block's (key 0 of a query's first tile is unmasked: the running maximum is finite from there
+// on), and the diagonal tile runs whole, its upper triangle masked.
 #include <cmath>
 
 #include "kernels/cuda/attention_tc.cuh"
@@ -182,7 +185,6 @@ __global__ void __launch_bounds__(kThreads)
     StageRows<D>(ks, qkv + head.qkv + C, s3, k0, T, hs);
     StageCols<D>(vt, qkv + head.qkv + 2 * C, s3, k0, T, hs);
     __syncthreads();
-    if (k0 > lane.first + 15) continue;  // every key past the warp's rows (the warp as one)
     float s[kTile / 8][4];
     TimesRows<D>(s, q, ks, lane);
     float mx[2] = {-INFINITY, -INFINITY};
@@ -227,7 +229,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dq += Σ_j ds_ij k_j over keys j ≤ i, ds_ij = p_ij (dO_i · v_j - D_i) scale; writes
-// D_i = dO_i · O_i (in float) to dsum [B, NH, T] for the dK/dV kernel. grid (B * NH, T / 64).
+// D_i = dO_i · O_i (in float) to dsum [B, NH, T] for the dK/dV kernel. grid (B * NH,
+// ceil(T / 64)).
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     TcBackwardQuery(float* dqkv, float* dsum, const float* dout, const float* out, const float* qkv,
@@ -266,7 +269,6 @@ __global__ void __launch_bounds__(kThreads)
     StageRows<D>(vs, qkv + head.qkv + 2 * C, s3, k0, T, hs);
     StageCols<D>(kt, qkv + head.qkv + C, s3, k0, T, hs);
     __syncthreads();
-    if (k0 > lane.first + 15) continue;
     float s[kTile / 8][4], dp[kTile / 8][4];
     TimesRows<D>(s, q, ks, lane);
     TimesRows<D>(dp, dO, vs, lane);
@@ -284,8 +286,8 @@ __global__ void __launch_bounds__(kThreads)
   StoreRows<D>(dqkv + head.qkv, s3, dq, lane, T, hs, one, /*add=*/true);
 }
 
-// dk += Σ_i ds_ij q_i and dv += Σ_i p_ij dO_i over queries i ≥ j. grid (B * NH, T / 64), a
-// block's rows being keys.
+// dk += Σ_i ds_ij q_i and dv += Σ_i p_ij dO_i over queries i ≥ j. grid (B * NH, ceil(T / 64)),
+// a block's rows being keys.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     TcBackwardKeyValue(float* dqkv, const float* dsum, const float* dout, const float* qkv,
@@ -315,7 +317,6 @@ __global__ void __launch_bounds__(kThreads)
       dsums[i] = in ? dsum[int64_t(blockIdx.x) * T + q0 + i] : 0.0f;
     }
     __syncthreads();
-    if (q0 + kTile - 1 < lane.first) continue;  // every query before the warp's keys
     float p[kTile / 8][4], ds[kTile / 8][4];
     TimesRows<D>(p, k, qs, lane);    // s, transposed
     TimesRows<D>(ds, v, dos, lane);  // dp, transposed
@@ -341,7 +342,10 @@ dim3 Grid(int B, int T, int NH) {
 
 }  // namespace
 
-bool TensorCoreAttention(int C, int NH) { return Bf16Matmul() && C / NH <= 64; }
+bool TensorCoreAttention(int C, int NH) {
+  static const bool has_mma = Probe().cc_major >= 8;  // mma.sync's bf16 shape: Ampere on
+  return Bf16Matmul() && C / NH <= 64 && has_mma;
+}
 
 void TcAttentionForward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
   const float scale = 1.0f / std::sqrt(float(C / NH));

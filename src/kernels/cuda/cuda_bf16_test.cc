@@ -41,6 +41,23 @@ TEST_F(CudaOps, TensorCoreFragmentsHoldTheirElements) {
   auto ga = ToDevice(a), gb = ToDevice(b), gd = ToDevice(d0);
   Bf16TileProduct(gd.data(), ga.data(), gb.data());
   EXPECT_LE(NormErr(ToHost(gd), want), kTol);
+  // A product's accumulators as the next product's A operand (attention's P V and dS K): a k order
+  // that A and B share but the accumulators' columns do not would pass the product above, not this.
+  const auto b16 = Random(16 * 16, 94), b2 = Random(16 * 8, 95);
+  std::vector<double> chain(16 * 8, 0.0);
+  for (int r = 0; r < 16; ++r)
+    for (int k = 0; k < 16; ++k) {
+      double p = 0;
+      for (int j = 0; j < 16; ++j)
+        p += double(RoundBf16(a[size_t(r) * 16 + j])) * double(RoundBf16(b16[size_t(j) * 16 + k]));
+      const double rounded = RoundBf16(float(p));
+      for (int c = 0; c < 8; ++c)
+        chain[size_t(r) * 8 + c] += rounded * double(RoundBf16(b2[size_t(k) * 8 + c]));
+    }
+  auto gb16 = ToDevice(b16), gb2 = ToDevice(b2);
+  DeviceArray<float> gchain(16 * 8);
+  Bf16TileChain(gchain.data(), ga.data(), gb16.data(), gb2.data());
+  EXPECT_LE(NormErr(ToHost(gchain), chain), 1e-3);
 }
 
 // bf16 products (SetBf16Matmul): against the double product of the operands rounded to bf16
@@ -98,7 +115,8 @@ TEST_F(CudaOps, Bf16Products) {
 }
 
 // Attention on the tensor cores: head sizes 4 to 64 (both paddings, 32 and 64), T from 1 to past
-// several blocks, rarely a multiple of 64; amp > 1 takes scores past expf's range. The reference
+// several blocks, rarely a multiple of 64; amp > 1 spreads the scores (a standard deviation of
+// about 9 in the scaled scores, against 1). The reference
 // is the CPU's double attention on the inputs rounded to bf16 (what the products see): lse within
 // float rounding (its sums are float), out and the gradients within bf16's rounding of the
 // probabilities; out is off the unrounded inputs' by bf16's error (the tensor cores ran); and two

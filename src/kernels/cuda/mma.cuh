@@ -16,7 +16,9 @@
 // On the CUDA emulator (emu/device.h) the warp gathers its lanes' registers and every lane
 // computes its elements from the whole tiles by this same map, in float, k in order; so a kernel
 // that holds the map wrongly fails against the CPU there as it would on a GPU, unless the map
-// itself is wrong, which kernels/cuda/cuda_mma_test.cc checks on a GPU against a plain product.
+// itself is wrong, which kernels/cuda/cuda_bf16_test.cc checks on a GPU against plain products
+// (TensorCoreFragmentsHoldTheirElements). mma.sync with bf16 needs sm_80 or later: built for an
+// older GPU, MmaBf16 traps (TensorCoreAttention asks for compute capability 8 first).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -66,9 +68,10 @@ __device__ inline void MmaBf16(float (&d)[4], const uint32_t (&a)[4], const uint
     for (int k = 0; k < 16; ++k) s += A[row][k] * B[k][col];
     d[i] = s;
   }
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
 #else
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));

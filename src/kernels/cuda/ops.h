@@ -84,6 +84,9 @@ void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const fl
 // For tests: d[16x8] += a[16x16] b[16x8] (row-major, device memory) by one tensor-core product
 // on one warp (mma.cuh's fragments), the operands rounded to bf16.
 void Bf16TileProduct(float* d, const float* a, const float* b);
+// For tests: d[16x8] = bf16(a[16x16] b[16x16]) b2[16x8], the first product's result fed to the
+// second as its A operand without leaving the registers (mma.cuh's AFromAccumulators).
+void Bf16TileChain(float* d, const float* a, const float* b, const float* b2);
 
 // ---- Optimizer ----------------------------------------------------------------------------------
 

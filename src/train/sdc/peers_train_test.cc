@@ -361,7 +361,9 @@ TEST_F(PeersTrainTest, AFaultInThePeerCheckOfAReplicaOfSeveralRanksIsTransient) 
   for (const auto& e :
        TransientPeerCheckEvents(c, 6, "gemm_fwd:step=4,rank=5,layer=1,gemm=2,micro=1,bit=27")) {
     ranks.insert(e["rank"].get<int>());
-    if (e["rank"] == 5) EXPECT_EQ(e["op"], "gemm_fwd 2");
+    if (e["rank"] == 5) {
+      EXPECT_EQ(e["op"], "gemm_fwd 2");
+    }
   }
   EXPECT_TRUE(ranks.count(5)) << "rank 5's execution is not named";
   for (int r : ranks) EXPECT_TRUE(r == 4 || r == 5) << r;

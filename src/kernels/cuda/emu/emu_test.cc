@@ -102,6 +102,18 @@ __global__ void PartialWarpMmaKernel(float* out) {
   out[threadIdx.x] = d[0];
 }
 
+// Lanes 0-15 shuffle while lanes 16-31 multiply, all with the whole warp's mask.
+__global__ void MixedWarpOpsKernel(float* out) {
+  if (threadIdx.x % 32 < 16) {
+    out[threadIdx.x] = WarpSum(1.0f);
+  } else {
+    float d[4] = {};
+    const uint32_t a[4] = {}, b[2] = {};
+    MmaBf16(d, a, b);
+    out[threadIdx.x] = d[0];
+  }
+}
+
 TEST(CudaEmulator, WhatHangsAGpuFailsTheLaunch) {
   DeviceArray<float> out(64);
   std::string e = ErrorOf([&] { ATL_LAUNCH(MissingLaneKernel, 1, 64, out.data()); });
@@ -110,6 +122,9 @@ TEST(CudaEmulator, WhatHangsAGpuFailsTheLaunch) {
   e = ErrorOf([&] { ATL_LAUNCH(PartialWarpMmaKernel, 1, 64, out.data()); });
   EXPECT_NE(e.find("PartialWarpMmaKernel"), std::string::npos) << e;
   EXPECT_NE(e.find("the hardware needs the whole warp"), std::string::npos) << e;
+  e = ErrorOf([&] { ATL_LAUNCH(MixedWarpOpsKernel, 1, 64, out.data()); });
+  EXPECT_NE(e.find("MixedWarpOpsKernel"), std::string::npos) << e;
+  EXPECT_NE(e.find("different warp operations"), std::string::npos) << e;
   e = ErrorOf([&] { ATL_LAUNCH(SplitBarrierKernel, 1, 64, out.data()); });
   EXPECT_NE(e.find("SplitBarrierKernel"), std::string::npos) << e;
   EXPECT_NE(e.find("deadlock"), std::string::npos) << e;

@@ -142,8 +142,9 @@ struct Thread {
 constexpr size_t kWarpSlotBytes = 64;  // WarpGather's most per lane
 
 struct Warp {
-  unsigned live = 0;  // lanes present and not returned
-  unsigned mask = 0;  // of the barrier being gathered
+  unsigned live = 0;         // lanes present and not returned
+  unsigned mask = 0;         // of the barrier being gathered
+  const char* op = nullptr;  // and its kind: a shuffle's exchange, a product's gather
   int arrived = 0;
   uint64_t gen = 0;
   unsigned char slot[32][kWarpSlotBytes] = {};
@@ -332,12 +333,17 @@ namespace {
 
 // The barrier of the running lane's warp for `mask`: returns when every lane of the mask still
 // running has arrived.
-void WarpBarrier(Block& b, Warp& w, unsigned mask) {
-  if (w.arrived == 0)
+void WarpBarrier(Block& b, Warp& w, unsigned mask, const char* op) {
+  if (w.arrived == 0) {
     w.mask = mask;
-  else if (w.mask != mask)
+    w.op = op;
+  } else if (w.mask != mask) {
     Fail(b, fmt::format("{}: lanes of one warp shuffle with different masks ({:#x}, {:#x})",
                         Where(b), w.mask, mask));
+  } else if (w.op != op) {
+    Fail(b, fmt::format("{}: lanes of one warp meet at different warp operations ({}, {})",
+                        Where(b), w.op, op));
+  }
   const uint64_t gen = w.gen;
   if (++w.arrived == std::popcount(mask & w.live)) {
     w.arrived = 0;
@@ -359,13 +365,13 @@ void WarpExchange(unsigned mask, const void* value, void* out, size_t bytes, int
   if (src < 0 || src >= 32 || (mask >> src & 1u) == 0)
     Fail(b, fmt::format("{} reads lane {}, outside the shuffle's mask {:#x}", Where(b), src, mask));
   std::memcpy(w.slot[lane], value, bytes);
-  WarpBarrier(b, w, mask);  // every lane still running has written
+  WarpBarrier(b, w, mask, "a shuffle");  // every lane still running has written
   if ((w.live >> src & 1u) == 0)
     Fail(b,
          fmt::format("{} reads lane {}, which has returned or does not exist: undefined on a GPU",
                      Where(b), src));
   std::memcpy(out, w.slot[src], bytes);
-  WarpBarrier(b, w, mask);  // every lane has read
+  WarpBarrier(b, w, mask, "a shuffle");  // every lane has read
 }
 
 void WarpGather(const void* value, void* all, size_t bytes) {
@@ -380,10 +386,10 @@ void WarpGather(const void* value, void* all, size_t bytes) {
                         "needs the whole warp)",
                         Where(b), w.live));
   std::memcpy(w.slot[lane], value, bytes);
-  WarpBarrier(b, w, 0xffffffffu);
+  WarpBarrier(b, w, 0xffffffffu, "a tensor-core product");
   for (int l = 0; l < 32; ++l)
     std::memcpy(static_cast<unsigned char*>(all) + size_t(l) * bytes, w.slot[l], bytes);
-  WarpBarrier(b, w, 0xffffffffu);
+  WarpBarrier(b, w, 0xffffffffu, "a tensor-core product");
 }
 
 }  // namespace atl::cuda_emu
