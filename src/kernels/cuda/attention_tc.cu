@@ -156,12 +156,18 @@ __device__ inline void StoreRows(float* dst, int64_t stride, const float (&acc)[
     }
 }
 
-// Where head bh starts in qkv [B, T, 3C] and in a [B, T, C] tensor.
+// The block's head (blockIdx.x = b * NH + h): its size, where it starts in qkv [B, T, 3C] (row
+// stride s3) and in a [B, T, C] tensor; and the block's first own row (blockIdx.y).
 struct Head {
-  int64_t qkv, bt;
+  int hs;
+  int64_t s3, qkv, bt;
+  int first;
   __device__ Head(int T, int C, int NH)
-      : qkv(int64_t(blockIdx.x / NH) * T * 3 * C + int64_t(blockIdx.x % NH) * (C / NH)),
-        bt(int64_t(blockIdx.x / NH) * T * C + int64_t(blockIdx.x % NH) * (C / NH)) {}
+      : hs(C / NH),
+        s3(3 * int64_t(C)),
+        qkv(int64_t(blockIdx.x / NH) * T * 3 * C + int64_t(blockIdx.x % NH) * hs),
+        bt(int64_t(blockIdx.x / NH) * T * C + int64_t(blockIdx.x % NH) * hs),
+        first(int(blockIdx.y) * kRows) {}
 };
 
 // grid (B * NH, ceil(T / 64)). out [B, T, C]; lse [B, NH, T].
@@ -170,10 +176,9 @@ __global__ void __launch_bounds__(kThreads)
     TcForward(float* out, float* lse, const float* qkv, int T, int C, int NH, float scale) {
   __shared__ Rows<D> ks;
   __shared__ Cols<D> vt;
-  const int hs = C / NH;
-  const int64_t s3 = 3 * int64_t(C);
   const Head head(T, C, NH);
-  const int block_first = int(blockIdx.y) * kRows;
+  const int hs = head.hs, block_first = head.first;
+  const int64_t s3 = head.s3;
   const Lane lane(block_first);
   uint32_t q[D / 16][4];
   LoadA<D>(q, qkv + head.qkv, s3, lane, T, hs);
@@ -237,10 +242,9 @@ __global__ void __launch_bounds__(kThreads)
                     const float* lse, int T, int C, int NH, float scale) {
   __shared__ Rows<D> ks, vs;
   __shared__ Cols<D> kt;
-  const int hs = C / NH;
-  const int64_t s3 = 3 * int64_t(C);
   const Head head(T, C, NH);
-  const int block_first = int(blockIdx.y) * kRows;
+  const int hs = head.hs, block_first = head.first;
+  const int64_t s3 = head.s3;
   const Lane lane(block_first);
   uint32_t q[D / 16][4], dO[D / 16][4];
   LoadA<D>(q, qkv + head.qkv, s3, lane, T, hs);
@@ -295,10 +299,9 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ Rows<D> qs, dos;
   __shared__ Cols<D> qt, dot;
   __shared__ float lses[kTile], dsums[kTile];
-  const int hs = C / NH;
-  const int64_t s3 = 3 * int64_t(C);
   const Head head(T, C, NH);
-  const int block_first = int(blockIdx.y) * kRows;
+  const int hs = head.hs, block_first = head.first;
+  const int64_t s3 = head.s3;
   const Lane lane(block_first);
   uint32_t k[D / 16][4], v[D / 16][4];
   LoadA<D>(k, qkv + head.qkv + C, s3, lane, T, hs);
