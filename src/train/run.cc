@@ -451,11 +451,16 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
   const size_t wte = model.layout().front().numel;  // this rank's vocabulary share of wte
   Communicator* embed = mesh.embed_group();
   const bool on_gpu = reducer != nullptr && reducer->device_memory();
+  // A hooked backward (a host-memory reducer, overlapped) left the gradients on the host, its
+  // buckets' reductions possibly still writing there: wte is summed there too (in the last
+  // bucket, which starts in Finish). Otherwise a GPU rank's gradients are on its GPU.
+  const bool grads_on_gpu =
+      model.device() == Device::kCuda && !(reducer != nullptr && cfg.parallel.overlap && !on_gpu);
   if (embed != nullptr && !reproducible) {
-    if (run.embed_nccl != nullptr) {  // summed where it is
+    if (run.embed_nccl != nullptr && grads_on_gpu) {  // summed where it is
       ATOLL_RETURN_IF_ERROR(
           run.embed_nccl->AllReduce(std::span<float>(model.mutable_device_grads(), wte)));
-    } else if (model.device() == Device::kCuda) {  // wte's gradient alone through the host
+    } else if (grads_on_gpu) {  // wte's gradient alone through the host
       float* g = model.mutable_device_grads();
       std::vector<float> host(wte);
       CopyOut(Device::kCuda, host.data(), g, wte);
@@ -539,9 +544,16 @@ StatusOr<double> Validate(Run& run) {
     std::vector<float> params, unused_m, unused_v;
     ATOLL_RETURN_IF_ERROR(GatherWhole(run, /*with_moments=*/false, &params, &unused_m, &unused_v));
     if (run.mesh.rank() != 0) return std::nan("");
-    if (run.eval_model == nullptr)  // on the rank's device (a GPU rank: a whole model beside it)
-      run.eval_model = std::make_unique<GPT<float>>(run.cfg.model, micro, ModelShard{}, 1,
-                                                    run.model->device());
+    if (run.eval_model == nullptr) {  // on the rank's device (a GPU: a whole model beside it)
+      try {
+        run.eval_model = std::make_unique<GPT<float>>(run.cfg.model, micro, ModelShard{}, 1,
+                                                      run.model->device());
+      } catch (const std::exception& e) {  // the GPU's memory: the CPU takes it
+        LogWarning("rank 0: validating on the CPU (the whole model does not go on the GPU: {})",
+                   e.what());
+        run.eval_model = std::make_unique<GPT<float>>(run.cfg.model, micro);
+      }
+    }
     std::copy(params.begin(), params.end(), run.eval_model->params());
     model = run.eval_model.get();
   }

@@ -25,8 +25,9 @@ layout() {
     2>"$T/stderr" || { cat "$T/stderr" >&2; fail "dp $dp tp $tp pp $pp $* exited $?"; }
   [[ $(cat "$T/stdout") == "$dir/checkpoint" ]] || fail "printed '$(cat "$T/stdout")'"
   # Over NCCL the gradients and activations stay on the GPU: rank 0 uploads a few kilobytes a
-  # step (over MPI, at least its share of the gradients: 3 MB and more here).
-  if [[ " $* " == *" parallel.comm=nccl "* ]]; then
+  # step (over MPI, at least its share of the gradients: 3 MB and more here; ZeRO's shards are
+  # on the host).
+  if [[ " $* " == *" parallel.comm=nccl "* && " $* " != *" parallel.zero=true "* ]]; then
     local up
     up=$(sed -nE 's/.*GPU copies per step .*: ([0-9.]+) KB host to GPU.*/\1/p' "$T/stderr")
     [[ -n $up ]] || fail "no 'GPU copies per step' line"
