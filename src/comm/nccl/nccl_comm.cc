@@ -1,5 +1,5 @@
-// The NCCL backend of comm/nccl/nccl_comm.h. Compiled twice: against the CUDA toolkit's NCCL, and
-// against the CUDA emulator's (kernels/cuda/emu/include/nccl.h).
+// The NCCL backend of comm/nccl/nccl_comm.h. Compiled twice: against the CUDA toolkit's NCCL, and against
+// the CUDA emulator's (kernels/cuda/emu/include/nccl.h).
 #include "comm/nccl/nccl_comm.h"
 
 #include <cuda_runtime.h>
@@ -24,7 +24,7 @@ namespace {
 // program that never makes an NCCL communicator starts without the library.
 struct Api {
   decltype(&ncclGetUniqueId) GetUniqueId;
-  decltype(&ncclCommInitRankConfig) CommInitRankConfig;
+  decltype(&ncclCommInitRank) CommInitRank;
   decltype(&ncclCommDestroy) CommDestroy;
   decltype(&ncclCommAbort) CommAbort;
   decltype(&ncclCommGetAsyncError) CommGetAsyncError;
@@ -44,19 +44,17 @@ const Api* LoadApi(std::string* why) {
   static const Api* api = []() -> const Api* {
     static Api a{};
 #if defined(ATOLL_CUDA_EMULATED)
-    a = Api{&ncclGetUniqueId,  &ncclCommInitRankConfig, &ncclCommDestroy,
-            &ncclCommAbort,    &ncclCommGetAsyncError,  &ncclGetErrorString,
-            &ncclGetLastError, &ncclAllReduce,          &ncclReduceScatter,
-            &ncclAllGather,    &ncclBroadcast,          &ncclSend,
+    a = Api{&ncclGetUniqueId, &ncclCommInitRank,     &ncclCommDestroy, &ncclCommAbort,
+            &ncclCommGetAsyncError, &ncclGetErrorString, &ncclGetLastError, &ncclAllReduce,
+            &ncclReduceScatter, &ncclAllGather,     &ncclBroadcast,   &ncclSend,
             &ncclRecv};
     return &a;
 #else
     void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) {
-      error = fmt::format(
-          "cannot load libnccl.so.2 ({}); put NCCL's lib folder on "
-          "LD_LIBRARY_PATH",
-          dlerror());
+      error = fmt::format("cannot load libnccl.so.2 ({}); put NCCL's lib folder on "
+                          "LD_LIBRARY_PATH",
+                          dlerror());
       return nullptr;
     }
     bool ok = true;
@@ -68,7 +66,7 @@ const Api* LoadApi(std::string* why) {
       }
     };
     get(a.GetUniqueId, "ncclGetUniqueId");
-    get(a.CommInitRankConfig, "ncclCommInitRankConfig");
+    get(a.CommInitRank, "ncclCommInitRank");
     get(a.CommDestroy, "ncclCommDestroy");
     get(a.CommAbort, "ncclCommAbort");
     get(a.CommGetAsyncError, "ncclCommGetAsyncError");
@@ -126,23 +124,6 @@ struct State {
   }
 };
 
-// The longest pause between two polls of NCCL's state.
-constexpr std::chrono::microseconds kMaxPause{1000};
-
-// A non-blocking communicator's last call, finished: NCCL's state once it is no longer
-// ncclInProgress, or ncclInProgress after state.timeout_s.
-ncclResult_t Settle(State& state) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(state.timeout_s);
-  for (auto pause = std::chrono::microseconds(1);; pause = std::min(pause * 2, kMaxPause)) {
-    ncclResult_t async = ncclSuccess;
-    if (const ncclResult_t r = state.nccl->CommGetAsyncError(state.comm, &async); r != ncclSuccess)
-      return r;
-    if (async != ncclInProgress || std::chrono::steady_clock::now() > deadline) return async;
-    std::this_thread::sleep_for(pause);
-  }
-}
-
 // One queued operation: done when the stream has passed it.
 class StreamWait final : public CommHandle::Pending {
  public:
@@ -164,8 +145,8 @@ class StreamWait final : public CommHandle::Pending {
       if (async != ncclSuccess && async != ncclInProgress) {
         const std::string why = state_->LastError();
         state_->Abort();
-        return Status::Unavailable(
-            fmt::format("{}: NCCL: {} ({})", what_, state_->nccl->GetErrorString(async), why));
+        return Status::Unavailable(fmt::format("{}: NCCL: {} ({})", what_,
+                                               state_->nccl->GetErrorString(async), why));
       }
       if (std::chrono::steady_clock::now() > deadline) {
         state_->Abort();  // ends the stuck kernels
@@ -179,6 +160,7 @@ class StreamWait final : public CommHandle::Pending {
   }
 
  private:
+  static constexpr std::chrono::microseconds kMaxPause{1000};
   std::shared_ptr<State> state_;
   std::string what_;
 };
@@ -197,25 +179,24 @@ class NcclCommunicator final : public Communicator {
   CommHandle IAllReduce(void* data, size_t count, DType dtype) override {
     return Issue(CommOp::kAllReduce, count, dtype, -1, 0, [&] {
       return state_->nccl->AllReduce(data, data, count, NcclType(dtype), ncclSum, state_->comm,
-                                     state_->stream);
+                           state_->stream);
     });
   }
   CommHandle IReduceScatter(const void* send, void* recv, size_t count, DType dtype) override {
     return Issue(CommOp::kReduceScatter, count, dtype, -1, 0, [&] {
       return state_->nccl->ReduceScatter(send, recv, count, NcclType(dtype), ncclSum, state_->comm,
-                                         state_->stream);
+                               state_->stream);
     });
   }
   CommHandle IAllGather(const void* send, void* recv, size_t count, DType dtype) override {
     return Issue(CommOp::kAllGather, count, dtype, -1, 0, [&] {
-      return state_->nccl->AllGather(send, recv, count, NcclType(dtype), state_->comm,
-                                     state_->stream);
+      return state_->nccl->AllGather(send, recv, count, NcclType(dtype), state_->comm, state_->stream);
     });
   }
   CommHandle IBroadcast(void* data, size_t count, DType dtype, int root) override {
     return Issue(CommOp::kBroadcast, count, dtype, root, 0, [&] {
       return state_->nccl->Broadcast(data, data, count, NcclType(dtype), root, state_->comm,
-                                     state_->stream);
+                           state_->stream);
     });
   }
   CommHandle ISend(const void* data, size_t count, DType dtype, int dest, int tag) override {
@@ -239,8 +220,8 @@ class NcclCommunicator final : public Communicator {
       token_->SetZero();
     }
     return Issue(CommOp::kBarrier, 0, DType::kByte, -1, 0, [&] {
-      return state_->nccl->AllReduce(token_->data(), token_->data(), 1, ncclInt32, ncclSum,
-                                     state_->comm, state_->stream);
+      return state_->nccl->AllReduce(token_->data(), token_->data(), 1, ncclInt32, ncclSum, state_->comm,
+                           state_->stream);
     });
   }
 
@@ -288,21 +269,9 @@ class NcclCommunicator final : public Communicator {
     }
     ATOLL_RETURN_IF_ERROR(Agree(bootstrap, where, setup));
     ATOLL_RETURN_IF_ERROR(bootstrap.Broadcast(&id, sizeof(id), DType::kByte, 0));
-    // Non-blocking: the call returns at once and the ranks' joining is awaited here, within
-    // the timeout, so a rank that never joins is an error instead of a hang inside NCCL. The
-    // communicator stays non-blocking: Issue settles each call before it returns.
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    ncclResult_t r = state->nccl->CommInitRankConfig(&state->comm, bootstrap.size(), id,
-                                                     bootstrap.rank(), &config);
-    if (r == ncclInProgress) r = Settle(*state);
-    if (r == ncclInProgress) {
-      state->Abort();
-      setup = Status::Unavailable(fmt::format(
-          "{}: ncclCommInitRank: the other ranks did not all join within {} s (a rank stuck or "
-          "gone?)",
-          where, state->timeout_s));
-    } else if (r != ncclSuccess) {
+    if (const ncclResult_t r =
+            state->nccl->CommInitRank(&state->comm, bootstrap.size(), id, bootstrap.rank());
+        r != ncclSuccess) {
       state->comm = nullptr;
       setup = Status::Unavailable(
           fmt::format("{}: ncclCommInitRank: {} (every rank needs a GPU of its own)", where,
@@ -334,15 +303,8 @@ class NcclCommunicator final : public Communicator {
     const std::string what = ErrorPrefix(op, count, dtype, peer, tag);
     if (state_->broken)
       return CommHandle::Done(Status::Unavailable(what + ": the NCCL communicator was aborted"));
-    ncclResult_t r = call();
-    if (r == ncclInProgress) r = Settle(*state_);  // enqueued on the stream only once settled
-    if (r == ncclInProgress) {
-      state_->Abort();
-      return CommHandle::Done(Status::Unavailable(fmt::format(
-          "{}: NCCL did not take the operation within {} s; the NCCL communicator is aborted", what,
-          state_->timeout_s)));
-    }
-    if (r != ncclSuccess) {
+    const ncclResult_t r = call();
+    if (r != ncclSuccess && r != ncclInProgress) {
       // A bad argument leaves the communicator as it was; anything else (a peer gone, a
       // system error) leaves it unusable.
       const std::string why = state_->LastError();

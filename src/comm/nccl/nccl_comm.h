@@ -16,12 +16,9 @@
 //     on the stream, so a pair must be ordered (one sends while the other receives).
 //   - Timeouts: Wait() polls the stream and, after `timeout_s`, aborts the NCCL communicator at
 //     once (ncclCommAbort, which ends its kernels) and returns Unavailable naming the operation;
-//     so does an asynchronous NCCL error. The communicator is unusable after that. The
-//     communicator is non-blocking (ncclCommInitRankConfig, blocking = 0): making it waits for
-//     the ranks to join for at most `timeout_s`, then aborts it and returns Unavailable ("did
-//     not all join"); each call NCCL leaves in progress (connecting on first use) is settled
-//     within the same timeout before its handle is returned. Tested on the emulator for a rank
-//     joining late (tests/mpi/nccl_test.cc); a real NCCL's first-use connection timeout is not.
+//     so does an asynchronous NCCL error. The communicator is unusable after that. Not covered:
+//     a peer missing when the first operation sets up NCCL's connections, or at
+//     ncclCommInitRank, blocks inside NCCL (a non-blocking communicator would fix it).
 //   - A rank that cannot set up (no libnccl.so.2, no GPU) makes every rank's call fail alike.
 //   - libnccl.so.2 is loaded when the first communicator is made (dlopen), so programs that
 //     never make one start without it.

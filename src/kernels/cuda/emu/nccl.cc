@@ -1,7 +1,5 @@
 // The emulated NCCL of emu/include/nccl.h: collectives among processes through files (the
 // header says how).
-#include "nccl.h"
-
 #include <unistd.h>
 
 #include <chrono>
@@ -17,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cuda/emu/memory.h"
+#include "nccl.h"
 
 struct ncclComm {
   std::string dir;
@@ -24,7 +23,6 @@ struct ncclComm {
   uint64_t seq = 0;                   // collectives so far
   std::map<int, uint64_t> sent, got;  // messages so far, per peer
   std::string last_error;
-  bool joining = false;  // a non-blocking init whose ranks have not all joined yet
 };
 
 namespace {
@@ -135,26 +133,16 @@ ncclResult_t Exchange(ncclComm* c, const void* mine, size_t bytes,
   return ncclSuccess;
 }
 
-std::string JoinPath(const ncclComm* c, int rank) {
-  return c->dir + "/join." + std::to_string(rank);
-}
-
-bool AllJoined(const ncclComm* c) {
-  for (int r = 0; r < c->nranks; ++r)
-    if (!fs::exists(JoinPath(c, r))) return false;
-  return true;
-}
-
 ncclResult_t CheckDevice(ncclComm* c, const void* p, size_t bytes, const char* what) {
   if (bytes == 0 || atl::cuda_emu::IsDevice(p, bytes)) return ncclSuccess;
   return Fail(c, ncclInvalidArgument,
               std::string(what) + " is not device memory (" + std::to_string(bytes) + " bytes)");
 }
 
-#define EMU_NCCL_TRY(call)            \
-  do {                                \
-    const ncclResult_t r_ = (call);   \
-    if (r_ != ncclSuccess) return r_; \
+#define EMU_NCCL_TRY(call)                     \
+  do {                                         \
+    const ncclResult_t r_ = (call);            \
+    if (r_ != ncclSuccess) return r_;          \
   } while (0)
 
 }  // namespace
@@ -170,13 +158,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
-  return ncclCommInitRankConfig(comm, nranks, id, rank, nullptr);
-}
-
-ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
-                                    ncclConfig_t* config) {
   if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
-  if (config != nullptr && config->magic != 0xcafebeef) return ncclInvalidArgument;
   id.internal[NCCL_UNIQUE_ID_BYTES - 1] = 0;
   if (std::strncmp(id.internal, "atoll-emu-nccl-", 15) != 0) return ncclInvalidArgument;
   const char* tmp = std::getenv("TMPDIR");
@@ -190,24 +172,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
     delete c;
     return ncclSystemError;
   }
-  if (const char* d = std::getenv("ATOLL_EMU_NCCL_INIT_DELAY_S"); d != nullptr && std::atof(d) > 0)
-    std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(d)));
-  if (!Post(JoinPath(c, rank), "", 0)) {
-    delete c;
-    return ncclSystemError;
-  }
   *comm = c;
-  if (config != nullptr && config->blocking == 0) {
-    c->joining = !AllJoined(c);
-    return c->joining ? ncclInProgress : ncclSuccess;
-  }
-  for (int r = 0; r < nranks; ++r) {
-    std::vector<char> unused;
-    if (!Take(JoinPath(c, r), &unused))
-      return Fail(c, ncclRemoteError,
-                  "rank " + std::to_string(r) + " did not join within " +
-                      std::to_string(TimeoutSeconds()) + " s");
-  }
   return ncclSuccess;
 }
 
@@ -229,9 +194,8 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
 
 ncclResult_t ncclCommAbort(ncclComm_t c) { return ncclCommDestroy(c); }
 
-ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t* async_error) {
-  if (c != nullptr && c->joining) c->joining = !AllJoined(c);
-  *async_error = c != nullptr && c->joining ? ncclInProgress : ncclSuccess;
+ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t* async_error) {
+  *async_error = ncclSuccess;
   return ncclSuccess;
 }
 
@@ -305,8 +269,7 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclD
   EMU_NCCL_TRY(Exchange(c, send, block, &parts));
   for (int r = 0; r < c->nranks; ++r) {
     if (parts[size_t(r)].size() != block) return Fail(c, ncclInvalidUsage, "count mismatch");
-    if (block > 0)
-      std::memcpy(static_cast<char*>(recv) + block * size_t(r), parts[size_t(r)].data(), block);
+    if (block > 0) std::memcpy(static_cast<char*>(recv) + block * size_t(r), parts[size_t(r)].data(), block);
   }
   return ncclSuccess;
 }
@@ -352,9 +315,9 @@ ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, nccl
                     std::to_string(TimeoutSeconds()) + " s");
   fs::remove(path);
   if (msg.size() != bytes)
-    return Fail(
-        c, ncclInvalidUsage,
-        "received " + std::to_string(msg.size()) + " bytes, expected " + std::to_string(bytes));
+    return Fail(c, ncclInvalidUsage,
+                "received " + std::to_string(msg.size()) + " bytes, expected " +
+                    std::to_string(bytes));
   if (bytes > 0) std::memcpy(recv, msg.data(), bytes);
   return ncclSuccess;
 }

@@ -10,14 +10,9 @@
 // (ncclGroupStart/End) needs no queue: a send never blocks. A rank that never arrives makes the
 // others' call fail after ATOLL_EMU_NCCL_TIMEOUT_S seconds (default 60) with ncclRemoteError and
 // ncclGetLastError saying who; buffers must be device memory (a host pointer fails with
-// ncclInvalidArgument, as it would fail NCCL's kernels on a GPU). Joining is a rendezvous: a
-// rank posts that it joined, and ncclCommInitRank waits for every rank's (until the timeout);
-// with a non-blocking config (blocking = 0) ncclCommInitRankConfig returns ncclInProgress until
-// they have, as ncclCommGetAsyncError says. ATOLL_EMU_NCCL_INIT_DELAY_S makes this process join
-// that many seconds late (a stuck rank, for the tests).
+// ncclInvalidArgument, as it would fail NCCL's kernels on a GPU).
 #pragma once
 
-#include <climits>
 #include <cstddef>
 
 #include "cuda_runtime.h"
@@ -58,24 +53,8 @@ struct ncclUniqueId {
 struct ncclComm;
 using ncclComm_t = ncclComm*;
 
-#define NCCL_VERSION(X, Y, Z) ((X)*10000 + (Y)*100 + (Z))
-#define NCCL_CONFIG_UNDEF_INT INT_MIN
-struct ncclConfig_t {
-  size_t size;
-  unsigned int magic;
-  unsigned int version;
-  int blocking;
-};
-#define NCCL_CONFIG_INITIALIZER                                                         \
-  {                                                                                     \
-    sizeof(ncclConfig_t), 0xcafebeef, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), \
-        NCCL_CONFIG_UNDEF_INT                                                           \
-  }
-
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
-ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
-                                    ncclConfig_t* config);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error);
