@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU benchmark (issue 18, item 6), run ON a GPU machine: atoll and PyTorch train the same GPT-2
 # shapes (124M and 350M, seq 1024) on the same GPU in one run, and the table gives tokens/s, MFU
-# and the ratio; then atoll's per-op profile of one shape.
+# and the ratio; then atoll's per-op profile of one shape, fp32 and bf16.
 #
 #   bench/gpu_bench.sh            (after `source scripts/gpu_env.sh`, or with atoll on PATH)
 #
@@ -100,7 +100,9 @@ plain=$(median_tps "$work/atoll-bf16-$s/metrics.jsonl")
   "$checked" "$plain" | tee -a "$out/gpu_bench.md"
 grep -h "sdc cost per step" "$out/atoll-checked-$s.log" | tee -a "$out/gpu_bench.md"
 echo
-echo "atoll's time per op (gpt2-124m, batch $BATCH, the GPU waited for after every op):"
 MODEL_STEP=${MODEL_STEP:-$(command -v kernels_model_step || echo build/release/bench/kernels_model_step)}
-"$MODEL_STEP" --device cuda --preset gpt2-124m --batch "$BATCH" --steps 5 --warmup 2 --profile |
-  tee "$out/profile.txt"
+for prec in fp32 bf16; do
+  echo "atoll's time per op, $prec (gpt2-124m, batch $BATCH, the GPU waited for after every op):"
+  "$MODEL_STEP" --device cuda --precision $prec --preset gpt2-124m --batch "$BATCH" --steps 5 \
+    --warmup 2 --profile | tee "$out/profile-$prec.txt"
+done

@@ -2,10 +2,13 @@
 //
 //   build/.../bench/kernels_model_step [--preset tiny|small|gpt2-124m|gpt2-350m|all]
 //       [--threads 1,2] [--batch B] [--steps S] [--warmup W] [--profile] [--sgemm GFLOPS]
-//       [--device cpu|cuda]
+//       [--device cpu|cuda] [--precision fp32|bf16]
 //
 // --device cuda runs the model on the GPU (float); MFU is then against --sgemm (default 67,000
 // GFLOP/s: an H100 SXM's dense fp32 rate), and --profile waits for the GPU after every op.
+// --precision bf16 (GPU only) rounds every product's operands to bf16 on the tensor cores, as
+// train.precision = "bf16" does (attention's too for heads up to 64); --sgemm then defaults to
+// 989,000 (the H100 SXM's dense bf16 rate).
 //
 // Shapes are those of configs/{tiny,small,gpt2-124m}.toml; the batch defaults to the preset's
 // micro_batch_size (gpt2-124m: 1, to fit beside other users' jobs).
@@ -34,6 +37,7 @@
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/ops.h"
+#include "model/backend.h"
 #include "model/gpt.h"
 
 namespace {
@@ -158,6 +162,7 @@ int main(int argc, char** argv) {
   bool profile = false;
   double sgemm = 0;
   atl::Device device = atl::Device::kCpu;
+  bool bf16 = false;
   for (int i = 1; i < argc; ++i) {
     auto next = [&] {
       if (i + 1 >= argc) {
@@ -190,11 +195,18 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "kernels_model_step: --device: cpu or cuda\n");
         return 2;
       }
+    } else if (!std::strcmp(argv[i], "--precision")) {
+      const std::string p = next();
+      if (p != "fp32" && p != "bf16") {
+        std::fprintf(stderr, "kernels_model_step: --precision: fp32 or bf16\n");
+        return 2;
+      }
+      bf16 = p == "bf16";
     } else {
       std::fprintf(stderr,
                    "usage: kernels_model_step [--preset tiny|small|gpt2-124m|all] [--threads 1,2] "
                    "[--batch B] [--steps S] [--warmup W] [--profile] [--sgemm GFLOPS] "
-                   "[--device cpu|cuda]\n");
+                   "[--device cpu|cuda] [--precision fp32|bf16]\n");
       return 2;
     }
   }
@@ -209,9 +221,14 @@ int main(int argc, char** argv) {
                  why.c_str());
     return 2;
   }
+  if (bf16 && device != atl::Device::kCuda) {
+    std::fprintf(stderr, "kernels_model_step: --precision bf16 needs --device cuda\n");
+    return 2;
+  }
   if (device == atl::Device::kCuda) {
     threads = {1};
-    if (sgemm <= 0) sgemm = 67000;
+    if (sgemm <= 0) sgemm = bf16 ? 989000 : 67000;
+    atl::SetBf16Matmul(bf16);
   }
   const auto info = atl::kernels::InitBackend();
   double load[3] = {0, 0, 0};
