@@ -97,6 +97,10 @@ class GPT {
     HostCurrent(grads_, dgrads_, grads_at_);
     return grads_.data();
   }
+  // The host's gradient buffer as it is, not made current (no copy): for a backward hook
+  // (set_backward_hook), which reads it only once Backward has made it current. On the GPU,
+  // grads() here would download the gradients and upload them again for the backward.
+  T* host_grads_buffer() { return grads_.data(); }
   // The buffers the kernels use (the host's on the CPU), current; device_params() marks the
   // GPU's newer (the optimizer on the GPU writes them).
   T* device_params();

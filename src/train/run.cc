@@ -428,7 +428,7 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
       // Not over NCCL: GPT's backward hook on the GPU sees host copies of the gradients.
       const bool hooked =
           reducer != nullptr && final_backward && cfg.parallel.overlap && !reducer->device_memory();
-      if (hooked) model.set_backward_hook(reducer->Hook(model.grads()));
+      if (hooked) model.set_backward_hook(reducer->Hook(model.host_grads_buffer()));
       model.BackwardStage(op.slot, recv.data(), run.loss_scale);
       if (hooked) model.set_backward_hook(nullptr);
       if (!first) {
