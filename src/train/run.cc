@@ -437,8 +437,11 @@ Status ForwardBackward(Run& run, int64_t s, std::vector<double>* local_losses,
         buf.assign(model.input_grad(), model.input_grad() + acts);
         bwd_sends[size_t(op.slot)] = pp->ISend(std::span<const float>(buf), stage - 1, tag + 1);
       }
-      if (reproducible && reducer != nullptr && !final_backward)
-        ATOLL_RETURN_IF_ERROR(reducer->Add(model.grads()));
+      if (reproducible && reducer != nullptr && !final_backward) {
+        ATOLL_RETURN_IF_ERROR(reducer->Add(model.grads()));  // which zeroes the host's copy
+        // On the GPU: zeroed there too, so the next backward uploads nothing.
+        if (model.device() == Device::kCuda) model.ZeroGrad();
+      }
     }
   }
   run.passes_s = NowSeconds() - t_passes;

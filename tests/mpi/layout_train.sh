@@ -27,7 +27,7 @@ layout() {
   # GPU ranks: over NCCL the gradients and activations stay on the GPU, rank 0 uploads a few
   # kilobytes a step (ZeRO's shards aside: they are on the host); over MPI at most its share of
   # the gradient once (configs/tiny.toml's is 6537 KB; uploading it twice is a regression).
-  if [[ " $* " == *" train.device=cuda "* && " $* " != *" parallel.reproducible=true "* ]]; then
+  if [[ " $* " == *" train.device=cuda "* ]]; then
     local up bound=7000
     [[ " $* " == *" parallel.comm=nccl "* && " $* " != *" parallel.zero=true "* ]] && bound=200
     up=$(sed -nE 's/.*GPU copies per step .*: ([0-9.]+) KB host to GPU.*/\1/p' "$T/stderr")
