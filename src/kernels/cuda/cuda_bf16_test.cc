@@ -123,43 +123,22 @@ TEST_F(CudaOps, Bf16Products) {
 // same bits.
 TEST_F(CudaOps, Bf16AttentionOnTheTensorCores) {
   const Bf16On on;
-  struct Shape {
-    int B, T, C, NH;
-    float amp;
-  };
-  for (const Shape s : {Shape{1, 1, 8, 2, 1}, Shape{2, 7, 24, 1, 1}, Shape{1, 65, 64, 2, 1},
-                        Shape{2, 130, 80, 2, 1}, Shape{1, 200, 128, 2, 3}, Shape{2, 64, 768, 12, 1},
-                        Shape{1, 1024, 64, 1, 1}}) {
-    SCOPED_TRACE(testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH
-                                    << " amp=" << s.amp);
-    const size_t x = size_t(s.B) * s.T * s.C, natt = size_t(s.B) * s.NH * s.T * s.T;
-    auto qkv = Random(3 * x, 121);
-    for (size_t i = 0; i < qkv.size(); ++i)
-      if (i % (3 * size_t(s.C)) < 2 * size_t(s.C)) qkv[i] *= s.amp;
-    const auto dout = Random(x, 122), dqkv0 = Random(3 * x, 123);
-    const auto rq = Rounded(qkv), rdout = Rounded(dout);
-    auto dq = D(rq), ddout = D(rdout), plain = D(qkv);
-    std::vector<double> out(x), att(natt), scratch(natt), dqkv = D(dqkv0), out_plain(x);
-    cpu::AttentionForward(out.data(), att.data(), dq.data(), s.B, s.T, s.C, s.NH);
-    cpu::AttentionBackward(dqkv.data(), scratch.data(), ddout.data(), dq.data(), att.data(), s.B,
-                           s.T, s.C, s.NH);
-    cpu::AttentionForward(out_plain.data(), att.data(), plain.data(), s.B, s.T, s.C, s.NH);
-    const auto run = [&] {
-      auto g_qkv = ToDevice(qkv), g_dout = ToDevice(dout), g_dqkv = ToDevice(dqkv0);
-      DeviceArray<float> g_out(x), g_lse(size_t(s.B) * s.NH * s.T);
-      AttentionForward(g_out.data(), g_lse.data(), g_qkv.data(), s.B, s.T, s.C, s.NH);
-      AttentionBackward(g_dqkv.data(), g_dout.data(), g_out.data(), g_qkv.data(), g_lse.data(), s.B,
-                        s.T, s.C, s.NH);
-      return std::vector<std::vector<float>>{ToHost(g_out), ToHost(g_lse), ToHost(g_dqkv)};
-    };
-    const auto got = run();
-    EXPECT_LE(NormErr(got[0], out), 5e-3);
+  for (const AttentionCase s :
+       {AttentionCase{1, 1, 8, 2, 1}, AttentionCase{2, 7, 24, 1, 1}, AttentionCase{1, 65, 64, 2, 1},
+        AttentionCase{2, 130, 80, 2, 1}, AttentionCase{1, 200, 128, 2, 3},
+        AttentionCase{2, 64, 768, 12, 1}, AttentionCase{1, 1024, 64, 1, 1}}) {
+    SCOPED_TRACE(testing::Message() << s);
+    const AttentionInputs in = RandomAttentionInputs(s, 121);
+    const auto rq = Rounded(in.qkv), rdout = Rounded(in.dout);
+    const AttentionReference want = CpuAttention(s, rq, &rdout, &in.dqkv0);
+    const auto got = GpuAttention(s, in);
+    EXPECT_LE(NormErr(got[0], want.out), 5e-3);
     EXPECT_LE(NormErr(got[1], RowLse(rq, s.B, s.T, s.C, s.NH)), kTol);
-    ExpectIncrement("dqkv", got[2], dqkv0, dqkv, 5e-3);
-    if (s.T > 1) {
-      EXPECT_GT(NormErr(got[0], out_plain), 1e-4);  // bf16's, not float's
+    ExpectIncrement("dqkv", got[2], in.dqkv0, want.dqkv, 5e-3);
+    if (s.T > 1) {  // bf16's, not float's
+      EXPECT_GT(NormErr(got[0], CpuAttention(s, in.qkv).out), 1e-4);
     }
-    const auto again = run();
+    const auto again = GpuAttention(s, in);
     for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(SameBits(got[i], again[i])) << i;
   }
 }

@@ -90,38 +90,22 @@ TEST_F(CudaOps, LayerNorm) {
 // past several blocks' rows and keys' tiles, rarely a multiple of either; `amp` scales q and k
 // so that scores pass 88, where expf overflows (a softmax without its running maximum fails).
 TEST_F(CudaOps, Attention) {
-  struct Shape {
-    int B, T, C, NH;
-    float amp;
-  };
-  for (const Shape s :
-       {Shape{1, 1, 4, 1, 1}, Shape{2, 7, 12, 3, 1}, Shape{3, 64, 64, 4, 1},
-        Shape{1, 129, 96, 2, 1}, Shape{1, 300, 32, 1, 1}, Shape{1, 70, 256, 2, 1},
-        Shape{2, 45, 192, 2, 1}, Shape{1, 100, 128, 2, 6}, Shape{2, 256, 768, 12, 1}}) {
-    SCOPED_TRACE(testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH
-                                    << " amp=" << s.amp);
-    const size_t x = size_t(s.B) * s.T * s.C, natt = size_t(s.B) * s.NH * s.T * s.T;
-    auto qkv = Random(3 * x, 21);
-    for (size_t i = 0; i < qkv.size(); ++i)
-      if (i % (3 * size_t(s.C)) < 2 * size_t(s.C)) qkv[i] *= s.amp;
-    const auto dout = Random(x, 22), dqkv0 = Random(3 * x, 23);
-    auto dq = D(qkv), ddout = D(dout);
-    std::vector<double> out(x), att(natt), scratch(natt), dqkv = D(dqkv0);
-    cpu::AttentionForward(out.data(), att.data(), dq.data(), s.B, s.T, s.C, s.NH);
-    cpu::AttentionBackward(dqkv.data(), scratch.data(), ddout.data(), dq.data(), att.data(), s.B,
-                           s.T, s.C, s.NH);
-    auto g_qkv = ToDevice(qkv), g_dout = ToDevice(dout), g_dqkv = ToDevice(dqkv0);
-    DeviceArray<float> g_out(x), g_lse(size_t(s.B) * s.NH * s.T);
-    AttentionForward(g_out.data(), g_lse.data(), g_qkv.data(), s.B, s.T, s.C, s.NH);
-    AttentionBackward(g_dqkv.data(), g_dout.data(), g_out.data(), g_qkv.data(), g_lse.data(), s.B,
-                      s.T, s.C, s.NH);
-    EXPECT_CLOSE(ToHost(g_out), out);
-    const auto lse = RowLse(qkv, s.B, s.T, s.C, s.NH);
-    EXPECT_CLOSE(ToHost(g_lse), lse);
+  for (const AttentionCase s :
+       {AttentionCase{1, 1, 4, 1, 1}, AttentionCase{2, 7, 12, 3, 1}, AttentionCase{3, 64, 64, 4, 1},
+        AttentionCase{1, 129, 96, 2, 1}, AttentionCase{1, 300, 32, 1, 1},
+        AttentionCase{1, 70, 256, 2, 1}, AttentionCase{2, 45, 192, 2, 1},
+        AttentionCase{1, 100, 128, 2, 6}, AttentionCase{2, 256, 768, 12, 1}}) {
+    SCOPED_TRACE(testing::Message() << s);
+    const AttentionInputs in = RandomAttentionInputs(s, 21);
+    const AttentionReference want = CpuAttention(s, in.qkv, &in.dout, &in.dqkv0);
+    const auto got = GpuAttention(s, in);
+    EXPECT_CLOSE(got[0], want.out);
+    const auto lse = RowLse(in.qkv, s.B, s.T, s.C, s.NH);
+    EXPECT_CLOSE(got[1], lse);
     if (s.amp > 1) {
       EXPECT_GT(*std::max_element(lse.begin(), lse.end()), 88.0);
     }
-    EXPECT_INC(ToHost(g_dqkv), dqkv0, dqkv);
+    EXPECT_INC(got[2], in.dqkv0, want.dqkv);
   }
 }
 

@@ -1,5 +1,6 @@
 // What the CUDA op tests share (cuda_ops_test.cc, cuda_bf16_test.cc): the fixture that skips
-// without a usable GPU, random inputs, the normalized error and its checks, bits compared.
+// without a usable GPU, random inputs, the normalized error and its checks, bits compared, and
+// attention's cases, on the CPU and on the GPU.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,11 +9,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/ops.h"
 
 namespace atl::kernels::cuda {
 
@@ -116,6 +120,60 @@ inline std::vector<double> RowLse(const std::vector<float>& qkv, int B, int T, i
         lse[(size_t(b) * NH + h) * T + t] = mx + std::log(sum);
       }
   return lse;
+}
+
+// An attention test case: the shape, and amp, the factor q and k are scaled by.
+struct AttentionCase {
+  int B, T, C, NH;
+  float amp;
+  size_t x() const { return size_t(B) * T * C; }  // elements of out (and of dout)
+};
+inline std::ostream& operator<<(std::ostream& o, const AttentionCase& s) {
+  return o << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH << " amp=" << s.amp;
+}
+
+// Random inputs of a case: qkv (q and k times amp), dout, and dqkv0 for the gradient to add to.
+struct AttentionInputs {
+  std::vector<float> qkv, dout, dqkv0;
+};
+inline AttentionInputs RandomAttentionInputs(const AttentionCase& s, uint32_t seed) {
+  AttentionInputs in{Random(3 * s.x(), seed), Random(s.x(), seed + 1), Random(3 * s.x(), seed + 2)};
+  for (size_t i = 0; i < in.qkv.size(); ++i)
+    if (i % (3 * size_t(s.C)) < 2 * size_t(s.C)) in.qkv[i] *= s.amp;
+  return in;
+}
+
+// The CPU's double attention (kernels/ops.h) on qkv: out, and with dout dqkv0 plus the gradient.
+struct AttentionReference {
+  std::vector<double> out, dqkv;
+};
+inline AttentionReference CpuAttention(const AttentionCase& s, const std::vector<float>& qkv,
+                                       const std::vector<float>* dout = nullptr,
+                                       const std::vector<float>* dqkv0 = nullptr) {
+  const size_t natt = size_t(s.B) * s.NH * s.T * s.T;
+  auto dq = D(qkv);
+  std::vector<double> att(natt);
+  AttentionReference r{std::vector<double>(s.x()), {}};
+  ::atl::kernels::AttentionForward(r.out.data(), att.data(), dq.data(), s.B, s.T, s.C, s.NH);
+  if (dout != nullptr) {
+    auto ddout = D(*dout);
+    std::vector<double> scratch(natt);
+    r.dqkv = D(*dqkv0);
+    ::atl::kernels::AttentionBackward(r.dqkv.data(), scratch.data(), ddout.data(), dq.data(),
+                                      att.data(), s.B, s.T, s.C, s.NH);
+  }
+  return r;
+}
+
+// The GPU's forward and backward (ops.h) on the inputs: {out, lse, dqkv0 plus the gradient}.
+inline std::vector<std::vector<float>> GpuAttention(const AttentionCase& s,
+                                                    const AttentionInputs& in) {
+  auto g_qkv = ToDevice(in.qkv), g_dout = ToDevice(in.dout), g_dqkv = ToDevice(in.dqkv0);
+  DeviceArray<float> g_out(s.x()), g_lse(size_t(s.B) * s.NH * s.T);
+  AttentionForward(g_out.data(), g_lse.data(), g_qkv.data(), s.B, s.T, s.C, s.NH);
+  AttentionBackward(g_dqkv.data(), g_dout.data(), g_out.data(), g_qkv.data(), g_lse.data(), s.B,
+                    s.T, s.C, s.NH);
+  return {ToHost(g_out), ToHost(g_lse), ToHost(g_dqkv)};
 }
 
 }  // namespace atl::kernels::cuda
