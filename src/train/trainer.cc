@@ -122,10 +122,13 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
       dp_comm = run.dp_nccl.get();
     }
   }
-  // ... and the tied wte's gradient between the first and the last stage (the reproducible mode
-  // adds it on the host, after its fixed-point reduction).
+  // ... and the tied wte's gradient between the first and the last stage, where ForwardBackward
+  // sums it on the GPU: not in the reproducible mode (on the host, after its fixed-point
+  // reduction), nor after a backward overlapped with a host-memory reduction (the gradients are
+  // on the host then), where the communicator would never be used.
+  const bool host_overlap = pc.dp > 1 && pc.overlap && run.dp_nccl == nullptr;
   if (Communicator* embed = me.embed_group();
-      embed != nullptr && pc.comm == "nccl" && !pc.reproducible) {
+      embed != nullptr && pc.comm == "nccl" && !pc.reproducible && !host_overlap) {
     ATOLL_ASSIGN_OR_RETURN(run.embed_nccl, NcclOver(*embed));
   }
   // A single process in the normal mode needs no reducer.
