@@ -40,22 +40,71 @@ __global__ void MeanKernel(float* mean, const float* losses, int N) {
   if (threadIdx.x == 0) *mean = float(s / double(N));
 }
 
-// d[r, v] = dloss * (exp(logits[r0 + r, v] - lse[r0 + r]) - [v == target]) for the tile's rows.
-__global__ void LogitGradKernel(float* d, const float* logits, const float* lse,
-                                const int32_t* targets, float dloss, int64_t r0, int rows, int V) {
+__device__ inline void Store(float* p, float x) { *p = x; }
+__device__ inline void Store(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
+
+// d[r, v] = dloss * (exp(logits[r0 + r, v] - lse[r0 + r]) - [v == target]) for the tile's rows,
+// in float, stored as T (bf16: rounded as Gemm would round it).
+template <class T>
+__global__ void LogitGradKernel(T* d, const float* logits, const float* lse, const int32_t* targets,
+                                float dloss, int64_t r0, int rows, int V) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(rows) * V) return;
   const int64_t r = i / V;
   const int v = int(i % V);
   const int64_t n = r0 + r;
   const float p = expf(logits[n * V + v] - lse[n]);
-  d[i] = dloss * (p - (v == targets[n] ? 1.0f : 0.0f));
+  Store(d + i, dloss * (p - (v == targets[n] ? 1.0f : 0.0f)));
 }
 
-// Rows per backward tile: at most ~64 M floats (256 MiB) of logit gradient at a time.
-int TileRows(int N, int V) {
-  const int64_t rows = (int64_t(64) << 20) / std::max(1, V);
+// Rows per backward tile: at most ~256 MiB of logit gradient at a time (64 M floats, 128 M bf16).
+int TileRows(int N, int V, size_t elem_bytes) {
+  const int64_t rows = (int64_t(256) << 20) / int64_t(elem_bytes) / std::max(1, V);
   return int(std::clamp<int64_t>(rows, 1, N));
+}
+
+// ClassifierBackward's tiles in float: each tile's gradient multiplied by Gemm.
+void FloatTiles(float* dx, float* dwte, const float* logits, const float* lse, const float* x,
+                const float* wte, const int32_t* targets, float dloss, int N, int C, int V) {
+  const int tile = TileRows(N, V, sizeof(float));
+  auto* d = static_cast<float*>(Scratch(kScratchOp, size_t(tile) * size_t(V) * sizeof(float)));
+  for (int r0 = 0; r0 < N; r0 += tile) {
+    const int rows = std::min(tile, N - r0);
+    const size_t n = size_t(rows) * size_t(V);
+    ATL_LAUNCH(LogitGradKernel<float>, Blocks(n, kThreads), kThreads, d, logits, lse, targets,
+               dloss, r0, rows, V);
+    // dx[rows,C] += d[rows,V] · wte[V,C]
+    if (dx != nullptr)
+      Gemm(false, false, rows, C, V, 1.0f, d, V, wte, C, 1.0f, dx + size_t(r0) * C, C);
+    // dwte[V,C] += d[rows,V]ᵀ · x[rows,C]
+    if (dwte != nullptr)
+      Gemm(true, false, V, C, rows, 1.0f, d, V, x + size_t(r0) * C, C, 1.0f, dwte, C);
+  }
+}
+
+// The same with bf16 products: each tile's gradient written in bf16 by its kernel, wte rounded
+// once for every tile, each tile's rows of x rounded into one 256-byte aligned place (the
+// alignment cuBLASLt's fastest kernels want, whatever C is).
+void Bf16Tiles(float* dx, float* dwte, const float* logits, const float* lse, const float* x,
+               const float* wte, const int32_t* targets, float dloss, int N, int C, int V) {
+  const int tile = TileRows(N, V, sizeof(__nv_bfloat16));
+  auto* d = static_cast<__nv_bfloat16*>(
+      Scratch(kScratchOp, size_t(tile) * size_t(V) * sizeof(__nv_bfloat16)));
+  const int64_t nw = int64_t(V) * C;
+  Bf16Operands ops({dx != nullptr ? nw : 0, dwte != nullptr ? int64_t(tile) * C : 0});
+  const __nv_bfloat16* w = dx != nullptr ? ops.Round(0, wte, nw) : nullptr;
+  for (int r0 = 0; r0 < N; r0 += tile) {
+    const int rows = std::min(tile, N - r0);
+    const size_t n = size_t(rows) * size_t(V);
+    ATL_LAUNCH(LogitGradKernel<__nv_bfloat16>, Blocks(n, kThreads), kThreads, d, logits, lse,
+               targets, dloss, r0, rows, V);
+    if (dx != nullptr)
+      GemmBf16(false, false, rows, C, V, 1.0f, d, V, w, C, 1.0f, dx + size_t(r0) * C, C);
+    if (dwte != nullptr) {
+      const __nv_bfloat16* xt = ops.Round(1, x + size_t(r0) * C, int64_t(rows) * C);
+      GemmBf16(true, false, V, C, rows, 1.0f, d, V, xt, C, 1.0f, dwte, C);
+    }
+  }
 }
 
 }  // namespace
@@ -78,20 +127,7 @@ void ClassifierBackward(float* dx, float* dwte, const float* logits, const float
                         const float* x, const float* wte, const int32_t* targets, float dloss,
                         int N, int C, int V) {
   if (N <= 0 || (dx == nullptr && dwte == nullptr)) return;
-  const int tile = TileRows(N, V);
-  auto* d = static_cast<float*>(Scratch(kScratchOp, size_t(tile) * size_t(V) * sizeof(float)));
-  for (int r0 = 0; r0 < N; r0 += tile) {
-    const int rows = std::min(tile, N - r0);
-    const size_t n = size_t(rows) * size_t(V);
-    ATL_LAUNCH(LogitGradKernel, Blocks(n, kThreads), kThreads, d, logits, lse, targets, dloss, r0,
-               rows, V);
-    // dx[rows,C] += d[rows,V] · wte[V,C]
-    if (dx != nullptr)
-      Gemm(false, false, rows, C, V, 1.0f, d, V, wte, C, 1.0f, dx + size_t(r0) * C, C);
-    // dwte[V,C] += d[rows,V]ᵀ · x[rows,C]
-    if (dwte != nullptr)
-      Gemm(true, false, V, C, rows, 1.0f, d, V, x + size_t(r0) * C, C, 1.0f, dwte, C);
-  }
+  (Bf16Matmul() ? Bf16Tiles : FloatTiles)(dx, dwte, logits, lse, x, wte, targets, dloss, N, C, V);
 }
 
 }  // namespace atl::kernels::cuda

@@ -8,10 +8,12 @@
 #pragma once
 
 #include <cublasLt.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "kernels/cuda/runtime.h"
@@ -114,6 +116,30 @@ template <class A>
 __device__ inline A BlockMax(A v, A* shared) {
   return BlockReduce(v, shared, A(-INFINITY), [](A x) { return WarpMax(x); });
 }
+
+// ---- bf16 products (matmul.cu; SetBf16Matmul) --------------------------------------------------
+
+// bf16 copies of an op's float operands, made once and shared by its products: the op reserves
+// room for every operand at once (one Scratch(kScratchGemm) buffer, each operand at a 256-byte
+// offset), then rounds each (to nearest, ties to even) into its place.
+class Bf16Operands {
+ public:
+  // Room for operands of these element counts (0: an operand not used).
+  explicit Bf16Operands(std::initializer_list<int64_t> counts);
+  // Operand i: n <= counts[i] elements of src rounded to bf16 (a launch; none for n = 0).
+  const __nv_bfloat16* Round(int i, const float* src, int64_t n);
+
+ private:
+  __nv_bfloat16* base_ = nullptr;
+  int64_t offsets_[4] = {}, counts_[4] = {};
+  int size_ = 0;
+};
+
+// Gemm (ops.h) on operands already bf16, accumulating and writing float: the product Gemm runs
+// after rounding its operands under SetBf16Matmul (the same cuBLASLt plan for the same shape and
+// alignments, hence the same bits).
+void GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const __nv_bfloat16* a,
+              int64_t lda, const __nv_bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // Column sums of a row-major [rows, cols] matrix, ADDED into out[cols] (device), in a fixed
 // order: rows are cut into chunks of kSumRows, each chunk summed per column in row order, then the

@@ -143,5 +143,64 @@ TEST_F(CudaOps, Bf16AttentionOnTheTensorCores) {
   }
 }
 
+// The classifier with bf16 products: the logits against the double product of x and wte rounded
+// to bf16; the gradients against the double products of the logits' gradient rounded to bf16
+// (as the backward writes it) with x and wte rounded. N = 2700 at V = 50257 makes two backward
+// tiles (2670 rows and 30). Each operand is rounded once per op: the backward rounds wte once for
+// every tile, and x once.
+TEST_F(CudaOps, Bf16Classifier) {
+  const Bf16On on;
+  struct Shape {
+    int N, C, V;
+  };
+  for (const Shape s : {Shape{17, 32, 1001}, Shape{2700, 4, 50257}}) {
+    SCOPED_TRACE(testing::Message() << "N=" << s.N << " C=" << s.C << " V=" << s.V);
+    const size_t N = size_t(s.N), C = size_t(s.C), V = size_t(s.V);
+    const auto x = Random(N * C, 131), wte = Random(V * C, 132, 0.3f);
+    const auto tgt = Tokens(N, s.V, 133);
+    const auto dx0 = Random(x.size(), 134), dwte0 = Random(wte.size(), 135);
+    const auto rx = Rounded(x), rw = Rounded(wte);
+    auto g_x = ToDevice(x), g_wte = ToDevice(wte), g_dx = ToDevice(dx0), g_dwte = ToDevice(dwte0);
+    auto g_tgt = ToDevice(tgt);
+    DeviceArray<float> g_logits(N * V), g_lse(N), g_losses(N);
+    ClassifierForward(g_logits.data(), g_lse.data(), g_losses.data(), g_x.data(), g_wte.data(),
+                      g_tgt.data(), s.N, s.C, s.V);
+    const uint64_t rounded = Bf16RoundedElements();
+    const float dloss = 1.0f / float(s.N);
+    ClassifierBackward(g_dx.data(), g_dwte.data(), g_logits.data(), g_lse.data(), g_x.data(),
+                       g_wte.data(), g_tgt.data(), dloss, s.N, s.C, s.V);
+    EXPECT_EQ(Bf16RoundedElements() - rounded, V * C + N * C);
+    const auto logits = ToHost(g_logits), lse = ToHost(g_lse);
+    std::vector<double> want_logits(N * V), dx = D(dx0), dwte = D(dwte0);
+    for (size_t n = 0; n < N; ++n)
+      for (size_t v = 0; v < V; ++v) {
+        double l = 0;
+        for (size_t c = 0; c < C; ++c) l += double(rx[n * C + c]) * double(rw[v * C + c]);
+        want_logits[n * V + v] = l;
+        // The backward's logit gradient from the GPU's own logits, rounded as it rounds it.
+        const float p = std::exp(logits[n * V + v] - lse[n]);
+        const double d = RoundBf16(dloss * (p - (int(v) == tgt[n] ? 1.0f : 0.0f)));
+        for (size_t c = 0; c < C; ++c) {
+          dx[n * C + c] += d * double(rw[v * C + c]);
+          dwte[v * C + c] += d * double(rx[n * C + c]);
+        }
+      }
+    EXPECT_LE(NormErr(logits, want_logits), kTol);
+    ExpectIncrement("dx", ToHost(g_dx), dx0, dx);
+    ExpectIncrement("dwte", ToHost(g_dwte), dwte0, dwte);
+  }
+  // The linear layer's backward rounds dout once for its two products.
+  const int N = 37, IC = 96, OC = 51;
+  auto inp = ToDevice(Random(size_t(N) * IC, 136)), w = ToDevice(Random(size_t(IC) * OC, 137));
+  auto dout = ToDevice(Random(size_t(N) * OC, 138));
+  DeviceArray<float> dinp(size_t(N) * IC), dw(size_t(IC) * OC);
+  Zero(dinp.data(), dinp.size() * 4);
+  Zero(dw.data(), dw.size() * 4);
+  const uint64_t rounded = Bf16RoundedElements();
+  MatmulBackward(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, IC, OC);
+  EXPECT_EQ(Bf16RoundedElements() - rounded,
+            uint64_t(N) * OC + uint64_t(IC) * OC + uint64_t(N) * IC);
+}
+
 }  // namespace
 }  // namespace atl::kernels::cuda

@@ -13,10 +13,12 @@
 // bf16 products (SetBf16Matmul): each operand's extent is rounded to bf16 into scratch (to
 // nearest, ties to even) and cuBLASLt multiplies the bf16 copies, accumulating and writing float
 // (CUBLAS_COMPUTE_32F, C and D float): the tensor cores' rate, with the sums and the result of
-// float precision.
+// float precision. Ops whose products share an operand round it once (Bf16Operands, GemmBf16 in
+// common.cuh): the linear layer's backward its dout, the classifier's backward wte and x.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -39,6 +41,7 @@ using Key = std::tuple<bool, bool, int, int, int, int64_t, int64_t, int64_t, int
                        int64_t, uint32_t, uint32_t, uint32_t, bool, bool>;
 
 bool bf16_products = false;
+uint64_t bf16_rounded = 0;
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -131,11 +134,36 @@ int64_t Extent(int64_t rows, int64_t cols, int64_t ld, int batch, int64_t stride
 
 void SetBf16Matmul(bool on) { bf16_products = on; }
 bool Bf16Matmul() { return bf16_products; }
+uint64_t Bf16RoundedElements() { return bf16_rounded; }
 
-void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int64_t lda,
-          const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int batch,
-          int64_t stride_a, int64_t stride_b, int64_t stride_c) {
-  if (m <= 0 || n <= 0 || batch <= 0) return;
+Bf16Operands::Bf16Operands(std::initializer_list<int64_t> counts) {
+  if (counts.size() > 4) ThrowCuda("Bf16Operands", __FILE__, __LINE__, "at most 4 operands");
+  int64_t total = 0;
+  for (const int64_t n : counts) {
+    offsets_[size_] = total;
+    counts_[size_++] = n;
+    total += (n + 127) / 128 * 128;  // the next one 256-byte aligned
+  }
+  if (total > 0)
+    base_ =
+        static_cast<__nv_bfloat16*>(Scratch(kScratchGemm, size_t(total) * sizeof(__nv_bfloat16)));
+}
+
+const __nv_bfloat16* Bf16Operands::Round(int i, const float* src, int64_t n) {
+  if (i < 0 || i >= size_ || n > counts_[i])
+    ThrowCuda("Bf16Operands::Round", __FILE__, __LINE__, "an operand larger than its room");
+  __nv_bfloat16* dst = base_ + offsets_[i];
+  if (n > 0) ATL_LAUNCH(ToBf16, Blocks(size_t(n), 256), 256, dst, src, n);
+  bf16_rounded += uint64_t(std::max<int64_t>(n, 0));
+  return dst;
+}
+
+namespace {
+
+// The product of Gemm and GemmBf16, on operands of the given type.
+void Product(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a,
+             int64_t lda, const void* b, int64_t ldb, float beta, float* c, int64_t ldc, int batch,
+             int64_t stride_a, int64_t stride_b, int64_t stride_c, bool bf16) {
   const Key key{trans_a,
                 trans_b,
                 m,
@@ -152,34 +180,48 @@ void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const fl
                 Alignment(b),
                 Alignment(c),
                 beta != 0.0f,
-                bf16_products};
-  if (k <= 0) {  // c = beta * c: nothing to multiply (cuBLASLt rejects k = 0)
-    if (beta == 1.0f) return;
-    if (beta == 0.0f && batch == 1 && ldc == n) return Zero(c, size_t(m) * size_t(n) * 4);
-    ThrowCuda("Gemm", __FILE__, __LINE__, "k = 0 with this beta and layout is not supported");
-  }
-  const void* pa = a;
-  const void* pb = b;
-  Key k2 = key;
-  if (bf16_products) {
-    // Stored shapes: a is [m, k] ([k, m] transposed), b is [k, n] ([n, k] transposed).
-    const int64_t ea =
-        trans_a ? Extent(k, m, lda, batch, stride_a) : Extent(m, k, lda, batch, stride_a);
-    const int64_t eb =
-        trans_b ? Extent(n, k, ldb, batch, stride_b) : Extent(k, n, ldb, batch, stride_b);
-    const int64_t b_at = (ea + 127) / 128 * 128;  // 256-byte aligned
-    auto* s = static_cast<__nv_bfloat16*>(
-        Scratch(kScratchGemm, size_t(b_at + eb) * sizeof(__nv_bfloat16)));
-    ATL_LAUNCH(ToBf16, Blocks(size_t(ea), 256), 256, s, a, ea);
-    ATL_LAUNCH(ToBf16, Blocks(size_t(eb), 256), 256, s + b_at, b, eb);
-    pa = s;
-    pb = s + b_at;
-    std::get<12>(k2) = Alignment(pa);
-    std::get<13>(k2) = Alignment(pb);
-  }
-  const Plan& p = GetPlan(k2);
-  ATL_CUBLAS(cublasLtMatmul(BlasLt(), p.desc, &alpha, pb, p.a, pa, p.b, &beta, c, p.c, c, p.c,
+                bf16};
+  const Plan& p = GetPlan(key);
+  ATL_CUBLAS(cublasLtMatmul(BlasLt(), p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c,
                             &p.algo, BlasWorkspace(), kBlasWorkspaceBytes, Stream()));
+}
+
+// Whether c = alpha op(a) op(b) + beta c has a product to run; when k = 0 (cuBLASLt rejects it)
+// applies c = beta * c itself.
+bool HasProduct(int m, int n, int k, float beta, float* c, int64_t ldc, int batch) {
+  if (m <= 0 || n <= 0 || batch <= 0) return false;
+  if (k > 0) return true;
+  if (beta == 1.0f) return false;
+  if (beta == 0.0f && batch == 1 && ldc == n) {
+    Zero(c, size_t(m) * size_t(n) * 4);
+    return false;
+  }
+  ThrowCuda("Gemm", __FILE__, __LINE__, "k = 0 with this beta and layout is not supported");
+}
+
+}  // namespace
+
+void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int batch,
+          int64_t stride_a, int64_t stride_b, int64_t stride_c) {
+  if (!HasProduct(m, n, k, beta, c, ldc, batch)) return;
+  if (!bf16_products)
+    return Product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, batch, stride_a,
+                   stride_b, stride_c, false);
+  // Stored shapes: a is [m, k] ([k, m] transposed), b is [k, n] ([n, k] transposed).
+  const int64_t ea =
+      trans_a ? Extent(k, m, lda, batch, stride_a) : Extent(m, k, lda, batch, stride_a);
+  const int64_t eb =
+      trans_b ? Extent(n, k, ldb, batch, stride_b) : Extent(k, n, ldb, batch, stride_b);
+  Bf16Operands ops({ea, eb});
+  Product(trans_a, trans_b, m, n, k, alpha, ops.Round(0, a, ea), lda, ops.Round(1, b, eb), ldb,
+          beta, c, ldc, batch, stride_a, stride_b, stride_c, true);
+}
+
+void GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const __nv_bfloat16* a,
+              int64_t lda, const __nv_bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (!HasProduct(m, n, k, beta, c, ldc, 1)) return;
+  Product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 1, 0, 0, 0, true);
 }
 
 void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
@@ -194,10 +236,21 @@ void MatmulForward(float* out, const float* inp, const float* weight, const floa
 
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                     const float* weight, int N, int IC, int OC) {
-  // dinp[N,IC] += dout[N,OC] · weight[IC,OC]ᵀ
-  if (dinp != nullptr) Gemm(false, true, N, IC, OC, 1.0f, dout, OC, weight, OC, 1.0f, dinp, IC);
-  // dweight[IC,OC] += inp[N,IC]ᵀ · dout[N,OC]
-  if (dweight != nullptr) Gemm(true, false, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dweight, OC);
+  if (bf16_products && (dinp != nullptr || dweight != nullptr)) {  // dout rounded once for both
+    const int64_t nd = int64_t(N) * OC, nw = int64_t(IC) * OC, ni = int64_t(N) * IC;
+    Bf16Operands ops({nd, dinp != nullptr ? nw : 0, dweight != nullptr ? ni : 0});
+    const __nv_bfloat16* d = ops.Round(0, dout, nd);
+    if (dinp != nullptr)
+      GemmBf16(false, true, N, IC, OC, 1.0f, d, OC, ops.Round(1, weight, nw), OC, 1.0f, dinp, IC);
+    if (dweight != nullptr)
+      GemmBf16(true, false, IC, OC, N, 1.0f, ops.Round(2, inp, ni), IC, d, OC, 1.0f, dweight, OC);
+  } else {
+    // dinp[N,IC] += dout[N,OC] · weight[IC,OC]ᵀ
+    if (dinp != nullptr) Gemm(false, true, N, IC, OC, 1.0f, dout, OC, weight, OC, 1.0f, dinp, IC);
+    // dweight[IC,OC] += inp[N,IC]ᵀ · dout[N,OC]
+    if (dweight != nullptr)
+      Gemm(true, false, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dweight, OC);
+  }
   if (dbias != nullptr) ColumnSumsAdd(dbias, dout, N, OC);
 }
 

@@ -73,6 +73,9 @@ void ClassifierBackward(float* dx, float* dwte, const float* logits, const float
 // setting, as its stream is.
 void SetBf16Matmul(bool on);
 bool Bf16Matmul();
+// Float elements rounded to bf16 for products so far, by the process (bf16 mode's own memory
+// traffic: each is read as float and written as bf16 once more than a bf16 activation would be).
+uint64_t Bf16RoundedElements();
 
 // Row-major: c[m,n] = alpha * op(a) · op(b) + beta * c, op(a) [m,k] (a is [k,m] when trans_a),
 // op(b) [k,n] (b is [n,k] when trans_b); lda, ldb, ldc are the row strides. `batch` products at
