@@ -106,3 +106,10 @@ for prec in fp32 bf16; do
   "$MODEL_STEP" --device cuda --precision $prec --preset gpt2-124m --batch "$BATCH" --steps 5 \
     --warmup 2 --profile | tee "$out/profile-$prec.txt"
 done
+# What the bf16 copies of the products' inputs save (GPT::set_bf16_copies; the same bits):
+# forward + backward without a profile, with them and without, one after the other.
+echo "bf16 copies of the products' inputs (gpt2-124m, batch $BATCH, forward + backward):"
+for copies in on off; do
+  "$MODEL_STEP" --device cuda --precision bf16 --preset gpt2-124m --batch "$BATCH" --steps 10 \
+    --warmup 3 --bf16-copies $copies | tail -1 | tee -a "$out/gpu_bench.md"
+done

@@ -2,13 +2,16 @@
 //
 //   build/.../bench/kernels_model_step [--preset tiny|small|gpt2-124m|gpt2-350m|all]
 //       [--threads 1,2] [--batch B] [--steps S] [--warmup W] [--profile] [--sgemm GFLOPS]
-//       [--device cpu|cuda] [--precision fp32|bf16]
+//       [--device cpu|cuda] [--precision fp32|bf16] [--bf16-copies on|off]
 //
 // --device cuda runs the model on the GPU (float); MFU is then against --sgemm (default 67,000
 // GFLOP/s: an H100 SXM's dense fp32 rate), and --profile waits for the GPU after every op.
 // --precision bf16 (GPU only) rounds every product's operands to bf16 on the tensor cores, as
 // train.precision = "bf16" does (attention's too for heads up to 64); --sgemm then defaults to
-// 989,000 (the H100 SXM's dense bf16 rate).
+// 989,000 (the H100 SXM's dense bf16 rate), and the line adds the elements rounded to bf16 per
+// step (each read as float and written as bf16). --bf16-copies off: the products round their
+// inputs themselves instead of reading the bf16 copies their producers write (GPT::
+// set_bf16_copies; the same bits, to time what the copies save).
 //
 // Shapes are those of configs/{tiny,small,gpt2-124m}.toml; the batch defaults to the preset's
 // micro_batch_size (gpt2-124m: 1, to fit beside other users' jobs).
@@ -98,11 +101,12 @@ double SgemmRate(int threads) {
 }
 
 void Run(const Preset& p, int threads, int batch, int steps, int warmup, bool profile,
-         double sgemm_gflops, atl::Device device) {
+         double sgemm_gflops, atl::Device device, bool bf16_copies) {
   omp_set_num_threads(threads);
   const atl::GPTConfig& c = p.cfg;
   const int B = batch, T = c.seq_len;
   atl::GPT<float> model(c, B, {}, 1, device);
+  model.set_bf16_copies(bf16_copies);
   model.InitParameters(1337);
   std::mt19937 gen(1);
   std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
@@ -110,10 +114,14 @@ void Run(const Preset& p, int threads, int batch, int steps, int warmup, bool pr
   for (auto& x : tg) x = int32_t(gen() % uint32_t(c.vocab_size));
   double best = 1e30, total = 0, best_cpu = 1e30;
   float loss = 0;
+  uint64_t rounded = 0;
   for (int s = 0; s < warmup + steps; ++s) {
-    if (s == warmup && profile) {
-      model.reset_op_times();
-      model.set_profiling(true);
+    if (s == warmup) {
+      rounded = atl::Bf16RoundedElements();
+      if (profile) {
+        model.reset_op_times();
+        model.set_profiling(true);
+      }
     }
     const double t0 = Now(), c0 = CpuNow();
     model.ZeroGrad();
@@ -131,12 +139,17 @@ void Run(const Preset& p, int threads, int batch, int steps, int warmup, bool pr
   const double flops_tok = 6 * n_matmul + 12 * L * T * C;
   const double tokens = double(B) * T;
   const double tps = tokens / best;
+  rounded = atl::Bf16RoundedElements() - rounded;
   std::printf(
       "%-10s L%-2d H%-2d C%-4d T%-5d V%-6d B%-2d threads %d | %8.1f ms/step (mean %.1f) "
-      "| %9.0f tokens/s | %6.1f GFLOP/s | MFU %5.1f%% of %.0f | cpu %.1f ms | loss %.4f\n",
+      "| %9.0f tokens/s | %6.1f GFLOP/s | MFU %5.1f%% of %.0f | cpu %.1f ms | loss %.4f",
       p.name, c.n_layer, c.n_head, c.n_embd, T, c.vocab_size, B, threads, best * 1e3,
       total / steps * 1e3, tps, flops_tok * tps / 1e9, 100 * flops_tok * tps / (sgemm_gflops * 1e9),
       sgemm_gflops, best_cpu * 1e3, loss);
+  if (rounded > 0)
+    std::printf(" | bf16 rounding %.1f M elements/step (copies %s)", double(rounded) / steps / 1e6,
+                bf16_copies ? "on" : "off");
+  std::printf("\n");
   if (profile) {
     const auto times = model.op_times();
     double sum = 0;
@@ -162,7 +175,7 @@ int main(int argc, char** argv) {
   bool profile = false;
   double sgemm = 0;
   atl::Device device = atl::Device::kCpu;
-  bool bf16 = false;
+  bool bf16 = false, bf16_copies = true;
   for (int i = 1; i < argc; ++i) {
     auto next = [&] {
       if (i + 1 >= argc) {
@@ -190,7 +203,14 @@ int main(int argc, char** argv) {
       sgemm = std::atof(next());
     else if (!std::strcmp(argv[i], "--profile"))
       profile = true;
-    else if (!std::strcmp(argv[i], "--device")) {
+    else if (!std::strcmp(argv[i], "--bf16-copies")) {
+      const std::string v = next();
+      if (v != "on" && v != "off") {
+        std::fprintf(stderr, "kernels_model_step: --bf16-copies: on or off\n");
+        return 2;
+      }
+      bf16_copies = v == "on";
+    } else if (!std::strcmp(argv[i], "--device")) {
       if (!atl::ParseDevice(next(), &device)) {
         std::fprintf(stderr, "kernels_model_step: --device: cpu or cuda\n");
         return 2;
@@ -206,7 +226,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: kernels_model_step [--preset tiny|small|gpt2-124m|all] [--threads 1,2] "
                    "[--batch B] [--steps S] [--warmup W] [--profile] [--sgemm GFLOPS] "
-                   "[--device cpu|cuda] [--precision fp32|bf16]\n");
+                   "[--device cpu|cuda] [--precision fp32|bf16] [--bf16-copies on|off]\n");
       return 2;
     }
   }
@@ -248,7 +268,7 @@ int main(int argc, char** argv) {
                 sgemm > 0 ? " (given)" : " (2048^3, best of tiles / OpenBLAS threads)");
     for (const Preset& p : presets) {
       if (preset != "all" && preset != p.name) continue;
-      Run(p, t, batch > 0 ? batch : p.batch, steps, warmup, profile, rate, device);
+      Run(p, t, batch > 0 ? batch : p.batch, steps, warmup, profile, rate, device, bf16_copies);
     }
   }
   return 0;

@@ -62,6 +62,25 @@ inline void SetBf16Matmul(bool on) {
 #endif
 }
 
+// Whether the GPU's products are on bf16 operands now (false without CUDA).
+inline bool Bf16Matmul() {
+#if ATOLL_HAVE_CUDA
+  return kernels::cuda::Bf16Matmul();
+#else
+  return false;
+#endif
+}
+
+// Float elements the GPU has rounded to bf16 for products so far (kernels/cuda/ops.h; 0 without
+// CUDA).
+inline uint64_t Bf16RoundedElements() {
+#if ATOLL_HAVE_CUDA
+  return kernels::cuda::Bf16RoundedElements();
+#else
+  return 0;
+#endif
+}
+
 // What a device computes with, for comparing replicas' bits: "cpu", or "cuda <GPU name> sm_XY
 // cudart <version>".
 inline std::string DeviceDescription(Device d) {
@@ -181,7 +200,8 @@ size_t DeviceCurrent(Newer& at, const T* host, T* dev, size_t n) {
 }
 
 // The ops of kernels/ops.h on one device. On the GPU (float only): device pointers throughout,
-// plus the token ids on the host for the embedding gradient.
+// plus the token ids on the host for the embedding gradient, and the bf16 copies of the products'
+// inputs (kernels/cuda/ops.h; `*_b`, null for none), which the CPU has no use for.
 template <class T>
 struct Ops {
   bool cuda = false;
@@ -205,8 +225,8 @@ struct Ops {
     kernels::EncoderBackward(dwte, dwpe, dout, host_inp, B, T_, C, vb, ve);
   }
   void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int N,
-                        int C) const {
-    ATL_GPU(kernels::cuda::LayerNormForward(out, mean, rstd, inp, w, b, N, C));
+                        int C, uint16_t* out_b = nullptr) const {
+    ATL_GPU(kernels::cuda::LayerNormForward(out, mean, rstd, inp, w, b, N, C, out_b));
     kernels::LayerNormForward(out, mean, rstd, inp, w, b, N, C);
   }
   void LayerNormBackward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
@@ -214,19 +234,21 @@ struct Ops {
     ATL_GPU(kernels::cuda::LayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd, N, C));
     kernels::LayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
-  void MatmulForward(T* out, const T* inp, const T* w, const T* b, int N, int IC, int OC) const {
-    ATL_GPU(kernels::cuda::MatmulForward(out, inp, w, b, N, IC, OC));
+  void MatmulForward(T* out, const T* inp, const T* w, const T* b, int N, int IC, int OC,
+                     const uint16_t* inp_b = nullptr) const {
+    ATL_GPU(kernels::cuda::MatmulForward(out, inp, w, b, N, IC, OC, inp_b));
     kernels::MatmulForward(out, inp, w, b, N, IC, OC);
   }
   void MatmulBackward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, int N, int IC,
-                      int OC) const {
-    ATL_GPU(kernels::cuda::MatmulBackward(dinp, dw, db, dout, inp, w, N, IC, OC));
+                      int OC, const uint16_t* inp_b = nullptr) const {
+    ATL_GPU(kernels::cuda::MatmulBackward(dinp, dw, db, dout, inp, w, N, IC, OC, inp_b));
     kernels::MatmulBackward(dinp, dw, db, dout, inp, w, N, IC, OC);
   }
   // att: the probabilities [B, NH, T, T] on the CPU; each row's log-sum-exp [B, NH, T] on the GPU
   // (flash-style, kernels/cuda/ops.h), whose backward also reads the forward's out.
-  void AttentionForward(T* out, T* att, const T* qkv, int B, int T_, int C, int NH) const {
-    ATL_GPU(kernels::cuda::AttentionForward(out, att, qkv, B, T_, C, NH));
+  void AttentionForward(T* out, T* att, const T* qkv, int B, int T_, int C, int NH,
+                        uint16_t* out_b = nullptr) const {
+    ATL_GPU(kernels::cuda::AttentionForward(out, att, qkv, B, T_, C, NH, out_b));
     kernels::AttentionForward(out, att, qkv, B, T_, C, NH);
   }
   // scratch: the CPU's (B*NH*T*T elements); the GPU uses its own.
@@ -235,8 +257,8 @@ struct Ops {
     ATL_GPU(kernels::cuda::AttentionBackward(dqkv, dout, out, qkv, att, B, T_, C, NH));
     kernels::AttentionBackward(dqkv, scratch, dout, qkv, att, B, T_, C, NH);
   }
-  void GeluForward(T* out, const T* inp, size_t n) const {
-    ATL_GPU(kernels::cuda::GeluForward(out, inp, n));
+  void GeluForward(T* out, const T* inp, size_t n, uint16_t* out_b = nullptr) const {
+    ATL_GPU(kernels::cuda::GeluForward(out, inp, n, out_b));
     kernels::GeluForward(out, inp, n);
   }
   void GeluBackward(T* dinp, const T* inp, const T* dout, size_t n) const {
@@ -249,15 +271,16 @@ struct Ops {
   }
   // scratch: the CPU's (ClassifierForwardScratch / BackwardScratch); the GPU uses its own.
   T ClassifierForward(T* logits, T* lse, T* losses, T* scratch, const T* x, const T* wte,
-                      const int32_t* targets, int N, int C, int V) const {
-    ATL_GPU(kernels::cuda::ClassifierForward(logits, lse, losses, x, wte, targets, N, C, V));
+                      const int32_t* targets, int N, int C, int V,
+                      const uint16_t* x_b = nullptr) const {
+    ATL_GPU(kernels::cuda::ClassifierForward(logits, lse, losses, x, wte, targets, N, C, V, x_b));
     return kernels::ClassifierForward(logits, lse, losses, scratch, x, wte, targets, N, C, V);
   }
   void ClassifierBackward(T* dx, T* dwte, T* scratch, const T* logits, const T* lse, const T* x,
-                          const T* wte, const int32_t* targets, T dloss, int N, int C,
-                          int V) const {
-    ATL_GPU(
-        kernels::cuda::ClassifierBackward(dx, dwte, logits, lse, x, wte, targets, dloss, N, C, V));
+                          const T* wte, const int32_t* targets, T dloss, int N, int C, int V,
+                          const uint16_t* x_b = nullptr) const {
+    ATL_GPU(kernels::cuda::ClassifierBackward(dx, dwte, logits, lse, x, wte, targets, dloss, N, C,
+                                              V, x_b));
     kernels::ClassifierBackward(dx, dwte, scratch, logits, lse, x, wte, targets, dloss, N, C, V);
   }
   // Zeroes n elements at p (p on this device).

@@ -243,8 +243,15 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
     CopyIn(device_, S.encoded.data(), input_acts, NC);
   }
   const T* residual = S.encoded.data();
+  // bf16 copies of the products' inputs (set_bf16_copies).
+  const bool copies = bf16_copies_ && S.UseBf16Copies(device_);
+  S.copies_written = copies;
   for (int l = layer_begin_; l < layer_end_; ++l) {
     const size_t i = size_t(l - layer_begin_);
+    uint16_t* ln1_b = Slot::At(S.ln1_b, copies, i, S.copy_c);
+    uint16_t* atty_b = Slot::At(S.atty_b, copies, i, S.copy_cl);
+    uint16_t* ln2_b = Slot::At(S.ln2_b, copies, i, S.copy_c);
+    uint16_t* gelu_b = Slot::At(S.gelu_b, copies, i, S.copy_fl);
     T* ln1 = S.ln1.data() + i * NR * C;
     T* ln1_mean = S.ln1_mean.data() + i * NR;
     T* ln1_rstd = S.ln1_rstd.data() + i * NR;
@@ -261,31 +268,31 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
 
     ATL_OP("layernorm fwd",
            ops_.LayerNormForward(ln1, ln1_mean, ln1_rstd, residual, W(ParamKind::kLn1W, l),
-                                 W(ParamKind::kLn1B, l), N, C));
+                                 W(ParamKind::kLn1B, l), N, C, ln1_b));
     ATL_OP("matmul fwd", ops_.MatmulForward(qkv, ln1, W(ParamKind::kAttnW, l),
-                                            W(ParamKind::kAttnB, l), N, C, 3 * Cl));
+                                            W(ParamKind::kAttnB, l), N, C, 3 * Cl, ln1_b));
     Op(OpKind::kGemmForward, l, 0, qkv, N, 3 * Cl, ln1, W(ParamKind::kAttnW, l),
        W(ParamKind::kAttnB, l), C);
-    ATL_OP("attention fwd", ops_.AttentionForward(atty, att, qkv, B, T_len, Cl, NHl));
+    ATL_OP("attention fwd", ops_.AttentionForward(atty, att, qkv, B, T_len, Cl, NHl, atty_b));
     // residual2 = residual + atty · W_proj + b_proj (the projection lands in residual2 first).
-    ATL_OP("matmul fwd",
-           ops_.MatmulForward(res2, atty, W(ParamKind::kAttnProjW, l),
-                              add_row_bias ? W(ParamKind::kAttnProjB, l) : nullptr, N, Cl, C));
+    ATL_OP("matmul fwd", ops_.MatmulForward(res2, atty, W(ParamKind::kAttnProjW, l),
+                                            add_row_bias ? W(ParamKind::kAttnProjB, l) : nullptr, N,
+                                            Cl, C, atty_b));
     Op(OpKind::kGemmForward, l, 1, res2, N, C, atty, W(ParamKind::kAttnProjW, l),
        add_row_bias ? W(ParamKind::kAttnProjB, l) : nullptr, Cl);
     ATL_OP("tp all-reduce", TensorAllReduce(res2, NC));
     ATL_OP("residual fwd", ops_.ResidualForward(res2, residual, res2, NC));
     ATL_OP("layernorm fwd",
            ops_.LayerNormForward(ln2, ln2_mean, ln2_rstd, res2, W(ParamKind::kLn2W, l),
-                                 W(ParamKind::kLn2B, l), N, C));
-    ATL_OP("matmul fwd",
-           ops_.MatmulForward(fch, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l), N, C, Fl));
+                                 W(ParamKind::kLn2B, l), N, C, ln2_b));
+    ATL_OP("matmul fwd", ops_.MatmulForward(fch, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l),
+                                            N, C, Fl, ln2_b));
     Op(OpKind::kGemmForward, l, 2, fch, N, Fl, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l),
        C);
-    ATL_OP("gelu fwd", ops_.GeluForward(fch_gelu, fch, size_t(N) * Fl));
-    ATL_OP("matmul fwd",
-           ops_.MatmulForward(res3, fch_gelu, W(ParamKind::kFcProjW, l),
-                              add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, N, Fl, C));
+    ATL_OP("gelu fwd", ops_.GeluForward(fch_gelu, fch, size_t(N) * Fl, gelu_b));
+    ATL_OP("matmul fwd", ops_.MatmulForward(res3, fch_gelu, W(ParamKind::kFcProjW, l),
+                                            add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, N,
+                                            Fl, C, gelu_b));
     Op(OpKind::kGemmForward, l, 3, res3, N, C, fch_gelu, W(ParamKind::kFcProjW, l),
        add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, Fl);
     ATL_OP("tp all-reduce", TensorAllReduce(res3, NC));
@@ -297,15 +304,16 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
   S.T_len = T_len;
   S.had_targets = last && targets != nullptr;
   if (!last) return T(0);
-  ATL_OP("layernorm fwd",
-         ops_.LayerNormForward(S.lnf.data(), S.lnf_mean.data(), S.lnf_rstd.data(), residual,
-                               W(ParamKind::kLnfW), W(ParamKind::kLnfB), N, C));
+  ATL_OP("layernorm fwd", ops_.LayerNormForward(S.lnf.data(), S.lnf_mean.data(), S.lnf_rstd.data(),
+                                                residual, W(ParamKind::kLnfW), W(ParamKind::kLnfB),
+                                                N, C, Slot::At(S.lnf_b, copies, 0, 0)));
   if (tp > 1) return targets != nullptr ? VocabParallelLoss(S, N) : T(0);
   T loss = 0;
-  ATL_OP("classifier fwd", loss = ops_.ClassifierForward(
-                               S.logits.data(), S.lse.data(), S.losses.data(),
-                               a.classifier_scratch.data(), S.lnf.data(), W(ParamKind::kWte),
-                               targets != nullptr ? S.targets.data() : nullptr, N, C, V));
+  ATL_OP("classifier fwd",
+         loss = ops_.ClassifierForward(
+             S.logits.data(), S.lse.data(), S.losses.data(), a.classifier_scratch.data(),
+             S.lnf.data(), W(ParamKind::kWte), targets != nullptr ? S.targets.data() : nullptr, N,
+             C, V, Slot::At(S.lnf_b, copies, 0, 0)));
   return loss;
 }
 
@@ -322,10 +330,10 @@ T GPT<T>::VocabParallelLoss(Slot& S, int N) {
     a.host_vocab_targets[size_t(n)] = t >= vocab_begin_ && t < vocab_end_ ? t - vocab_begin_ : 0;
   }
   CopyIn(device_, a.vocab_targets.data(), a.host_vocab_targets.data(), size_t(N));
-  ATL_OP("classifier fwd",
-         ops_.ClassifierForward(S.logits.data(), S.lse.data(), S.losses.data(),
-                                a.classifier_scratch.data(), S.lnf.data(), W(ParamKind::kWte),
-                                a.vocab_targets.data(), N, C, Vl));
+  ATL_OP("classifier fwd", ops_.ClassifierForward(S.logits.data(), S.lse.data(), S.losses.data(),
+                                                  a.classifier_scratch.data(), S.lnf.data(),
+                                                  W(ParamKind::kWte), a.vocab_targets.data(), N, C,
+                                                  Vl, Slot::At(S.lnf_b, S.copies_written, 0, 0)));
   T* stats = a.vocab_stats.data();
   std::fill(stats, stats + size_t(tp + 1) * N, T(0));
   // On the GPU: lse and the losses come to the host, and a target's logit is lse - loss (its
@@ -408,7 +416,8 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
     ATL_OP("classifier bwd",
            ops_.ClassifierBackward(a.dln.data(), D(ParamKind::kWte), a.classifier_scratch.data(),
                                    S.logits.data(), S.lse.data(), S.lnf.data(), W(ParamKind::kWte),
-                                   targets, dloss, N, C, vocab_end_ - vocab_begin_));
+                                   targets, dloss, N, C, vocab_end_ - vocab_begin_,
+                                   Slot::At(S.lnf_b, S.copies_written, 0, 0)));
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln.data(), NC));
     const T* last_residual = S.residual3.data() + size_t(Ll - 1) * NR * C;
     ATL_OP("layernorm bwd", ops_.LayerNormBackward(dres, D(ParamKind::kLnfW), D(ParamKind::kLnfB),
@@ -432,6 +441,11 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
     const T* ln2_rstd = S.ln2_rstd.data() + i * NR;
     const T* fch = S.fch.data() + i * NR * Fl;
     const T* fch_gelu = S.fch_gelu.data() + i * NR * Fl;
+    const bool copies = S.copies_written;  // bf16 copies of the products' inputs
+    const uint16_t* ln1_b = Slot::At(S.ln1_b, copies, i, S.copy_c);
+    const uint16_t* atty_b = Slot::At(S.atty_b, copies, i, S.copy_cl);
+    const uint16_t* ln2_b = Slot::At(S.ln2_b, copies, i, S.copy_c);
+    const uint16_t* gelu_b = Slot::At(S.gelu_b, copies, i, S.copy_fl);
 
     // residual3 = residual2 + mlp(ln2(residual2)): dres flows to residual2 unchanged, and into
     // the MLP as the gradient of its output.
@@ -443,13 +457,13 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
                                       {a.dqkv.data(), size_t(N) * 3 * Cl}}));
     ATL_OP("matmul bwd", ops_.MatmulBackward(a.dfch_gelu.data(), D(ParamKind::kFcProjW, l),
                                              D(ParamKind::kFcProjB, l), dres, fch_gelu,
-                                             W(ParamKind::kFcProjW, l), N, Fl, C));
+                                             W(ParamKind::kFcProjW, l), N, Fl, C, gelu_b));
     Op(OpKind::kGemmBackward, l, 3, a.dfch_gelu.data(), N, Fl, dres, W(ParamKind::kFcProjW, l),
        nullptr, C);
     ATL_OP("gelu bwd", ops_.GeluBackward(a.dfch.data(), fch, a.dfch_gelu.data(), size_t(N) * Fl));
     ATL_OP("matmul bwd",
            ops_.MatmulBackward(a.dln.data(), D(ParamKind::kFcW, l), D(ParamKind::kFcB, l),
-                               a.dfch.data(), ln2, W(ParamKind::kFcW, l), N, C, Fl));
+                               a.dfch.data(), ln2, W(ParamKind::kFcW, l), N, C, Fl, ln2_b));
     Op(OpKind::kGemmBackward, l, 2, a.dln.data(), N, C, a.dfch.data(), W(ParamKind::kFcW, l),
        nullptr, Fl);
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln.data(), NC));
@@ -459,15 +473,15 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
     // residual2 = residual + attn(ln1(residual)), likewise.
     ATL_OP("matmul bwd", ops_.MatmulBackward(a.datty.data(), D(ParamKind::kAttnProjW, l),
                                              D(ParamKind::kAttnProjB, l), dres, atty,
-                                             W(ParamKind::kAttnProjW, l), N, Cl, C));
+                                             W(ParamKind::kAttnProjW, l), N, Cl, C, atty_b));
     Op(OpKind::kGemmBackward, l, 1, a.datty.data(), N, Cl, dres, W(ParamKind::kAttnProjW, l),
        nullptr, C);
-    ATL_OP("attention bwd", ops_.AttentionBackward(a.dqkv.data(), a.datt_scratch.data(),
-                                                   a.datty.data(), atty, qkv, att, B, T_len, Cl,
-                                                   NHl));
+    ATL_OP("attention bwd",
+           ops_.AttentionBackward(a.dqkv.data(), a.datt_scratch.data(), a.datty.data(), atty, qkv,
+                                  att, B, T_len, Cl, NHl));
     ATL_OP("matmul bwd",
            ops_.MatmulBackward(a.dln1.data(), D(ParamKind::kAttnW, l), D(ParamKind::kAttnB, l),
-                               a.dqkv.data(), ln1, W(ParamKind::kAttnW, l), N, C, 3 * Cl));
+                               a.dqkv.data(), ln1, W(ParamKind::kAttnW, l), N, C, 3 * Cl, ln1_b));
     Op(OpKind::kGemmBackward, l, 0, a.dln1.data(), N, C, a.dqkv.data(), W(ParamKind::kAttnW, l),
        nullptr, 3 * Cl);
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln1.data(), NC));

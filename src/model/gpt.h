@@ -167,6 +167,13 @@ class GPT {
   // the gradients of blocks below l.
   void set_backward_hook(std::function<void(int layer)> hook) { backward_hook_ = std::move(hook); }
 
+  // On the GPU under bf16 products (kernels/cuda/ops.h): the ops that make a product's input
+  // (LayerNorm, attention, GELU) also write it in bf16, and the forward's and the backward's
+  // products read that copy instead of each rounding the float themselves: the same bits, a
+  // rounding pass fewer per input and pass, and 2 bytes per element more activation memory. On by
+  // default; off, for comparing and measuring. Takes effect at the next forward.
+  void set_bf16_copies(bool on) { bf16_copies_ = on; }
+
   // Optional hook on intermediate results, for fault injection and checks (train/sdc/): called
   // with each block's GEMM products in forward (kGemmForward: out = inp · W (+ b), before any
   // tensor-parallel all-reduce or residual add; gemm 0..3 = attn.c_attn, attn.c_proj, mlp.c_fc,
@@ -264,6 +271,7 @@ class GPT {
   std::function<void(int)> backward_hook_;
   std::function<void(const OpEvent&)> op_hook_;
   bool op_hook_on_device_ = false;
+  bool bf16_copies_ = true;
   void Op(OpKind kind, int layer, int gemm, T* out, int rows, int cols, const T* a = nullptr,
           const T* w = nullptr, const T* bias = nullptr, int inner = 0) {
     if (op_hook_)

@@ -21,6 +21,11 @@ struct GPT<T>::Slot {
   Slot(const GPTConfig& c, int max_batch, int layers, int tp, bool last, int vocab, Device d) {
     const size_t N = size_t(max_batch) * c.seq_len, C = c.n_embd, L = size_t(layers);
     const size_t Cl = C / size_t(tp), Fl = 4 * C / size_t(tp), NHl = size_t(c.n_head / tp);
+    // The bf16 copies' layer strides: every layer's copy 256-byte aligned.
+    auto aligned = [](size_t n) { return (n + 127) / 128 * 128; };
+    copy_c = aligned(N * C), copy_cl = aligned(N * Cl), copy_fl = aligned(N * Fl);
+    copy_layers = L;
+    copy_last = last;
     // The probabilities on the CPU; the GPU's flash-style attention keeps each row's lse.
     att_per_layer = size_t(max_batch) * NHl * c.seq_len * (d == Device::kCpu ? c.seq_len : 1);
     inputs.Allocate(d, N);
@@ -70,6 +75,32 @@ struct GPT<T>::Slot {
   Buffer<T> lse, losses;              // [N]      lse over the whole vocabulary (last stage)
   int B = 0, T_len = 0;
   bool had_targets = false;
+
+  // bf16 copies of the products' inputs (kernels/cuda/ops.h), on the GPU under bf16 products:
+  // ln1, atty, ln2, fch_gelu per layer (strides copy_c, copy_cl, copy_c, copy_fl) and lnf.
+  // Allocated by the first forward that wants them (UseBf16Copies); empty otherwise.
+  Buffer<uint16_t> ln1_b, atty_b, ln2_b, gelu_b, lnf_b;
+  size_t copy_c = 0, copy_cl = 0, copy_fl = 0, copy_layers = 0;
+  bool copy_last = false;
+  // Whether this forward writes and reads the copies: on the GPU under bf16 products (allocating
+  // them the first time).
+  bool UseBf16Copies(Device d) {
+    if (d != Device::kCuda || !Bf16Matmul()) return false;
+    if (ln1_b.size() == 0) {
+      ln1_b.Allocate(d, copy_layers * copy_c);
+      atty_b.Allocate(d, copy_layers * copy_cl);
+      ln2_b.Allocate(d, copy_layers * copy_c);
+      gelu_b.Allocate(d, copy_layers * copy_fl);
+      if (copy_last) lnf_b.Allocate(d, copy_c);
+    }
+    return true;
+  }
+  // Layer i's copy in `copies` of layer stride `stride`, or null when the copies are not in use.
+  static uint16_t* At(Buffer<uint16_t>& copies, bool use, size_t i, size_t stride) {
+    return use ? copies.data() + i * stride : nullptr;
+  }
+  // Whether the last forward wrote the copies (its backward reads them).
+  bool copies_written = false;
 };
 
 // The slots, and one block's worth of gradient buffers that backward reuses from the top block

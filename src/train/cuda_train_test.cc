@@ -195,6 +195,62 @@ TEST_F(CudaTrainTest, Bf16FollowsFp32AndRepeatsItself) {
 
 // A GPU checkpoint resumed on the CPU continues as the GPU run does (within rounding), and the
 // other way round.
+// bf16 copies of the products' inputs (GPT::set_bf16_copies): a forward and backward give the
+// same loss and gradients, bit for bit, with them as without, and round fewer elements: each
+// block's four product inputs (ln1, atty, ln2, fch_gelu: N (2 C + C / tp + 4 C / tp)) and lnf's
+// (N C), once in the forward and once in the backward; after the parameters change too. The
+// whole model and a tensor-parallel shard (its all-reduces left out: the same either way).
+TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
+  std::string why;
+  if (!DeviceUsable(Device::kCuda, &why)) GTEST_SKIP() << "no GPU here (" << why << ")";
+  SetBf16Matmul(true);
+  struct Reset {
+    ~Reset() { SetBf16Matmul(false); }
+  } reset;
+  const GPTConfig cfg{.vocab_size = 96, .seq_len = 16, .n_layer = 3, .n_head = 2, .n_embd = 32};
+  const int B = 3, N = B * cfg.seq_len;
+  std::vector<int32_t> tokens(size_t(N) + 1);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 37 + 11) % 96);
+  for (const ModelShard shard : {ModelShard{}, ModelShard{.tp_rank = 1, .tp_size = 2}}) {
+    SCOPED_TRACE(testing::Message() << "tp " << shard.tp_size);
+    GPT<float> model(cfg, B, shard, 1, Device::kCuda);
+    if (shard.tp_size > 1) model.set_tensor_parallel([](float*, size_t) {});
+    model.InitParameters(7);
+    struct Pass {
+      float loss;
+      std::vector<float> grads;
+      uint64_t rounded;
+    };
+    auto pass = [&](bool copies) {
+      model.set_bf16_copies(copies);
+      model.ZeroGrad();
+      const uint64_t before = kernels::cuda::Bf16RoundedElements();
+      Pass p;
+      p.loss = model.Forward(tokens.data(), tokens.data() + 1, B, cfg.seq_len);
+      model.Backward(1.0f);
+      p.rounded = kernels::cuda::Bf16RoundedElements() - before;
+      p.grads.assign(model.grads(), model.grads() + model.num_params());
+      return p;
+    };
+    auto same = [](const Pass& a, const Pass& b) {
+      return std::memcmp(&a.loss, &b.loss, sizeof(float)) == 0 &&
+             a.grads.size() == b.grads.size() &&
+             std::memcmp(a.grads.data(), b.grads.data(), a.grads.size() * 4) == 0;
+    };
+    const Pass plain = pass(false), copied = pass(true);
+    EXPECT_TRUE(same(plain, copied));
+    const uint64_t C = uint64_t(cfg.n_embd), tp = uint64_t(shard.tp_size);
+    const uint64_t per_pass = uint64_t(cfg.n_layer) * N * (2 * C + C / tp + 4 * C / tp) + N * C;
+    EXPECT_EQ(plain.rounded - copied.rounded, 2 * per_pass);
+    // New parameters: the next forward's copies are of the new activations.
+    float* params = model.params();
+    for (size_t i = 0; i < model.num_params(); ++i) params[i] *= 1.25f;
+    const Pass copied2 = pass(true), plain2 = pass(false);
+    EXPECT_FALSE(same(copied2, copied));
+    EXPECT_TRUE(same(plain2, copied2));
+  }
+}
+
 TEST_F(CudaTrainTest, CheckpointsCrossDevices) {
   for (const bool from_gpu : {true, false}) {
     SCOPED_TRACE(from_gpu ? "GPU -> CPU" : "CPU -> GPU");

@@ -279,14 +279,20 @@ void Backward(float* dqkv, float* dsum, const float* dout, const float* out, con
 
 }  // namespace
 
-void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                      uint16_t* out_bf16) {
   if (B <= 0 || T <= 0) return;
-  if (TensorCoreAttention(C, NH)) return TcAttentionForward(out, lse, qkv, B, T, C, NH);
-  const int R = PartsFor(C, NH);
-  const float scale = 1.0f / std::sqrt(float(C / NH));
-  if (R == 1) Forward<1>(out, lse, qkv, B, T, C, NH, scale);
-  if (R == 2) Forward<2>(out, lse, qkv, B, T, C, NH, scale);
-  if (R == 4) Forward<4>(out, lse, qkv, B, T, C, NH, scale);
+  if (TensorCoreAttention(C, NH)) {
+    TcAttentionForward(out, lse, qkv, B, T, C, NH);
+  } else {
+    const int R = PartsFor(C, NH);
+    const float scale = 1.0f / std::sqrt(float(C / NH));
+    if (R == 1) Forward<1>(out, lse, qkv, B, T, C, NH, scale);
+    if (R == 2) Forward<2>(out, lse, qkv, B, T, C, NH, scale);
+    if (R == 4) Forward<4>(out, lse, qkv, B, T, C, NH, scale);
+  }
+  // A pass of its own: out is B T C floats against the kernels' B NH T² work.
+  if (out_bf16 != nullptr) RoundToBf16(out_bf16, out, size_t(B) * size_t(T) * size_t(C));
 }
 
 void AttentionBackward(float* dqkv, const float* dout, const float* out, const float* qkv,

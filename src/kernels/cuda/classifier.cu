@@ -83,15 +83,18 @@ void FloatTiles(float* dx, float* dwte, const float* logits, const float* lse, c
 }
 
 // The same with bf16 products: each tile's gradient written in bf16 by its kernel, wte rounded
-// once for every tile, each tile's rows of x rounded into one 256-byte aligned place (the
-// alignment cuBLASLt's fastest kernels want, whatever C is).
+// once for every tile; x from its bf16 copy x16 when there is one, or each tile's rows of x
+// rounded into one 256-byte aligned place (the alignment cuBLASLt's fastest kernels want,
+// whatever C is).
 void Bf16Tiles(float* dx, float* dwte, const float* logits, const float* lse, const float* x,
-               const float* wte, const int32_t* targets, float dloss, int N, int C, int V) {
+               const __nv_bfloat16* x16, const float* wte, const int32_t* targets, float dloss,
+               int N, int C, int V) {
   const int tile = TileRows(N, V, sizeof(__nv_bfloat16));
   auto* d = static_cast<__nv_bfloat16*>(
       Scratch(kScratchOp, size_t(tile) * size_t(V) * sizeof(__nv_bfloat16)));
   const int64_t nw = int64_t(V) * C;
-  Bf16Operands ops({dx != nullptr ? nw : 0, dwte != nullptr ? int64_t(tile) * C : 0});
+  Bf16Operands ops(
+      {dx != nullptr ? nw : 0, dwte != nullptr && x16 == nullptr ? int64_t(tile) * C : 0});
   const __nv_bfloat16* w = dx != nullptr ? ops.Round(0, wte, nw) : nullptr;
   for (int r0 = 0; r0 < N; r0 += tile) {
     const int rows = std::min(tile, N - r0);
@@ -101,7 +104,9 @@ void Bf16Tiles(float* dx, float* dwte, const float* logits, const float* lse, co
     if (dx != nullptr)
       GemmBf16(false, false, rows, C, V, 1.0f, d, V, w, C, 1.0f, dx + size_t(r0) * C, C);
     if (dwte != nullptr) {
-      const __nv_bfloat16* xt = ops.Round(1, x + size_t(r0) * C, int64_t(rows) * C);
+      const __nv_bfloat16* xt = x16 != nullptr
+                                    ? x16 + size_t(r0) * C
+                                    : ops.Round(1, x + size_t(r0) * C, int64_t(rows) * C);
       GemmBf16(true, false, V, C, rows, 1.0f, d, V, xt, C, 1.0f, dwte, C);
     }
   }
@@ -110,10 +115,16 @@ void Bf16Tiles(float* dx, float* dwte, const float* logits, const float* lse, co
 }  // namespace
 
 float ClassifierForward(float* logits, float* lse, float* losses, const float* x, const float* wte,
-                        const int32_t* targets, int N, int C, int V) {
+                        const int32_t* targets, int N, int C, int V, const uint16_t* x_bf16) {
   if (N <= 0) return 0.0f;
   // logits[N,V] = x[N,C] · wte[V,C]ᵀ
-  Gemm(false, true, N, V, C, 1.0f, x, C, wte, C, 0.0f, logits, V);
+  if (const __nv_bfloat16* x16 = Bf16Copy(x_bf16)) {
+    Bf16Operands ops({int64_t(V) * C});
+    GemmBf16(false, true, N, V, C, 1.0f, x16, C, ops.Round(0, wte, int64_t(V) * C), C, 0.0f, logits,
+             V);
+  } else {
+    Gemm(false, true, N, V, C, 1.0f, x, C, wte, C, 0.0f, logits, V);
+  }
   if (targets == nullptr) return 0.0f;
   ATL_LAUNCH(RowLossKernel, unsigned(N), kThreads, lse, losses, logits, targets, V);
   auto* mean = static_cast<float*>(Scratch(kScratchReduce, sizeof(float)));
@@ -125,9 +136,12 @@ float ClassifierForward(float* logits, float* lse, float* losses, const float* x
 
 void ClassifierBackward(float* dx, float* dwte, const float* logits, const float* lse,
                         const float* x, const float* wte, const int32_t* targets, float dloss,
-                        int N, int C, int V) {
+                        int N, int C, int V, const uint16_t* x_bf16) {
   if (N <= 0 || (dx == nullptr && dwte == nullptr)) return;
-  (Bf16Matmul() ? Bf16Tiles : FloatTiles)(dx, dwte, logits, lse, x, wte, targets, dloss, N, C, V);
+  if (Bf16Matmul())
+    Bf16Tiles(dx, dwte, logits, lse, x, Bf16Copy(x_bf16), wte, targets, dloss, N, C, V);
+  else
+    FloatTiles(dx, dwte, logits, lse, x, wte, targets, dloss, N, C, V);
 }
 
 }  // namespace atl::kernels::cuda

@@ -135,6 +135,13 @@ class Bf16Operands {
   int size_ = 0;
 };
 
+// An op's bf16 copy argument (ops.h's uint16_t bits) as the kernels' type: the copy is written
+// only under SetBf16Matmul (null otherwise).
+__nv_bfloat16* Bf16Copy(uint16_t* p);
+inline const __nv_bfloat16* Bf16Copy(const uint16_t* p) {
+  return Bf16Copy(const_cast<uint16_t*>(p));
+}
+
 // Gemm (ops.h) on operands already bf16, accumulating and writing float: the product Gemm runs
 // after rounding its operands under SetBf16Matmul (the same cuBLASLt plan for the same shape and
 // alignments, hence the same bits).

@@ -202,5 +202,95 @@ TEST_F(CudaOps, Bf16Classifier) {
             uint64_t(N) * OC + uint64_t(IC) * OC + uint64_t(N) * IC);
 }
 
+// bf16 copies of activations (ops.h): LayerNorm, GELU and attention write their out rounded to
+// bf16 beside the float (which is unchanged), and the products that take such a copy give bitwise
+// what they give rounding the float themselves, rounding only the weights. With float products no
+// copy is written.
+TEST_F(CudaOps, Bf16CopiesOfActivations) {
+  const int N = 37, C = 64, Fl = 256, V = 1001;
+  const auto x = Random(size_t(N) * C, 141), w = Random(C, 142), b = Random(C, 143);
+  const auto h = Random(size_t(N) * Fl, 144);
+  auto g_x = ToDevice(x), g_w = ToDevice(w), g_b = ToDevice(b), g_h = ToDevice(h);
+  DeviceArray<float> ln(size_t(N) * C), mean(N), rstd(N), gelu(h.size());
+  const std::vector<uint16_t> marker(h.size(), 0x7fc1);  // a NaN's bits: never a rounded value
+  auto ln16 = ToDevice(std::vector<uint16_t>(marker.begin(), marker.begin() + N * C));
+  auto gelu16 = ToDevice(marker);
+  auto rounded = [](const std::vector<float>& v) {
+    std::vector<uint16_t> bits(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      const float r = RoundBf16(v[i]);
+      uint32_t u;
+      std::memcpy(&u, &r, 4);
+      bits[i] = uint16_t(u >> 16);
+    }
+    return bits;
+  };
+  // Float products: the copies are left alone.
+  LayerNormForward(ln.data(), mean.data(), rstd.data(), g_x.data(), g_w.data(), g_b.data(), N, C,
+                   ln16.data());
+  GeluForward(gelu.data(), g_h.data(), h.size(), gelu16.data());
+  EXPECT_EQ(ToHost(gelu16), marker);
+  const auto ln_float = ToHost(ln), gelu_float = ToHost(gelu);
+
+  const Bf16On on;
+  LayerNormForward(ln.data(), mean.data(), rstd.data(), g_x.data(), g_w.data(), g_b.data(), N, C,
+                   ln16.data());
+  GeluForward(gelu.data(), g_h.data(), h.size(), gelu16.data());
+  EXPECT_TRUE(SameBits(ToHost(ln), ln_float));
+  EXPECT_TRUE(SameBits(ToHost(gelu), gelu_float));
+  EXPECT_EQ(ToHost(ln16), rounded(ln_float));
+  EXPECT_EQ(ToHost(gelu16), rounded(gelu_float));
+  const AttentionCase s{2, 33, 64, 2, 1};
+  const AttentionInputs in = RandomAttentionInputs(s, 145);
+  auto g_qkv = ToDevice(in.qkv);
+  DeviceArray<float> att(s.x()), lse(size_t(s.B) * s.NH * s.T);
+  auto att16 = ToDevice(std::vector<uint16_t>(s.x(), 0x7fc1));
+  AttentionForward(att.data(), lse.data(), g_qkv.data(), s.B, s.T, s.C, s.NH, att16.data());
+  const auto att_out = ToHost(att);
+  EXPECT_TRUE(SameBits(att_out, GpuAttention(s, in)[0]));
+  EXPECT_EQ(ToHost(att16), rounded(att_out));
+
+  // The products on the copies: the same bits, only the weights rounded.
+  const auto wm = Random(size_t(Fl) * C, 146), bias = Random(C, 147);
+  const auto dout = Random(size_t(N) * C, 148);
+  auto g_wm = ToDevice(wm), g_bias = ToDevice(bias), g_dout = ToDevice(dout);
+  auto linear = [&](const uint16_t* copy, uint64_t want_rounded) {
+    DeviceArray<float> out(size_t(N) * C);
+    auto dinp = ToDevice(std::vector<float>(h.size(), 0.5f));
+    auto dw = ToDevice(std::vector<float>(wm.size(), 0.25f));
+    const uint64_t before = Bf16RoundedElements();
+    MatmulForward(out.data(), gelu.data(), g_wm.data(), g_bias.data(), N, Fl, C, copy);
+    MatmulBackward(dinp.data(), dw.data(), nullptr, g_dout.data(), gelu.data(), g_wm.data(), N, Fl,
+                   C, copy);
+    EXPECT_EQ(Bf16RoundedElements() - before, want_rounded);
+    return std::vector<std::vector<float>>{ToHost(out), ToHost(dinp), ToHost(dw)};
+  };
+  const uint64_t nw = uint64_t(Fl) * C, nh = uint64_t(N) * Fl, nd = uint64_t(N) * C;
+  const auto plain = linear(nullptr, nw + nh + nd + nw + nh);
+  const auto copied = linear(gelu16.data(), nw + nd + nw);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(SameBits(plain[i], copied[i])) << i;
+
+  const auto wte = Random(size_t(V) * C, 149, 0.3f);
+  const auto tgt = Tokens(N, V, 150);
+  auto g_wte = ToDevice(wte);
+  auto g_tgt = ToDevice(tgt);
+  auto classifier = [&](const uint16_t* copy, uint64_t want_rounded) {
+    DeviceArray<float> logits(size_t(N) * V), lse_c(N), losses(N);
+    auto dx = ToDevice(std::vector<float>(size_t(N) * C, 0.5f));
+    auto dwte = ToDevice(std::vector<float>(wte.size(), 0.25f));
+    const uint64_t before = Bf16RoundedElements();
+    const float loss = ClassifierForward(logits.data(), lse_c.data(), losses.data(), ln.data(),
+                                         g_wte.data(), g_tgt.data(), N, C, V, copy);
+    ClassifierBackward(dx.data(), dwte.data(), logits.data(), lse_c.data(), ln.data(), g_wte.data(),
+                       g_tgt.data(), 1.0f / N, N, C, V, copy);
+    EXPECT_EQ(Bf16RoundedElements() - before, want_rounded);
+    return std::vector<std::vector<float>>{{loss}, ToHost(logits), ToHost(dx), ToHost(dwte)};
+  };
+  const uint64_t nv = uint64_t(V) * C;
+  const auto plain_c = classifier(nullptr, nv + nd + nv + nd);
+  const auto copied_c = classifier(ln16.data(), nv + nv);
+  for (size_t i = 0; i < plain_c.size(); ++i) EXPECT_TRUE(SameBits(plain_c[i], copied_c[i])) << i;
+}
+
 }  // namespace
 }  // namespace atl::kernels::cuda

@@ -19,11 +19,14 @@ __device__ inline float Sigmoid2U(float x) {
   return 1.0f / (1.0f + expf(-2.0f * u));
 }
 
-__global__ void GeluForwardKernel(float* out, const float* inp, size_t n) {
+// out_bf16 (or null): out rounded to bf16 as well.
+__global__ void GeluForwardKernel(float* out, __nv_bfloat16* out_bf16, const float* inp, size_t n) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float x = inp[i];
-  out[i] = x * Sigmoid2U(x);
+  const float y = x * Sigmoid2U(x);
+  out[i] = y;
+  if (out_bf16 != nullptr) out_bf16[i] = __float2bfloat16_rn(y);
 }
 
 __global__ void GeluBackwardKernel(float* dinp, const float* inp, const float* dout, size_t n) {
@@ -90,9 +93,9 @@ __global__ void PositionGradKernel(float* dwpe, const float* dout, int B, int T,
 
 }  // namespace
 
-void GeluForward(float* out, const float* inp, size_t n) {
+void GeluForward(float* out, const float* inp, size_t n, uint16_t* out_bf16) {
   if (n == 0) return;
-  ATL_LAUNCH(GeluForwardKernel, Blocks(n, 256), 256, out, inp, n);
+  ATL_LAUNCH(GeluForwardKernel, Blocks(n, 256), 256, out, Bf16Copy(out_bf16), inp, n);
 }
 
 void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) {

@@ -9,8 +9,10 @@ namespace {
 constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 constexpr int kChunkRows = 64;    // rows per partial column sum
 
-__global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, const float* inp,
-                                       const float* weight, const float* bias, int N, int C) {
+// out_bf16 (or null): out rounded to bf16 as well.
+__global__ void LayerNormForwardKernel(float* out, __nv_bfloat16* out_bf16, float* mean,
+                                       float* rstd, const float* inp, const float* weight,
+                                       const float* bias, int N, int C) {
   const int lane = threadIdx.x & 31;
   const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (n >= N) return;
@@ -27,7 +29,12 @@ __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, con
   v = WarpSum(v) / float(C);
   const float r = 1.0f / sqrtf(v + 1e-5f);
   float* o = out + n * C;
-  for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+  __nv_bfloat16* ob = out_bf16 != nullptr ? out_bf16 + n * C : nullptr;
+  for (int c = lane; c < C; c += 32) {
+    const float y = (x[c] - m) * r * weight[c] + bias[c];
+    o[c] = y;
+    if (ob != nullptr) ob[c] = __float2bfloat16_rn(y);
+  }
   if (lane == 0) {
     mean[n] = m;
     rstd[n] = r;
@@ -93,10 +100,10 @@ __global__ void LayerNormParamAddKernel(float* dweight, float* dbias, const floa
 }  // namespace
 
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                      const float* bias, int N, int C) {
+                      const float* bias, int N, int C, uint16_t* out_bf16) {
   if (N <= 0) return;
   ATL_LAUNCH(LayerNormForwardKernel, Blocks(size_t(N), kRowsPerBlock), 32 * kRowsPerBlock, out,
-             mean, rstd, inp, weight, bias, N, C);
+             Bf16Copy(out_bf16), mean, rstd, inp, weight, bias, N, C);
 }
 
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,

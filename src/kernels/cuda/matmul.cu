@@ -136,6 +136,15 @@ void SetBf16Matmul(bool on) { bf16_products = on; }
 bool Bf16Matmul() { return bf16_products; }
 uint64_t Bf16RoundedElements() { return bf16_rounded; }
 
+__nv_bfloat16* Bf16Copy(uint16_t* p) {
+  return bf16_products ? reinterpret_cast<__nv_bfloat16*>(p) : nullptr;
+}
+
+void RoundToBf16(uint16_t* dst, const float* src, size_t n) {
+  if (n > 0)
+    ATL_LAUNCH(ToBf16, Blocks(n, 256), 256, reinterpret_cast<__nv_bfloat16*>(dst), src, int64_t(n));
+}
+
 Bf16Operands::Bf16Operands(std::initializer_list<int64_t> counts) {
   if (counts.size() > 4) ThrowCuda("Bf16Operands", __FILE__, __LINE__, "at most 4 operands");
   int64_t total = 0;
@@ -225,9 +234,15 @@ void GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
 }
 
 void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                   int IC, int OC) {
+                   int IC, int OC, const uint16_t* inp_bf16) {
   // out[N,OC] = inp[N,IC] · weight[IC,OC]
-  Gemm(false, false, N, OC, IC, 1.0f, inp, IC, weight, OC, 0.0f, out, OC);
+  if (const __nv_bfloat16* in = Bf16Copy(inp_bf16)) {
+    Bf16Operands ops({int64_t(IC) * OC});
+    GemmBf16(false, false, N, OC, IC, 1.0f, in, IC, ops.Round(0, weight, int64_t(IC) * OC), OC,
+             0.0f, out, OC);
+  } else {
+    Gemm(false, false, N, OC, IC, 1.0f, inp, IC, weight, OC, 0.0f, out, OC);
+  }
   if (bias != nullptr) {
     const int64_t total = int64_t(N) * OC;
     ATL_LAUNCH(AddBias, Blocks(size_t(total), 256), 256, out, bias, N, OC);
@@ -235,15 +250,17 @@ void MatmulForward(float* out, const float* inp, const float* weight, const floa
 }
 
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                    const float* weight, int N, int IC, int OC) {
+                    const float* weight, int N, int IC, int OC, const uint16_t* inp_bf16) {
   if (bf16_products && (dinp != nullptr || dweight != nullptr)) {  // dout rounded once for both
     const int64_t nd = int64_t(N) * OC, nw = int64_t(IC) * OC, ni = int64_t(N) * IC;
-    Bf16Operands ops({nd, dinp != nullptr ? nw : 0, dweight != nullptr ? ni : 0});
+    const __nv_bfloat16* in = Bf16Copy(inp_bf16);
+    Bf16Operands ops({nd, dinp != nullptr ? nw : 0, dweight != nullptr && in == nullptr ? ni : 0});
     const __nv_bfloat16* d = ops.Round(0, dout, nd);
     if (dinp != nullptr)
       GemmBf16(false, true, N, IC, OC, 1.0f, d, OC, ops.Round(1, weight, nw), OC, 1.0f, dinp, IC);
     if (dweight != nullptr)
-      GemmBf16(true, false, IC, OC, N, 1.0f, ops.Round(2, inp, ni), IC, d, OC, 1.0f, dweight, OC);
+      GemmBf16(true, false, IC, OC, N, 1.0f, in != nullptr ? in : ops.Round(2, inp, ni), IC, d, OC,
+               1.0f, dweight, OC);
   } else {
     // dinp[N,IC] += dout[N,OC] · weight[IC,OC]ᵀ
     if (dinp != nullptr) Gemm(false, true, N, IC, OC, 1.0f, dout, OC, weight, OC, 1.0f, dinp, IC);

@@ -36,25 +36,32 @@ void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t*
                      const int32_t* host_inp, int B, int T, int C, int vocab_begin = 0,
                      int vocab_end = -1);
 
+// bf16 copies of activations (under SetBf16Matmul): an op that makes the input of a matrix
+// product (LayerNorm, GELU, attention forward) may also write its out rounded to bf16 (to
+// nearest, ties to even; uint16_t: the bf16's bits) into out_bf16, and the products take that
+// copy (inp_bf16, x_bf16) instead of rounding the float themselves: the same operand, so the same
+// result, with one rounding pass per activation instead of one per product (forward and
+// backward). Null: none. The copies are ignored when products are float.
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                      const float* bias, int N, int C);
+                      const float* bias, int N, int C, uint16_t* out_bf16 = nullptr);
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
                        int N, int C);
 
 void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                   int IC, int OC);
+                   int IC, int OC, const uint16_t* inp_bf16 = nullptr);
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                    const float* weight, int N, int IC, int OC);
+                    const float* weight, int N, int IC, int OC, const uint16_t* inp_bf16 = nullptr);
 
 // Flash-style (attention.cu): no [T, T] probabilities. Instead of att, forward writes each query
 // row's log-sum-exp of its scaled scores, lse [B, NH, T], and backward takes it with the forward's
 // out; so the GPU's attention memory is O(T) per head. Head sizes up to 128.
-void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                      uint16_t* out_bf16 = nullptr);
 void AttentionBackward(float* dqkv, const float* dout, const float* out, const float* qkv,
                        const float* lse, int B, int T, int C, int NH);
 
-void GeluForward(float* out, const float* inp, size_t n);
+void GeluForward(float* out, const float* inp, size_t n, uint16_t* out_bf16 = nullptr);
 void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n);
 
 void ResidualForward(float* out, const float* a, const float* b, size_t n);
@@ -62,10 +69,11 @@ void ResidualBackward(float* da, float* db, const float* dout, size_t n);
 
 // targets on the device (or null). Returns the mean loss (0 without targets) on the host.
 float ClassifierForward(float* logits, float* lse, float* losses, const float* x, const float* wte,
-                        const int32_t* targets, int N, int C, int V);
+                        const int32_t* targets, int N, int C, int V,
+                        const uint16_t* x_bf16 = nullptr);
 void ClassifierBackward(float* dx, float* dwte, const float* logits, const float* lse,
                         const float* x, const float* wte, const int32_t* targets, float dloss,
-                        int N, int C, int V);
+                        int N, int C, int V, const uint16_t* x_bf16 = nullptr);
 
 // ---- General matrix product (cuBLASLt), for the ops above and for tests ------------------------
 
@@ -73,6 +81,8 @@ void ClassifierBackward(float* dx, float* dwte, const float* logits, const float
 // setting, as its stream is.
 void SetBf16Matmul(bool on);
 bool Bf16Matmul();
+// dst[i] = src[i] rounded to bf16 (bits), i < n.
+void RoundToBf16(uint16_t* dst, const float* src, size_t n);
 // Float elements rounded to bf16 for products so far, by the process (bf16 mode's own memory
 // traffic: each is read as float and written as bf16 once more than a bf16 activation would be).
 uint64_t Bf16RoundedElements();
