@@ -230,8 +230,9 @@ struct Ops {
     kernels::LayerNormForward(out, mean, rstd, inp, w, b, N, C);
   }
   void LayerNormBackward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
-                         const T* mean, const T* rstd, int N, int C) const {
-    ATL_GPU(kernels::cuda::LayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd, N, C));
+                         const T* mean, const T* rstd, int N, int C,
+                         uint16_t* dinp_b = nullptr) const {
+    ATL_GPU(kernels::cuda::LayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, dinp_b));
     kernels::LayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
   void MatmulForward(T* out, const T* inp, const T* w, const T* b, int N, int IC, int OC,
@@ -240,8 +241,9 @@ struct Ops {
     kernels::MatmulForward(out, inp, w, b, N, IC, OC);
   }
   void MatmulBackward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, int N, int IC,
-                      int OC, const uint16_t* inp_b = nullptr) const {
-    ATL_GPU(kernels::cuda::MatmulBackward(dinp, dw, db, dout, inp, w, N, IC, OC, inp_b));
+                      int OC, const uint16_t* inp_b = nullptr,
+                      const uint16_t* dout_b = nullptr) const {
+    ATL_GPU(kernels::cuda::MatmulBackward(dinp, dw, db, dout, inp, w, N, IC, OC, inp_b, dout_b));
     kernels::MatmulBackward(dinp, dw, db, dout, inp, w, N, IC, OC);
   }
   // att: the probabilities [B, NH, T, T] on the CPU; each row's log-sum-exp [B, NH, T] on the GPU
@@ -261,8 +263,9 @@ struct Ops {
     ATL_GPU(kernels::cuda::GeluForward(out, inp, n, out_b));
     kernels::GeluForward(out, inp, n);
   }
-  void GeluBackward(T* dinp, const T* inp, const T* dout, size_t n) const {
-    ATL_GPU(kernels::cuda::GeluBackward(dinp, inp, dout, n));
+  void GeluBackward(T* dinp, const T* inp, const T* dout, size_t n,
+                    uint16_t* dinp_b = nullptr) const {
+    ATL_GPU(kernels::cuda::GeluBackward(dinp, inp, dout, n, dinp_b));
     kernels::GeluBackward(dinp, inp, dout, n);
   }
   void ResidualForward(T* out, const T* a, const T* b, size_t n) const {

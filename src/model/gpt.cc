@@ -399,6 +399,14 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
   const int Ll = layer_end_ - layer_begin_;
 
   T* dres = a.dresidual.data();
+  // bf16 copies (set_bf16_copies): the forward's of the products' inputs, and dres's and dfch's,
+  // written by the LayerNorm and GELU backwards for the products below them. dres_b holds dres
+  // after a LayerNorm backward wrote it (not after output_grad arrives).
+  const bool copies = S.copies_written;
+  if (copies) a.AllocateBf16GradCopies(device_);
+  uint16_t* dres_b = copies ? a.dresidual_b.data() : nullptr;
+  uint16_t* dfch_b = copies ? a.dfch_b.data() : nullptr;
+  bool dres_copied = false;
   if (last) {
     // Loss = loss_scale * mean over N positions.
     const T dloss = loss_scale / T(N);
@@ -417,12 +425,14 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
            ops_.ClassifierBackward(a.dln.data(), D(ParamKind::kWte), a.classifier_scratch.data(),
                                    S.logits.data(), S.lse.data(), S.lnf.data(), W(ParamKind::kWte),
                                    targets, dloss, N, C, vocab_end_ - vocab_begin_,
-                                   Slot::At(S.lnf_b, S.copies_written, 0, 0)));
+                                   Slot::At(S.lnf_b, copies, 0, 0)));
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln.data(), NC));
     const T* last_residual = S.residual3.data() + size_t(Ll - 1) * NR * C;
-    ATL_OP("layernorm bwd", ops_.LayerNormBackward(dres, D(ParamKind::kLnfW), D(ParamKind::kLnfB),
-                                                   a.dln.data(), last_residual, W(ParamKind::kLnfW),
-                                                   S.lnf_mean.data(), S.lnf_rstd.data(), N, C));
+    ATL_OP("layernorm bwd",
+           ops_.LayerNormBackward(dres, D(ParamKind::kLnfW), D(ParamKind::kLnfB), a.dln.data(),
+                                  last_residual, W(ParamKind::kLnfW), S.lnf_mean.data(),
+                                  S.lnf_rstd.data(), N, C, dres_b));
+    dres_copied = copies;
   } else {
     CopyIn(device_, dres, output_grad, NC);
   }
@@ -441,7 +451,6 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
     const T* ln2_rstd = S.ln2_rstd.data() + i * NR;
     const T* fch = S.fch.data() + i * NR * Fl;
     const T* fch_gelu = S.fch_gelu.data() + i * NR * Fl;
-    const bool copies = S.copies_written;  // bf16 copies of the products' inputs
     const uint16_t* ln1_b = Slot::At(S.ln1_b, copies, i, S.copy_c);
     const uint16_t* atty_b = Slot::At(S.atty_b, copies, i, S.copy_cl);
     const uint16_t* ln2_b = Slot::At(S.ln2_b, copies, i, S.copy_c);
@@ -455,25 +464,29 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
                                       {a.dln1.data(), NC},
                                       {a.datty.data(), size_t(N) * Cl},
                                       {a.dqkv.data(), size_t(N) * 3 * Cl}}));
-    ATL_OP("matmul bwd", ops_.MatmulBackward(a.dfch_gelu.data(), D(ParamKind::kFcProjW, l),
-                                             D(ParamKind::kFcProjB, l), dres, fch_gelu,
-                                             W(ParamKind::kFcProjW, l), N, Fl, C, gelu_b));
+    ATL_OP("matmul bwd",
+           ops_.MatmulBackward(a.dfch_gelu.data(), D(ParamKind::kFcProjW, l),
+                               D(ParamKind::kFcProjB, l), dres, fch_gelu, W(ParamKind::kFcProjW, l),
+                               N, Fl, C, gelu_b, dres_copied ? dres_b : nullptr));
     Op(OpKind::kGemmBackward, l, 3, a.dfch_gelu.data(), N, Fl, dres, W(ParamKind::kFcProjW, l),
        nullptr, C);
-    ATL_OP("gelu bwd", ops_.GeluBackward(a.dfch.data(), fch, a.dfch_gelu.data(), size_t(N) * Fl));
+    ATL_OP("gelu bwd",
+           ops_.GeluBackward(a.dfch.data(), fch, a.dfch_gelu.data(), size_t(N) * Fl, dfch_b));
     ATL_OP("matmul bwd",
            ops_.MatmulBackward(a.dln.data(), D(ParamKind::kFcW, l), D(ParamKind::kFcB, l),
-                               a.dfch.data(), ln2, W(ParamKind::kFcW, l), N, C, Fl, ln2_b));
+                               a.dfch.data(), ln2, W(ParamKind::kFcW, l), N, C, Fl, ln2_b, dfch_b));
     Op(OpKind::kGemmBackward, l, 2, a.dln.data(), N, C, a.dfch.data(), W(ParamKind::kFcW, l),
        nullptr, Fl);
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln.data(), NC));
     ATL_OP("layernorm bwd", ops_.LayerNormBackward(
                                 dres, D(ParamKind::kLn2W, l), D(ParamKind::kLn2B, l), a.dln.data(),
-                                res2, W(ParamKind::kLn2W, l), ln2_mean, ln2_rstd, N, C));
+                                res2, W(ParamKind::kLn2W, l), ln2_mean, ln2_rstd, N, C, dres_b));
+    dres_copied = copies;
     // residual2 = residual + attn(ln1(residual)), likewise.
-    ATL_OP("matmul bwd", ops_.MatmulBackward(a.datty.data(), D(ParamKind::kAttnProjW, l),
-                                             D(ParamKind::kAttnProjB, l), dres, atty,
-                                             W(ParamKind::kAttnProjW, l), N, Cl, C, atty_b));
+    ATL_OP("matmul bwd",
+           ops_.MatmulBackward(a.datty.data(), D(ParamKind::kAttnProjW, l),
+                               D(ParamKind::kAttnProjB, l), dres, atty, W(ParamKind::kAttnProjW, l),
+                               N, Cl, C, atty_b, dres_copied ? dres_b : nullptr));
     Op(OpKind::kGemmBackward, l, 1, a.datty.data(), N, Cl, dres, W(ParamKind::kAttnProjW, l),
        nullptr, C);
     ATL_OP("attention bwd",
@@ -485,9 +498,10 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
     Op(OpKind::kGemmBackward, l, 0, a.dln1.data(), N, C, a.dqkv.data(), W(ParamKind::kAttnW, l),
        nullptr, 3 * Cl);
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln1.data(), NC));
-    ATL_OP("layernorm bwd", ops_.LayerNormBackward(
-                                dres, D(ParamKind::kLn1W, l), D(ParamKind::kLn1B, l), a.dln1.data(),
-                                residual, W(ParamKind::kLn1W, l), ln1_mean, ln1_rstd, N, C));
+    ATL_OP(
+        "layernorm bwd",
+        ops_.LayerNormBackward(dres, D(ParamKind::kLn1W, l), D(ParamKind::kLn1B, l), a.dln1.data(),
+                               residual, W(ParamKind::kLn1W, l), ln1_mean, ln1_rstd, N, C, dres_b));
     if (backward_hook_ && !cuda()) backward_hook_(l);
   }
   if (first)

@@ -198,8 +198,10 @@ TEST_F(CudaTrainTest, Bf16FollowsFp32AndRepeatsItself) {
 // bf16 copies of the products' inputs (GPT::set_bf16_copies): a forward and backward give the
 // same loss and gradients, bit for bit, with them as without, and round fewer elements: each
 // block's four product inputs (ln1, atty, ln2, fch_gelu: N (2 C + C / tp + 4 C / tp)) and lnf's
-// (N C), once in the forward and once in the backward; after the parameters change too. The
-// whole model and a tensor-parallel shard (its all-reduces left out: the same either way).
+// (N C), once in the forward and once in the backward, and in the backward each block's dout of
+// mlp.c_proj and attn.c_proj (dresidual, twice N C) and of mlp.c_fc (dfch, 4 N C / tp); after
+// the parameters change too. The whole model and a tensor-parallel shard (its all-reduces left
+// out: the same either way).
 TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
   std::string why;
   if (!DeviceUsable(Device::kCuda, &why)) GTEST_SKIP() << "no GPU here (" << why << ")";
@@ -240,8 +242,10 @@ TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
     const Pass plain = pass(false), copied = pass(true);
     EXPECT_TRUE(same(plain, copied));
     const uint64_t C = uint64_t(cfg.n_embd), tp = uint64_t(shard.tp_size);
-    const uint64_t per_pass = uint64_t(cfg.n_layer) * N * (2 * C + C / tp + 4 * C / tp) + N * C;
-    EXPECT_EQ(plain.rounded - copied.rounded, 2 * per_pass);
+    const uint64_t L = uint64_t(cfg.n_layer);
+    const uint64_t per_pass = L * N * (2 * C + C / tp + 4 * C / tp) + N * C;
+    const uint64_t douts = L * N * (2 * C + 4 * C / tp);
+    EXPECT_EQ(plain.rounded - copied.rounded, 2 * per_pass + douts);
     // New parameters: the next forward's copies are of the new activations.
     float* params = model.params();
     for (size_t i = 0; i < model.num_params(); ++i) params[i] *= 1.25f;

@@ -203,9 +203,9 @@ TEST_F(CudaOps, Bf16Classifier) {
 }
 
 // bf16 copies of activations (ops.h): LayerNorm, GELU and attention write their out rounded to
-// bf16 beside the float (which is unchanged), and the products that take such a copy give bitwise
-// what they give rounding the float themselves, rounding only the weights. With float products no
-// copy is written.
+// bf16 beside the float (which is unchanged), and so do the LayerNorm and GELU backwards their
+// dinp; the products that take such copies give bitwise what they give rounding the floats
+// themselves, rounding only the weights. With float products no copy is written.
 TEST_F(CudaOps, Bf16CopiesOfActivations) {
   const int N = 37, C = 64, Fl = 256, V = 1001;
   const auto x = Random(size_t(N) * C, 141), w = Random(C, 142), b = Random(C, 143);
@@ -269,6 +269,38 @@ TEST_F(CudaOps, Bf16CopiesOfActivations) {
   const auto plain = linear(nullptr, nw + nh + nd + nw + nh);
   const auto copied = linear(gelu16.data(), nw + nd + nw);
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(SameBits(plain[i], copied[i])) << i;
+
+  // The backwards' copies of dinp (after their addition), and a product on a dout copy.
+  const auto dy = Random(size_t(N) * C, 151), dinp0 = Random(size_t(N) * C, 152);
+  const auto dg = Random(h.size(), 153), dh0 = Random(h.size(), 154);
+  auto g_dy = ToDevice(dy), g_dinp = ToDevice(dinp0), g_dg = ToDevice(dg), g_dh = ToDevice(dh0);
+  DeviceArray<float> g_dlw(C), g_dlb(C);
+  auto dinp16 = ToDevice(std::vector<uint16_t>(dy.size(), 0x7fc1));
+  auto dh16 = ToDevice(marker);
+  LayerNormBackward(g_dinp.data(), g_dlw.data(), g_dlb.data(), g_dy.data(), g_x.data(), g_w.data(),
+                    mean.data(), rstd.data(), N, C, dinp16.data());
+  GeluBackward(g_dh.data(), g_h.data(), g_dg.data(), h.size(), dh16.data());
+  const auto dinp = ToHost(g_dinp), dh = ToHost(g_dh);
+  EXPECT_EQ(ToHost(dinp16), rounded(dinp));
+  EXPECT_EQ(ToHost(dh16), rounded(dh));
+  auto g_dinp_again = ToDevice(dinp0), g_dh_again = ToDevice(dh0);
+  LayerNormBackward(g_dinp_again.data(), nullptr, nullptr, g_dy.data(), g_x.data(), g_w.data(),
+                    mean.data(), rstd.data(), N, C);
+  GeluBackward(g_dh_again.data(), g_h.data(), g_dg.data(), h.size());
+  EXPECT_TRUE(SameBits(ToHost(g_dinp_again), dinp));
+  EXPECT_TRUE(SameBits(ToHost(g_dh_again), dh));
+  auto backward = [&](const uint16_t* dout16, uint64_t want_rounded) {
+    auto dx = ToDevice(std::vector<float>(size_t(N) * C, 0.5f));
+    auto dw = ToDevice(std::vector<float>(size_t(C) * Fl, 0.25f));
+    const uint64_t before = Bf16RoundedElements();
+    // The product fed by the GELU's gradient: dout [N, Fl] (g_dh), inp [N, C] (ln).
+    MatmulBackward(dx.data(), dw.data(), nullptr, g_dh.data(), ln.data(), g_wm.data(), N, C, Fl,
+                   ln16.data(), dout16);
+    EXPECT_EQ(Bf16RoundedElements() - before, want_rounded);
+    return std::vector<std::vector<float>>{ToHost(dx), ToHost(dw)};
+  };
+  const auto plain_b = backward(nullptr, nh + nw), copied_b = backward(dh16.data(), nw);
+  for (size_t i = 0; i < plain_b.size(); ++i) EXPECT_TRUE(SameBits(plain_b[i], copied_b[i])) << i;
 
   const auto wte = Random(size_t(V) * C, 149, 0.3f);
   const auto tgt = Tokens(N, V, 150);

@@ -29,13 +29,17 @@ __global__ void GeluForwardKernel(float* out, __nv_bfloat16* out_bf16, const flo
   if (out_bf16 != nullptr) out_bf16[i] = __float2bfloat16_rn(y);
 }
 
-__global__ void GeluBackwardKernel(float* dinp, const float* inp, const float* dout, size_t n) {
+// dinp_bf16 (or null): dinp after the addition rounded to bf16 as well.
+__global__ void GeluBackwardKernel(float* dinp, __nv_bfloat16* dinp_bf16, const float* inp,
+                                   const float* dout, size_t n) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float x = inp[i];
   const float s = Sigmoid2U(x);
   const float du = kGeluS * (1.0f + 3.0f * kGeluC * x * x);
-  dinp[i] += (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
+  const float v = dinp[i] + (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
+  dinp[i] = v;
+  if (dinp_bf16 != nullptr) dinp_bf16[i] = __float2bfloat16_rn(v);
 }
 
 __global__ void ResidualForwardKernel(float* out, const float* a, const float* b, size_t n) {
@@ -98,9 +102,9 @@ void GeluForward(float* out, const float* inp, size_t n, uint16_t* out_bf16) {
   ATL_LAUNCH(GeluForwardKernel, Blocks(n, 256), 256, out, Bf16Copy(out_bf16), inp, n);
 }
 
-void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) {
+void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n, uint16_t* dinp_bf16) {
   if (n == 0) return;
-  ATL_LAUNCH(GeluBackwardKernel, Blocks(n, 256), 256, dinp, inp, dout, n);
+  ATL_LAUNCH(GeluBackwardKernel, Blocks(n, 256), 256, dinp, Bf16Copy(dinp_bf16), inp, dout, n);
 }
 
 void ResidualForward(float* out, const float* a, const float* b, size_t n) {

@@ -41,9 +41,10 @@ __global__ void LayerNormForwardKernel(float* out, __nv_bfloat16* out_bf16, floa
   }
 }
 
-__global__ void LayerNormInputGradKernel(float* dinp, const float* dout, const float* inp,
-                                         const float* weight, const float* mean, const float* rstd,
-                                         int N, int C) {
+// dinp_bf16 (or null): dinp after the addition rounded to bf16 as well.
+__global__ void LayerNormInputGradKernel(float* dinp, __nv_bfloat16* dinp_bf16, const float* dout,
+                                         const float* inp, const float* weight, const float* mean,
+                                         const float* rstd, int N, int C) {
   const int lane = threadIdx.x & 31;
   const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (n >= N) return;
@@ -59,9 +60,12 @@ __global__ void LayerNormInputGradKernel(float* dinp, const float* dout, const f
   const float g_mean = WarpSum(g_sum) / float(C);
   const float gn_mean = WarpSum(gn_sum) / float(C);
   float* dx = dinp + n * C;
+  __nv_bfloat16* dxb = dinp_bf16 != nullptr ? dinp_bf16 + n * C : nullptr;
   for (int c = lane; c < C; c += 32) {
     const float norm = (x[c] - m) * r;
-    dx[c] += r * (dy[c] * weight[c] - g_mean - norm * gn_mean);
+    const float v = dx[c] + r * (dy[c] * weight[c] - g_mean - norm * gn_mean);
+    dx[c] = v;
+    if (dxb != nullptr) dxb[c] = __float2bfloat16_rn(v);
   }
 }
 
@@ -108,11 +112,11 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
 
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                       int N, int C) {
+                       int N, int C, uint16_t* dinp_bf16) {
   if (N <= 0) return;
   if (dinp != nullptr) {
     ATL_LAUNCH(LayerNormInputGradKernel, Blocks(size_t(N), kRowsPerBlock), 32 * kRowsPerBlock, dinp,
-               dout, inp, weight, mean, rstd, N, C);
+               Bf16Copy(dinp_bf16), dout, inp, weight, mean, rstd, N, C);
   }
   if (dweight == nullptr && dbias == nullptr) return;
   const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;

@@ -250,12 +250,15 @@ void MatmulForward(float* out, const float* inp, const float* weight, const floa
 }
 
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                    const float* weight, int N, int IC, int OC, const uint16_t* inp_bf16) {
+                    const float* weight, int N, int IC, int OC, const uint16_t* inp_bf16,
+                    const uint16_t* dout_bf16) {
   if (bf16_products && (dinp != nullptr || dweight != nullptr)) {  // dout rounded once for both
     const int64_t nd = int64_t(N) * OC, nw = int64_t(IC) * OC, ni = int64_t(N) * IC;
     const __nv_bfloat16* in = Bf16Copy(inp_bf16);
-    Bf16Operands ops({nd, dinp != nullptr ? nw : 0, dweight != nullptr && in == nullptr ? ni : 0});
-    const __nv_bfloat16* d = ops.Round(0, dout, nd);
+    const __nv_bfloat16* d = Bf16Copy(dout_bf16);
+    Bf16Operands ops({d == nullptr ? nd : 0, dinp != nullptr ? nw : 0,
+                      dweight != nullptr && in == nullptr ? ni : 0});
+    if (d == nullptr) d = ops.Round(0, dout, nd);
     if (dinp != nullptr)
       GemmBf16(false, true, N, IC, OC, 1.0f, d, OC, ops.Round(1, weight, nw), OC, 1.0f, dinp, IC);
     if (dweight != nullptr)

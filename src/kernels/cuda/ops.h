@@ -41,17 +41,20 @@ void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t*
 // nearest, ties to even; uint16_t: the bf16's bits) into out_bf16, and the products take that
 // copy (inp_bf16, x_bf16) instead of rounding the float themselves: the same operand, so the same
 // result, with one rounding pass per activation instead of one per product (forward and
-// backward). Null: none. The copies are ignored when products are float.
+// backward). Likewise in the backward, the gradients LayerNorm and GELU make (dinp_bf16: dinp
+// after the op's addition) for the products below them (MatmulBackward's dout_bf16). Null: none.
+// The copies are ignored when products are float.
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int N, int C, uint16_t* out_bf16 = nullptr);
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                       int N, int C);
+                       int N, int C, uint16_t* dinp_bf16 = nullptr);
 
 void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
                    int IC, int OC, const uint16_t* inp_bf16 = nullptr);
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                    const float* weight, int N, int IC, int OC, const uint16_t* inp_bf16 = nullptr);
+                    const float* weight, int N, int IC, int OC, const uint16_t* inp_bf16 = nullptr,
+                    const uint16_t* dout_bf16 = nullptr);
 
 // Flash-style (attention.cu): no [T, T] probabilities. Instead of att, forward writes each query
 // row's log-sum-exp of its scaled scores, lse [B, NH, T], and backward takes it with the forward's
@@ -62,7 +65,8 @@ void AttentionBackward(float* dqkv, const float* dout, const float* out, const f
                        const float* lse, int B, int T, int C, int NH);
 
 void GeluForward(float* out, const float* inp, size_t n, uint16_t* out_bf16 = nullptr);
-void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n);
+void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n,
+                  uint16_t* dinp_bf16 = nullptr);
 
 void ResidualForward(float* out, const float* a, const float* b, size_t n);
 void ResidualBackward(float* da, float* db, const float* dout, size_t n);
