@@ -255,8 +255,9 @@ struct Ops {
   }
   // scratch: the CPU's (B*NH*T*T elements); the GPU uses its own.
   void AttentionBackward(T* dqkv, T* scratch, const T* dout, const T* out, const T* qkv,
-                         const T* att, int B, int T_, int C, int NH) const {
-    ATL_GPU(kernels::cuda::AttentionBackward(dqkv, dout, out, qkv, att, B, T_, C, NH));
+                         const T* att, int B, int T_, int C, int NH,
+                         uint16_t* dqkv_b = nullptr) const {
+    ATL_GPU(kernels::cuda::AttentionBackward(dqkv, dout, out, qkv, att, B, T_, C, NH, dqkv_b));
     kernels::AttentionBackward(dqkv, scratch, dout, qkv, att, B, T_, C, NH);
   }
   void GeluForward(T* out, const T* inp, size_t n, uint16_t* out_b = nullptr) const {

@@ -399,13 +399,14 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
   const int Ll = layer_end_ - layer_begin_;
 
   T* dres = a.dresidual.data();
-  // bf16 copies (set_bf16_copies): the forward's of the products' inputs, and dres's and dfch's,
-  // written by the LayerNorm and GELU backwards for the products below them. dres_b holds dres
-  // after a LayerNorm backward wrote it (not after output_grad arrives).
+  // bf16 copies (set_bf16_copies): the forward's of the products' inputs, and dres's, dfch's and
+  // dqkv's, written by the LayerNorm, GELU and attention backwards for the products below them.
+  // dres_b holds dres after a LayerNorm backward wrote it (not after output_grad arrives).
   const bool copies = S.copies_written;
   if (copies) a.AllocateBf16GradCopies(device_);
   uint16_t* dres_b = copies ? a.dresidual_b.data() : nullptr;
   uint16_t* dfch_b = copies ? a.dfch_b.data() : nullptr;
+  uint16_t* dqkv_b = copies ? a.dqkv_b.data() : nullptr;
   bool dres_copied = false;
   if (last) {
     // Loss = loss_scale * mean over N positions.
@@ -491,10 +492,10 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
        nullptr, C);
     ATL_OP("attention bwd",
            ops_.AttentionBackward(a.dqkv.data(), a.datt_scratch.data(), a.datty.data(), atty, qkv,
-                                  att, B, T_len, Cl, NHl));
-    ATL_OP("matmul bwd",
-           ops_.MatmulBackward(a.dln1.data(), D(ParamKind::kAttnW, l), D(ParamKind::kAttnB, l),
-                               a.dqkv.data(), ln1, W(ParamKind::kAttnW, l), N, C, 3 * Cl, ln1_b));
+                                  att, B, T_len, Cl, NHl, dqkv_b));
+    ATL_OP("matmul bwd", ops_.MatmulBackward(a.dln1.data(), D(ParamKind::kAttnW, l),
+                                             D(ParamKind::kAttnB, l), a.dqkv.data(), ln1,
+                                             W(ParamKind::kAttnW, l), N, C, 3 * Cl, ln1_b, dqkv_b));
     Op(OpKind::kGemmBackward, l, 0, a.dln1.data(), N, C, a.dqkv.data(), W(ParamKind::kAttnW, l),
        nullptr, 3 * Cl);
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln1.data(), NC));

@@ -113,6 +113,7 @@ struct GPT<T>::Activations {
     const size_t Cl = C / size_t(tp), Fl = 4 * C / size_t(tp);
     rows = N;
     grad_c = N * C;
+    grad_cl3 = N * 3 * Cl;
     grad_fl = N * Fl;
     for (int i = 0; i < num_slots; ++i)
       slots.emplace_back(c, max_batch, layers, tp, last, vocab, d);
@@ -138,7 +139,7 @@ struct GPT<T>::Activations {
     }
   }
 
-  size_t rows, grad_c, grad_fl;
+  size_t rows, grad_c, grad_cl3, grad_fl;
   std::vector<Slot> slots;
   Buffer<T> dresidual;  // [N, C] gradient of the residual stream, carried down the layers
   Buffer<T> dln, dln1;  // [N, C] gradients of LayerNorm outputs (ln_f / ln_2, ln_1)
@@ -153,12 +154,13 @@ struct GPT<T>::Activations {
   std::vector<T> staging[2];       // GPU only: host copies for all-reduces and the vocabulary loss
   std::vector<T> host_input_grad;  // input_grad() on the GPU
   int last_backward_slot = 0;
-  // bf16 copies of dresidual and dfch (kernels/cuda/ops.h), for a backward whose forward wrote
-  // the Slot's copies; allocated by the first such backward.
-  Buffer<uint16_t> dresidual_b, dfch_b;
+  // bf16 copies of dresidual, dqkv and dfch (kernels/cuda/ops.h), for a backward whose forward
+  // wrote the Slot's copies; allocated by the first such backward.
+  Buffer<uint16_t> dresidual_b, dqkv_b, dfch_b;
   void AllocateBf16GradCopies(Device d) {
     if (dresidual_b.size() != 0) return;
     dresidual_b.Allocate(d, grad_c);
+    dqkv_b.Allocate(d, grad_cl3);
     dfch_b.Allocate(d, grad_fl);
   }
 

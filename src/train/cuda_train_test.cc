@@ -193,13 +193,12 @@ TEST_F(CudaTrainTest, Bf16FollowsFp32AndRepeatsItself) {
   EXPECT_LT(mb.back()["loss"].get<double>(), mb.front()["loss"].get<double>() - 0.5);
 }
 
-// A GPU checkpoint resumed on the CPU continues as the GPU run does (within rounding), and the
-// other way round.
 // bf16 copies of the products' inputs (GPT::set_bf16_copies): a forward and backward give the
 // same loss and gradients, bit for bit, with them as without, and round fewer elements: each
 // block's four product inputs (ln1, atty, ln2, fch_gelu: N (2 C + C / tp + 4 C / tp)) and lnf's
 // (N C), once in the forward and once in the backward, and in the backward each block's dout of
-// mlp.c_proj and attn.c_proj (dresidual, twice N C) and of mlp.c_fc (dfch, 4 N C / tp); after
+// mlp.c_proj and attn.c_proj (dresidual, twice N C), of mlp.c_fc (dfch, 4 N C / tp) and of
+// attn.c_attn (dqkv, 3 N C / tp); after
 // the parameters change too. The whole model and a tensor-parallel shard (its all-reduces left
 // out: the same either way).
 TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
@@ -244,7 +243,7 @@ TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
     const uint64_t C = uint64_t(cfg.n_embd), tp = uint64_t(shard.tp_size);
     const uint64_t L = uint64_t(cfg.n_layer);
     const uint64_t per_pass = L * N * (2 * C + C / tp + 4 * C / tp) + N * C;
-    const uint64_t douts = L * N * (2 * C + 4 * C / tp);
+    const uint64_t douts = L * N * (2 * C + 4 * C / tp + 3 * C / tp);
     EXPECT_EQ(plain.rounded - copied.rounded, 2 * per_pass + douts);
     // New parameters: the next forward's copies are of the new activations.
     float* params = model.params();
@@ -255,6 +254,8 @@ TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
   }
 }
 
+// A GPU checkpoint resumed on the CPU continues as the GPU run does (within rounding), and the
+// other way round.
 TEST_F(CudaTrainTest, CheckpointsCrossDevices) {
   for (const bool from_gpu : {true, false}) {
     SCOPED_TRACE(from_gpu ? "GPU -> CPU" : "CPU -> GPU");

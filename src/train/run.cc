@@ -551,6 +551,8 @@ StatusOr<double> Validate(Run& run) {
       try {
         run.eval_model = std::make_unique<GPT<float>>(run.cfg.model, micro, ModelShard{}, 1,
                                                       run.model->device());
+        // Forward only: the bf16 copies would save little and take memory after this check.
+        run.eval_model->set_bf16_copies(false);
       } catch (const std::exception& e) {  // the GPU's memory: the CPU takes it
         LogWarning("rank 0: validating on the CPU (the whole model does not go on the GPU: {})",
                    e.what());

@@ -282,30 +282,30 @@ void Backward(float* dqkv, float* dsum, const float* dout, const float* out, con
 void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
                       uint16_t* out_bf16) {
   if (B <= 0 || T <= 0) return;
-  if (TensorCoreAttention(C, NH)) {
-    TcAttentionForward(out, lse, qkv, B, T, C, NH);
-  } else {
-    const int R = PartsFor(C, NH);
-    const float scale = 1.0f / std::sqrt(float(C / NH));
-    if (R == 1) Forward<1>(out, lse, qkv, B, T, C, NH, scale);
-    if (R == 2) Forward<2>(out, lse, qkv, B, T, C, NH, scale);
-    if (R == 4) Forward<4>(out, lse, qkv, B, T, C, NH, scale);
-  }
-  // A pass of its own: out is B T C floats against the kernels' B NH T² work.
-  if (out_bf16 != nullptr) RoundToBf16(out_bf16, out, size_t(B) * size_t(T) * size_t(C));
+  __nv_bfloat16* out16 = Bf16Copy(out_bf16);
+  if (TensorCoreAttention(C, NH)) return TcAttentionForward(out, out16, lse, qkv, B, T, C, NH);
+  const int R = PartsFor(C, NH);
+  const float scale = 1.0f / std::sqrt(float(C / NH));
+  if (R == 1) Forward<1>(out, lse, qkv, B, T, C, NH, scale);
+  if (R == 2) Forward<2>(out, lse, qkv, B, T, C, NH, scale);
+  if (R == 4) Forward<4>(out, lse, qkv, B, T, C, NH, scale);
+  // Heads over 64 under bf16 products: the copy in a pass of its own.
+  if (out16 != nullptr) RoundToBf16(out_bf16, out, size_t(B) * size_t(T) * size_t(C));
 }
 
 void AttentionBackward(float* dqkv, const float* dout, const float* out, const float* qkv,
-                       const float* lse, int B, int T, int C, int NH) {
+                       const float* lse, int B, int T, int C, int NH, uint16_t* dqkv_bf16) {
   if (B <= 0 || T <= 0) return;
   const int R = PartsFor(C, NH);
   const float scale = 1.0f / std::sqrt(float(C / NH));
   auto* dsum = static_cast<float*>(Scratch(kScratchOp, size_t(B) * NH * T * sizeof(float)));
+  __nv_bfloat16* dqkv16 = Bf16Copy(dqkv_bf16);
   if (TensorCoreAttention(C, NH))
-    return TcAttentionBackward(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH);
+    return TcAttentionBackward(dqkv, dqkv16, dsum, dout, out, qkv, lse, B, T, C, NH);
   if (R == 1) Backward<1>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale);
   if (R == 2) Backward<2>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale);
   if (R == 4) Backward<4>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale);
+  if (dqkv16 != nullptr) RoundToBf16(dqkv_bf16, dqkv, size_t(B) * size_t(T) * 3 * size_t(C));
 }
 
 }  // namespace atl::kernels::cuda

@@ -139,21 +139,29 @@ __device__ inline float RowMax(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// dst[r][d] (+)= acc's elements (rows of the warp, d < hs, rows < T), times row_scale[0 or 1].
+// dst[r][d] (+)= acc's elements (rows of the warp, d < hs, rows < T), times row_scale[0 or 1];
+// and what it wrote rounded to bf16 at the same place of dst16 (when not null).
 template <int D>
-__device__ inline void StoreRows(float* dst, int64_t stride, const float (&acc)[D / 8][4],
-                                 const Lane& lane, int T, int hs, const float (&row_scale)[2],
-                                 bool add) {
+__device__ inline void StoreRows(float* dst, __nv_bfloat16* dst16, int64_t stride,
+                                 const float (&acc)[D / 8][4], const Lane& lane, int T, int hs,
+                                 const float (&row_scale)[2], bool add) {
 #pragma unroll
   for (int n = 0; n < D / 8; ++n)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = lane.row(i), d = 8 * n + lane.col(i);
       if (r >= T || d >= hs) continue;
-      float* at = dst + int64_t(r) * stride + d;
+      const int64_t at = int64_t(r) * stride + d;
       const float v = acc[n][i] * row_scale[i >> 1];
-      *at = add ? *at + v : v;
+      const float stored = add ? dst[at] + v : v;
+      dst[at] = stored;
+      if (dst16 != nullptr) dst16[at] = __float2bfloat16_rn(stored);
     }
+}
+
+// p + offset, or null for a null p.
+__device__ inline __nv_bfloat16* At(__nv_bfloat16* p, int64_t offset) {
+  return p != nullptr ? p + offset : nullptr;
 }
 
 // The block's head (blockIdx.x = b * NH + h): its size, where it starts in qkv [B, T, 3C] (row
@@ -173,7 +181,8 @@ struct Head {
 // grid (B * NH, ceil(T / 64)). out [B, T, C]; lse [B, NH, T].
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    TcForward(float* out, float* lse, const float* qkv, int T, int C, int NH, float scale) {
+    TcForward(float* out, __nv_bfloat16* out16, float* lse, const float* qkv, int T, int C, int NH,
+              float scale) {
   __shared__ Rows<D> ks;
   __shared__ Cols<D> vt;
   const Head head(T, C, NH);
@@ -225,7 +234,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float sum[2] = {RowSum(l[0]), RowSum(l[1])};
   const float inv[2] = {1.0f / sum[0], 1.0f / sum[1]};
-  StoreRows<D>(out + head.bt, C, o, lane, T, hs, inv, /*add=*/false);
+  StoreRows<D>(out + head.bt, At(out16, head.bt), C, o, lane, T, hs, inv, /*add=*/false);
   if (lane.t == 0)
     for (int h = 0; h < 2; ++h) {
       const int r = lane.first + lane.g + 8 * h;
@@ -238,8 +247,9 @@ __global__ void __launch_bounds__(kThreads)
 // ceil(T / 64)).
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    TcBackwardQuery(float* dqkv, float* dsum, const float* dout, const float* out, const float* qkv,
-                    const float* lse, int T, int C, int NH, float scale) {
+    TcBackwardQuery(float* dqkv, __nv_bfloat16* dqkv16, float* dsum, const float* dout,
+                    const float* out, const float* qkv, const float* lse, int T, int C, int NH,
+                    float scale) {
   __shared__ Rows<D> ks, vs;
   __shared__ Cols<D> kt;
   const Head head(T, C, NH);
@@ -287,15 +297,15 @@ __global__ void __launch_bounds__(kThreads)
     AddTimesTile<D>(dq, s, kt, lane);
   }
   const float one[2] = {1.0f, 1.0f};
-  StoreRows<D>(dqkv + head.qkv, s3, dq, lane, T, hs, one, /*add=*/true);
+  StoreRows<D>(dqkv + head.qkv, At(dqkv16, head.qkv), s3, dq, lane, T, hs, one, /*add=*/true);
 }
 
 // dk += Σ_i ds_ij q_i and dv += Σ_i p_ij dO_i over queries i ≥ j. grid (B * NH, ceil(T / 64)),
 // a block's rows being keys.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    TcBackwardKeyValue(float* dqkv, const float* dsum, const float* dout, const float* qkv,
-                       const float* lse, int T, int C, int NH, float scale) {
+    TcBackwardKeyValue(float* dqkv, __nv_bfloat16* dqkv16, const float* dsum, const float* dout,
+                       const float* qkv, const float* lse, int T, int C, int NH, float scale) {
   __shared__ Rows<D> qs, dos;
   __shared__ Cols<D> qt, dot;
   __shared__ float lses[kTile], dsums[kTile];
@@ -335,8 +345,10 @@ __global__ void __launch_bounds__(kThreads)
     AddTimesTile<D>(dk, ds, qt, lane);
   }
   const float one[2] = {1.0f, 1.0f};
-  StoreRows<D>(dqkv + head.qkv + C, s3, dk, lane, T, hs, one, /*add=*/true);
-  StoreRows<D>(dqkv + head.qkv + 2 * C, s3, dv, lane, T, hs, one, /*add=*/true);
+  StoreRows<D>(dqkv + head.qkv + C, At(dqkv16, head.qkv + C), s3, dk, lane, T, hs, one,
+               /*add=*/true);
+  StoreRows<D>(dqkv + head.qkv + 2 * C, At(dqkv16, head.qkv + 2 * C), s3, dv, lane, T, hs, one,
+               /*add=*/true);
 }
 
 dim3 Grid(int B, int T, int NH) {
@@ -350,28 +362,31 @@ bool TensorCoreAttention(int C, int NH) {
   return Bf16Matmul() && C / NH <= 64 && has_mma;
 }
 
-void TcAttentionForward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+void TcAttentionForward(float* out, __nv_bfloat16* out16, float* lse, const float* qkv, int B,
+                        int T, int C, int NH) {
   const float scale = 1.0f / std::sqrt(float(C / NH));
   if (C / NH <= 32)
-    ATL_LAUNCH(TcForward<32>, Grid(B, T, NH), kThreads, out, lse, qkv, T, C, NH, scale);
+    ATL_LAUNCH(TcForward<32>, Grid(B, T, NH), kThreads, out, out16, lse, qkv, T, C, NH, scale);
   else
-    ATL_LAUNCH(TcForward<64>, Grid(B, T, NH), kThreads, out, lse, qkv, T, C, NH, scale);
+    ATL_LAUNCH(TcForward<64>, Grid(B, T, NH), kThreads, out, out16, lse, qkv, T, C, NH, scale);
 }
 
-void TcAttentionBackward(float* dqkv, float* dsum, const float* dout, const float* out,
-                         const float* qkv, const float* lse, int B, int T, int C, int NH) {
+void TcAttentionBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dsum, const float* dout,
+                         const float* out, const float* qkv, const float* lse, int B, int T, int C,
+                         int NH) {
   const float scale = 1.0f / std::sqrt(float(C / NH));
   const dim3 grid = Grid(B, T, NH);
+  const float* sums = dsum;
   if (C / NH <= 32) {
-    ATL_LAUNCH(TcBackwardQuery<32>, grid, kThreads, dqkv, dsum, dout, out, qkv, lse, T, C, NH,
+    ATL_LAUNCH(TcBackwardQuery<32>, grid, kThreads, dqkv, dqkv16, dsum, dout, out, qkv, lse, T, C,
+               NH, scale);
+    ATL_LAUNCH(TcBackwardKeyValue<32>, grid, kThreads, dqkv, dqkv16, sums, dout, qkv, lse, T, C, NH,
                scale);
-    ATL_LAUNCH(TcBackwardKeyValue<32>, grid, kThreads, dqkv, static_cast<const float*>(dsum), dout,
-               qkv, lse, T, C, NH, scale);
   } else {
-    ATL_LAUNCH(TcBackwardQuery<64>, grid, kThreads, dqkv, dsum, dout, out, qkv, lse, T, C, NH,
+    ATL_LAUNCH(TcBackwardQuery<64>, grid, kThreads, dqkv, dqkv16, dsum, dout, out, qkv, lse, T, C,
+               NH, scale);
+    ATL_LAUNCH(TcBackwardKeyValue<64>, grid, kThreads, dqkv, dqkv16, sums, dout, qkv, lse, T, C, NH,
                scale);
-    ATL_LAUNCH(TcBackwardKeyValue<64>, grid, kThreads, dqkv, static_cast<const float*>(dsum), dout,
-               qkv, lse, T, C, NH, scale);
   }
 }
 

@@ -4,6 +4,7 @@
 // into dx and dwte, the tiles in row order, so dwte's accumulation order is fixed.
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
@@ -85,11 +86,14 @@ void FloatTiles(float* dx, float* dwte, const float* logits, const float* lse, c
 // The same with bf16 products: each tile's gradient written in bf16 by its kernel, wte rounded
 // once for every tile; x from its bf16 copy x16 when there is one, or each tile's rows of x
 // rounded into one 256-byte aligned place (the alignment cuBLASLt's fastest kernels want,
-// whatever C is).
+// whatever C is). Tiles are whole multiples of 128 / gcd(C, 128) rows, so that every tile of x16
+// (256-byte aligned) starts 256-byte aligned too: the same plans, hence the same bits, either way.
 void Bf16Tiles(float* dx, float* dwte, const float* logits, const float* lse, const float* x,
                const __nv_bfloat16* x16, const float* wte, const int32_t* targets, float dloss,
                int N, int C, int V) {
-  const int tile = TileRows(N, V, sizeof(__nv_bfloat16));
+  const int step = 128 / std::gcd(C, 128);
+  int tile = TileRows(N, V, sizeof(__nv_bfloat16));
+  if (tile < N) tile = std::max(step, tile / step * step);
   auto* d = static_cast<__nv_bfloat16*>(
       Scratch(kScratchOp, size_t(tile) * size_t(V) * sizeof(__nv_bfloat16)));
   const int64_t nw = int64_t(V) * C;

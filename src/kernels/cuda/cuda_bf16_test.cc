@@ -146,8 +146,8 @@ TEST_F(CudaOps, Bf16AttentionOnTheTensorCores) {
 // The classifier with bf16 products: the logits against the double product of x and wte rounded
 // to bf16; the gradients against the double products of the logits' gradient rounded to bf16
 // (as the backward writes it) with x and wte rounded. N = 2700 at V = 50257 makes two backward
-// tiles (2670 rows and 30). Each operand is rounded once per op: the backward rounds wte once for
-// every tile, and x once.
+// tiles (2656 rows and 44: whole multiples of 32 rows at C = 4). Each operand is rounded once per
+// op: the backward rounds wte once for every tile, and x once.
 TEST_F(CudaOps, Bf16Classifier) {
   const Bf16On on;
   struct Shape {
@@ -203,9 +203,10 @@ TEST_F(CudaOps, Bf16Classifier) {
 }
 
 // bf16 copies of activations (ops.h): LayerNorm, GELU and attention write their out rounded to
-// bf16 beside the float (which is unchanged), and so do the LayerNorm and GELU backwards their
-// dinp; the products that take such copies give bitwise what they give rounding the floats
-// themselves, rounding only the weights. With float products no copy is written.
+// bf16 beside the float (which is unchanged), and so do the LayerNorm, GELU and attention
+// backwards their dinp and dqkv; the products that take such copies give bitwise what they give
+// rounding the floats themselves, rounding only the weights. With float products no copy is
+// written.
 TEST_F(CudaOps, Bf16CopiesOfActivations) {
   const int N = 37, C = 64, Fl = 256, V = 1001;
   const auto x = Random(size_t(N) * C, 141), w = Random(C, 142), b = Random(C, 143);
@@ -225,11 +226,34 @@ TEST_F(CudaOps, Bf16CopiesOfActivations) {
     }
     return bits;
   };
+  // Attention's copies, forward and backward, on the tensor cores (head size 32) and off them
+  // (96: the float kernels, then a rounding pass): what the float results round to, the float
+  // results unchanged; none with float products.
+  auto attention = [&](const AttentionCase& s, bool bf16) {
+    SCOPED_TRACE(testing::Message() << s << " bf16 " << bf16);
+    const AttentionInputs in = RandomAttentionInputs(s, 145);
+    auto g_qkv = ToDevice(in.qkv), g_dout = ToDevice(in.dout), g_dqkv = ToDevice(in.dqkv0);
+    DeviceArray<float> out(s.x()), lse(size_t(s.B) * s.NH * s.T);
+    auto out16 = ToDevice(std::vector<uint16_t>(s.x(), 0x7fc1));
+    auto dqkv16 = ToDevice(std::vector<uint16_t>(3 * s.x(), 0x7fc1));
+    AttentionForward(out.data(), lse.data(), g_qkv.data(), s.B, s.T, s.C, s.NH, out16.data());
+    AttentionBackward(g_dqkv.data(), g_dout.data(), out.data(), g_qkv.data(), lse.data(), s.B, s.T,
+                      s.C, s.NH, dqkv16.data());
+    const std::vector<std::vector<float>> got = {ToHost(out), ToHost(lse), ToHost(g_dqkv)};
+    const auto plain = GpuAttention(s, in);
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(SameBits(got[i], plain[i])) << i;
+    EXPECT_EQ(ToHost(out16), bf16 ? rounded(got[0]) : std::vector<uint16_t>(s.x(), 0x7fc1));
+    EXPECT_EQ(ToHost(dqkv16), bf16 ? rounded(got[2]) : std::vector<uint16_t>(3 * s.x(), 0x7fc1));
+  };
+  const AttentionCase tc{2, 33, 64, 2, 1}, wide{1, 20, 96, 1, 1};
+
   // Float products: the copies are left alone.
   LayerNormForward(ln.data(), mean.data(), rstd.data(), g_x.data(), g_w.data(), g_b.data(), N, C,
                    ln16.data());
   GeluForward(gelu.data(), g_h.data(), h.size(), gelu16.data());
   EXPECT_EQ(ToHost(gelu16), marker);
+  EXPECT_EQ(ToHost(ln16), std::vector<uint16_t>(marker.begin(), marker.begin() + N * C));
+  attention(tc, false);
   const auto ln_float = ToHost(ln), gelu_float = ToHost(gelu);
 
   const Bf16On on;
@@ -240,15 +264,8 @@ TEST_F(CudaOps, Bf16CopiesOfActivations) {
   EXPECT_TRUE(SameBits(ToHost(gelu), gelu_float));
   EXPECT_EQ(ToHost(ln16), rounded(ln_float));
   EXPECT_EQ(ToHost(gelu16), rounded(gelu_float));
-  const AttentionCase s{2, 33, 64, 2, 1};
-  const AttentionInputs in = RandomAttentionInputs(s, 145);
-  auto g_qkv = ToDevice(in.qkv);
-  DeviceArray<float> att(s.x()), lse(size_t(s.B) * s.NH * s.T);
-  auto att16 = ToDevice(std::vector<uint16_t>(s.x(), 0x7fc1));
-  AttentionForward(att.data(), lse.data(), g_qkv.data(), s.B, s.T, s.C, s.NH, att16.data());
-  const auto att_out = ToHost(att);
-  EXPECT_TRUE(SameBits(att_out, GpuAttention(s, in)[0]));
-  EXPECT_EQ(ToHost(att16), rounded(att_out));
+  attention(tc, true);
+  attention(wide, true);
 
   // The products on the copies: the same bits, only the weights rounded.
   const auto wm = Random(size_t(Fl) * C, 146), bias = Random(C, 147);

@@ -33,7 +33,7 @@ namespace {
 uint32_t Alignment(const void* p) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   uint32_t align = 256;
-  while (align > 4 && a % align != 0) align >>= 1;
+  while (align > 2 && a % align != 0) align >>= 1;  // bf16 operands may be 2-byte aligned
   return align;
 }
 
@@ -235,6 +235,7 @@ void GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
 
 void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
                    int IC, int OC, const uint16_t* inp_bf16) {
+  if (N <= 0) return;
   // out[N,OC] = inp[N,IC] · weight[IC,OC]
   if (const __nv_bfloat16* in = Bf16Copy(inp_bf16)) {
     Bf16Operands ops({int64_t(IC) * OC});
@@ -252,6 +253,7 @@ void MatmulForward(float* out, const float* inp, const float* weight, const floa
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                     const float* weight, int N, int IC, int OC, const uint16_t* inp_bf16,
                     const uint16_t* dout_bf16) {
+  if (N <= 0) return;
   if (bf16_products && (dinp != nullptr || dweight != nullptr)) {  // dout rounded once for both
     const int64_t nd = int64_t(N) * OC, nw = int64_t(IC) * OC, ni = int64_t(N) * IC;
     const __nv_bfloat16* in = Bf16Copy(inp_bf16);

@@ -41,8 +41,9 @@ void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t*
 // nearest, ties to even; uint16_t: the bf16's bits) into out_bf16, and the products take that
 // copy (inp_bf16, x_bf16) instead of rounding the float themselves: the same operand, so the same
 // result, with one rounding pass per activation instead of one per product (forward and
-// backward). Likewise in the backward, the gradients LayerNorm and GELU make (dinp_bf16: dinp
-// after the op's addition) for the products below them (MatmulBackward's dout_bf16). Null: none.
+// backward). Likewise in the backward, the gradients LayerNorm, GELU and attention make
+// (dinp_bf16, dqkv_bf16: after the op's addition) for the products below them (MatmulBackward's
+// dout_bf16). Null: none.
 // The copies are ignored when products are float.
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int N, int C, uint16_t* out_bf16 = nullptr);
@@ -62,7 +63,8 @@ void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout
 void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
                       uint16_t* out_bf16 = nullptr);
 void AttentionBackward(float* dqkv, const float* dout, const float* out, const float* qkv,
-                       const float* lse, int B, int T, int C, int NH);
+                       const float* lse, int B, int T, int C, int NH,
+                       uint16_t* dqkv_bf16 = nullptr);
 
 void GeluForward(float* out, const float* inp, size_t n, uint16_t* out_bf16 = nullptr);
 void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n,
