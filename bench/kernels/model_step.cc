@@ -10,8 +10,9 @@
 // train.precision = "bf16" does (attention's too for heads up to 64); --sgemm then defaults to
 // 989,000 (the H100 SXM's dense bf16 rate), and the line adds the elements rounded to bf16 per
 // step (each read as float and written as bf16). --bf16-copies off: the products round their
-// inputs themselves instead of reading the bf16 copies their producers write (GPT::
-// set_bf16_copies; the same bits, to time what the copies save).
+// inputs and weights themselves instead of reading the bf16 copies their producers write and the
+// copy of the parameters made once a step (GPT::set_bf16_copies; the same bits, to time what the
+// copies save). Each step marks the parameters changed, as a training step's optimizer does.
 //
 // Shapes are those of configs/{tiny,small,gpt2-124m}.toml; the batch defaults to the preset's
 // micro_batch_size (gpt2-124m: 1, to fit beside other users' jobs).
@@ -124,6 +125,9 @@ void Run(const Preset& p, int threads, int batch, int steps, int warmup, bool pr
       }
     }
     const double t0 = Now(), c0 = CpuNow();
+    // What a training step's optimizer does to the parameters (there on the GPU): they change,
+    // so the bf16 copy of them is made again (nothing is copied or run here).
+    if (device == atl::Device::kCuda) model.device_params();
     model.ZeroGrad();
     loss = model.Forward(in.data(), tg.data(), B, T);
     model.Backward();
@@ -146,7 +150,7 @@ void Run(const Preset& p, int threads, int batch, int steps, int warmup, bool pr
       p.name, c.n_layer, c.n_head, c.n_embd, T, c.vocab_size, B, threads, best * 1e3,
       total / steps * 1e3, tps, flops_tok * tps / 1e9, 100 * flops_tok * tps / (sgemm_gflops * 1e9),
       sgemm_gflops, best_cpu * 1e3, loss);
-  if (rounded > 0)
+  if (device == atl::Device::kCuda && atl::Bf16Matmul())
     std::printf(" | bf16 rounding %.1f M elements/step (copies %s)", double(rounded) / steps / 1e6,
                 bf16_copies ? "on" : "off");
   std::printf("\n");

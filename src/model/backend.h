@@ -236,14 +236,16 @@ struct Ops {
     kernels::LayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
   void MatmulForward(T* out, const T* inp, const T* w, const T* b, int N, int IC, int OC,
-                     const uint16_t* inp_b = nullptr) const {
-    ATL_GPU(kernels::cuda::MatmulForward(out, inp, w, b, N, IC, OC, inp_b));
+                     const uint16_t* inp_b = nullptr, const uint16_t* w_b = nullptr) const {
+    ATL_GPU(kernels::cuda::MatmulForward(out, inp, w, b, N, IC, OC,
+                                         (kernels::cuda::Bf16Copies{inp_b, nullptr, w_b})));
     kernels::MatmulForward(out, inp, w, b, N, IC, OC);
   }
   void MatmulBackward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, int N, int IC,
-                      int OC, const uint16_t* inp_b = nullptr,
-                      const uint16_t* dout_b = nullptr) const {
-    ATL_GPU(kernels::cuda::MatmulBackward(dinp, dw, db, dout, inp, w, N, IC, OC, inp_b, dout_b));
+                      int OC, const uint16_t* inp_b = nullptr, const uint16_t* dout_b = nullptr,
+                      const uint16_t* w_b = nullptr) const {
+    ATL_GPU(kernels::cuda::MatmulBackward(dinp, dw, db, dout, inp, w, N, IC, OC,
+                                          (kernels::cuda::Bf16Copies{inp_b, dout_b, w_b})));
     kernels::MatmulBackward(dinp, dw, db, dout, inp, w, N, IC, OC);
   }
   // att: the probabilities [B, NH, T, T] on the CPU; each row's log-sum-exp [B, NH, T] on the GPU
@@ -275,17 +277,23 @@ struct Ops {
   }
   // scratch: the CPU's (ClassifierForwardScratch / BackwardScratch); the GPU uses its own.
   T ClassifierForward(T* logits, T* lse, T* losses, T* scratch, const T* x, const T* wte,
-                      const int32_t* targets, int N, int C, int V,
-                      const uint16_t* x_b = nullptr) const {
-    ATL_GPU(kernels::cuda::ClassifierForward(logits, lse, losses, x, wte, targets, N, C, V, x_b));
+                      const int32_t* targets, int N, int C, int V, const uint16_t* x_b = nullptr,
+                      const uint16_t* wte_b = nullptr) const {
+    ATL_GPU(kernels::cuda::ClassifierForward(logits, lse, losses, x, wte, targets, N, C, V,
+                                             (kernels::cuda::Bf16Copies{x_b, nullptr, wte_b})));
     return kernels::ClassifierForward(logits, lse, losses, scratch, x, wte, targets, N, C, V);
   }
   void ClassifierBackward(T* dx, T* dwte, T* scratch, const T* logits, const T* lse, const T* x,
                           const T* wte, const int32_t* targets, T dloss, int N, int C, int V,
-                          const uint16_t* x_b = nullptr) const {
+                          const uint16_t* x_b = nullptr, const uint16_t* wte_b = nullptr) const {
     ATL_GPU(kernels::cuda::ClassifierBackward(dx, dwte, logits, lse, x, wte, targets, dloss, N, C,
-                                              V, x_b));
+                                              V, (kernels::cuda::Bf16Copies{x_b, nullptr, wte_b})));
     kernels::ClassifierBackward(dx, dwte, scratch, logits, lse, x, wte, targets, dloss, N, C, V);
+  }
+  // dst[i] = src[i] rounded to bf16 (bits), i < n: the GPU only (the CPU has no bf16 products).
+  void RoundToBf16(uint16_t* dst, const T* src, size_t n) const {
+    ATL_GPU(kernels::cuda::RoundToBf16(dst, src, n));
+    (void)dst, (void)src, (void)n;
   }
   // Zeroes n elements at p (p on this device).
   void Zero(T* p, size_t n) const {

@@ -203,7 +203,10 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
   Activations& a = *acts_;
   if (slot < 0 || slot >= int(a.slots.size()))
     throw std::invalid_argument(fmt::format("GPT::Forward: slot {} of {}", slot, a.slots.size()));
-  if (cuda()) DeviceCurrent(params_, dparams_, params_at_);
+  if (cuda() && params_at_ == Newer::kHost) {
+    DeviceCurrent(params_, dparams_, params_at_);
+    params_b_current_ = false;
+  }
   const bool first = shard_.first_stage(), last = shard_.last_stage(cfg_);
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
   const int tp = shard_.tp_size, Cl = C / tp, Fl = 4 * C / tp, NHl = cfg_.n_head / tp;
@@ -243,9 +246,14 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
     CopyIn(device_, S.encoded.data(), input_acts, NC);
   }
   const T* residual = S.encoded.data();
-  // bf16 copies of the products' inputs (set_bf16_copies).
+  // bf16 copies of the products' inputs and of the parameters (set_bf16_copies).
   const bool copies = bf16_copies_ && S.UseBf16Copies(device_);
   S.copies_written = copies;
+  if (copies && !params_b_current_) {
+    if (dparams_b_.size() == 0) dparams_b_.Allocate(device_, num_params_);
+    ATL_OP("bf16 weights", ops_.RoundToBf16(dparams_b_.data(), dparams_.data(), num_params_));
+    params_b_current_ = true;
+  }
   for (int l = layer_begin_; l < layer_end_; ++l) {
     const size_t i = size_t(l - layer_begin_);
     uint16_t* ln1_b = Slot::At(S.ln1_b, copies, i, S.copy_c);
@@ -269,15 +277,16 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
     ATL_OP("layernorm fwd",
            ops_.LayerNormForward(ln1, ln1_mean, ln1_rstd, residual, W(ParamKind::kLn1W, l),
                                  W(ParamKind::kLn1B, l), N, C, ln1_b));
-    ATL_OP("matmul fwd", ops_.MatmulForward(qkv, ln1, W(ParamKind::kAttnW, l),
-                                            W(ParamKind::kAttnB, l), N, C, 3 * Cl, ln1_b));
+    ATL_OP("matmul fwd",
+           ops_.MatmulForward(qkv, ln1, W(ParamKind::kAttnW, l), W(ParamKind::kAttnB, l), N, C,
+                              3 * Cl, ln1_b, Wb(copies, ParamKind::kAttnW, l)));
     Op(OpKind::kGemmForward, l, 0, qkv, N, 3 * Cl, ln1, W(ParamKind::kAttnW, l),
        W(ParamKind::kAttnB, l), C);
     ATL_OP("attention fwd", ops_.AttentionForward(atty, att, qkv, B, T_len, Cl, NHl, atty_b));
     // residual2 = residual + atty · W_proj + b_proj (the projection lands in residual2 first).
     ATL_OP("matmul fwd", ops_.MatmulForward(res2, atty, W(ParamKind::kAttnProjW, l),
                                             add_row_bias ? W(ParamKind::kAttnProjB, l) : nullptr, N,
-                                            Cl, C, atty_b));
+                                            Cl, C, atty_b, Wb(copies, ParamKind::kAttnProjW, l)));
     Op(OpKind::kGemmForward, l, 1, res2, N, C, atty, W(ParamKind::kAttnProjW, l),
        add_row_bias ? W(ParamKind::kAttnProjB, l) : nullptr, Cl);
     ATL_OP("tp all-reduce", TensorAllReduce(res2, NC));
@@ -286,13 +295,13 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
            ops_.LayerNormForward(ln2, ln2_mean, ln2_rstd, res2, W(ParamKind::kLn2W, l),
                                  W(ParamKind::kLn2B, l), N, C, ln2_b));
     ATL_OP("matmul fwd", ops_.MatmulForward(fch, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l),
-                                            N, C, Fl, ln2_b));
+                                            N, C, Fl, ln2_b, Wb(copies, ParamKind::kFcW, l)));
     Op(OpKind::kGemmForward, l, 2, fch, N, Fl, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l),
        C);
     ATL_OP("gelu fwd", ops_.GeluForward(fch_gelu, fch, size_t(N) * Fl, gelu_b));
     ATL_OP("matmul fwd", ops_.MatmulForward(res3, fch_gelu, W(ParamKind::kFcProjW, l),
                                             add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, N,
-                                            Fl, C, gelu_b));
+                                            Fl, C, gelu_b, Wb(copies, ParamKind::kFcProjW, l)));
     Op(OpKind::kGemmForward, l, 3, res3, N, C, fch_gelu, W(ParamKind::kFcProjW, l),
        add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, Fl);
     ATL_OP("tp all-reduce", TensorAllReduce(res3, NC));
@@ -313,7 +322,7 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
          loss = ops_.ClassifierForward(
              S.logits.data(), S.lse.data(), S.losses.data(), a.classifier_scratch.data(),
              S.lnf.data(), W(ParamKind::kWte), targets != nullptr ? S.targets.data() : nullptr, N,
-             C, V, Slot::At(S.lnf_b, copies, 0, 0)));
+             C, V, Slot::At(S.lnf_b, copies, 0, 0), Wb(copies, ParamKind::kWte)));
   return loss;
 }
 
@@ -333,7 +342,8 @@ T GPT<T>::VocabParallelLoss(Slot& S, int N) {
   ATL_OP("classifier fwd", ops_.ClassifierForward(S.logits.data(), S.lse.data(), S.losses.data(),
                                                   a.classifier_scratch.data(), S.lnf.data(),
                                                   W(ParamKind::kWte), a.vocab_targets.data(), N, C,
-                                                  Vl, Slot::At(S.lnf_b, S.copies_written, 0, 0)));
+                                                  Vl, Slot::At(S.lnf_b, S.copies_written, 0, 0),
+                                                  Wb(S.copies_written, ParamKind::kWte)));
   T* stats = a.vocab_stats.data();
   std::fill(stats, stats + size_t(tp + 1) * N, T(0));
   // On the GPU: lse and the losses come to the host, and a target's logit is lse - loss (its
@@ -426,7 +436,7 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
            ops_.ClassifierBackward(a.dln.data(), D(ParamKind::kWte), a.classifier_scratch.data(),
                                    S.logits.data(), S.lse.data(), S.lnf.data(), W(ParamKind::kWte),
                                    targets, dloss, N, C, vocab_end_ - vocab_begin_,
-                                   Slot::At(S.lnf_b, copies, 0, 0)));
+                                   Slot::At(S.lnf_b, copies, 0, 0), Wb(copies, ParamKind::kWte)));
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln.data(), NC));
     const T* last_residual = S.residual3.data() + size_t(Ll - 1) * NR * C;
     ATL_OP("layernorm bwd",
@@ -468,14 +478,16 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
     ATL_OP("matmul bwd",
            ops_.MatmulBackward(a.dfch_gelu.data(), D(ParamKind::kFcProjW, l),
                                D(ParamKind::kFcProjB, l), dres, fch_gelu, W(ParamKind::kFcProjW, l),
-                               N, Fl, C, gelu_b, dres_copied ? dres_b : nullptr));
+                               N, Fl, C, gelu_b, dres_copied ? dres_b : nullptr,
+                               Wb(copies, ParamKind::kFcProjW, l)));
     Op(OpKind::kGemmBackward, l, 3, a.dfch_gelu.data(), N, Fl, dres, W(ParamKind::kFcProjW, l),
        nullptr, C);
     ATL_OP("gelu bwd",
            ops_.GeluBackward(a.dfch.data(), fch, a.dfch_gelu.data(), size_t(N) * Fl, dfch_b));
     ATL_OP("matmul bwd",
            ops_.MatmulBackward(a.dln.data(), D(ParamKind::kFcW, l), D(ParamKind::kFcB, l),
-                               a.dfch.data(), ln2, W(ParamKind::kFcW, l), N, C, Fl, ln2_b, dfch_b));
+                               a.dfch.data(), ln2, W(ParamKind::kFcW, l), N, C, Fl, ln2_b, dfch_b,
+                               Wb(copies, ParamKind::kFcW, l)));
     Op(OpKind::kGemmBackward, l, 2, a.dln.data(), N, C, a.dfch.data(), W(ParamKind::kFcW, l),
        nullptr, Fl);
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln.data(), NC));
@@ -487,15 +499,17 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
     ATL_OP("matmul bwd",
            ops_.MatmulBackward(a.datty.data(), D(ParamKind::kAttnProjW, l),
                                D(ParamKind::kAttnProjB, l), dres, atty, W(ParamKind::kAttnProjW, l),
-                               N, Cl, C, atty_b, dres_copied ? dres_b : nullptr));
+                               N, Cl, C, atty_b, dres_copied ? dres_b : nullptr,
+                               Wb(copies, ParamKind::kAttnProjW, l)));
     Op(OpKind::kGemmBackward, l, 1, a.datty.data(), N, Cl, dres, W(ParamKind::kAttnProjW, l),
        nullptr, C);
     ATL_OP("attention bwd",
            ops_.AttentionBackward(a.dqkv.data(), a.datt_scratch.data(), a.datty.data(), atty, qkv,
                                   att, B, T_len, Cl, NHl, dqkv_b));
-    ATL_OP("matmul bwd", ops_.MatmulBackward(a.dln1.data(), D(ParamKind::kAttnW, l),
-                                             D(ParamKind::kAttnB, l), a.dqkv.data(), ln1,
-                                             W(ParamKind::kAttnW, l), N, C, 3 * Cl, ln1_b, dqkv_b));
+    ATL_OP("matmul bwd",
+           ops_.MatmulBackward(a.dln1.data(), D(ParamKind::kAttnW, l), D(ParamKind::kAttnB, l),
+                               a.dqkv.data(), ln1, W(ParamKind::kAttnW, l), N, C, 3 * Cl, ln1_b,
+                               dqkv_b, Wb(copies, ParamKind::kAttnW, l)));
     Op(OpKind::kGemmBackward, l, 0, a.dln1.data(), N, C, a.dqkv.data(), W(ParamKind::kAttnW, l),
        nullptr, 3 * Cl);
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln1.data(), NC));

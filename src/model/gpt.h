@@ -168,10 +168,15 @@ class GPT {
   void set_backward_hook(std::function<void(int layer)> hook) { backward_hook_ = std::move(hook); }
 
   // On the GPU under bf16 products (kernels/cuda/ops.h): the ops that make a product's input
-  // (LayerNorm, attention, GELU) also write it in bf16, and the forward's and the backward's
-  // products read that copy instead of each rounding the float themselves: the same bits, a
-  // rounding pass fewer per input and pass, and 2 bytes per element more activation memory. On by
-  // default; off, for comparing and measuring. Takes effect at the next forward.
+  // (LayerNorm, attention, GELU, and their backwards) also write it in bf16, and the forward's
+  // and the backward's products read that copy instead of each rounding the float themselves;
+  // and the parameters are kept rounded to bf16 beside the floats, rounded again by the first
+  // forward after they change (any write: the optimizer's through device_params(), the host's
+  // through params()). The same bits when every weight's offset is a multiple of 128 elements
+  // (C / tp a multiple of 128, as GPT-2's at tp <= 2: the products' operands are then as aligned
+  // as in scratch), a rounding pass fewer per product input and pass, and 2 bytes per element of
+  // activation memory and per parameter more. On by default; off, for comparing and measuring.
+  // Takes effect at the next forward.
   void set_bf16_copies(bool on) { bf16_copies_ = on; }
 
   // Optional hook on intermediate results, for fault injection and checks (train/sdc/): called
@@ -272,6 +277,15 @@ class GPT {
   std::function<void(const OpEvent&)> op_hook_;
   bool op_hook_on_device_ = false;
   bool bf16_copies_ = true;
+  // The parameters rounded to bf16 (set_bf16_copies; the GPU's, at their offsets), and whether
+  // they are those of dparams_ now: any write to dparams_ clears it (device_params(),
+  // resident_params(), an upload), the forward that uses them rounds them again.
+  Buffer<uint16_t> dparams_b_;
+  mutable bool params_b_current_ = false;
+  // The bf16 copy of a tensor's parameters when `use` and current, else null.
+  const uint16_t* Wb(bool use, ParamKind kind, int layer = -1) const {
+    return use && params_b_current_ ? dparams_b_.data() + Off(kind, layer) : nullptr;
+  }
   void Op(OpKind kind, int layer, int gemm, T* out, int rows, int cols, const T* a = nullptr,
           const T* w = nullptr, const T* bias = nullptr, int inner = 0) {
     if (op_hook_)

@@ -46,6 +46,7 @@ T* GPT<T>::DeviceNewer(const std::vector<T>& host, Buffer<T>& dev, Newer& at) {
 
 template <class T>
 T* GPT<T>::device_params() {
+  params_b_current_ = false;  // the caller may write them
   return cuda() ? DeviceNewer(params_, dparams_, params_at_) : params_.data();
 }
 
@@ -61,6 +62,7 @@ const T* GPT<T>::resident_params() const {
   // one checked from now on: a later host read downloads it rather than trusting a host copy no
   // check sees.
   GPT& self = const_cast<GPT&>(*this);
+  if (params_at_ == Newer::kHost) params_b_current_ = false;  // uploaded now
   return self.DeviceNewer(params_, self.dparams_, params_at_);
 }
 

@@ -193,14 +193,15 @@ TEST_F(CudaTrainTest, Bf16FollowsFp32AndRepeatsItself) {
   EXPECT_LT(mb.back()["loss"].get<double>(), mb.front()["loss"].get<double>() - 0.5);
 }
 
-// bf16 copies of the products' inputs (GPT::set_bf16_copies): a forward and backward give the
-// same loss and gradients, bit for bit, with them as without, and round fewer elements: each
-// block's four product inputs (ln1, atty, ln2, fch_gelu: N (2 C + C / tp + 4 C / tp)) and lnf's
-// (N C), once in the forward and once in the backward, and in the backward each block's dout of
-// mlp.c_proj and attn.c_proj (dresidual, twice N C), of mlp.c_fc (dfch, 4 N C / tp) and of
-// attn.c_attn (dqkv, 3 N C / tp); after
-// the parameters change too. The whole model and a tensor-parallel shard (its all-reduces left
-// out: the same either way).
+// bf16 copies (GPT::set_bf16_copies): a forward and backward give the same loss and gradients,
+// bit for bit, with them as without, and round fewer elements: each block's four product inputs
+// (ln1, atty, ln2, fch_gelu: N (2 C + C / tp + 4 C / tp)) and lnf's (N C), once in the forward
+// and once in the backward; in the backward each block's dout of mlp.c_proj and attn.c_proj
+// (dresidual, twice N C), of mlp.c_fc (dfch, 4 N C / tp) and of attn.c_attn (dqkv, 3 N C / tp);
+// and the products' weights (twice), for one rounding of all the parameters, by the first
+// forward after they change only. After the parameters change too. The whole model and a
+// tensor-parallel shard (its all-reduces left out: the same either way); C / tp a multiple of
+// 128, so the weights' copies are as aligned as the products' own roundings (GPT::set_bf16_copies).
 TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
   std::string why;
   if (!DeviceUsable(Device::kCuda, &why)) GTEST_SKIP() << "no GPU here (" << why << ")";
@@ -208,7 +209,7 @@ TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
   struct Reset {
     ~Reset() { SetBf16Matmul(false); }
   } reset;
-  const GPTConfig cfg{.vocab_size = 96, .seq_len = 16, .n_layer = 3, .n_head = 2, .n_embd = 32};
+  const GPTConfig cfg{.vocab_size = 96, .seq_len = 16, .n_layer = 3, .n_head = 4, .n_embd = 256};
   const int B = 3, N = B * cfg.seq_len;
   std::vector<int32_t> tokens(size_t(N) + 1);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 37 + 11) % 96);
@@ -244,14 +245,42 @@ TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
     const uint64_t L = uint64_t(cfg.n_layer);
     const uint64_t per_pass = L * N * (2 * C + C / tp + 4 * C / tp) + N * C;
     const uint64_t douts = L * N * (2 * C + 4 * C / tp + 3 * C / tp);
-    EXPECT_EQ(plain.rounded - copied.rounded, 2 * per_pass + douts);
+    uint64_t weights = 0;  // what the products multiply by
+    for (const ParamTensor& t : model.layout())
+      if (t.kind == ParamKind::kWte || t.kind == ParamKind::kAttnW ||
+          t.kind == ParamKind::kAttnProjW || t.kind == ParamKind::kFcW ||
+          t.kind == ParamKind::kFcProjW)
+        weights += t.numel;
+    const uint64_t params = model.num_params();  // rounded once, by the first forward
+    EXPECT_EQ(plain.rounded + params - copied.rounded, 2 * per_pass + douts + 2 * weights);
+    const Pass again = pass(true);  // the parameters have not changed: not rounded again
+    EXPECT_TRUE(same(again, copied));
+    EXPECT_EQ(copied.rounded - again.rounded, params);
     // New parameters: the next forward's copies are of the new activations.
-    float* params = model.params();
-    for (size_t i = 0; i < model.num_params(); ++i) params[i] *= 1.25f;
+    float* p = model.params();
+    for (size_t i = 0; i < model.num_params(); ++i) p[i] *= 1.25f;
     const Pass copied2 = pass(true), plain2 = pass(false);
     EXPECT_FALSE(same(copied2, copied));
     EXPECT_TRUE(same(plain2, copied2));
   }
+  // Training steps with the optimizer on the GPU (which writes the parameters there): the same
+  // parameters after each, with the copies as without.
+  std::vector<float> trained[2];
+  for (const bool copies : {false, true}) {
+    GPT<float> model(cfg, B, {}, 1, Device::kCuda);
+    model.set_bf16_copies(copies);
+    model.InitParameters(7);
+    AdamW opt(model.layout(), AdamW::Hyper{});
+    opt.PlaceOnDevice();
+    for (int step = 0; step < 3; ++step) {
+      model.ZeroGrad();
+      model.Forward(tokens.data(), tokens.data() + 1, B, cfg.seq_len);
+      model.Backward(1.0f);
+      opt.StepOnDevice(model.device_params(), model.device_grads(), 1e-2, 1.0f);
+    }
+    trained[copies].assign(model.params(), model.params() + model.num_params());
+  }
+  EXPECT_EQ(std::memcmp(trained[0].data(), trained[1].data(), trained[0].size() * 4), 0);
 }
 
 // A GPU checkpoint resumed on the CPU continues as the GPU run does (within rounding), and the

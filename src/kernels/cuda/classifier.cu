@@ -83,23 +83,25 @@ void FloatTiles(float* dx, float* dwte, const float* logits, const float* lse, c
   }
 }
 
-// The same with bf16 products: each tile's gradient written in bf16 by its kernel, wte rounded
-// once for every tile; x from its bf16 copy x16 when there is one, or each tile's rows of x
-// rounded into one 256-byte aligned place (the alignment cuBLASLt's fastest kernels want,
+// The same with bf16 products: each tile's gradient written in bf16 by its kernel; wte from its
+// bf16 copy wte16, or rounded once for every tile; x from its bf16 copy x16, or each tile's rows of
+// x rounded into one 256-byte aligned place (the alignment cuBLASLt's fastest kernels want,
 // whatever C is). Tiles are whole multiples of 128 / gcd(C, 128) rows, so that every tile of x16
 // (256-byte aligned) starts 256-byte aligned too: the same plans, hence the same bits, either way.
 void Bf16Tiles(float* dx, float* dwte, const float* logits, const float* lse, const float* x,
-               const __nv_bfloat16* x16, const float* wte, const int32_t* targets, float dloss,
-               int N, int C, int V) {
+               const __nv_bfloat16* x16, const float* wte, const __nv_bfloat16* wte16,
+               const int32_t* targets, float dloss, int N, int C, int V) {
   const int step = 128 / std::gcd(C, 128);
   int tile = TileRows(N, V, sizeof(__nv_bfloat16));
   if (tile < N) tile = std::max(step, tile / step * step);
   auto* d = static_cast<__nv_bfloat16*>(
       Scratch(kScratchOp, size_t(tile) * size_t(V) * sizeof(__nv_bfloat16)));
   const int64_t nw = int64_t(V) * C;
-  Bf16Operands ops(
-      {dx != nullptr ? nw : 0, dwte != nullptr && x16 == nullptr ? int64_t(tile) * C : 0});
-  const __nv_bfloat16* w = dx != nullptr ? ops.Round(0, wte, nw) : nullptr;
+  Bf16Operands ops({dx != nullptr && wte16 == nullptr ? nw : 0,
+                    dwte != nullptr && x16 == nullptr ? int64_t(tile) * C : 0});
+  const __nv_bfloat16* w = dx == nullptr      ? nullptr
+                           : wte16 != nullptr ? wte16
+                                              : ops.Round(0, wte, nw);
   for (int r0 = 0; r0 < N; r0 += tile) {
     const int rows = std::min(tile, N - r0);
     const size_t n = size_t(rows) * size_t(V);
@@ -119,13 +121,15 @@ void Bf16Tiles(float* dx, float* dwte, const float* logits, const float* lse, co
 }  // namespace
 
 float ClassifierForward(float* logits, float* lse, float* losses, const float* x, const float* wte,
-                        const int32_t* targets, int N, int C, int V, const uint16_t* x_bf16) {
+                        const int32_t* targets, int N, int C, int V, const Bf16Copies& copies) {
   if (N <= 0) return 0.0f;
   // logits[N,V] = x[N,C] · wte[V,C]ᵀ
-  if (const __nv_bfloat16* x16 = Bf16Copy(x_bf16)) {
-    Bf16Operands ops({int64_t(V) * C});
-    GemmBf16(false, true, N, V, C, 1.0f, x16, C, ops.Round(0, wte, int64_t(V) * C), C, 0.0f, logits,
-             V);
+  if (Bf16Matmul()) {
+    const int64_t nx = int64_t(N) * C, nw = int64_t(V) * C;
+    const __nv_bfloat16 *x16 = Bf16Copy(copies.inp), *w16 = Bf16Copy(copies.weight);
+    Bf16Operands ops({x16 == nullptr ? nx : 0, w16 == nullptr ? nw : 0});
+    GemmBf16(false, true, N, V, C, 1.0f, x16 != nullptr ? x16 : ops.Round(0, x, nx), C,
+             w16 != nullptr ? w16 : ops.Round(1, wte, nw), C, 0.0f, logits, V);
   } else {
     Gemm(false, true, N, V, C, 1.0f, x, C, wte, C, 0.0f, logits, V);
   }
@@ -140,10 +144,11 @@ float ClassifierForward(float* logits, float* lse, float* losses, const float* x
 
 void ClassifierBackward(float* dx, float* dwte, const float* logits, const float* lse,
                         const float* x, const float* wte, const int32_t* targets, float dloss,
-                        int N, int C, int V, const uint16_t* x_bf16) {
+                        int N, int C, int V, const Bf16Copies& copies) {
   if (N <= 0 || (dx == nullptr && dwte == nullptr)) return;
   if (Bf16Matmul())
-    Bf16Tiles(dx, dwte, logits, lse, x, Bf16Copy(x_bf16), wte, targets, dloss, N, C, V);
+    Bf16Tiles(dx, dwte, logits, lse, x, Bf16Copy(copies.inp), wte, Bf16Copy(copies.weight), targets,
+              dloss, N, C, V);
   else
     FloatTiles(dx, dwte, logits, lse, x, wte, targets, dloss, N, C, V);
 }

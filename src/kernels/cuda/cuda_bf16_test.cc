@@ -267,11 +267,15 @@ TEST_F(CudaOps, Bf16CopiesOfActivations) {
   attention(tc, true);
   attention(wide, true);
 
-  // The products on the copies: the same bits, only the weights rounded.
+  // The products on the copies: the same bits, only what has no copy rounded (the weights' copies
+  // as the caller makes them: RoundToBf16).
   const auto wm = Random(size_t(Fl) * C, 146), bias = Random(C, 147);
   const auto dout = Random(size_t(N) * C, 148);
   auto g_wm = ToDevice(wm), g_bias = ToDevice(bias), g_dout = ToDevice(dout);
-  auto linear = [&](const uint16_t* copy, uint64_t want_rounded) {
+  DeviceArray<uint16_t> wm16(wm.size());
+  RoundToBf16(wm16.data(), g_wm.data(), wm.size());
+  EXPECT_EQ(ToHost(wm16), rounded(wm));
+  auto linear = [&](const Bf16Copies& copy, uint64_t want_rounded) {
     DeviceArray<float> out(size_t(N) * C);
     auto dinp = ToDevice(std::vector<float>(h.size(), 0.5f));
     auto dw = ToDevice(std::vector<float>(wm.size(), 0.25f));
@@ -283,9 +287,13 @@ TEST_F(CudaOps, Bf16CopiesOfActivations) {
     return std::vector<std::vector<float>>{ToHost(out), ToHost(dinp), ToHost(dw)};
   };
   const uint64_t nw = uint64_t(Fl) * C, nh = uint64_t(N) * Fl, nd = uint64_t(N) * C;
-  const auto plain = linear(nullptr, nw + nh + nd + nw + nh);
-  const auto copied = linear(gelu16.data(), nw + nd + nw);
-  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(SameBits(plain[i], copied[i])) << i;
+  const auto plain = linear({}, nw + nh + nd + nw + nh);
+  const auto copied = linear({gelu16.data()}, nw + nd + nw);
+  const auto all = linear({gelu16.data(), nullptr, wm16.data()}, nd);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(SameBits(plain[i], copied[i])) << i;
+    EXPECT_TRUE(SameBits(plain[i], all[i])) << i;
+  }
 
   // The backwards' copies of dinp (after their addition), and a product on a dout copy.
   const auto dy = Random(size_t(N) * C, 151), dinp0 = Random(size_t(N) * C, 152);
@@ -312,7 +320,7 @@ TEST_F(CudaOps, Bf16CopiesOfActivations) {
     const uint64_t before = Bf16RoundedElements();
     // The product fed by the GELU's gradient: dout [N, Fl] (g_dh), inp [N, C] (ln).
     MatmulBackward(dx.data(), dw.data(), nullptr, g_dh.data(), ln.data(), g_wm.data(), N, C, Fl,
-                   ln16.data(), dout16);
+                   Bf16Copies{ln16.data(), dout16});
     EXPECT_EQ(Bf16RoundedElements() - before, want_rounded);
     return std::vector<std::vector<float>>{ToHost(dx), ToHost(dw)};
   };
@@ -323,7 +331,9 @@ TEST_F(CudaOps, Bf16CopiesOfActivations) {
   const auto tgt = Tokens(N, V, 150);
   auto g_wte = ToDevice(wte);
   auto g_tgt = ToDevice(tgt);
-  auto classifier = [&](const uint16_t* copy, uint64_t want_rounded) {
+  DeviceArray<uint16_t> wte16(wte.size());
+  RoundToBf16(wte16.data(), g_wte.data(), wte.size());
+  auto classifier = [&](const Bf16Copies& copy, uint64_t want_rounded) {
     DeviceArray<float> logits(size_t(N) * V), lse_c(N), losses(N);
     auto dx = ToDevice(std::vector<float>(size_t(N) * C, 0.5f));
     auto dwte = ToDevice(std::vector<float>(wte.size(), 0.25f));
@@ -336,9 +346,13 @@ TEST_F(CudaOps, Bf16CopiesOfActivations) {
     return std::vector<std::vector<float>>{{loss}, ToHost(logits), ToHost(dx), ToHost(dwte)};
   };
   const uint64_t nv = uint64_t(V) * C;
-  const auto plain_c = classifier(nullptr, nv + nd + nv + nd);
-  const auto copied_c = classifier(ln16.data(), nv + nv);
-  for (size_t i = 0; i < plain_c.size(); ++i) EXPECT_TRUE(SameBits(plain_c[i], copied_c[i])) << i;
+  const auto plain_c = classifier({}, nv + nd + nv + nd);
+  const auto copied_c = classifier({ln16.data()}, nv + nv);
+  const auto all_c = classifier({ln16.data(), nullptr, wte16.data()}, 0);
+  for (size_t i = 0; i < plain_c.size(); ++i) {
+    EXPECT_TRUE(SameBits(plain_c[i], copied_c[i])) << i;
+    EXPECT_TRUE(SameBits(plain_c[i], all_c[i])) << i;
+  }
 }
 
 }  // namespace

@@ -141,8 +141,9 @@ __nv_bfloat16* Bf16Copy(uint16_t* p) {
 }
 
 void RoundToBf16(uint16_t* dst, const float* src, size_t n) {
-  if (n > 0)
-    ATL_LAUNCH(ToBf16, Blocks(n, 256), 256, reinterpret_cast<__nv_bfloat16*>(dst), src, int64_t(n));
+  if (n == 0) return;
+  ATL_LAUNCH(ToBf16, Blocks(n, 256), 256, reinterpret_cast<__nv_bfloat16*>(dst), src, int64_t(n));
+  bf16_rounded += n;
 }
 
 Bf16Operands::Bf16Operands(std::initializer_list<int64_t> counts) {
@@ -234,13 +235,15 @@ void GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
 }
 
 void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                   int IC, int OC, const uint16_t* inp_bf16) {
+                   int IC, int OC, const Bf16Copies& copies) {
   if (N <= 0) return;
   // out[N,OC] = inp[N,IC] · weight[IC,OC]
-  if (const __nv_bfloat16* in = Bf16Copy(inp_bf16)) {
-    Bf16Operands ops({int64_t(IC) * OC});
-    GemmBf16(false, false, N, OC, IC, 1.0f, in, IC, ops.Round(0, weight, int64_t(IC) * OC), OC,
-             0.0f, out, OC);
+  if (bf16_products) {
+    const int64_t ni = int64_t(N) * IC, nw = int64_t(IC) * OC;
+    const __nv_bfloat16 *in = Bf16Copy(copies.inp), *w = Bf16Copy(copies.weight);
+    Bf16Operands ops({in == nullptr ? ni : 0, w == nullptr ? nw : 0});
+    GemmBf16(false, false, N, OC, IC, 1.0f, in != nullptr ? in : ops.Round(0, inp, ni), IC,
+             w != nullptr ? w : ops.Round(1, weight, nw), OC, 0.0f, out, OC);
   } else {
     Gemm(false, false, N, OC, IC, 1.0f, inp, IC, weight, OC, 0.0f, out, OC);
   }
@@ -251,25 +254,25 @@ void MatmulForward(float* out, const float* inp, const float* weight, const floa
 }
 
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                    const float* weight, int N, int IC, int OC, const uint16_t* inp_bf16,
-                    const uint16_t* dout_bf16) {
+                    const float* weight, int N, int IC, int OC, const Bf16Copies& copies) {
   if (N <= 0) return;
   if (bf16_products && (dinp != nullptr || dweight != nullptr)) {  // dout rounded once for both
     const int64_t nd = int64_t(N) * OC, nw = int64_t(IC) * OC, ni = int64_t(N) * IC;
-    const __nv_bfloat16* in = Bf16Copy(inp_bf16);
-    const __nv_bfloat16* d = Bf16Copy(dout_bf16);
-    Bf16Operands ops({d == nullptr ? nd : 0, dinp != nullptr ? nw : 0,
+    const __nv_bfloat16 *in = Bf16Copy(copies.inp), *d = Bf16Copy(copies.dout),
+                        *w = Bf16Copy(copies.weight);
+    Bf16Operands ops({d == nullptr ? nd : 0, dinp != nullptr && w == nullptr ? nw : 0,
                       dweight != nullptr && in == nullptr ? ni : 0});
     if (d == nullptr) d = ops.Round(0, dout, nd);
+    // dinp[N,IC] += dout[N,OC] · weight[IC,OC]ᵀ
     if (dinp != nullptr)
-      GemmBf16(false, true, N, IC, OC, 1.0f, d, OC, ops.Round(1, weight, nw), OC, 1.0f, dinp, IC);
+      GemmBf16(false, true, N, IC, OC, 1.0f, d, OC, w != nullptr ? w : ops.Round(1, weight, nw), OC,
+               1.0f, dinp, IC);
+    // dweight[IC,OC] += inp[N,IC]ᵀ · dout[N,OC]
     if (dweight != nullptr)
       GemmBf16(true, false, IC, OC, N, 1.0f, in != nullptr ? in : ops.Round(2, inp, ni), IC, d, OC,
                1.0f, dweight, OC);
   } else {
-    // dinp[N,IC] += dout[N,OC] · weight[IC,OC]ᵀ
     if (dinp != nullptr) Gemm(false, true, N, IC, OC, 1.0f, dout, OC, weight, OC, 1.0f, dinp, IC);
-    // dweight[IC,OC] += inp[N,IC]ᵀ · dout[N,OC]
     if (dweight != nullptr)
       Gemm(true, false, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dweight, OC);
   }

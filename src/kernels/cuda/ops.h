@@ -36,26 +36,32 @@ void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t*
                      const int32_t* host_inp, int B, int T, int C, int vocab_begin = 0,
                      int vocab_end = -1);
 
-// bf16 copies of activations (under SetBf16Matmul): an op that makes the input of a matrix
-// product (LayerNorm, GELU, attention forward) may also write its out rounded to bf16 (to
-// nearest, ties to even; uint16_t: the bf16's bits) into out_bf16, and the products take that
-// copy (inp_bf16, x_bf16) instead of rounding the float themselves: the same operand, so the same
-// result, with one rounding pass per activation instead of one per product (forward and
-// backward). Likewise in the backward, the gradients LayerNorm, GELU and attention make
-// (dinp_bf16, dqkv_bf16: after the op's addition) for the products below them (MatmulBackward's
-// dout_bf16). Null: none.
-// The copies are ignored when products are float.
+// bf16 copies (under SetBf16Matmul): an op that makes the input of a matrix product (LayerNorm,
+// GELU, attention forward) may also write its out rounded to bf16 (to nearest, ties to even;
+// uint16_t: the bf16's bits) into out_bf16, and the products take that copy (Bf16Copies::inp)
+// instead of rounding the float themselves: the same operand, so the same result, with one
+// rounding pass per activation instead of one per product (forward and backward). Likewise in the
+// backward, the gradients LayerNorm, GELU and attention make (dinp_bf16, dqkv_bf16: after the
+// op's addition) for the products below them (Bf16Copies::dout); and the weights, rounded by the
+// caller once while they do not change (RoundToBf16; Bf16Copies::weight). Null: none. The
+// copies are ignored when products are float.
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int N, int C, uint16_t* out_bf16 = nullptr);
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
                        int N, int C, uint16_t* dinp_bf16 = nullptr);
 
+// bf16 copies of a product's float operands (above; null: none, the op rounds the float).
+struct Bf16Copies {
+  const uint16_t* inp = nullptr;     // MatmulForward/Backward's inp, the classifier's x
+  const uint16_t* dout = nullptr;    // MatmulBackward's dout
+  const uint16_t* weight = nullptr;  // the weight, the classifier's wte
+};
+
 void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                   int IC, int OC, const uint16_t* inp_bf16 = nullptr);
+                   int IC, int OC, const Bf16Copies& copies = {});
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                    const float* weight, int N, int IC, int OC, const uint16_t* inp_bf16 = nullptr,
-                    const uint16_t* dout_bf16 = nullptr);
+                    const float* weight, int N, int IC, int OC, const Bf16Copies& copies = {});
 
 // Flash-style (attention.cu): no [T, T] probabilities. Instead of att, forward writes each query
 // row's log-sum-exp of its scaled scores, lse [B, NH, T], and backward takes it with the forward's
@@ -75,11 +81,10 @@ void ResidualBackward(float* da, float* db, const float* dout, size_t n);
 
 // targets on the device (or null). Returns the mean loss (0 without targets) on the host.
 float ClassifierForward(float* logits, float* lse, float* losses, const float* x, const float* wte,
-                        const int32_t* targets, int N, int C, int V,
-                        const uint16_t* x_bf16 = nullptr);
+                        const int32_t* targets, int N, int C, int V, const Bf16Copies& copies = {});
 void ClassifierBackward(float* dx, float* dwte, const float* logits, const float* lse,
                         const float* x, const float* wte, const int32_t* targets, float dloss,
-                        int N, int C, int V, const uint16_t* x_bf16 = nullptr);
+                        int N, int C, int V, const Bf16Copies& copies = {});
 
 // ---- General matrix product (cuBLASLt), for the ops above and for tests ------------------------
 
@@ -87,7 +92,7 @@ void ClassifierBackward(float* dx, float* dwte, const float* logits, const float
 // setting, as its stream is.
 void SetBf16Matmul(bool on);
 bool Bf16Matmul();
-// dst[i] = src[i] rounded to bf16 (bits), i < n.
+// dst[i] = src[i] rounded to bf16 (bits), i < n (counted below).
 void RoundToBf16(uint16_t* dst, const float* src, size_t n);
 // Float elements rounded to bf16 for products so far, by the process (bf16 mode's own memory
 // traffic: each is read as float and written as bf16 once more than a bf16 activation would be).
