@@ -172,11 +172,11 @@ class GPT {
   // and the backward's products read that copy instead of each rounding the float themselves;
   // and the parameters are kept rounded to bf16 beside the floats, rounded again by the first
   // forward after they change (any write: the optimizer's through device_params(), the host's
-  // through params()). The same bits when every weight's offset is a multiple of 128 elements
-  // (C / tp a multiple of 128, as GPT-2's at tp <= 2: the products' operands are then as aligned
-  // as in scratch), a rounding pass fewer per product input and pass, and 2 bytes per element of
-  // activation memory and per parameter more. On by default; off, for comparing and measuring.
-  // Takes effect at the next forward.
+  // through params()); a product reads its weight there when the weight's offset is a multiple
+  // of 128 elements (every weight of GPT-2 124M and 350M; in general when C / tp is a multiple of
+  // 128), else rounds it itself. The same bits either way, a rounding pass fewer per product
+  // input and pass, and 2 bytes per element of activation memory and per parameter more. On by
+  // default; off, for comparing and measuring. Takes effect at the next forward.
   void set_bf16_copies(bool on) { bf16_copies_ = on; }
 
   // Optional hook on intermediate results, for fault injection and checks (train/sdc/): called
@@ -282,9 +282,12 @@ class GPT {
   // resident_params(), an upload), the forward that uses them rounds them again.
   Buffer<uint16_t> dparams_b_;
   mutable bool params_b_current_ = false;
-  // The bf16 copy of a tensor's parameters when `use` and current, else null.
+  // The bf16 copy of a tensor's parameters when `use`, current and 256-byte aligned, else null
+  // (the product rounds the float into scratch, 256-byte aligned: cuBLASLt's plan, hence the
+  // bits, depend on the operands' alignment).
   const uint16_t* Wb(bool use, ParamKind kind, int layer = -1) const {
-    return use && params_b_current_ ? dparams_b_.data() + Off(kind, layer) : nullptr;
+    const size_t off = Off(kind, layer);
+    return use && params_b_current_ && off % 128 == 0 ? dparams_b_.data() + off : nullptr;
   }
   void Op(OpKind kind, int layer, int gemm, T* out, int rows, int cols, const T* a = nullptr,
           const T* w = nullptr, const T* bias = nullptr, int inner = 0) {
