@@ -124,15 +124,8 @@ float ClassifierForward(float* logits, float* lse, float* losses, const float* x
                         const int32_t* targets, int N, int C, int V, const Bf16Copies& copies) {
   if (N <= 0) return 0.0f;
   // logits[N,V] = x[N,C] · wte[V,C]ᵀ
-  if (Bf16Matmul()) {
-    const int64_t nx = int64_t(N) * C, nw = int64_t(V) * C;
-    const __nv_bfloat16 *x16 = Bf16Copy(copies.inp), *w16 = Bf16Copy(copies.weight);
-    Bf16Operands ops({x16 == nullptr ? nx : 0, w16 == nullptr ? nw : 0});
-    GemmBf16(false, true, N, V, C, 1.0f, x16 != nullptr ? x16 : ops.Round(0, x, nx), C,
-             w16 != nullptr ? w16 : ops.Round(1, wte, nw), C, 0.0f, logits, V);
-  } else {
-    Gemm(false, true, N, V, C, 1.0f, x, C, wte, C, 0.0f, logits, V);
-  }
+  GemmWithCopies(false, true, N, V, C, 1.0f, x, copies.inp, C, wte, copies.weight, C, 0.0f, logits,
+                 V);
   if (targets == nullptr) return 0.0f;
   ATL_LAUNCH(RowLossKernel, unsigned(N), kThreads, lse, losses, logits, targets, V);
   auto* mean = static_cast<float*>(Scratch(kScratchReduce, sizeof(float)));

@@ -148,6 +148,13 @@ inline const __nv_bfloat16* Bf16Copy(const uint16_t* p) {
 void GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const __nv_bfloat16* a,
               int64_t lda, const __nv_bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// Gemm (batch 1) whose operands may have bf16 copies (ops.h's Bf16Copies; null: none): under
+// SetBf16Matmul the product reads a copy where there is one and rounds the other operand into
+// scratch; float products otherwise (the copies unread).
+void GemmWithCopies(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                    const uint16_t* a_bf16, int64_t lda, const float* b, const uint16_t* b_bf16,
+                    int64_t ldb, float beta, float* c, int64_t ldc);
+
 // Column sums of a row-major [rows, cols] matrix, ADDED into out[cols] (device), in a fixed
 // order: rows are cut into chunks of kSumRows, each chunk summed per column in row order, then the
 // chunk sums added in chunk order. Uses Scratch(kScratchReduce).

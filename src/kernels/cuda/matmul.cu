@@ -234,19 +234,25 @@ void GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
   Product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 1, 0, 0, 0, true);
 }
 
+void GemmWithCopies(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                    const uint16_t* a_bf16, int64_t lda, const float* b, const uint16_t* b_bf16,
+                    int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (!bf16_products) return Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (!HasProduct(m, n, k, beta, c, ldc, 1)) return;
+  const __nv_bfloat16 *a16 = Bf16Copy(a_bf16), *b16 = Bf16Copy(b_bf16);
+  const int64_t ea = trans_a ? Extent(k, m, lda, 1, 0) : Extent(m, k, lda, 1, 0);
+  const int64_t eb = trans_b ? Extent(n, k, ldb, 1, 0) : Extent(k, n, ldb, 1, 0);
+  Bf16Operands ops({a16 == nullptr ? ea : 0, b16 == nullptr ? eb : 0});
+  GemmBf16(trans_a, trans_b, m, n, k, alpha, a16 != nullptr ? a16 : ops.Round(0, a, ea), lda,
+           b16 != nullptr ? b16 : ops.Round(1, b, eb), ldb, beta, c, ldc);
+}
+
 void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
                    int IC, int OC, const Bf16Copies& copies) {
   if (N <= 0) return;
   // out[N,OC] = inp[N,IC] · weight[IC,OC]
-  if (bf16_products) {
-    const int64_t ni = int64_t(N) * IC, nw = int64_t(IC) * OC;
-    const __nv_bfloat16 *in = Bf16Copy(copies.inp), *w = Bf16Copy(copies.weight);
-    Bf16Operands ops({in == nullptr ? ni : 0, w == nullptr ? nw : 0});
-    GemmBf16(false, false, N, OC, IC, 1.0f, in != nullptr ? in : ops.Round(0, inp, ni), IC,
-             w != nullptr ? w : ops.Round(1, weight, nw), OC, 0.0f, out, OC);
-  } else {
-    Gemm(false, false, N, OC, IC, 1.0f, inp, IC, weight, OC, 0.0f, out, OC);
-  }
+  GemmWithCopies(false, false, N, OC, IC, 1.0f, inp, copies.inp, IC, weight, copies.weight, OC,
+                 0.0f, out, OC);
   if (bias != nullptr) {
     const int64_t total = int64_t(N) * OC;
     ATL_LAUNCH(AddBias, Blocks(size_t(total), 256), 256, out, bias, N, OC);
