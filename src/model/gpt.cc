@@ -249,6 +249,11 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
   // bf16 copies of the products' inputs and of the parameters (set_bf16_copies).
   const bool copies = bf16_copies_ && S.UseBf16Copies(device_);
   S.copies_written = copies;
+  // With the copies, the outputs that only products read (ln1, ln2, fch_gelu, lnf) are written
+  // in bf16 alone (F: no float), unless an op hook reads host copies of the floats (a device
+  // reader gets a null operand for them).
+  const bool bf16_only = copies && (!op_hook_ || op_hook_on_device_);
+  auto F = [bf16_only](T* p) { return bf16_only ? nullptr : p; };
   if (copies && !params_b_current_) {
     if (dparams_b_.size() == 0) dparams_b_.Allocate(device_, num_params_);
     ATL_OP("bf16 weights", ops_.RoundToBf16(dparams_b_.data(), dparams_.data(), num_params_));
@@ -275,12 +280,12 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
     T* res3 = S.residual3.data() + i * NR * C;
 
     ATL_OP("layernorm fwd",
-           ops_.LayerNormForward(ln1, ln1_mean, ln1_rstd, residual, W(ParamKind::kLn1W, l),
+           ops_.LayerNormForward(F(ln1), ln1_mean, ln1_rstd, residual, W(ParamKind::kLn1W, l),
                                  W(ParamKind::kLn1B, l), N, C, ln1_b));
     ATL_OP("matmul fwd",
            ops_.MatmulForward(qkv, ln1, W(ParamKind::kAttnW, l), W(ParamKind::kAttnB, l), N, C,
                               3 * Cl, ln1_b, Wb(copies, ParamKind::kAttnW, l)));
-    Op(OpKind::kGemmForward, l, 0, qkv, N, 3 * Cl, ln1, W(ParamKind::kAttnW, l),
+    Op(OpKind::kGemmForward, l, 0, qkv, N, 3 * Cl, F(ln1), W(ParamKind::kAttnW, l),
        W(ParamKind::kAttnB, l), C);
     ATL_OP("attention fwd", ops_.AttentionForward(atty, att, qkv, B, T_len, Cl, NHl, atty_b));
     // residual2 = residual + atty · W_proj + b_proj (the projection lands in residual2 first).
@@ -292,17 +297,17 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
     ATL_OP("tp all-reduce", TensorAllReduce(res2, NC));
     ATL_OP("residual fwd", ops_.ResidualForward(res2, residual, res2, NC));
     ATL_OP("layernorm fwd",
-           ops_.LayerNormForward(ln2, ln2_mean, ln2_rstd, res2, W(ParamKind::kLn2W, l),
+           ops_.LayerNormForward(F(ln2), ln2_mean, ln2_rstd, res2, W(ParamKind::kLn2W, l),
                                  W(ParamKind::kLn2B, l), N, C, ln2_b));
     ATL_OP("matmul fwd", ops_.MatmulForward(fch, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l),
                                             N, C, Fl, ln2_b, Wb(copies, ParamKind::kFcW, l)));
-    Op(OpKind::kGemmForward, l, 2, fch, N, Fl, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l),
+    Op(OpKind::kGemmForward, l, 2, fch, N, Fl, F(ln2), W(ParamKind::kFcW, l), W(ParamKind::kFcB, l),
        C);
-    ATL_OP("gelu fwd", ops_.GeluForward(fch_gelu, fch, size_t(N) * Fl, gelu_b));
+    ATL_OP("gelu fwd", ops_.GeluForward(F(fch_gelu), fch, size_t(N) * Fl, gelu_b));
     ATL_OP("matmul fwd", ops_.MatmulForward(res3, fch_gelu, W(ParamKind::kFcProjW, l),
                                             add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, N,
                                             Fl, C, gelu_b, Wb(copies, ParamKind::kFcProjW, l)));
-    Op(OpKind::kGemmForward, l, 3, res3, N, C, fch_gelu, W(ParamKind::kFcProjW, l),
+    Op(OpKind::kGemmForward, l, 3, res3, N, C, F(fch_gelu), W(ParamKind::kFcProjW, l),
        add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, Fl);
     ATL_OP("tp all-reduce", TensorAllReduce(res3, NC));
     ATL_OP("residual fwd", ops_.ResidualForward(res3, res2, res3, NC));
@@ -313,9 +318,10 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
   S.T_len = T_len;
   S.had_targets = last && targets != nullptr;
   if (!last) return T(0);
-  ATL_OP("layernorm fwd", ops_.LayerNormForward(S.lnf.data(), S.lnf_mean.data(), S.lnf_rstd.data(),
-                                                residual, W(ParamKind::kLnfW), W(ParamKind::kLnfB),
-                                                N, C, Slot::At(S.lnf_b, copies, 0, 0)));
+  ATL_OP("layernorm fwd",
+         ops_.LayerNormForward(F(S.lnf.data()), S.lnf_mean.data(), S.lnf_rstd.data(), residual,
+                               W(ParamKind::kLnfW), W(ParamKind::kLnfB), N, C,
+                               Slot::At(S.lnf_b, copies, 0, 0)));
   if (tp > 1) return targets != nullptr ? VocabParallelLoss(S, N) : T(0);
   T loss = 0;
   ATL_OP("classifier fwd",
@@ -413,6 +419,9 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
   // dqkv's, written by the LayerNorm, GELU and attention backwards for the products below them.
   // dres_b holds dres after a LayerNorm backward wrote it (not after output_grad arrives).
   const bool copies = S.copies_written;
+  // The forward wrote some outputs in bf16 alone: only bf16 products may read them.
+  if (copies && !Bf16Matmul())
+    throw std::logic_error("GPT::Backward: bf16 products were switched off after the forward");
   if (copies) a.AllocateBf16GradCopies(device_);
   uint16_t* dres_b = copies ? a.dresidual_b.data() : nullptr;
   uint16_t* dfch_b = copies ? a.dfch_b.data() : nullptr;

@@ -207,7 +207,8 @@ class GPT {
   };
   // On the GPU the hook gets host copies of out and the operands, and what it writes to out is
   // uploaded back; unless device_reader: then it gets the GPU's pointers (on_device), reads them
-  // only through GPU functions and never writes them, and nothing is copied.
+  // only through GPU functions and never writes them, and nothing is copied; a forward GEMM's
+  // `a` is then null where the forward kept that input in bf16 alone (set_bf16_copies).
   void set_op_hook(std::function<void(const OpEvent&)> hook, bool device_reader = false) {
     op_hook_ = std::move(hook);
     op_hook_on_device_ = device_reader;

@@ -246,7 +246,9 @@ TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
              a.grads.size() == b.grads.size() &&
              std::memcmp(a.grads.data(), b.grads.data(), a.grads.size() * 4) == 0;
     };
-    const Pass plain = pass(false), copied = pass(true);
+    // With the copies first: the floats the copies replace (ln1, ln2, fch_gelu, lnf are then not
+    // written) still hold the allocation's zeros, so a product reading one would be seen.
+    const Pass copied = pass(true), plain = pass(false);
     EXPECT_TRUE(same(plain, copied));
     const uint64_t C = uint64_t(cfg.n_embd), tp = uint64_t(shard.tp_size);
     const uint64_t L = uint64_t(cfg.n_layer);
@@ -277,6 +279,22 @@ TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
     const Pass copied2 = pass(true), plain2 = pass(false);
     EXPECT_FALSE(same(copied2, copied));
     EXPECT_TRUE(same(plain2, copied2));
+  }
+  {  // A device-reading op hook (the step guard's) leaves ln1, ln2 and fch_gelu in bf16 alone:
+     // the forward GEMMs that read them give it no `a`; attn.c_proj's atty stays float.
+    GPT<float> model(wide, B, {}, 1, Device::kCuda);
+    model.InitParameters(7);
+    int gemms = 0, without_a = 0;
+    model.set_op_hook(
+        [&](const GPT<float>::OpEvent& e) {
+          if (e.kind != GPT<float>::OpKind::kGemmForward) return;
+          ++gemms;
+          without_a += e.a == nullptr;
+        },
+        /*device_reader=*/true);
+    model.Forward(tokens.data(), tokens.data() + 1, B, wide.seq_len);
+    EXPECT_EQ(gemms, 4 * wide.n_layer);
+    EXPECT_EQ(without_a, 3 * wide.n_layer);
   }
   // Training steps with the optimizer on the GPU (which writes the parameters there): the same
   // parameters after each, with the copies as without.

@@ -264,6 +264,17 @@ TEST_F(CudaOps, Bf16CopiesOfActivations) {
   EXPECT_TRUE(SameBits(ToHost(gelu), gelu_float));
   EXPECT_EQ(ToHost(ln16), rounded(ln_float));
   EXPECT_EQ(ToHost(gelu16), rounded(gelu_float));
+  // No float out: the copy alone, the same (and float products refuse it: nothing to write).
+  auto ln16_only = ToDevice(std::vector<uint16_t>(size_t(N) * C, 0x7fc1));
+  auto gelu16_only = ToDevice(marker);
+  LayerNormForward(nullptr, mean.data(), rstd.data(), g_x.data(), g_w.data(), g_b.data(), N, C,
+                   ln16_only.data());
+  GeluForward(nullptr, g_h.data(), h.size(), gelu16_only.data());
+  EXPECT_EQ(ToHost(ln16_only), rounded(ln_float));
+  EXPECT_EQ(ToHost(gelu16_only), rounded(gelu_float));
+  SetBf16Matmul(false);
+  EXPECT_THROW(GeluForward(nullptr, g_h.data(), h.size(), gelu16_only.data()), std::runtime_error);
+  SetBf16Matmul(true);
   attention(tc, true);
   attention(wide, true);
 

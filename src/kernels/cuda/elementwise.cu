@@ -19,13 +19,13 @@ __device__ inline float Sigmoid2U(float x) {
   return 1.0f / (1.0f + expf(-2.0f * u));
 }
 
-// out_bf16 (or null): out rounded to bf16 as well.
+// out_bf16 (or null): out rounded to bf16 as well; out null: the bf16 alone.
 __global__ void GeluForwardKernel(float* out, __nv_bfloat16* out_bf16, const float* inp, size_t n) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float x = inp[i];
   const float y = x * Sigmoid2U(x);
-  out[i] = y;
+  if (out != nullptr) out[i] = y;
   if (out_bf16 != nullptr) out_bf16[i] = __float2bfloat16_rn(y);
 }
 
@@ -99,7 +99,10 @@ __global__ void PositionGradKernel(float* dwpe, const float* dout, int B, int T,
 
 void GeluForward(float* out, const float* inp, size_t n, uint16_t* out_bf16) {
   if (n == 0) return;
-  ATL_LAUNCH(GeluForwardKernel, Blocks(n, 256), 256, out, Bf16Copy(out_bf16), inp, n);
+  __nv_bfloat16* out16 = Bf16Copy(out_bf16);
+  if (out == nullptr && out16 == nullptr)
+    ThrowCuda("GeluForward", __FILE__, __LINE__, "no out: a null out needs a bf16 copy");
+  ATL_LAUNCH(GeluForwardKernel, Blocks(n, 256), 256, out, out16, inp, n);
 }
 
 void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n, uint16_t* dinp_bf16) {

@@ -9,7 +9,7 @@ namespace {
 constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 constexpr int kChunkRows = 64;    // rows per partial column sum
 
-// out_bf16 (or null): out rounded to bf16 as well.
+// out_bf16 (or null): out rounded to bf16 as well; out null: the bf16 alone.
 __global__ void LayerNormForwardKernel(float* out, __nv_bfloat16* out_bf16, float* mean,
                                        float* rstd, const float* inp, const float* weight,
                                        const float* bias, int N, int C) {
@@ -28,11 +28,11 @@ __global__ void LayerNormForwardKernel(float* out, __nv_bfloat16* out_bf16, floa
   }
   v = WarpSum(v) / float(C);
   const float r = 1.0f / sqrtf(v + 1e-5f);
-  float* o = out + n * C;
+  float* o = out != nullptr ? out + n * C : nullptr;
   __nv_bfloat16* ob = out_bf16 != nullptr ? out_bf16 + n * C : nullptr;
   for (int c = lane; c < C; c += 32) {
     const float y = (x[c] - m) * r * weight[c] + bias[c];
-    o[c] = y;
+    if (o != nullptr) o[c] = y;
     if (ob != nullptr) ob[c] = __float2bfloat16_rn(y);
   }
   if (lane == 0) {
@@ -106,8 +106,11 @@ __global__ void LayerNormParamAddKernel(float* dweight, float* dbias, const floa
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int N, int C, uint16_t* out_bf16) {
   if (N <= 0) return;
+  __nv_bfloat16* out16 = Bf16Copy(out_bf16);
+  if (out == nullptr && out16 == nullptr)
+    ThrowCuda("LayerNormForward", __FILE__, __LINE__, "no out: a null out needs a bf16 copy");
   ATL_LAUNCH(LayerNormForwardKernel, Blocks(size_t(N), kRowsPerBlock), 32 * kRowsPerBlock, out,
-             Bf16Copy(out_bf16), mean, rstd, inp, weight, bias, N, C);
+             out16, mean, rstd, inp, weight, bias, N, C);
 }
 
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,

@@ -44,7 +44,8 @@ void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t*
 // backward, the gradients LayerNorm, GELU and attention make (dinp_bf16, dqkv_bf16: after the
 // op's addition) for the products below them (Bf16Copies::dout); and the weights, rounded by the
 // caller once while they do not change (RoundToBf16; Bf16Copies::weight). Null: none. The
-// copies are ignored when products are float.
+// copies are ignored when products are float. LayerNorm's and GELU's out may be null when they
+// write a copy (bf16 products): the copy alone is written, for outputs only products read.
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int N, int C, uint16_t* out_bf16 = nullptr);
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
