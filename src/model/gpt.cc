@@ -253,6 +253,7 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
   // in bf16 alone (F: no float), unless an op hook reads host copies of the floats (a device
   // reader gets a null operand for them).
   const bool bf16_only = copies && (!op_hook_ || op_hook_on_device_);
+  S.bf16_only = bf16_only;
   auto F = [bf16_only](T* p) { return bf16_only ? nullptr : p; };
   if (copies && !params_b_current_) {
     if (dparams_b_.size() == 0) dparams_b_.Allocate(device_, num_params_);
@@ -420,7 +421,7 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
   // dres_b holds dres after a LayerNorm backward wrote it (not after output_grad arrives).
   const bool copies = S.copies_written;
   // The forward wrote some outputs in bf16 alone: only bf16 products may read them.
-  if (copies && !Bf16Matmul())
+  if (S.bf16_only && !Bf16Matmul())
     throw std::logic_error("GPT::Backward: bf16 products were switched off after the forward");
   if (copies) a.AllocateBf16GradCopies(device_);
   uint16_t* dres_b = copies ? a.dresidual_b.data() : nullptr;

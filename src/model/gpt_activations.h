@@ -99,8 +99,9 @@ struct GPT<T>::Slot {
   static uint16_t* At(Buffer<uint16_t>& copies, bool use, size_t i, size_t stride) {
     return use ? copies.data() + i * stride : nullptr;
   }
-  // Whether the last forward wrote the copies (its backward reads them).
-  bool copies_written = false;
+  // Whether the last forward wrote the copies (its backward reads them), and whether it wrote
+  // ln1, ln2, fch_gelu and lnf in bf16 alone (their floats stale).
+  bool copies_written = false, bf16_only = false;
 };
 
 // The slots, and one block's worth of gradient buffers that backward reuses from the top block

@@ -284,6 +284,7 @@ TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
      // the forward GEMMs that read them give it no `a`; attn.c_proj's atty stays float.
     GPT<float> model(wide, B, {}, 1, Device::kCuda);
     model.InitParameters(7);
+    const float unhooked = model.Forward(tokens.data(), tokens.data() + 1, B, wide.seq_len);
     int gemms = 0, without_a = 0;
     model.set_op_hook(
         [&](const GPT<float>::OpEvent& e) {
@@ -292,7 +293,8 @@ TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
           without_a += e.a == nullptr;
         },
         /*device_reader=*/true);
-    model.Forward(tokens.data(), tokens.data() + 1, B, wide.seq_len);
+    const float hooked = model.Forward(tokens.data(), tokens.data() + 1, B, wide.seq_len);
+    EXPECT_EQ(std::memcmp(&hooked, &unhooked, sizeof(float)), 0);
     EXPECT_EQ(gemms, 4 * wide.n_layer);
     EXPECT_EQ(without_a, 3 * wide.n_layer);
   }

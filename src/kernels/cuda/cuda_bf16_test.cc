@@ -274,6 +274,9 @@ TEST_F(CudaOps, Bf16CopiesOfActivations) {
   EXPECT_EQ(ToHost(gelu16_only), rounded(gelu_float));
   SetBf16Matmul(false);
   EXPECT_THROW(GeluForward(nullptr, g_h.data(), h.size(), gelu16_only.data()), std::runtime_error);
+  EXPECT_THROW(LayerNormForward(nullptr, mean.data(), rstd.data(), g_x.data(), g_w.data(),
+                                g_b.data(), N, C, ln16_only.data()),
+               std::runtime_error);
   SetBf16Matmul(true);
   attention(tc, true);
   attention(wide, true);
