@@ -25,7 +25,6 @@ struct GPT<T>::Slot {
     auto aligned = [](size_t n) { return (n + 127) / 128 * 128; };
     copy_c = aligned(N * C), copy_cl = aligned(N * Cl), copy_fl = aligned(N * Fl);
     copy_layers = L;
-    copy_last = last;
     // The probabilities on the CPU; the GPU's flash-style attention keeps each row's lse.
     att_per_layer = size_t(max_batch) * NHl * c.seq_len * (d == Device::kCpu ? c.seq_len : 1);
     inputs.Allocate(d, N);
@@ -81,7 +80,6 @@ struct GPT<T>::Slot {
   // Allocated by the first forward that wants them (UseBf16Copies); empty otherwise.
   Buffer<uint16_t> ln1_b, atty_b, ln2_b, gelu_b, lnf_b;
   size_t copy_c = 0, copy_cl = 0, copy_fl = 0, copy_layers = 0;
-  bool copy_last = false;
   // Whether this forward writes and reads the copies: on the GPU under bf16 products (allocating
   // them the first time).
   bool UseBf16Copies(Device d) {
@@ -91,7 +89,7 @@ struct GPT<T>::Slot {
       atty_b.Allocate(d, copy_layers * copy_cl);
       ln2_b.Allocate(d, copy_layers * copy_c);
       gelu_b.Allocate(d, copy_layers * copy_fl);
-      if (copy_last) lnf_b.Allocate(d, copy_c);
+      if (lnf.size() != 0) lnf_b.Allocate(d, copy_c);  // the last stage
     }
     return true;
   }
@@ -113,9 +111,6 @@ struct GPT<T>::Activations {
     const size_t N = size_t(max_batch) * c.seq_len, C = c.n_embd;
     const size_t Cl = C / size_t(tp), Fl = 4 * C / size_t(tp);
     rows = N;
-    grad_c = N * C;
-    grad_cl3 = N * 3 * Cl;
-    grad_fl = N * Fl;
     for (int i = 0; i < num_slots; ++i)
       slots.emplace_back(c, max_batch, layers, tp, last, vocab, d);
     dresidual.Allocate(d, N * C);
@@ -140,7 +135,7 @@ struct GPT<T>::Activations {
     }
   }
 
-  size_t rows, grad_c, grad_cl3, grad_fl;
+  size_t rows;
   std::vector<Slot> slots;
   Buffer<T> dresidual;  // [N, C] gradient of the residual stream, carried down the layers
   Buffer<T> dln, dln1;  // [N, C] gradients of LayerNorm outputs (ln_f / ln_2, ln_1)
@@ -160,9 +155,9 @@ struct GPT<T>::Activations {
   Buffer<uint16_t> dresidual_b, dqkv_b, dfch_b;
   void AllocateBf16GradCopies(Device d) {
     if (dresidual_b.size() != 0) return;
-    dresidual_b.Allocate(d, grad_c);
-    dqkv_b.Allocate(d, grad_cl3);
-    dfch_b.Allocate(d, grad_fl);
+    dresidual_b.Allocate(d, dresidual.size());
+    dqkv_b.Allocate(d, dqkv.size());
+    dfch_b.Allocate(d, dfch.size());
   }
 
   bool profiling = false;

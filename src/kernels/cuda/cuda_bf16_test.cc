@@ -232,14 +232,9 @@ TEST_F(CudaOps, Bf16CopiesOfActivations) {
   auto attention = [&](const AttentionCase& s, bool bf16) {
     SCOPED_TRACE(testing::Message() << s << " bf16 " << bf16);
     const AttentionInputs in = RandomAttentionInputs(s, 145);
-    auto g_qkv = ToDevice(in.qkv), g_dout = ToDevice(in.dout), g_dqkv = ToDevice(in.dqkv0);
-    DeviceArray<float> out(s.x()), lse(size_t(s.B) * s.NH * s.T);
     auto out16 = ToDevice(std::vector<uint16_t>(s.x(), 0x7fc1));
     auto dqkv16 = ToDevice(std::vector<uint16_t>(3 * s.x(), 0x7fc1));
-    AttentionForward(out.data(), lse.data(), g_qkv.data(), s.B, s.T, s.C, s.NH, out16.data());
-    AttentionBackward(g_dqkv.data(), g_dout.data(), out.data(), g_qkv.data(), lse.data(), s.B, s.T,
-                      s.C, s.NH, dqkv16.data());
-    const std::vector<std::vector<float>> got = {ToHost(out), ToHost(lse), ToHost(g_dqkv)};
+    const auto got = GpuAttention(s, in, out16.data(), dqkv16.data());
     const auto plain = GpuAttention(s, in);
     for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(SameBits(got[i], plain[i])) << i;
     EXPECT_EQ(ToHost(out16), bf16 ? rounded(got[0]) : std::vector<uint16_t>(s.x(), 0x7fc1));

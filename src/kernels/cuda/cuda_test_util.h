@@ -165,14 +165,17 @@ inline AttentionReference CpuAttention(const AttentionCase& s, const std::vector
   return r;
 }
 
-// The GPU's forward and backward (ops.h) on the inputs: {out, lse, dqkv0 plus the gradient}.
+// The GPU's forward and backward (ops.h) on the inputs: {out, lse, dqkv0 plus the gradient};
+// out_bf16 and dqkv_bf16 (device, or null) are passed on as the ops' bf16 copies.
 inline std::vector<std::vector<float>> GpuAttention(const AttentionCase& s,
-                                                    const AttentionInputs& in) {
+                                                    const AttentionInputs& in,
+                                                    uint16_t* out_bf16 = nullptr,
+                                                    uint16_t* dqkv_bf16 = nullptr) {
   auto g_qkv = ToDevice(in.qkv), g_dout = ToDevice(in.dout), g_dqkv = ToDevice(in.dqkv0);
   DeviceArray<float> g_out(s.x()), g_lse(size_t(s.B) * s.NH * s.T);
-  AttentionForward(g_out.data(), g_lse.data(), g_qkv.data(), s.B, s.T, s.C, s.NH);
+  AttentionForward(g_out.data(), g_lse.data(), g_qkv.data(), s.B, s.T, s.C, s.NH, out_bf16);
   AttentionBackward(g_dqkv.data(), g_dout.data(), g_out.data(), g_qkv.data(), g_lse.data(), s.B,
-                    s.T, s.C, s.NH);
+                    s.T, s.C, s.NH, dqkv_bf16);
   return {ToHost(g_out), ToHost(g_lse), ToHost(g_dqkv)};
 }
 

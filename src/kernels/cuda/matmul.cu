@@ -18,7 +18,6 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -163,8 +162,7 @@ const __nv_bfloat16* Bf16Operands::Round(int i, const float* src, int64_t n) {
   if (i < 0 || i >= size_ || n > counts_[i])
     ThrowCuda("Bf16Operands::Round", __FILE__, __LINE__, "an operand larger than its room");
   __nv_bfloat16* dst = base_ + offsets_[i];
-  if (n > 0) ATL_LAUNCH(ToBf16, Blocks(size_t(n), 256), 256, dst, src, n);
-  bf16_rounded += uint64_t(std::max<int64_t>(n, 0));
+  if (n > 0) RoundToBf16(reinterpret_cast<uint16_t*>(dst), src, size_t(n));
   return dst;
 }
 
