@@ -12,7 +12,9 @@
 // step (each read as float and written as bf16). --bf16-copies off: the products round their
 // inputs and weights themselves instead of reading the bf16 copies their producers write and the
 // copy of the parameters made once a step (GPT::set_bf16_copies; the same bits, to time what the
-// copies save). Each step marks the parameters changed, as a training step's optimizer does.
+// copies save). Each step marks the parameters changed, as a training step's optimizer does. On
+// the GPU the line also gives the bytes set by zeroing passes per step (the gradients' ZeroGrad
+// among them).
 //
 // Shapes are those of configs/{tiny,small,gpt2-124m}.toml; the batch defaults to the preset's
 // micro_batch_size (gpt2-124m: 1, to fit beside other users' jobs).
@@ -115,10 +117,11 @@ void Run(const Preset& p, int threads, int batch, int steps, int warmup, bool pr
   for (auto& x : tg) x = int32_t(gen() % uint32_t(c.vocab_size));
   double best = 1e30, total = 0, best_cpu = 1e30;
   float loss = 0;
-  uint64_t rounded = 0;
+  uint64_t rounded = 0, zeroed = 0;
   for (int s = 0; s < warmup + steps; ++s) {
     if (s == warmup) {
       rounded = atl::Bf16RoundedElements();
+      zeroed = atl::DeviceZeroed();
       if (profile) {
         model.reset_op_times();
         model.set_profiling(true);
@@ -144,12 +147,15 @@ void Run(const Preset& p, int threads, int batch, int steps, int warmup, bool pr
   const double tokens = double(B) * T;
   const double tps = tokens / best;
   rounded = atl::Bf16RoundedElements() - rounded;
+  zeroed = atl::DeviceZeroed() - zeroed;
   std::printf(
       "%-10s L%-2d H%-2d C%-4d T%-5d V%-6d B%-2d threads %d | %8.1f ms/step (mean %.1f) "
       "| %9.0f tokens/s | %6.1f GFLOP/s | MFU %5.1f%% of %.0f | cpu %.1f ms | loss %.4f",
       p.name, c.n_layer, c.n_head, c.n_embd, T, c.vocab_size, B, threads, best * 1e3,
       total / steps * 1e3, tps, flops_tok * tps / 1e9, 100 * flops_tok * tps / (sgemm_gflops * 1e9),
       sgemm_gflops, best_cpu * 1e3, loss);
+  if (device == atl::Device::kCuda)
+    std::printf(" | zeroed %.1f MB/step", double(zeroed) / steps / 1e6);
   if (device == atl::Device::kCuda && atl::Bf16Matmul())
     std::printf(" | bf16 rounding %.1f M elements/step (copies %s)", double(rounded) / steps / 1e6,
                 bf16_copies ? "on" : "off");

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/grad_into.h"
 #include "kernels/ops.h"
 #if ATOLL_HAVE_CUDA
 #include "kernels/cuda/ops.h"
@@ -170,6 +171,15 @@ inline std::pair<uint64_t, uint64_t> DeviceCopies() {
 #endif
 }
 
+// Bytes the GPU's zeroing passes have set so far in this process (0 without CUDA).
+inline uint64_t DeviceZeroed() {
+#if ATOLL_HAVE_CUDA
+  return kernels::cuda::Zeroed();
+#else
+  return 0;
+#endif
+}
+
 // Waits for the GPU's queued work (nothing on the CPU, or without CUDA).
 inline void SynchronizeDevice() {
 #if ATOLL_HAVE_CUDA
@@ -201,9 +211,12 @@ size_t DeviceCurrent(Newer& at, const T* host, T* dev, size_t n) {
 
 // The ops of kernels/ops.h on one device. On the GPU (float only): device pointers throughout,
 // plus the token ids on the host for the embedding gradient, and the bf16 copies of the products'
-// inputs (kernels/cuda/ops.h; `*_b`, null for none), which the CPU has no use for.
+// inputs (kernels/cuda/ops.h; `*_b`, null for none), which the CPU has no use for. A backward
+// given GradInto::kWrite writes its input gradient over the buffer (kernels/grad_into.h): the
+// GPU's kernels do so themselves; on the CPU the buffer is zeroed first, then added to.
 template <class T>
 struct Ops {
+  using GradInto = kernels::GradInto;
   bool cuda = false;
 #if ATOLL_HAVE_CUDA
   static constexpr bool kCan = std::is_same_v<T, float>;
@@ -230,9 +243,11 @@ struct Ops {
     kernels::LayerNormForward(out, mean, rstd, inp, w, b, N, C);
   }
   void LayerNormBackward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
-                         const T* mean, const T* rstd, int N, int C,
-                         uint16_t* dinp_b = nullptr) const {
-    ATL_GPU(kernels::cuda::LayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, dinp_b));
+                         const T* mean, const T* rstd, int N, int C, uint16_t* dinp_b = nullptr,
+                         GradInto into = GradInto::kAdd) const {
+    ATL_GPU(kernels::cuda::LayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, dinp_b,
+                                             into));
+    ZeroFor(into, dinp, size_t(N) * size_t(C));
     kernels::LayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
   void MatmulForward(T* out, const T* inp, const T* w, const T* b, int N, int IC, int OC,
@@ -243,9 +258,10 @@ struct Ops {
   }
   void MatmulBackward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, int N, int IC,
                       int OC, const uint16_t* inp_b = nullptr, const uint16_t* dout_b = nullptr,
-                      const uint16_t* w_b = nullptr) const {
+                      const uint16_t* w_b = nullptr, GradInto into = GradInto::kAdd) const {
     ATL_GPU(kernels::cuda::MatmulBackward(dinp, dw, db, dout, inp, w, N, IC, OC,
-                                          (kernels::cuda::Bf16Copies{inp_b, dout_b, w_b})));
+                                          (kernels::cuda::Bf16Copies{inp_b, dout_b, w_b}), into));
+    ZeroFor(into, dinp, size_t(N) * size_t(IC));
     kernels::MatmulBackward(dinp, dw, db, dout, inp, w, N, IC, OC);
   }
   // att: the probabilities [B, NH, T, T] on the CPU; each row's log-sum-exp [B, NH, T] on the GPU
@@ -257,18 +273,21 @@ struct Ops {
   }
   // scratch: the CPU's (B*NH*T*T elements); the GPU uses its own.
   void AttentionBackward(T* dqkv, T* scratch, const T* dout, const T* out, const T* qkv,
-                         const T* att, int B, int T_, int C, int NH,
-                         uint16_t* dqkv_b = nullptr) const {
-    ATL_GPU(kernels::cuda::AttentionBackward(dqkv, dout, out, qkv, att, B, T_, C, NH, dqkv_b));
+                         const T* att, int B, int T_, int C, int NH, uint16_t* dqkv_b = nullptr,
+                         GradInto into = GradInto::kAdd) const {
+    ATL_GPU(
+        kernels::cuda::AttentionBackward(dqkv, dout, out, qkv, att, B, T_, C, NH, dqkv_b, into));
+    ZeroFor(into, dqkv, size_t(B) * size_t(T_) * 3 * size_t(C));
     kernels::AttentionBackward(dqkv, scratch, dout, qkv, att, B, T_, C, NH);
   }
   void GeluForward(T* out, const T* inp, size_t n, uint16_t* out_b = nullptr) const {
     ATL_GPU(kernels::cuda::GeluForward(out, inp, n, out_b));
     kernels::GeluForward(out, inp, n);
   }
-  void GeluBackward(T* dinp, const T* inp, const T* dout, size_t n,
-                    uint16_t* dinp_b = nullptr) const {
-    ATL_GPU(kernels::cuda::GeluBackward(dinp, inp, dout, n, dinp_b));
+  void GeluBackward(T* dinp, const T* inp, const T* dout, size_t n, uint16_t* dinp_b = nullptr,
+                    GradInto into = GradInto::kAdd) const {
+    ATL_GPU(kernels::cuda::GeluBackward(dinp, inp, dout, n, dinp_b, into));
+    ZeroFor(into, dinp, n);
     kernels::GeluBackward(dinp, inp, dout, n);
   }
   void ResidualForward(T* out, const T* a, const T* b, size_t n) const {
@@ -285,9 +304,12 @@ struct Ops {
   }
   void ClassifierBackward(T* dx, T* dwte, T* scratch, const T* logits, const T* lse, const T* x,
                           const T* wte, const int32_t* targets, T dloss, int N, int C, int V,
-                          const uint16_t* x_b = nullptr, const uint16_t* wte_b = nullptr) const {
+                          const uint16_t* x_b = nullptr, const uint16_t* wte_b = nullptr,
+                          GradInto into = GradInto::kAdd) const {
     ATL_GPU(kernels::cuda::ClassifierBackward(dx, dwte, logits, lse, x, wte, targets, dloss, N, C,
-                                              V, (kernels::cuda::Bf16Copies{x_b, nullptr, wte_b})));
+                                              V, (kernels::cuda::Bf16Copies{x_b, nullptr, wte_b}),
+                                              into));
+    ZeroFor(into, dx, size_t(N) * size_t(C));
     kernels::ClassifierBackward(dx, dwte, scratch, logits, lse, x, wte, targets, dloss, N, C, V);
   }
   // dst[i] = src[i] rounded to bf16 (bits), i < n: the GPU only (the CPU has no bf16 products).
@@ -303,6 +325,15 @@ struct Ops {
   // Waits for the device (for the per-op profile); nothing on the CPU.
   void Sync() const { ATL_GPU(kernels::cuda::Synchronize()); }
 #undef ATL_GPU
+
+ private:
+  // On the CPU, a gradient to write is zeroed (static chunks: values, so any split is exact),
+  // then added to.
+  static void ZeroFor(GradInto into, T* p, size_t n) {
+    if (into != GradInto::kWrite || p == nullptr) return;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < int64_t(n); ++i) p[i] = T(0);
+  }
 };
 
 }  // namespace atl

@@ -19,6 +19,9 @@
 namespace atl {
 
 namespace k = kernels;
+// The backwards write the activation gradients they make over buffers they alone fill (no
+// zeroing pass, no read of zeros on the GPU; kernels/grad_into.h).
+constexpr kernels::GradInto kWrite = kernels::GradInto::kWrite;
 
 namespace {
 
@@ -431,7 +434,6 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
   if (last) {
     // Loss = loss_scale * mean over N positions.
     const T dloss = loss_scale / T(N);
-    ATL_OP("zero", ZeroDeviceBuffers({{a.dln.data(), NC}, {dres, NC}}));
     const int32_t* targets = S.targets.data();
     if (tp > 1) {  // this rank's share of the softmax; targets elsewhere are out of its range
       for (int n = 0; n < N; ++n) {
@@ -446,13 +448,14 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
            ops_.ClassifierBackward(a.dln.data(), D(ParamKind::kWte), a.classifier_scratch.data(),
                                    S.logits.data(), S.lse.data(), S.lnf.data(), W(ParamKind::kWte),
                                    targets, dloss, N, C, vocab_end_ - vocab_begin_,
-                                   Slot::At(S.lnf_b, copies, 0, 0), Wb(copies, ParamKind::kWte)));
+                                   Slot::At(S.lnf_b, copies, 0, 0), Wb(copies, ParamKind::kWte),
+                                   kWrite));
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln.data(), NC));
     const T* last_residual = S.residual3.data() + size_t(Ll - 1) * NR * C;
     ATL_OP("layernorm bwd",
            ops_.LayerNormBackward(dres, D(ParamKind::kLnfW), D(ParamKind::kLnfB), a.dln.data(),
                                   last_residual, W(ParamKind::kLnfW), S.lnf_mean.data(),
-                                  S.lnf_rstd.data(), N, C, dres_b));
+                                  S.lnf_rstd.data(), N, C, dres_b, kWrite));
     dres_copied = copies;
   } else {
     CopyIn(device_, dres, output_grad, NC);
@@ -479,25 +482,19 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
 
     // residual3 = residual2 + mlp(ln2(residual2)): dres flows to residual2 unchanged, and into
     // the MLP as the gradient of its output.
-    ATL_OP("zero", ZeroDeviceBuffers({{a.dfch_gelu.data(), size_t(N) * Fl},
-                                      {a.dfch.data(), size_t(N) * Fl},
-                                      {a.dln.data(), NC},
-                                      {a.dln1.data(), NC},
-                                      {a.datty.data(), size_t(N) * Cl},
-                                      {a.dqkv.data(), size_t(N) * 3 * Cl}}));
     ATL_OP("matmul bwd",
            ops_.MatmulBackward(a.dfch_gelu.data(), D(ParamKind::kFcProjW, l),
                                D(ParamKind::kFcProjB, l), dres, fch_gelu, W(ParamKind::kFcProjW, l),
                                N, Fl, C, gelu_b, dres_copied ? dres_b : nullptr,
-                               Wb(copies, ParamKind::kFcProjW, l)));
+                               Wb(copies, ParamKind::kFcProjW, l), kWrite));
     Op(OpKind::kGemmBackward, l, 3, a.dfch_gelu.data(), N, Fl, dres, W(ParamKind::kFcProjW, l),
        nullptr, C);
-    ATL_OP("gelu bwd",
-           ops_.GeluBackward(a.dfch.data(), fch, a.dfch_gelu.data(), size_t(N) * Fl, dfch_b));
+    ATL_OP("gelu bwd", ops_.GeluBackward(a.dfch.data(), fch, a.dfch_gelu.data(), size_t(N) * Fl,
+                                         dfch_b, kWrite));
     ATL_OP("matmul bwd",
            ops_.MatmulBackward(a.dln.data(), D(ParamKind::kFcW, l), D(ParamKind::kFcB, l),
                                a.dfch.data(), ln2, W(ParamKind::kFcW, l), N, C, Fl, ln2_b, dfch_b,
-                               Wb(copies, ParamKind::kFcW, l)));
+                               Wb(copies, ParamKind::kFcW, l), kWrite));
     Op(OpKind::kGemmBackward, l, 2, a.dln.data(), N, C, a.dfch.data(), W(ParamKind::kFcW, l),
        nullptr, Fl);
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln.data(), NC));
@@ -510,16 +507,16 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
            ops_.MatmulBackward(a.datty.data(), D(ParamKind::kAttnProjW, l),
                                D(ParamKind::kAttnProjB, l), dres, atty, W(ParamKind::kAttnProjW, l),
                                N, Cl, C, atty_b, dres_copied ? dres_b : nullptr,
-                               Wb(copies, ParamKind::kAttnProjW, l)));
+                               Wb(copies, ParamKind::kAttnProjW, l), kWrite));
     Op(OpKind::kGemmBackward, l, 1, a.datty.data(), N, Cl, dres, W(ParamKind::kAttnProjW, l),
        nullptr, C);
     ATL_OP("attention bwd",
            ops_.AttentionBackward(a.dqkv.data(), a.datt_scratch.data(), a.datty.data(), atty, qkv,
-                                  att, B, T_len, Cl, NHl, dqkv_b));
+                                  att, B, T_len, Cl, NHl, dqkv_b, kWrite));
     ATL_OP("matmul bwd",
            ops_.MatmulBackward(a.dln1.data(), D(ParamKind::kAttnW, l), D(ParamKind::kAttnB, l),
                                a.dqkv.data(), ln1, W(ParamKind::kAttnW, l), N, C, 3 * Cl, ln1_b,
-                               dqkv_b, Wb(copies, ParamKind::kAttnW, l)));
+                               dqkv_b, Wb(copies, ParamKind::kAttnW, l), kWrite));
     Op(OpKind::kGemmBackward, l, 0, a.dln1.data(), N, C, a.dqkv.data(), W(ParamKind::kAttnW, l),
        nullptr, 3 * Cl);
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln1.data(), NC));

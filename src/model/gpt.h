@@ -247,7 +247,6 @@ class GPT {
   void DeviceCurrent(const std::vector<T>& host, Buffer<T>& dev, Newer& at);
   // ... and then marked newer there; returns the GPU's buffer.
   T* DeviceNewer(const std::vector<T>& host, Buffer<T>& dev, Newer& at);
-  void ZeroDeviceBuffers(std::initializer_list<std::pair<T*, size_t>> buffers);
   void EmitOp(const OpEvent& e);
   size_t Off(ParamKind kind, int layer) const;
   // data on this device, or on the host (on_host); the Communicator reduces host memory.

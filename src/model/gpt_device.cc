@@ -12,22 +12,6 @@
 namespace atl {
 
 template <class T>
-void GPT<T>::ZeroDeviceBuffers(std::initializer_list<std::pair<T*, size_t>> buffers) {
-  if (cuda()) {
-    for (const auto& [p, n] : buffers) ops_.Zero(p, n);
-    return;
-  }
-  // On the CPU in one OpenMP region (static chunks; values, so any split is exact).
-#pragma omp parallel
-  for (const std::pair<T*, size_t>& buffer : buffers) {
-    T* p = buffer.first;
-    const int64_t n = int64_t(buffer.second);
-#pragma omp for schedule(static) nowait
-    for (int64_t i = 0; i < n; ++i) p[i] = T(0);
-  }
-}
-
-template <class T>
 void GPT<T>::HostCurrent(std::vector<T>& host, const Buffer<T>& dev, Newer& at) const {
   transfer_bytes_ += atl::HostCurrent(at, host.data(), dev.data(), num_params_);
 }
@@ -108,16 +92,15 @@ void GPT<T>::EmitOp(const OpEvent& e) {
   CopyIn(device_, e.out, out.data(), e.n);
 }
 
-#define ATL_INSTANTIATE(T)                                                               \
-  template void GPT<T>::ZeroDeviceBuffers(std::initializer_list<std::pair<T*, size_t>>); \
-  template void GPT<T>::HostCurrent(std::vector<T>&, const Buffer<T>&, Newer&) const;    \
-  template void GPT<T>::DeviceCurrent(const std::vector<T>&, Buffer<T>&, Newer&);        \
-  template T* GPT<T>::DeviceNewer(const std::vector<T>&, Buffer<T>&, Newer&);            \
-  template T* GPT<T>::device_params();                                                   \
-  template const T* GPT<T>::device_grads();                                              \
-  template const T* GPT<T>::resident_params() const;                                     \
-  template T* GPT<T>::mutable_device_grads();                                            \
-  template void GPT<T>::EmitOp(const OpEvent&);                                          \
+#define ATL_INSTANTIATE(T)                                                            \
+  template void GPT<T>::HostCurrent(std::vector<T>&, const Buffer<T>&, Newer&) const; \
+  template void GPT<T>::DeviceCurrent(const std::vector<T>&, Buffer<T>&, Newer&);     \
+  template T* GPT<T>::DeviceNewer(const std::vector<T>&, Buffer<T>&, Newer&);         \
+  template T* GPT<T>::device_params();                                                \
+  template const T* GPT<T>::device_grads();                                           \
+  template const T* GPT<T>::resident_params() const;                                  \
+  template T* GPT<T>::mutable_device_grads();                                         \
+  template void GPT<T>::EmitOp(const OpEvent&);                                       \
   template const T* GPT<T>::HostView(const T*, size_t, std::vector<T>&) const;
 ATL_INSTANTIATE(float)
 ATL_INSTANTIATE(double)

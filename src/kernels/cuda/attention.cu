@@ -176,7 +176,8 @@ __global__ void __launch_bounds__(kThreads)
 template <int R>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardQuery(float* dqkv, float* dsum, const float* dout, const float* out,
-                       const float* qkv, const float* lse, int T, int C, int NH, float scale) {
+                       const float* qkv, const float* lse, int T, int C, int NH, float scale,
+                       bool add) {
   __shared__ float ks[kTile][kPart * R], vs[kTile][kPart * R];
   const Row<R> at(T, C, NH);
   float q[kPart], dO[kPart], dq[kPart];
@@ -204,7 +205,7 @@ __global__ void __launch_bounds__(kThreads)
       Axpy<R>(dq, p * (dp - D) * scale, ks, j, at.part);
     }
   }
-  if (at.live) StorePart<R>(at.Qkv(dqkv, 0), dq, 1.0f, at, /*add=*/true);
+  if (at.live) StorePart<R>(at.Qkv(dqkv, 0), dq, 1.0f, at, add);
 }
 
 // dk (+)= Σ_i ds_ij q_i and dv (+)= Σ_i p_ij dO_i over queries i ≥ j. grid (B * NH,
@@ -212,7 +213,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int R>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardKeyValue(float* dqkv, const float* dsum, const float* dout, const float* qkv,
-                          const float* lse, int T, int C, int NH, float scale) {
+                          const float* lse, int T, int C, int NH, float scale, bool add) {
   __shared__ float qs[kTile][kPart * R], dos[kTile][kPart * R];
   __shared__ float lses[kTile], dsums[kTile];
   const Row<R> at(T, C, NH);
@@ -243,8 +244,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (!at.live) return;
-  StorePart<R>(at.Qkv(dqkv, 1), dk, 1.0f, at, /*add=*/true);
-  StorePart<R>(at.Qkv(dqkv, 2), dv, 1.0f, at, /*add=*/true);
+  StorePart<R>(at.Qkv(dqkv, 1), dk, 1.0f, at, add);
+  StorePart<R>(at.Qkv(dqkv, 2), dv, 1.0f, at, add);
 }
 
 // x: the B * NH heads (up to 2^31 - 1); y: the blocks of rows (T / rows, far under 65535).
@@ -270,11 +271,11 @@ void Forward(float* out, float* lse, const float* qkv, int B, int T, int C, int 
 
 template <int R>
 void Backward(float* dqkv, float* dsum, const float* dout, const float* out, const float* qkv,
-              const float* lse, int B, int T, int C, int NH, float scale) {
+              const float* lse, int B, int T, int C, int NH, float scale, bool add) {
   ATL_LAUNCH(FlashBackwardQuery<R>, Grid(R, B, T, NH), kThreads, dqkv, dsum, dout, out, qkv, lse, T,
-             C, NH, scale);
+             C, NH, scale, add);
   ATL_LAUNCH(FlashBackwardKeyValue<R>, Grid(R, B, T, NH), kThreads, dqkv,
-             static_cast<const float*>(dsum), dout, qkv, lse, T, C, NH, scale);
+             static_cast<const float*>(dsum), dout, qkv, lse, T, C, NH, scale, add);
 }
 
 }  // namespace
@@ -294,17 +295,19 @@ void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, in
 }
 
 void AttentionBackward(float* dqkv, const float* dout, const float* out, const float* qkv,
-                       const float* lse, int B, int T, int C, int NH, uint16_t* dqkv_bf16) {
+                       const float* lse, int B, int T, int C, int NH, uint16_t* dqkv_bf16,
+                       GradInto into) {
   if (B <= 0 || T <= 0) return;
   const int R = PartsFor(C, NH);
   const float scale = 1.0f / std::sqrt(float(C / NH));
+  const bool add = into == GradInto::kAdd;
   auto* dsum = static_cast<float*>(Scratch(kScratchOp, size_t(B) * NH * T * sizeof(float)));
   __nv_bfloat16* dqkv16 = Bf16Copy(dqkv_bf16);
   if (TensorCoreAttention(C, NH))
-    return TcAttentionBackward(dqkv, dqkv16, dsum, dout, out, qkv, lse, B, T, C, NH);
-  if (R == 1) Backward<1>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale);
-  if (R == 2) Backward<2>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale);
-  if (R == 4) Backward<4>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale);
+    return TcAttentionBackward(dqkv, dqkv16, dsum, dout, out, qkv, lse, B, T, C, NH, add);
+  if (R == 1) Backward<1>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale, add);
+  if (R == 2) Backward<2>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale, add);
+  if (R == 4) Backward<4>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale, add);
   if (dqkv16 != nullptr) RoundToBf16(dqkv_bf16, dqkv, size_t(B) * size_t(T) * 3 * size_t(C));
 }
 

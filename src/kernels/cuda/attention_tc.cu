@@ -242,14 +242,14 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-// dq += Σ_j ds_ij k_j over keys j ≤ i, ds_ij = p_ij (dO_i · v_j - D_i) scale; writes
+// dq (+)= Σ_j ds_ij k_j over keys j ≤ i, ds_ij = p_ij (dO_i · v_j - D_i) scale; writes
 // D_i = dO_i · O_i (in float) to dsum [B, NH, T] for the dK/dV kernel. grid (B * NH,
 // ceil(T / 64)).
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     TcBackwardQuery(float* dqkv, __nv_bfloat16* dqkv16, float* dsum, const float* dout,
                     const float* out, const float* qkv, const float* lse, int T, int C, int NH,
-                    float scale) {
+                    float scale, bool add) {
   __shared__ Rows<D> ks, vs;
   __shared__ Cols<D> kt;
   const Head head(T, C, NH);
@@ -297,15 +297,16 @@ __global__ void __launch_bounds__(kThreads)
     AddTimesTile<D>(dq, s, kt, lane);
   }
   const float one[2] = {1.0f, 1.0f};
-  StoreRows<D>(dqkv + head.qkv, At(dqkv16, head.qkv), s3, dq, lane, T, hs, one, /*add=*/true);
+  StoreRows<D>(dqkv + head.qkv, At(dqkv16, head.qkv), s3, dq, lane, T, hs, one, add);
 }
 
-// dk += Σ_i ds_ij q_i and dv += Σ_i p_ij dO_i over queries i ≥ j. grid (B * NH, ceil(T / 64)),
+// dk (+)= Σ_i ds_ij q_i and dv (+)= Σ_i p_ij dO_i over queries i ≥ j. grid (B * NH, ceil(T / 64)),
 // a block's rows being keys.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     TcBackwardKeyValue(float* dqkv, __nv_bfloat16* dqkv16, const float* dsum, const float* dout,
-                       const float* qkv, const float* lse, int T, int C, int NH, float scale) {
+                       const float* qkv, const float* lse, int T, int C, int NH, float scale,
+                       bool add) {
   __shared__ Rows<D> qs, dos;
   __shared__ Cols<D> qt, dot;
   __shared__ float lses[kTile], dsums[kTile];
@@ -345,10 +346,9 @@ __global__ void __launch_bounds__(kThreads)
     AddTimesTile<D>(dk, ds, qt, lane);
   }
   const float one[2] = {1.0f, 1.0f};
-  StoreRows<D>(dqkv + head.qkv + C, At(dqkv16, head.qkv + C), s3, dk, lane, T, hs, one,
-               /*add=*/true);
+  StoreRows<D>(dqkv + head.qkv + C, At(dqkv16, head.qkv + C), s3, dk, lane, T, hs, one, add);
   StoreRows<D>(dqkv + head.qkv + 2 * C, At(dqkv16, head.qkv + 2 * C), s3, dv, lane, T, hs, one,
-               /*add=*/true);
+               add);
 }
 
 dim3 Grid(int B, int T, int NH) {
@@ -373,20 +373,20 @@ void TcAttentionForward(float* out, __nv_bfloat16* out16, float* lse, const floa
 
 void TcAttentionBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dsum, const float* dout,
                          const float* out, const float* qkv, const float* lse, int B, int T, int C,
-                         int NH) {
+                         int NH, bool add) {
   const float scale = 1.0f / std::sqrt(float(C / NH));
   const dim3 grid = Grid(B, T, NH);
   const float* sums = dsum;
   if (C / NH <= 32) {
     ATL_LAUNCH(TcBackwardQuery<32>, grid, kThreads, dqkv, dqkv16, dsum, dout, out, qkv, lse, T, C,
-               NH, scale);
+               NH, scale, add);
     ATL_LAUNCH(TcBackwardKeyValue<32>, grid, kThreads, dqkv, dqkv16, sums, dout, qkv, lse, T, C, NH,
-               scale);
+               scale, add);
   } else {
     ATL_LAUNCH(TcBackwardQuery<64>, grid, kThreads, dqkv, dqkv16, dsum, dout, out, qkv, lse, T, C,
-               NH, scale);
+               NH, scale, add);
     ATL_LAUNCH(TcBackwardKeyValue<64>, grid, kThreads, dqkv, dqkv16, sums, dout, qkv, lse, T, C, NH,
-               scale);
+               scale, add);
   }
 }
 

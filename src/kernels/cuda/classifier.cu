@@ -66,7 +66,8 @@ int TileRows(int N, int V, size_t elem_bytes) {
 
 // ClassifierBackward's tiles in float: each tile's gradient multiplied by Gemm.
 void FloatTiles(float* dx, float* dwte, const float* logits, const float* lse, const float* x,
-                const float* wte, const int32_t* targets, float dloss, int N, int C, int V) {
+                const float* wte, const int32_t* targets, float dloss, int N, int C, int V,
+                float beta_dx) {
   const int tile = TileRows(N, V, sizeof(float));
   auto* d = static_cast<float*>(Scratch(kScratchOp, size_t(tile) * size_t(V) * sizeof(float)));
   for (int r0 = 0; r0 < N; r0 += tile) {
@@ -74,9 +75,9 @@ void FloatTiles(float* dx, float* dwte, const float* logits, const float* lse, c
     const size_t n = size_t(rows) * size_t(V);
     ATL_LAUNCH(LogitGradKernel<float>, Blocks(n, kThreads), kThreads, d, logits, lse, targets,
                dloss, r0, rows, V);
-    // dx[rows,C] += d[rows,V] · wte[V,C]
+    // dx[rows,C] (+)= d[rows,V] · wte[V,C]
     if (dx != nullptr)
-      Gemm(false, false, rows, C, V, 1.0f, d, V, wte, C, 1.0f, dx + size_t(r0) * C, C);
+      Gemm(false, false, rows, C, V, 1.0f, d, V, wte, C, beta_dx, dx + size_t(r0) * C, C);
     // dwte[V,C] += d[rows,V]ᵀ · x[rows,C]
     if (dwte != nullptr)
       Gemm(true, false, V, C, rows, 1.0f, d, V, x + size_t(r0) * C, C, 1.0f, dwte, C);
@@ -90,7 +91,7 @@ void FloatTiles(float* dx, float* dwte, const float* logits, const float* lse, c
 // (256-byte aligned) starts 256-byte aligned too: the same plans, hence the same bits, either way.
 void Bf16Tiles(float* dx, float* dwte, const float* logits, const float* lse, const float* x,
                const __nv_bfloat16* x16, const float* wte, const __nv_bfloat16* wte16,
-               const int32_t* targets, float dloss, int N, int C, int V) {
+               const int32_t* targets, float dloss, int N, int C, int V, float beta_dx) {
   const int step = 128 / std::gcd(C, 128);
   int tile = TileRows(N, V, sizeof(__nv_bfloat16));
   if (tile < N) tile = std::max(step, tile / step * step);
@@ -108,7 +109,7 @@ void Bf16Tiles(float* dx, float* dwte, const float* logits, const float* lse, co
     ATL_LAUNCH(LogitGradKernel<__nv_bfloat16>, Blocks(n, kThreads), kThreads, d, logits, lse,
                targets, dloss, r0, rows, V);
     if (dx != nullptr)
-      GemmBf16(false, false, rows, C, V, 1.0f, d, V, w, C, 1.0f, dx + size_t(r0) * C, C);
+      GemmBf16(false, false, rows, C, V, 1.0f, d, V, w, C, beta_dx, dx + size_t(r0) * C, C);
     if (dwte != nullptr) {
       const __nv_bfloat16* xt = x16 != nullptr
                                     ? x16 + size_t(r0) * C
@@ -137,13 +138,14 @@ float ClassifierForward(float* logits, float* lse, float* losses, const float* x
 
 void ClassifierBackward(float* dx, float* dwte, const float* logits, const float* lse,
                         const float* x, const float* wte, const int32_t* targets, float dloss,
-                        int N, int C, int V, const Bf16Copies& copies) {
+                        int N, int C, int V, const Bf16Copies& copies, GradInto into) {
   if (N <= 0 || (dx == nullptr && dwte == nullptr)) return;
+  const float beta_dx = into == GradInto::kAdd ? 1.0f : 0.0f;  // each tile's rows of dx, once
   if (Bf16Matmul())
     Bf16Tiles(dx, dwte, logits, lse, x, Bf16Copy(copies.inp), wte, Bf16Copy(copies.weight), targets,
-              dloss, N, C, V);
+              dloss, N, C, V, beta_dx);
   else
-    FloatTiles(dx, dwte, logits, lse, x, wte, targets, dloss, N, C, V);
+    FloatTiles(dx, dwte, logits, lse, x, wte, targets, dloss, N, C, V, beta_dx);
 }
 
 }  // namespace atl::kernels::cuda

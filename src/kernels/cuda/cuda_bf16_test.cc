@@ -216,16 +216,6 @@ TEST_F(CudaOps, Bf16CopiesOfActivations) {
   const std::vector<uint16_t> marker(h.size(), 0x7fc1);  // a NaN's bits: never a rounded value
   auto ln16 = ToDevice(std::vector<uint16_t>(marker.begin(), marker.begin() + N * C));
   auto gelu16 = ToDevice(marker);
-  auto rounded = [](const std::vector<float>& v) {
-    std::vector<uint16_t> bits(v.size());
-    for (size_t i = 0; i < v.size(); ++i) {
-      const float r = RoundBf16(v[i]);
-      uint32_t u;
-      std::memcpy(&u, &r, 4);
-      bits[i] = uint16_t(u >> 16);
-    }
-    return bits;
-  };
   // Attention's copies, forward and backward, on the tensor cores (head size 32) and off them
   // (96: the float kernels, then a rounding pass): what the float results round to, the float
   // results unchanged; none with float products.
@@ -237,8 +227,8 @@ TEST_F(CudaOps, Bf16CopiesOfActivations) {
     const auto got = GpuAttention(s, in, out16.data(), dqkv16.data());
     const auto plain = GpuAttention(s, in);
     for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(SameBits(got[i], plain[i])) << i;
-    EXPECT_EQ(ToHost(out16), bf16 ? rounded(got[0]) : std::vector<uint16_t>(s.x(), 0x7fc1));
-    EXPECT_EQ(ToHost(dqkv16), bf16 ? rounded(got[2]) : std::vector<uint16_t>(3 * s.x(), 0x7fc1));
+    EXPECT_EQ(ToHost(out16), bf16 ? Bf16Bits(got[0]) : std::vector<uint16_t>(s.x(), 0x7fc1));
+    EXPECT_EQ(ToHost(dqkv16), bf16 ? Bf16Bits(got[2]) : std::vector<uint16_t>(3 * s.x(), 0x7fc1));
   };
   const AttentionCase tc{2, 33, 64, 2, 1}, wide{1, 20, 96, 1, 1};
 
@@ -257,16 +247,16 @@ TEST_F(CudaOps, Bf16CopiesOfActivations) {
   GeluForward(gelu.data(), g_h.data(), h.size(), gelu16.data());
   EXPECT_TRUE(SameBits(ToHost(ln), ln_float));
   EXPECT_TRUE(SameBits(ToHost(gelu), gelu_float));
-  EXPECT_EQ(ToHost(ln16), rounded(ln_float));
-  EXPECT_EQ(ToHost(gelu16), rounded(gelu_float));
+  EXPECT_EQ(ToHost(ln16), Bf16Bits(ln_float));
+  EXPECT_EQ(ToHost(gelu16), Bf16Bits(gelu_float));
   // No float out: the copy alone, the same (and float products refuse it: nothing to write).
   auto ln16_only = ToDevice(std::vector<uint16_t>(size_t(N) * C, 0x7fc1));
   auto gelu16_only = ToDevice(marker);
   LayerNormForward(nullptr, mean.data(), rstd.data(), g_x.data(), g_w.data(), g_b.data(), N, C,
                    ln16_only.data());
   GeluForward(nullptr, g_h.data(), h.size(), gelu16_only.data());
-  EXPECT_EQ(ToHost(ln16_only), rounded(ln_float));
-  EXPECT_EQ(ToHost(gelu16_only), rounded(gelu_float));
+  EXPECT_EQ(ToHost(ln16_only), Bf16Bits(ln_float));
+  EXPECT_EQ(ToHost(gelu16_only), Bf16Bits(gelu_float));
   SetBf16Matmul(false);
   EXPECT_THROW(GeluForward(nullptr, g_h.data(), h.size(), gelu16_only.data()), std::runtime_error);
   EXPECT_THROW(LayerNormForward(nullptr, mean.data(), rstd.data(), g_x.data(), g_w.data(),
@@ -283,7 +273,7 @@ TEST_F(CudaOps, Bf16CopiesOfActivations) {
   auto g_wm = ToDevice(wm), g_bias = ToDevice(bias), g_dout = ToDevice(dout);
   DeviceArray<uint16_t> wm16(wm.size());
   RoundToBf16(wm16.data(), g_wm.data(), wm.size());
-  EXPECT_EQ(ToHost(wm16), rounded(wm));
+  EXPECT_EQ(ToHost(wm16), Bf16Bits(wm));
   auto linear = [&](const Bf16Copies& copy, uint64_t want_rounded) {
     DeviceArray<float> out(size_t(N) * C);
     auto dinp = ToDevice(std::vector<float>(h.size(), 0.5f));
@@ -315,8 +305,8 @@ TEST_F(CudaOps, Bf16CopiesOfActivations) {
                     mean.data(), rstd.data(), N, C, dinp16.data());
   GeluBackward(g_dh.data(), g_h.data(), g_dg.data(), h.size(), dh16.data());
   const auto dinp = ToHost(g_dinp), dh = ToHost(g_dh);
-  EXPECT_EQ(ToHost(dinp16), rounded(dinp));
-  EXPECT_EQ(ToHost(dh16), rounded(dh));
+  EXPECT_EQ(ToHost(dinp16), Bf16Bits(dinp));
+  EXPECT_EQ(ToHost(dh16), Bf16Bits(dh));
   auto g_dinp_again = ToDevice(dinp0), g_dh_again = ToDevice(dh0);
   LayerNormBackward(g_dinp_again.data(), nullptr, nullptr, g_dy.data(), g_x.data(), g_w.data(),
                     mean.data(), rstd.data(), N, C);

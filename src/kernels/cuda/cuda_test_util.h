@@ -99,6 +99,18 @@ inline float RoundBf16(float x) {
   return x;
 }
 
+// Each element rounded to bf16, as bits (what the ops' bf16 copies hold).
+inline std::vector<uint16_t> Bf16Bits(const std::vector<float>& v) {
+  std::vector<uint16_t> bits(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const float r = RoundBf16(v[i]);
+    uint32_t u;
+    std::memcpy(&u, &r, sizeof(u));
+    bits[i] = uint16_t(u >> 16);
+  }
+  return bits;
+}
+
 // Each query row's log-sum-exp of its scaled causal scores, in double, from the float inputs.
 inline std::vector<double> RowLse(const std::vector<float>& qkv, int B, int T, int C, int NH) {
   const int hs = C / NH;

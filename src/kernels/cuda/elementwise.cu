@@ -29,15 +29,17 @@ __global__ void GeluForwardKernel(float* out, __nv_bfloat16* out_bf16, const flo
   if (out_bf16 != nullptr) out_bf16[i] = __float2bfloat16_rn(y);
 }
 
-// dinp_bf16 (or null): dinp after the addition rounded to bf16 as well.
+// dinp (+)= the input's gradient (add: added to dinp, else written over it); dinp_bf16 (or null):
+// the result rounded to bf16 as well.
 __global__ void GeluBackwardKernel(float* dinp, __nv_bfloat16* dinp_bf16, const float* inp,
-                                   const float* dout, size_t n) {
+                                   const float* dout, size_t n, bool add) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float x = inp[i];
   const float s = Sigmoid2U(x);
   const float du = kGeluS * (1.0f + 3.0f * kGeluC * x * x);
-  const float v = dinp[i] + (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
+  const float g = s + 2.0f * x * s * (1.0f - s) * du;
+  const float v = add ? dinp[i] + g * dout[i] : g * dout[i];
   dinp[i] = v;
   if (dinp_bf16 != nullptr) dinp_bf16[i] = __float2bfloat16_rn(v);
 }
@@ -105,9 +107,11 @@ void GeluForward(float* out, const float* inp, size_t n, uint16_t* out_bf16) {
   ATL_LAUNCH(GeluForwardKernel, Blocks(n, 256), 256, out, out16, inp, n);
 }
 
-void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n, uint16_t* dinp_bf16) {
+void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n, uint16_t* dinp_bf16,
+                  GradInto into) {
   if (n == 0) return;
-  ATL_LAUNCH(GeluBackwardKernel, Blocks(n, 256), 256, dinp, Bf16Copy(dinp_bf16), inp, dout, n);
+  ATL_LAUNCH(GeluBackwardKernel, Blocks(n, 256), 256, dinp, Bf16Copy(dinp_bf16), inp, dout, n,
+             into == GradInto::kAdd);
 }
 
 void ResidualForward(float* out, const float* a, const float* b, size_t n) {

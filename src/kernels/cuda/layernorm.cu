@@ -41,10 +41,11 @@ __global__ void LayerNormForwardKernel(float* out, __nv_bfloat16* out_bf16, floa
   }
 }
 
-// dinp_bf16 (or null): dinp after the addition rounded to bf16 as well.
+// dinp (+)= the input's gradient (add: added to dinp, else written over it); dinp_bf16 (or null):
+// the result rounded to bf16 as well.
 __global__ void LayerNormInputGradKernel(float* dinp, __nv_bfloat16* dinp_bf16, const float* dout,
                                          const float* inp, const float* weight, const float* mean,
-                                         const float* rstd, int N, int C) {
+                                         const float* rstd, int N, int C, bool add) {
   const int lane = threadIdx.x & 31;
   const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (n >= N) return;
@@ -63,7 +64,8 @@ __global__ void LayerNormInputGradKernel(float* dinp, __nv_bfloat16* dinp_bf16, 
   __nv_bfloat16* dxb = dinp_bf16 != nullptr ? dinp_bf16 + n * C : nullptr;
   for (int c = lane; c < C; c += 32) {
     const float norm = (x[c] - m) * r;
-    const float v = dx[c] + r * (dy[c] * weight[c] - g_mean - norm * gn_mean);
+    const float g = dy[c] * weight[c] - g_mean - norm * gn_mean;
+    const float v = add ? dx[c] + r * g : r * g;
     dx[c] = v;
     if (dxb != nullptr) dxb[c] = __float2bfloat16_rn(v);
   }
@@ -115,11 +117,11 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
 
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                       int N, int C, uint16_t* dinp_bf16) {
+                       int N, int C, uint16_t* dinp_bf16, GradInto into) {
   if (N <= 0) return;
   if (dinp != nullptr) {
     ATL_LAUNCH(LayerNormInputGradKernel, Blocks(size_t(N), kRowsPerBlock), 32 * kRowsPerBlock, dinp,
-               Bf16Copy(dinp_bf16), dout, inp, weight, mean, rstd, N, C);
+               Bf16Copy(dinp_bf16), dout, inp, weight, mean, rstd, N, C, into == GradInto::kAdd);
   }
   if (dweight == nullptr && dbias == nullptr) return;
   const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;

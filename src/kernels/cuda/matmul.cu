@@ -258,8 +258,10 @@ void MatmulForward(float* out, const float* inp, const float* weight, const floa
 }
 
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                    const float* weight, int N, int IC, int OC, const Bf16Copies& copies) {
+                    const float* weight, int N, int IC, int OC, const Bf16Copies& copies,
+                    GradInto into) {
   if (N <= 0) return;
+  const float beta_in = into == GradInto::kAdd ? 1.0f : 0.0f;      // dinp's
   if (bf16_products && (dinp != nullptr || dweight != nullptr)) {  // dout rounded once for both
     const int64_t nd = int64_t(N) * OC, nw = int64_t(IC) * OC, ni = int64_t(N) * IC;
     const __nv_bfloat16 *in = Bf16Copy(copies.inp), *d = Bf16Copy(copies.dout),
@@ -267,16 +269,17 @@ void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout
     Bf16Operands ops({d == nullptr ? nd : 0, dinp != nullptr && w == nullptr ? nw : 0,
                       dweight != nullptr && in == nullptr ? ni : 0});
     if (d == nullptr) d = ops.Round(0, dout, nd);
-    // dinp[N,IC] += dout[N,OC] · weight[IC,OC]ᵀ
+    // dinp[N,IC] (+)= dout[N,OC] · weight[IC,OC]ᵀ
     if (dinp != nullptr)
       GemmBf16(false, true, N, IC, OC, 1.0f, d, OC, w != nullptr ? w : ops.Round(1, weight, nw), OC,
-               1.0f, dinp, IC);
+               beta_in, dinp, IC);
     // dweight[IC,OC] += inp[N,IC]ᵀ · dout[N,OC]
     if (dweight != nullptr)
       GemmBf16(true, false, IC, OC, N, 1.0f, in != nullptr ? in : ops.Round(2, inp, ni), IC, d, OC,
                1.0f, dweight, OC);
   } else {
-    if (dinp != nullptr) Gemm(false, true, N, IC, OC, 1.0f, dout, OC, weight, OC, 1.0f, dinp, IC);
+    if (dinp != nullptr)
+      Gemm(false, true, N, IC, OC, 1.0f, dout, OC, weight, OC, beta_in, dinp, IC);
     if (dweight != nullptr)
       Gemm(true, false, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dweight, OC);
   }

@@ -7,6 +7,10 @@
 //   EncoderBackward also takes the token ids on the host (it groups repeated tokens there, so the
 //   gradient rows are summed in (b,t) order without atomics).
 // - Attention keeps no probabilities: it saves each row's log-sum-exp instead (see below).
+// - A backward may write its input gradient instead of adding to it (GradInto::kWrite,
+//   kernels/grad_into.h: the last argument of LayerNormBackward, MatmulBackward,
+//   AttentionBackward, GeluBackward and ClassifierBackward; kAdd, ops.h's meaning, by default),
+//   so that a caller need not zero a buffer first. Parameter gradients are always added to.
 // - Scratch is the backend's own (common.cuh), so the scratch arguments of the CPU signatures are
 //   gone.
 // - Results agree with the CPU backend within floating-point rounding, not bitwise (different
@@ -24,6 +28,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/grad_into.h"
 
 namespace atl::kernels::cuda {
 
@@ -50,7 +56,7 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
                       const float* bias, int N, int C, uint16_t* out_bf16 = nullptr);
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                       int N, int C, uint16_t* dinp_bf16 = nullptr);
+                       int N, int C, uint16_t* dinp_bf16 = nullptr, GradInto into = GradInto::kAdd);
 
 // bf16 copies of a product's float operands (above; null: none, the op rounds the float).
 struct Bf16Copies {
@@ -62,7 +68,8 @@ struct Bf16Copies {
 void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
                    int IC, int OC, const Bf16Copies& copies = {});
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                    const float* weight, int N, int IC, int OC, const Bf16Copies& copies = {});
+                    const float* weight, int N, int IC, int OC, const Bf16Copies& copies = {},
+                    GradInto into = GradInto::kAdd);
 
 // Flash-style (attention.cu): no [T, T] probabilities. Instead of att, forward writes each query
 // row's log-sum-exp of its scaled scores, lse [B, NH, T], and backward takes it with the forward's
@@ -70,12 +77,12 @@ void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout
 void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
                       uint16_t* out_bf16 = nullptr);
 void AttentionBackward(float* dqkv, const float* dout, const float* out, const float* qkv,
-                       const float* lse, int B, int T, int C, int NH,
-                       uint16_t* dqkv_bf16 = nullptr);
+                       const float* lse, int B, int T, int C, int NH, uint16_t* dqkv_bf16 = nullptr,
+                       GradInto into = GradInto::kAdd);
 
 void GeluForward(float* out, const float* inp, size_t n, uint16_t* out_bf16 = nullptr);
 void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n,
-                  uint16_t* dinp_bf16 = nullptr);
+                  uint16_t* dinp_bf16 = nullptr, GradInto into = GradInto::kAdd);
 
 void ResidualForward(float* out, const float* a, const float* b, size_t n);
 void ResidualBackward(float* da, float* db, const float* dout, size_t n);
@@ -85,7 +92,8 @@ float ClassifierForward(float* logits, float* lse, float* losses, const float* x
                         const int32_t* targets, int N, int C, int V, const Bf16Copies& copies = {});
 void ClassifierBackward(float* dx, float* dwte, const float* logits, const float* lse,
                         const float* x, const float* wte, const int32_t* targets, float dloss,
-                        int N, int C, int V, const Bf16Copies& copies = {});
+                        int N, int C, int V, const Bf16Copies& copies = {},
+                        GradInto into = GradInto::kAdd);
 
 // ---- General matrix product (cuBLASLt), for the ops above and for tests ------------------------
 

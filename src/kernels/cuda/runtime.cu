@@ -188,10 +188,11 @@ void Free(void* p) {
 }
 
 namespace {
-std::atomic<uint64_t> copied_to_device{0}, copied_to_host{0};
+std::atomic<uint64_t> copied_to_device{0}, copied_to_host{0}, zeroed{0};
 }  // namespace
 
 CopyCounts Copied() { return {copied_to_device.load(), copied_to_host.load()}; }
+uint64_t Zeroed() { return zeroed.load(); }
 
 void CopyToDevice(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
@@ -214,6 +215,7 @@ void CopyOnDevice(void* dst, const void* src, size_t bytes) {
 
 void Zero(void* p, size_t bytes) {
   if (bytes == 0) return;
+  zeroed += bytes;
   ATL_CUDA(cudaMemsetAsync(p, 0, bytes, Stream()));
 }
 

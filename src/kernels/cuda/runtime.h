@@ -70,6 +70,9 @@ struct CopyCounts {
   uint64_t to_device = 0, to_host = 0;
 };
 CopyCounts Copied();
+// Bytes Zero has set so far in this process (a step's zeroing passes: profiles compare two
+// readings).
+uint64_t Zeroed();
 // The process's stream (a cudaStream_t), for libraries that queue work in order with the
 // kernels (NCCL: comm/nccl/nccl_comm.h).
 void* StreamHandle();
