@@ -49,6 +49,12 @@ TEST_F(CudaOps, Matmul) {
     EXPECT_INC(ToHost(g_dinp), dinp0, dinp);
     EXPECT_INC(ToHost(g_dw), dw0, dw);
     EXPECT_INC(ToHost(g_db), db0, db);
+    // A bias only 4-byte aligned: added by the kernel instead of cuBLASLt's epilogue.
+    std::vector<float> shifted(bias.size() + 1, 0.0f);
+    std::copy(bias.begin(), bias.end(), shifted.begin() + 1);
+    auto g_b4 = ToDevice(shifted);
+    MatmulForward(g_out.data(), g_inp.data(), g_w.data(), g_b4.data() + 1, s.N, s.IC, s.OC);
+    EXPECT_CLOSE(ToHost(g_out), out);
   }
 }
 

@@ -5,7 +5,7 @@
 // [r, c] matrix with row stride ld is a column-major [c, r] one with leading dimension ld, so
 // c = op(a)·op(b) (row-major) is cᵀ = op(b)ᵀ·op(a)ᵀ (column-major).
 //
-// Each distinct problem (shape, strides, transposes, pointer alignment, beta) gets one plan,
+// Each distinct problem (shape, strides, transposes, pointer alignment, beta, bias) gets one plan,
 // chosen once by cuBLASLt's heuristic and kept: the same problem always runs the same algorithm,
 // with a workspace of fixed size, on the one stream. cuBLAS promises bitwise-identical results
 // run to run on those terms (same toolkit, same GPU architecture and SM count).
@@ -15,6 +15,11 @@
 // (CUBLAS_COMPUTE_32F, C and D float): the tensor cores' rate, with the sums and the result of
 // float precision. Ops whose products share an operand round it once (Bf16Operands, GemmBf16 in
 // common.cuh): the linear layer's backward its dout, the classifier's backward wte and x.
+//
+// The linear layer's bias is added by cuBLASLt's epilogue (CUBLASLT_EPILOGUE_BIAS: D = product +
+// bias, broadcast over the rows of our row-major out, in float), so out is written once instead
+// of written, read and written again by a kernel of its own. A bias under 16-byte alignment, or a
+// problem cuBLASLt has no algorithm for with the epilogue, falls back to that kernel (AddBias).
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
@@ -36,8 +41,9 @@ uint32_t Alignment(const void* p) {
   return align;
 }
 
+// ..., align_bias: the bias's alignment (0: no bias epilogue).
 using Key = std::tuple<bool, bool, int, int, int, int64_t, int64_t, int64_t, int, int64_t, int64_t,
-                       int64_t, uint32_t, uint32_t, uint32_t, bool, bool>;
+                       int64_t, uint32_t, uint32_t, uint32_t, bool, bool, uint32_t>;
 
 bool bf16_products = false;
 uint64_t bf16_rounded = 0;
@@ -46,6 +52,7 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool found = false;  // false: cuBLASLt has no algorithm (only asked with a bias epilogue)
 };
 
 cublasLtMatrixLayout_t Layout(cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld,
@@ -62,12 +69,14 @@ cublasLtMatrixLayout_t Layout(cudaDataType_t type, uint64_t rows, uint64_t cols,
   return layout;
 }
 
-const Plan& GetPlan(const Key& key) {
+// The plan of a problem; with a bias epilogue (align_bias > 0), `bias` is a pointer of that
+// alignment, which cuBLASLt's heuristic reads to choose.
+const Plan& GetPlan(const Key& key, const float* bias) {
   static std::map<Key, Plan> plans;
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
   const auto [ta, tb, m, n, k, lda, ldb, ldc, batch, sa, sb, sc, align_a, align_b, align_c,
-              accumulate, bf16] = key;
+              accumulate, bf16, align_bias] = key;
   const cudaDataType_t in = bf16 ? CUDA_R_16BF : CUDA_R_32F;
   Plan p;
   ATL_CUBLAS(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -78,6 +87,16 @@ const Plan& GetPlan(const Key& key) {
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   ATL_CUBLAS(
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (align_bias > 0) {
+    const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const int32_t bias_type = CUDA_R_32F;
+    ATL_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                              sizeof(epilogue)));
+    ATL_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                              &bias_type, sizeof(bias_type)));
+    ATL_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                              sizeof(bias)));
+  }
   // Stored (column-major) shapes: cuBLASLt's A is n x k (k x n when transposed), B is k x m.
   p.a = tb ? Layout(in, k, n, ldb, batch, sb) : Layout(in, n, k, ldb, batch, sb);
   p.b = ta ? Layout(in, m, k, lda, batch, sa) : Layout(in, k, m, lda, batch, sa);
@@ -102,7 +121,8 @@ const Plan& GetPlan(const Key& key) {
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(BlasLt(), p.desc, p.a, p.b, p.c, p.c,
                                                            pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+  p.found = st == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (!p.found && align_bias == 0)
     ThrowCuda("cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__,
               "no cuBLASLt algorithm for this product");
   p.algo = result.algo;
@@ -168,10 +188,14 @@ const __nv_bfloat16* Bf16Operands::Round(int i, const float* src, int64_t n) {
 
 namespace {
 
-// The product of Gemm and GemmBf16, on operands of the given type.
-void Product(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a,
+// The product of Gemm and GemmBf16, on operands of the given type; with `bias` (n floats, batch
+// 1) added to every row of c by the epilogue where it is 16-byte aligned and cuBLASLt has an
+// algorithm for it, the product alone otherwise. Returns whether the bias was added.
+bool Product(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a,
              int64_t lda, const void* b, int64_t ldb, float beta, float* c, int64_t ldc, int batch,
-             int64_t stride_a, int64_t stride_b, int64_t stride_c, bool bf16) {
+             int64_t stride_a, int64_t stride_b, int64_t stride_c, bool bf16,
+             const float* bias = nullptr) {
+  if (bias != nullptr && Alignment(bias) < 16) bias = nullptr;  // the kernel's, then
   const Key key{trans_a,
                 trans_b,
                 m,
@@ -188,10 +212,18 @@ void Product(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const
                 Alignment(b),
                 Alignment(c),
                 beta != 0.0f,
-                bf16};
-  const Plan& p = GetPlan(key);
+                bf16,
+                bias != nullptr ? Alignment(bias) : 0u};
+  const Plan& p = GetPlan(key, bias);
+  if (!p.found)  // only with a bias
+    return Product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, batch, stride_a,
+                   stride_b, stride_c, bf16);
+  if (bias != nullptr)
+    ATL_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                              sizeof(bias)));
   ATL_CUBLAS(cublasLtMatmul(BlasLt(), p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c,
                             &p.algo, BlasWorkspace(), kBlasWorkspaceBytes, Stream()));
+  return bias != nullptr;
 }
 
 // Whether c = alpha op(a) op(b) + beta c has a product to run; when k = 0 (cuBLASLt rejects it)
@@ -213,9 +245,11 @@ void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const fl
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int batch,
           int64_t stride_a, int64_t stride_b, int64_t stride_c) {
   if (!HasProduct(m, n, k, beta, c, ldc, batch)) return;
-  if (!bf16_products)
-    return Product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, batch, stride_a,
-                   stride_b, stride_c, false);
+  if (!bf16_products) {
+    Product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, batch, stride_a,
+            stride_b, stride_c, false);
+    return;
+  }
   // Stored shapes: a is [m, k] ([k, m] transposed), b is [k, n] ([n, k] transposed).
   const int64_t ea =
       trans_a ? Extent(k, m, lda, batch, stride_a) : Extent(m, k, lda, batch, stride_a);
@@ -232,26 +266,29 @@ void GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
   Product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 1, 0, 0, 0, true);
 }
 
-void GemmWithCopies(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+bool GemmWithCopies(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                     const uint16_t* a_bf16, int64_t lda, const float* b, const uint16_t* b_bf16,
-                    int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (!bf16_products) return Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  if (!HasProduct(m, n, k, beta, c, ldc, 1)) return;
+                    int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
+  if (!HasProduct(m, n, k, beta, c, ldc, 1)) return false;
+  if (!bf16_products)
+    return Product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 1, 0, 0, 0,
+                   false, bias);
   const __nv_bfloat16 *a16 = Bf16Copy(a_bf16), *b16 = Bf16Copy(b_bf16);
   const int64_t ea = trans_a ? Extent(k, m, lda, 1, 0) : Extent(m, k, lda, 1, 0);
   const int64_t eb = trans_b ? Extent(n, k, ldb, 1, 0) : Extent(k, n, ldb, 1, 0);
   Bf16Operands ops({a16 == nullptr ? ea : 0, b16 == nullptr ? eb : 0});
-  GemmBf16(trans_a, trans_b, m, n, k, alpha, a16 != nullptr ? a16 : ops.Round(0, a, ea), lda,
-           b16 != nullptr ? b16 : ops.Round(1, b, eb), ldb, beta, c, ldc);
+  return Product(trans_a, trans_b, m, n, k, alpha, a16 != nullptr ? a16 : ops.Round(0, a, ea), lda,
+                 b16 != nullptr ? b16 : ops.Round(1, b, eb), ldb, beta, c, ldc, 1, 0, 0, 0, true,
+                 bias);
 }
 
 void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
                    int IC, int OC, const Bf16Copies& copies) {
   if (N <= 0) return;
-  // out[N,OC] = inp[N,IC] · weight[IC,OC]
-  GemmWithCopies(false, false, N, OC, IC, 1.0f, inp, copies.inp, IC, weight, copies.weight, OC,
-                 0.0f, out, OC);
-  if (bias != nullptr) {
+  // out[N,OC] = inp[N,IC] · weight[IC,OC] + bias
+  const bool added = GemmWithCopies(false, false, N, OC, IC, 1.0f, inp, copies.inp, IC, weight,
+                                    copies.weight, OC, 0.0f, out, OC, bias);
+  if (bias != nullptr && !added) {
     const int64_t total = int64_t(N) * OC;
     ATL_LAUNCH(AddBias, Blocks(size_t(total), 256), 256, out, bias, N, OC);
   }

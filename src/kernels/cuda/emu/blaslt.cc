@@ -2,8 +2,10 @@
 // to, a "heuristic" that checks the problem as cuBLASLt does and records the alignment its
 // algorithm may assume, and a matmul that checks everything again (shapes, device pointers and
 // their extents, that alignment) and computes with the host's BLAS, batch by batch, then applies
-// alpha and beta once, as cuBLASLt's epilogue does. A and B may be bf16 (C and D float, compute
-// float): they are widened to float exactly and multiplied in float.
+// alpha and beta once, as cuBLASLt's epilogue does, then the bias (CUBLASLT_EPILOGUE_BIAS: a float
+// per row of D, 16-byte aligned: stricter than cuBLASLt may be, so a caller that relies on less is
+// caught). A and B may be bf16 (C and D float, compute float): they are widened to float exactly
+// and multiplied in float.
 #include <cblas.h>
 
 #include <algorithm>
@@ -20,6 +22,9 @@ struct cublasLtMatmulDescOpaque_t {
   cublasComputeType_t compute;
   cudaDataType_t scale;
   cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
+  uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  int32_t bias_type = -1;  // -1: D's type
 };
 struct cublasLtMatrixLayoutOpaque_t {
   cudaDataType_t type;
@@ -53,6 +58,9 @@ bool Check(const cublasLtMatmulDescOpaque_t* desc, const cublasLtMatrixLayoutOpa
            const cublasLtMatrixLayoutOpaque_t* d, Problem* p) {
   if (desc == nullptr || a == nullptr || b == nullptr || c == nullptr || d == nullptr) return false;
   if (desc->compute != CUBLAS_COMPUTE_32F || desc->scale != CUDA_R_32F) return false;
+  if (desc->epilogue != CUBLASLT_EPILOGUE_DEFAULT && desc->epilogue != CUBLASLT_EPILOGUE_BIAS)
+    return false;
+  if (desc->bias_type != -1 && desc->bias_type != CUDA_R_32F) return false;
   // Float throughout, or bf16 A and B with float C and D.
   if (a->type != b->type || (a->type != CUDA_R_32F && a->type != CUDA_R_16BF)) return false;
   if (c->type != CUDA_R_32F || d->type != CUDA_R_32F) return false;
@@ -90,6 +98,13 @@ const float* Widened(const void* p, const cublasLtMatrixLayoutOpaque_t* l,
 
 bool Aligned(const void* p, uint32_t align) { return reinterpret_cast<uintptr_t>(p) % align == 0; }
 
+// The largest power of two up to 256 dividing the address (256 for null).
+uint32_t BiasAlignment(const void* p) {
+  uint32_t align = 256;
+  while (align > 1 && !Aligned(p, align)) align >>= 1;
+  return align;
+}
+
 }  // namespace
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
@@ -118,6 +133,12 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
       return Set(&desc->trans_a, buf, size);
     case CUBLASLT_MATMUL_DESC_TRANSB:
       return Set(&desc->trans_b, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      return Set(&desc->epilogue, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+      return Set(&desc->bias, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+      return Set(&desc->bias_type, buf, size);
   }
   return CUBLAS_STATUS_NOT_SUPPORTED;
 }
@@ -176,8 +197,14 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   if (handle == nullptr || pref == nullptr || requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
   if (!Check(desc, a, b, c, d, &p)) return CUBLAS_STATUS_NOT_SUPPORTED;
   results[0] = cublasLtMatmulHeuristicResult_t{};
-  // The algorithm assumes the alignments the caller promised (and a power of two of them).
+  // The algorithm assumes the alignments the caller promised (and a power of two of them), and
+  // the bias pointer's, read from it as cuBLASLt does.
   for (int i = 0; i < 4; ++i) results[0].algo.data[i] = std::max<uint32_t>(pref->align[i], 4);
+  if (desc->epilogue == CUBLASLT_EPILOGUE_BIAS) {
+    const uint32_t align = BiasAlignment(desc->bias);
+    if (align < 16) return CUBLAS_STATUS_NOT_SUPPORTED;
+    results[0].algo.data[4] = align;
+  }
   results[0].state = CUBLAS_STATUS_SUCCESS;
   *returned = 1;
   return CUBLAS_STATUS_SUCCESS;
@@ -203,11 +230,20 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   const void* ptrs[4] = {a, b, c, d};
   for (int i = 0; i < 4; ++i)
     if (!Aligned(ptrs[i], uint32_t(algo->data[i]))) return CUBLAS_STATUS_INVALID_VALUE;
+  const float* bias = nullptr;
+  if (desc->epilogue == CUBLASLT_EPILOGUE_BIAS) {
+    // A vector per batch would need a batch stride: refused, as one bias for every batch.
+    if (d_layout->batch > 1 || algo->data[4] < 16 ||
+        !Aligned(desc->bias, uint32_t(algo->data[4])) ||
+        !IsDevice(desc->bias, size_t(p.m) * sizeof(float)))
+      return CUBLAS_STATUS_INVALID_VALUE;
+    bias = static_cast<const float*>(desc->bias);
+  }
 
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   const auto ta = desc->trans_a == CUBLAS_OP_T ? CblasTrans : CblasNoTrans;
   const auto tb = desc->trans_b == CUBLAS_OP_T ? CblasTrans : CblasNoTrans;
-  atl::cuda_emu::DeviceAccess open{a, b, c, d};
+  atl::cuda_emu::DeviceAccess open{a, b, c, d, bias};
   // As cuBLASLt: the product accumulated whole, then D = alpha * product + beta * C rounded once
   // (accumulating into C block by block of k, as a host BLAS may, rounds at C's magnitude once per
   // block, which loses a small product added to a large C).
@@ -225,8 +261,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       const float* pc = product.data() + col * p.m;
       const float* cc = ci + col * c_layout->ld;
       float* dc = di + col * d_layout->ld;
-      for (int64_t r = 0; r < p.m; ++r)  // with beta 0, C is not read
-        dc[r] = be == 0.0f ? al * pc[r] : std::fma(al, pc[r], be * cc[r]);
+      for (int64_t r = 0; r < p.m; ++r) {  // with beta 0, C is not read
+        const float v = be == 0.0f ? al * pc[r] : std::fma(al, pc[r], be * cc[r]);
+        dc[r] = bias != nullptr ? v + bias[r] : v;
+      }
     }
   }
   return CUBLAS_STATUS_SUCCESS;

@@ -3,6 +3,7 @@
 // pointer in a kernel, host code touching device memory, a bad launch shape, a product whose
 // shapes do not fit, a tensor-core product without the whole warp) fails here with a message
 // instead of passing by luck.
+#include <cublasLt.h>
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -216,6 +217,59 @@ TEST(CudaEmulator, GemmMeansWhatItSays) {
   DeviceArray<float> x(100), y(100), z(100);
   EXPECT_THROW(Gemm(false, false, 4, 4, 4, 1.0f, x.data(), 2, y.data(), 4, 0.0f, z.data(), 4),
                CudaError);
+}
+
+// The bias epilogue: D = product + bias[row] (column-major D), the bias's alignment read by the
+// heuristic (under 16 bytes refused), a bias outside device memory refused by the product.
+TEST(CudaEmulator, BiasEpilogue) {
+  const int m = 4, n = 3, k = 2;  // column-major: A m x k, B k x n, D m x n
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6, 7, 8}, b = {1, 0, 0, 1, 2, -1};
+  const std::vector<float> bias = {0.5f, -1, 100, 0, 7};  // used from element 0 or 1
+  auto da = ToDevice(a), db = ToDevice(b), dbias = ToDevice(bias);
+  DeviceArray<float> dd(size_t(m) * n);
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t la, lb, ld;
+  ASSERT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, m, k, m);
+  cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, k, n, k);
+  cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m);
+  const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  ASSERT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                           sizeof(epilogue)),
+            CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulPreference_t pref;
+  cublasLtMatmulPreferenceCreate(&pref);
+  auto plan = [&](const float* bias_ptr, cublasLtMatmulHeuristicResult_t* r) {
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
+                                   sizeof(bias_ptr));
+    int found = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(BlasLt(), desc, la, lb, ld, ld, pref, 1, r, &found);
+    return st == CUBLAS_STATUS_SUCCESS && found == 1;
+  };
+  cublasLtMatmulHeuristicResult_t r{};
+  EXPECT_FALSE(plan(dbias.data() + 1, &r));  // 4-byte aligned
+  ASSERT_TRUE(plan(dbias.data(), &r));
+  const float alpha = 1, beta = 0;
+  auto run = [&](const void* bias_ptr) {
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
+                                   sizeof(bias_ptr));
+    return cublasLtMatmul(BlasLt(), desc, &alpha, da.data(), la, db.data(), lb, &beta, dd.data(),
+                          ld, dd.data(), ld, &r.algo, nullptr, 0, nullptr);
+  };
+  ASSERT_EQ(run(dbias.data()), CUBLAS_STATUS_SUCCESS);
+  const auto d = ToHost(dd);
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i) {
+      float want = bias[size_t(i)];
+      for (int p = 0; p < k; ++p) want += a[size_t(p * m + i)] * b[size_t(j * k + p)];
+      EXPECT_EQ(d[size_t(j * m + i)], want) << i << " " << j;
+    }
+  EXPECT_EQ(run(dbias.data() + 1), CUBLAS_STATUS_INVALID_VALUE);  // less aligned than planned
+  EXPECT_EQ(run(bias.data()), CUBLAS_STATUS_INVALID_VALUE);       // host memory
+  cublasLtMatmulPreferenceDestroy(pref);
+  for (auto* l : {la, lb, ld}) cublasLtMatrixLayoutDestroy(l);
+  cublasLtMatmulDescDestroy(desc);
 }
 
 }  // namespace

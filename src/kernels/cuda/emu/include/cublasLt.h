@@ -1,7 +1,8 @@
 // The CUDA emulator's stand-in for cublasLt.h: the descriptors and calls kernels/cuda/ uses, with
 // cuBLASLt's documented meaning (column-major matrices, op(A) m x k, op(B) k x n, D = alpha op(A)
-// op(B) + beta C, strided batches), computed with the host's BLAS (emu/blaslt.cc). Shapes that
-// do not fit together, or operands outside device memory, are refused as cuBLASLt refuses them.
+// op(B) + beta C, strided batches, the bias epilogue), computed with the host's BLAS
+// (emu/blaslt.cc). Shapes that do not fit together, or operands outside device memory, are refused
+// as cuBLASLt refuses them.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +29,15 @@ enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
 enum cublasLtMatmulDescAttributes_t {
   CUBLASLT_MATMUL_DESC_TRANSA = 3,
   CUBLASLT_MATMUL_DESC_TRANSB = 4,
+  CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
+  CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+  CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26,
+};
+// Epilogues: none, or a bias vector (one element per row of D, column-major) added to every
+// column of D after alpha and beta.
+enum cublasLtEpilogue_t {
+  CUBLASLT_EPILOGUE_DEFAULT = 1,
+  CUBLASLT_EPILOGUE_BIAS = 4,
 };
 enum cublasLtMatrixLayoutAttribute_t {
   CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5,
