@@ -284,9 +284,13 @@ struct Ops {
     ATL_GPU(kernels::cuda::GeluForward(out, inp, n, out_b));
     kernels::GeluForward(out, inp, n);
   }
+  // dbias, cols: the GPU's only (kernels/cuda/ops.h: the bias gradient of the linear layer whose
+  // dout dinp is, summed here).
   void GeluBackward(T* dinp, const T* inp, const T* dout, size_t n, uint16_t* dinp_b = nullptr,
-                    GradInto into = GradInto::kAdd) const {
-    ATL_GPU(kernels::cuda::GeluBackward(dinp, inp, dout, n, dinp_b, into));
+                    GradInto into = GradInto::kAdd, T* dbias = nullptr, int cols = 0) const {
+    ATL_GPU(kernels::cuda::GeluBackward(dinp, inp, dout, n, dinp_b, into, dbias, cols));
+    if (dbias != nullptr) throw std::logic_error("GeluBackward: bias sums are the GPU's only");
+    (void)cols;
     ZeroFor(into, dinp, n);
     kernels::GeluBackward(dinp, inp, dout, n);
   }

@@ -489,14 +489,17 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
                                Wb(copies, ParamKind::kFcProjW, l), kWrite));
     Op(OpKind::kGemmBackward, l, 3, a.dfch_gelu.data(), N, Fl, dres, W(ParamKind::kFcProjW, l),
        nullptr, C);
-    ATL_OP("gelu bwd", ops_.GeluBackward(a.dfch.data(), fch, a.dfch_gelu.data(), size_t(N) * Fl,
-                                         dfch_b, kWrite));
-    ATL_OP("matmul bwd",
-           ops_.MatmulBackward(a.dln.data(), D(ParamKind::kFcW, l), D(ParamKind::kFcB, l),
-                               a.dfch.data(), ln2, W(ParamKind::kFcW, l), N, C, Fl, ln2_b, dfch_b,
-                               Wb(copies, ParamKind::kFcW, l), kWrite));
-    Op(OpKind::kGemmBackward, l, 2, a.dln.data(), N, C, a.dfch.data(), W(ParamKind::kFcW, l),
-       nullptr, Fl);
+    // On the GPU, GELU's backward also adds fc's bias gradient (dfch's column sums, in the order
+    // MatmulBackward sums them), so that with outputs in bf16 alone dfch is only its copy.
+    T* fc_dbias = cuda() ? D(ParamKind::kFcB, l) : nullptr;
+    T* dfch = S.bf16_only ? nullptr : a.dfch.data();
+    ATL_OP("gelu bwd", ops_.GeluBackward(dfch, fch, a.dfch_gelu.data(), size_t(N) * Fl, dfch_b,
+                                         kWrite, fc_dbias, Fl));
+    ATL_OP("matmul bwd", ops_.MatmulBackward(a.dln.data(), D(ParamKind::kFcW, l),
+                                             fc_dbias != nullptr ? nullptr : D(ParamKind::kFcB, l),
+                                             dfch, ln2, W(ParamKind::kFcW, l), N, C, Fl, ln2_b,
+                                             dfch_b, Wb(copies, ParamKind::kFcW, l), kWrite));
+    Op(OpKind::kGemmBackward, l, 2, a.dln.data(), N, C, dfch, W(ParamKind::kFcW, l), nullptr, Fl);
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln.data(), NC));
     ATL_OP("layernorm bwd", ops_.LayerNormBackward(
                                 dres, D(ParamKind::kLn2W, l), D(ParamKind::kLn2B, l), a.dln.data(),

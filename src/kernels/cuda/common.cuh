@@ -158,8 +158,15 @@ bool GemmWithCopies(bool trans_a, bool trans_b, int m, int n, int k, float alpha
                     int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr);
 
 // Column sums of a row-major [rows, cols] matrix, ADDED into out[cols] (device), in a fixed
-// order: rows are cut into chunks of kSumRows, each chunk summed per column in row order, then the
-// chunk sums added in chunk order. Uses Scratch(kScratchReduce).
+// order: rows are cut into chunks of kColumnChunkRows, each chunk summed per column in row order,
+// then the chunk sums added in chunk order. Uses Scratch(kScratchReduce).
 void ColumnSumsAdd(float* out, const float* m, int64_t rows, int cols);
+// ColumnSumsAdd's two passes, for a kernel that makes the matrix and sums it at once:
+// ColumnChunkScratch gives room for the chunk sums partial[chunk][col] (chunks: rows cut into
+// kColumnChunkRows), which the kernel writes summing in row order (__fadd_rn: no multiply fused
+// into the sum); AddColumnChunks adds them into out in chunk order.
+constexpr int kColumnChunkRows = 64;
+float* ColumnChunkScratch(int64_t rows, int cols);
+void AddColumnChunks(float* out, const float* partial, int64_t rows, int cols);
 
 }  // namespace atl::kernels::cuda

@@ -150,6 +150,56 @@ TEST_F(CudaOps, GeluAndResidual) {
   }
 }
 
+// GELU's backward summing the columns of what it writes into a bias gradient: the same bits as
+// MatmulBackward's bias gradient of the written gradient (adding, and writing), and under bf16
+// products with the float left out (the copy alone): the same copy and the same sums.
+TEST_F(CudaOps, GeluBackwardSumsABiasGradient) {
+  struct Shape {
+    int rows, cols;
+  };
+  for (const bool bf16 : {false, true}) {
+    SetBf16Matmul(bf16);
+    for (const Shape s : {Shape{1, 1}, Shape{130, 33}, Shape{1000, 96}}) {
+      SCOPED_TRACE(testing::Message()
+                   << "rows=" << s.rows << " cols=" << s.cols << " bf16 " << bf16);
+      const size_t n = size_t(s.rows) * s.cols;
+      auto x = ToDevice(Random(n, 36, 3.0f)), dout = ToDevice(Random(n, 37));
+      const auto d0 = Random(n, 38), db0 = Random(s.cols, 39);
+      for (const GradInto into : {GradInto::kAdd, GradInto::kWrite}) {
+        auto fused = ToDevice(d0), plain = ToDevice(d0), db_fused = ToDevice(db0),
+             db_plain = ToDevice(db0);
+        DeviceArray<uint16_t> copy_fused(n), copy_plain(n);
+        GeluBackward(fused.data(), x.data(), dout.data(), n, copy_fused.data(), into,
+                     db_fused.data(), s.cols);
+        GeluBackward(plain.data(), x.data(), dout.data(), n, copy_plain.data(), into);
+        MatmulBackward(nullptr, nullptr, db_plain.data(), plain.data(), nullptr, nullptr, s.rows, 1,
+                       s.cols);
+        EXPECT_TRUE(SameBits(ToHost(fused), ToHost(plain)));
+        EXPECT_TRUE(SameBits(ToHost(db_fused), ToHost(db_plain)));
+        EXPECT_FALSE(SameBits(ToHost(db_fused), db0));
+        if (bf16) {
+          EXPECT_EQ(ToHost(copy_fused), ToHost(copy_plain));
+        }
+        if (!bf16 || into == GradInto::kAdd) continue;
+        auto db_alone = ToDevice(db0);
+        DeviceArray<uint16_t> copy_alone(n);
+        GeluBackward(nullptr, x.data(), dout.data(), n, copy_alone.data(), into, db_alone.data(),
+                     s.cols);
+        EXPECT_EQ(ToHost(copy_alone), ToHost(copy_plain));
+        EXPECT_TRUE(SameBits(ToHost(db_alone), ToHost(db_plain)));
+      }
+    }
+  }
+  SetBf16Matmul(false);
+  // A null dinp needs a copy to write and kWrite; the columns must divide n.
+  DeviceArray<float> x(12), dout(12), db(5);
+  EXPECT_THROW(GeluBackward(nullptr, x.data(), dout.data(), 12, nullptr, GradInto::kWrite),
+               CudaError);
+  EXPECT_THROW(
+      GeluBackward(x.data(), x.data(), dout.data(), 12, nullptr, GradInto::kWrite, db.data(), 5),
+      CudaError);
+}
+
 TEST_F(CudaOps, Encoder) {
   struct Shape {
     int B, T, C, V, begin, end;

@@ -29,19 +29,44 @@ __global__ void GeluForwardKernel(float* out, __nv_bfloat16* out_bf16, const flo
   if (out_bf16 != nullptr) out_bf16[i] = __float2bfloat16_rn(y);
 }
 
-// dinp (+)= the input's gradient (add: added to dinp, else written over it); dinp_bf16 (or null):
-// the result rounded to bf16 as well.
-__global__ void GeluBackwardKernel(float* dinp, __nv_bfloat16* dinp_bf16, const float* inp,
-                                   const float* dout, size_t n, bool add) {
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
+// Element i of GELU's backward: dinp[i] (+)= GELU'(inp[i]) dout[i] (add: added to dinp, else
+// written over it; dinp null: not written), dinp_bf16 (or null) the result rounded to bf16 as
+// well. Returns the result.
+__device__ inline float GeluBackwardAt(float* dinp, __nv_bfloat16* dinp_bf16, const float* inp,
+                                       const float* dout, int64_t i, bool add) {
   const float x = inp[i];
   const float s = Sigmoid2U(x);
   const float du = kGeluS * (1.0f + 3.0f * kGeluC * x * x);
   const float g = s + 2.0f * x * s * (1.0f - s) * du;
   const float v = add ? dinp[i] + g * dout[i] : g * dout[i];
-  dinp[i] = v;
+  if (dinp != nullptr) dinp[i] = v;
   if (dinp_bf16 != nullptr) dinp_bf16[i] = __float2bfloat16_rn(v);
+  return v;
+}
+
+__global__ void GeluBackwardKernel(float* dinp, __nv_bfloat16* dinp_bf16, const float* inp,
+                                   const float* dout, size_t n, bool add) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) GeluBackwardAt(dinp, dinp_bf16, inp, dout, int64_t(i), add);
+}
+
+// The same over [rows, cols], also summing the results per column: one thread per (chunk of
+// kColumnChunkRows rows, column) writes partial[chunk][col], the sum over the chunk's rows in row
+// order, as ColumnSumsAdd's first pass sums what was written (a warp: 32 adjacent columns of a
+// row, coalesced). grid.y is capped at 65535: blocks stride over the chunks.
+__global__ void GeluBackwardColumnsKernel(float* dinp, __nv_bfloat16* dinp_bf16, float* partial,
+                                          const float* inp, const float* dout, int64_t rows,
+                                          int cols, bool add) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t chunks = (rows + kColumnChunkRows - 1) / kColumnChunkRows;
+  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+    const int64_t r0 = chunk * kColumnChunkRows, r1 = min(rows, r0 + kColumnChunkRows);
+    float sum = 0.0f;
+    for (int64_t r = r0; r < r1; ++r)
+      sum = __fadd_rn(sum, GeluBackwardAt(dinp, dinp_bf16, inp, dout, r * cols + c, add));
+    partial[chunk * cols + c] = sum;
+  }
 }
 
 __global__ void ResidualForwardKernel(float* out, const float* a, const float* b, size_t n) {
@@ -108,10 +133,26 @@ void GeluForward(float* out, const float* inp, size_t n, uint16_t* out_bf16) {
 }
 
 void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n, uint16_t* dinp_bf16,
-                  GradInto into) {
+                  GradInto into, float* dbias, int cols) {
   if (n == 0) return;
-  ATL_LAUNCH(GeluBackwardKernel, Blocks(n, 256), 256, dinp, Bf16Copy(dinp_bf16), inp, dout, n,
-             into == GradInto::kAdd);
+  __nv_bfloat16* dinp16 = Bf16Copy(dinp_bf16);
+  const bool add = into == GradInto::kAdd;
+  if (dinp == nullptr && (add || dinp16 == nullptr))
+    ThrowCuda("GeluBackward", __FILE__, __LINE__,
+              "no dinp: a null dinp needs a bf16 copy, and GradInto::kWrite");
+  if (dbias == nullptr) {
+    ATL_LAUNCH(GeluBackwardKernel, Blocks(n, 256), 256, dinp, dinp16, inp, dout, n, add);
+    return;
+  }
+  if (cols <= 0 || n % size_t(cols) != 0)
+    ThrowCuda("GeluBackward", __FILE__, __LINE__, "the columns do not divide n");
+  const int64_t rows = int64_t(n / size_t(cols));
+  const int64_t chunks = (rows + kColumnChunkRows - 1) / kColumnChunkRows;
+  float* partial = ColumnChunkScratch(rows, cols);
+  const dim3 grid(Blocks(size_t(cols), 128), unsigned(std::min<int64_t>(chunks, 65535)));
+  ATL_LAUNCH(GeluBackwardColumnsKernel, grid, 128, dinp, dinp16, partial, inp, dout, rows, cols,
+             add);
+  AddColumnChunks(dbias, partial, rows, cols);
 }
 
 void ResidualForward(float* out, const float* a, const float* b, size_t n) {

@@ -298,6 +298,9 @@ void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout
                     const float* weight, int N, int IC, int OC, const Bf16Copies& copies,
                     GradInto into) {
   if (N <= 0) return;
+  if (dout == nullptr && (!bf16_products || copies.dout == nullptr || dbias != nullptr))
+    ThrowCuda("MatmulBackward", __FILE__, __LINE__,
+              "no dout: a null dout needs bf16 products, its copy, and no bias gradient");
   const float beta_in = into == GradInto::kAdd ? 1.0f : 0.0f;      // dinp's
   if (bf16_products && (dinp != nullptr || dweight != nullptr)) {  // dout rounded once for both
     const int64_t nd = int64_t(N) * OC, nw = int64_t(IC) * OC, ni = int64_t(N) * IC;

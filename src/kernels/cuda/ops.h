@@ -67,6 +67,7 @@ struct Bf16Copies {
 
 void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
                    int IC, int OC, const Bf16Copies& copies = {});
+// dout may be null under bf16 products when its copy is given and dbias is null.
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                     const float* weight, int N, int IC, int OC, const Bf16Copies& copies = {},
                     GradInto into = GradInto::kAdd);
@@ -81,8 +82,14 @@ void AttentionBackward(float* dqkv, const float* dout, const float* out, const f
                        GradInto into = GradInto::kAdd);
 
 void GeluForward(float* out, const float* inp, size_t n, uint16_t* out_bf16 = nullptr);
+// dbias (or null): GELU's backward also adds the column sums of dinp (after the op), viewed as
+// [n / cols, cols], into dbias[cols], in the order MatmulBackward sums its dout for its bias
+// gradient: so when dinp is a linear layer's dout (fc's, below GELU), that layer's bias gradient,
+// bit for bit, without reading dinp again (give that layer's MatmulBackward a null dbias). dinp
+// may be null under bf16 products with a copy and kWrite: the copy alone is written.
 void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n,
-                  uint16_t* dinp_bf16 = nullptr, GradInto into = GradInto::kAdd);
+                  uint16_t* dinp_bf16 = nullptr, GradInto into = GradInto::kAdd,
+                  float* dbias = nullptr, int cols = 0);
 
 void ResidualForward(float* out, const float* a, const float* b, size_t n);
 void ResidualBackward(float* da, float* db, const float* dout, size_t n);

@@ -224,7 +224,7 @@ void Synchronize() { ATL_CUDA(cudaStreamSynchronize(Stream())); }
 // ---- ColumnSumsAdd ---------------------------------------------------------------------------
 
 namespace {
-constexpr int kSumRows = 64;
+constexpr int kSumRows = kColumnChunkRows;
 
 // partial[chunk][c] = sum of m[r][c] over the chunk's rows, in row order. One thread per
 // (chunk, column); a warp reads 32 adjacent columns of a row (coalesced).
@@ -251,14 +251,24 @@ __global__ void AddChunkSums(float* out, const float* partial, int64_t chunks, i
 }
 }  // namespace
 
+float* ColumnChunkScratch(int64_t rows, int cols) {
+  const int64_t chunks = (rows + kSumRows - 1) / kSumRows;
+  return static_cast<float*>(
+      Scratch(kScratchReduce, size_t(chunks) * size_t(cols) * sizeof(float)));
+}
+
+void AddColumnChunks(float* out, const float* partial, int64_t rows, int cols) {
+  const int64_t chunks = (rows + kSumRows - 1) / kSumRows;
+  ATL_LAUNCH(AddChunkSums, Blocks(size_t(cols), 128), 128, out, partial, chunks, cols);
+}
+
 void ColumnSumsAdd(float* out, const float* m, int64_t rows, int cols) {
   if (rows <= 0 || cols <= 0) return;
   const int64_t chunks = (rows + kSumRows - 1) / kSumRows;
-  float* partial =
-      static_cast<float*>(Scratch(kScratchReduce, size_t(chunks) * size_t(cols) * sizeof(float)));
+  float* partial = ColumnChunkScratch(rows, cols);
   const dim3 grid(Blocks(size_t(cols), 128), unsigned(std::min<int64_t>(chunks, 65535)));
   ATL_LAUNCH(ColumnChunkSums, grid, 128, partial, m, rows, cols);
-  ATL_LAUNCH(AddChunkSums, Blocks(size_t(cols), 128), 128, out, partial, chunks, cols);
+  AddColumnChunks(out, partial, rows, cols);
 }
 
 }  // namespace atl::kernels::cuda

@@ -162,6 +162,12 @@ inline float __uint_as_float(unsigned u) {
   return f;
 }
 inline float __expf(float x) { return std::exp(x); }
+// A float add rounded on its own, never fused with a multiply before it (as on the GPU): the
+// empty asm hides the operands from the host compiler's contraction.
+inline float __fadd_rn(float a, float b) {
+  asm("" : "+x"(a), "+x"(b));
+  return a + b;
+}
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
