@@ -207,8 +207,9 @@ class GPT {
   };
   // On the GPU the hook gets host copies of out and the operands, and what it writes to out is
   // uploaded back; unless device_reader: then it gets the GPU's pointers (on_device), reads them
-  // only through GPU functions and never writes them, and nothing is copied; a forward GEMM's
-  // `a` is then null where the forward kept that input in bf16 alone (set_bf16_copies).
+  // only through GPU functions and never writes them, and nothing is copied; a GEMM's `a` is then
+  // null where the step kept that operand in bf16 alone (set_bf16_copies): the forward's ln1,
+  // ln2 and fch_gelu, and the backward's dfch (fc's, gemm 2).
   void set_op_hook(std::function<void(const OpEvent&)> hook, bool device_reader = false) {
     op_hook_ = std::move(hook);
     op_hook_on_device_ = device_reader;

@@ -281,13 +281,18 @@ TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
     EXPECT_TRUE(same(plain2, copied2));
   }
   {  // A device-reading op hook (the step guard's) leaves ln1, ln2 and fch_gelu in bf16 alone:
-     // the forward GEMMs that read them give it no `a`; attn.c_proj's atty stays float.
+     // the forward GEMMs that read them give it no `a`; attn.c_proj's atty stays float. In the
+     // backward, fc's dout (dfch) is its copy alone: that GEMM (2) gives no `a` either.
     GPT<float> model(wide, B, {}, 1, Device::kCuda);
     model.InitParameters(7);
     const float unhooked = model.Forward(tokens.data(), tokens.data() + 1, B, wide.seq_len);
-    int gemms = 0, without_a = 0;
+    int gemms = 0, without_a = 0, backward_gemms = 0, backward_without_a = 0;
     model.set_op_hook(
         [&](const GPT<float>::OpEvent& e) {
+          if (e.kind == GPT<float>::OpKind::kGemmBackward) {
+            ++backward_gemms;
+            backward_without_a += e.a == nullptr ? (e.gemm == 2 ? 1 : 100) : 0;
+          }
           if (e.kind != GPT<float>::OpKind::kGemmForward) return;
           ++gemms;
           without_a += e.a == nullptr;
@@ -297,6 +302,9 @@ TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
     EXPECT_EQ(std::memcmp(&hooked, &unhooked, sizeof(float)), 0);
     EXPECT_EQ(gemms, 4 * wide.n_layer);
     EXPECT_EQ(without_a, 3 * wide.n_layer);
+    model.Backward();
+    EXPECT_EQ(backward_gemms, 4 * wide.n_layer);
+    EXPECT_EQ(backward_without_a, wide.n_layer);
   }
   // Training steps with the optimizer on the GPU (which writes the parameters there): the same
   // parameters after each, with the copies as without.

@@ -77,14 +77,37 @@ TEST_F(CudaOps, BackwardsCanWriteTheirInputGradient) {
       auto x = ToDevice(Random(size_t(s.N) * s.IC, 211)),
            w = ToDevice(Random(size_t(s.IC) * s.OC, 212, 0.1f)),
            dout = ToDevice(Random(size_t(s.N) * s.OC, 213));
+      // The operands' bf16 copies too (read under bf16 products only).
+      DeviceArray<uint16_t> x16(x.size()), w16(w.size()), dout16(dout.size());
+      RoundToBf16(x16.data(), x.data(), x.size());
+      RoundToBf16(w16.data(), w.data(), w.size());
+      RoundToBf16(dout16.data(), dout.data(), dout.size());
       const auto dw0 = Random(size_t(s.IC) * s.OC, 214), db0 = Random(s.OC, 215);
-      ExpectWriteMatchesAdd("matmul", size_t(s.N) * s.IC, false,
-                            [&](float* dinp, uint16_t*, GradInto into) {
-                              auto dw = ToDevice(dw0), db = ToDevice(db0);
-                              MatmulBackward(dinp, dw.data(), db.data(), dout.data(), x.data(),
-                                             w.data(), s.N, s.IC, s.OC, {}, into);
-                              return std::vector<std::vector<float>>{ToHost(dw), ToHost(db)};
-                            });
+      for (const bool copies : {false, true})
+        ExpectWriteMatchesAdd(copies ? "matmul, copies" : "matmul", size_t(s.N) * s.IC, false,
+                              [&](float* dinp, uint16_t*, GradInto into) {
+                                auto dw = ToDevice(dw0), db = ToDevice(db0);
+                                const Bf16Copies c =
+                                    copies ? Bf16Copies{x16.data(), dout16.data(), w16.data()}
+                                           : Bf16Copies{};
+                                MatmulBackward(dinp, dw.data(), db.data(), dout.data(), x.data(),
+                                               w.data(), s.N, s.IC, s.OC, c, into);
+                                return std::vector<std::vector<float>>{ToHost(dw), ToHost(db)};
+                              });
+      // A null dout: only under bf16 products, from its copy, with no bias gradient to sum.
+      DeviceArray<float> dinp(size_t(s.N) * s.IC), dw(w.size()), db(s.OC);
+      const Bf16Copies c{x16.data(), dout16.data(), w16.data()};
+      EXPECT_THROW(MatmulBackward(dinp.data(), dw.data(), db.data(), nullptr, x.data(), w.data(),
+                                  s.N, s.IC, s.OC, c, GradInto::kWrite),
+                   CudaError);
+      if (bf16) {
+        MatmulBackward(dinp.data(), dw.data(), nullptr, nullptr, x.data(), w.data(), s.N, s.IC,
+                       s.OC, c, GradInto::kWrite);
+      } else {
+        EXPECT_THROW(MatmulBackward(dinp.data(), dw.data(), nullptr, nullptr, x.data(), w.data(),
+                                    s.N, s.IC, s.OC, c, GradInto::kWrite),
+                     CudaError);
+      }
     }
     {
       const size_t n = 1001;
