@@ -92,20 +92,23 @@ __device__ inline void Axpy(float (&x)[kPart], float a, const float (&tile)[kTil
   for (int e = 0; e < kPart; ++e) x[e] += a * tile[j][e * R + part];
 }
 
-// What a thread of a grid (B * NH, ceil(T / rows)) works on: row `row` (a query; a key in the
-// dK/dV kernel) of head bh, as part `part` of its R threads; the block's rows are [first, last]
-// (rows past T are not live).
+// What a thread of a grid of B * NH heads of ceil(T / rows) blocks (HeadBlocks; PlaceBlock,
+// attention_tc.cuh, says which block is where, `descending` as there) works on: row `row` (a
+// query; a key in the dK/dV kernel) of head bh, as part `part` of its R threads; the block's rows
+// are [first, last] (rows past T are not live).
 template <int R>
 struct Row {
+  BlockPlace place;
   int C, hs, bh, part, first, row, last;
   bool live;
   int64_t qkv, bt;  // where the head starts in qkv [B, T, 3C] and in a [B, T, C] tensor
-  __device__ Row(int T, int C_, int NH)
-      : C(C_),
+  __device__ Row(int T, int C_, int NH, bool descending)
+      : place(PlaceBlock((T + kThreads / R - 1) / (kThreads / R), descending)),
+        C(C_),
         hs(C / NH),
-        bh(blockIdx.x),
+        bh(place.bh),
         part(threadIdx.x % R),
-        first(blockIdx.y * (kThreads / R)),
+        first(place.block * (kThreads / R)),
         row(first + threadIdx.x / R),
         last(min(first + kThreads / R, T) - 1),
         live(row < T),
@@ -128,12 +131,12 @@ struct Row {
   }
 };
 
-// grid (B * NH, ceil(T / rows)). out [B, T, C]; lse [B, NH, T].
+// grid: Grid. out [B, T, C]; lse [B, NH, T].
 template <int R>
 __global__ void __launch_bounds__(kThreads)
     FlashForward(float* out, float* lse, const float* qkv, int T, int C, int NH, float scale) {
   __shared__ float ks[kTile][kPart * R], vs[kTile][kPart * R];
-  const Row<R> at(T, C, NH);
+  const Row<R> at(T, C, NH, /*descending=*/true);
   float q[kPart], o[kPart];
   LoadPart<R>(q, at.Qkv(qkv, 0), at);
 #pragma unroll
@@ -172,14 +175,14 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dq (+)= Σ_j ds_ij k_j over keys j ≤ i, ds_ij = p_ij (dO_i · v_j - D_i) scale, p_ij from lse;
-// writes D_i = dO_i · O_i to dsum [B, NH, T] for the dK/dV kernel. grid (B * NH, ceil(T / rows)).
+// writes D_i = dO_i · O_i to dsum [B, NH, T] for the dK/dV kernel. grid: Grid.
 template <int R>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardQuery(float* dqkv, float* dsum, const float* dout, const float* out,
                        const float* qkv, const float* lse, int T, int C, int NH, float scale,
                        bool add) {
   __shared__ float ks[kTile][kPart * R], vs[kTile][kPart * R];
-  const Row<R> at(T, C, NH);
+  const Row<R> at(T, C, NH, /*descending=*/true);
   float q[kPart], dO[kPart], dq[kPart];
   LoadPart<R>(q, at.Qkv(qkv, 0), at);
   LoadPart<R>(dq, at.Bt(out), at);  // O, briefly
@@ -208,15 +211,15 @@ __global__ void __launch_bounds__(kThreads)
   if (at.live) StorePart<R>(at.Qkv(dqkv, 0), dq, 1.0f, at, add);
 }
 
-// dk (+)= Σ_i ds_ij q_i and dv (+)= Σ_i p_ij dO_i over queries i ≥ j. grid (B * NH,
-// ceil(T / rows)), a block's rows being keys.
+// dk (+)= Σ_i ds_ij q_i and dv (+)= Σ_i p_ij dO_i over queries i ≥ j. grid: Grid, a block's
+// rows being keys.
 template <int R>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardKeyValue(float* dqkv, const float* dsum, const float* dout, const float* qkv,
                           const float* lse, int T, int C, int NH, float scale, bool add) {
   __shared__ float qs[kTile][kPart * R], dos[kTile][kPart * R];
   __shared__ float lses[kTile], dsums[kTile];
-  const Row<R> at(T, C, NH);
+  const Row<R> at(T, C, NH, /*descending=*/false);
   float k[kPart], v[kPart], dk[kPart], dv[kPart];
   LoadPart<R>(k, at.Qkv(qkv, 1), at);
   LoadPart<R>(v, at.Qkv(qkv, 2), at);
@@ -248,10 +251,10 @@ __global__ void __launch_bounds__(kThreads)
   StorePart<R>(at.Qkv(dqkv, 2), dv, 1.0f, at, add);
 }
 
-// x: the B * NH heads (up to 2^31 - 1); y: the blocks of rows (T / rows, far under 65535).
+// B * NH heads of ceil(T / rows) blocks (HeadBlocks, attention_tc.cuh).
 dim3 Grid(int R, int B, int T, int NH) {
-  const int rows = kThreads / R;
-  return dim3(unsigned(B * NH), unsigned((T + rows - 1) / rows));
+  int row_blocks = 0;
+  return HeadBlocks(B, NH, T, kThreads / R, &row_blocks);
 }
 
 // Threads per row for head size hs.

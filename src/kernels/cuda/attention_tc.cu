@@ -164,28 +164,30 @@ __device__ inline __nv_bfloat16* At(__nv_bfloat16* p, int64_t offset) {
   return p != nullptr ? p + offset : nullptr;
 }
 
-// The block's head (blockIdx.x = b * NH + h): its size, where it starts in qkv [B, T, 3C] (row
-// stride s3) and in a [B, T, C] tensor; and the block's first own row (blockIdx.y).
+// The block's head (PlaceBlock, attention_tc.cuh: bh = b * NH + h): its size, where it starts in
+// qkv [B, T, 3C] (row stride s3) and in a [B, T, C] tensor; and the block's first own row.
 struct Head {
+  BlockPlace at;
   int hs;
   int64_t s3, qkv, bt;
   int first;
-  __device__ Head(int T, int C, int NH)
-      : hs(C / NH),
+  __device__ Head(int T, int C, int NH, bool descending)
+      : at(PlaceBlock((T + kRows - 1) / kRows, descending)),
+        hs(C / NH),
         s3(3 * int64_t(C)),
-        qkv(int64_t(blockIdx.x / NH) * T * 3 * C + int64_t(blockIdx.x % NH) * hs),
-        bt(int64_t(blockIdx.x / NH) * T * C + int64_t(blockIdx.x % NH) * hs),
-        first(int(blockIdx.y) * kRows) {}
+        qkv(int64_t(at.bh / NH) * T * 3 * C + int64_t(at.bh % NH) * hs),
+        bt(int64_t(at.bh / NH) * T * C + int64_t(at.bh % NH) * hs),
+        first(at.block * kRows) {}
 };
 
-// grid (B * NH, ceil(T / 64)). out [B, T, C]; lse [B, NH, T].
+// grid: Grid (heads of ceil(T / 64) query blocks). out [B, T, C]; lse [B, NH, T].
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     TcForward(float* out, __nv_bfloat16* out16, float* lse, const float* qkv, int T, int C, int NH,
               float scale) {
   __shared__ Rows<D> ks;
   __shared__ Cols<D> vt;
-  const Head head(T, C, NH);
+  const Head head(T, C, NH, /*descending=*/true);
   const int hs = head.hs, block_first = head.first;
   const int64_t s3 = head.s3;
   const Lane lane(block_first);
@@ -238,21 +240,22 @@ __global__ void __launch_bounds__(kThreads)
   if (lane.t == 0)
     for (int h = 0; h < 2; ++h) {
       const int r = lane.first + lane.g + 8 * h;
-      if (r < T) lse[int64_t(blockIdx.x) * T + r] = m[h] + logf(sum[h]);
+      if (r < T) lse[int64_t(head.at.bh) * T + r] = m[h] + logf(sum[h]);
     }
 }
 
 // dq (+)= Σ_j ds_ij k_j over keys j ≤ i, ds_ij = p_ij (dO_i · v_j - D_i) scale; writes
-// D_i = dO_i · O_i (in float) to dsum [B, NH, T] for the dK/dV kernel. grid (B * NH,
-// ceil(T / 64)).
-template <int D>
+// D_i = dO_i · O_i (in float) to dsum [B, NH, T] for the dK/dV kernel. grid: Grid. kAdd: dq is
+// added to dqkv, else written over it (a template argument: as a run-time flag it costs the dK/dV
+// kernel registers it has not got, and spills).
+template <int D, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
     TcBackwardQuery(float* dqkv, __nv_bfloat16* dqkv16, float* dsum, const float* dout,
                     const float* out, const float* qkv, const float* lse, int T, int C, int NH,
-                    float scale, bool add) {
+                    float scale) {
   __shared__ Rows<D> ks, vs;
   __shared__ Cols<D> kt;
-  const Head head(T, C, NH);
+  const Head head(T, C, NH, /*descending=*/true);
   const int hs = head.hs, block_first = head.first;
   const int64_t s3 = head.s3;
   const Lane lane(block_first);
@@ -272,8 +275,8 @@ __global__ void __launch_bounds__(kThreads)
         part += g * At(out + head.bt, C, r, d, T, hs);
       }
     Di[h] = RowSum(part);
-    row_lse[h] = r < T ? lse[int64_t(blockIdx.x) * T + r] : 0.0f;
-    if (r < T && lane.t == 0) dsum[int64_t(blockIdx.x) * T + r] = Di[h];
+    row_lse[h] = r < T ? lse[int64_t(head.at.bh) * T + r] : 0.0f;
+    if (r < T && lane.t == 0) dsum[int64_t(head.at.bh) * T + r] = Di[h];
   }
   float dq[D / 8][4] = {};
   const int last = min(block_first + kRows, T) - 1;
@@ -297,20 +300,19 @@ __global__ void __launch_bounds__(kThreads)
     AddTimesTile<D>(dq, s, kt, lane);
   }
   const float one[2] = {1.0f, 1.0f};
-  StoreRows<D>(dqkv + head.qkv, At(dqkv16, head.qkv), s3, dq, lane, T, hs, one, add);
+  StoreRows<D>(dqkv + head.qkv, At(dqkv16, head.qkv), s3, dq, lane, T, hs, one, kAdd);
 }
 
-// dk (+)= Σ_i ds_ij q_i and dv (+)= Σ_i p_ij dO_i over queries i ≥ j. grid (B * NH, ceil(T / 64)),
-// a block's rows being keys.
-template <int D>
+// dk (+)= Σ_i ds_ij q_i and dv (+)= Σ_i p_ij dO_i over queries i ≥ j. grid: Grid, a block's
+// rows being keys. kAdd as above.
+template <int D, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
     TcBackwardKeyValue(float* dqkv, __nv_bfloat16* dqkv16, const float* dsum, const float* dout,
-                       const float* qkv, const float* lse, int T, int C, int NH, float scale,
-                       bool add) {
+                       const float* qkv, const float* lse, int T, int C, int NH, float scale) {
   __shared__ Rows<D> qs, dos;
   __shared__ Cols<D> qt, dot;
   __shared__ float lses[kTile], dsums[kTile];
-  const Head head(T, C, NH);
+  const Head head(T, C, NH, /*descending=*/false);
   const int hs = head.hs, block_first = head.first;
   const int64_t s3 = head.s3;
   const Lane lane(block_first);
@@ -327,8 +329,8 @@ __global__ void __launch_bounds__(kThreads)
     StageCols<D>(dot, dout + head.bt, C, q0, T, hs);
     for (int i = threadIdx.x; i < kTile; i += kThreads) {
       const bool in = q0 + i < T;
-      lses[i] = in ? lse[int64_t(blockIdx.x) * T + q0 + i] : 0.0f;
-      dsums[i] = in ? dsum[int64_t(blockIdx.x) * T + q0 + i] : 0.0f;
+      lses[i] = in ? lse[int64_t(head.at.bh) * T + q0 + i] : 0.0f;
+      dsums[i] = in ? dsum[int64_t(head.at.bh) * T + q0 + i] : 0.0f;
     }
     __syncthreads();
     float p[kTile / 8][4], ds[kTile / 8][4];
@@ -346,13 +348,26 @@ __global__ void __launch_bounds__(kThreads)
     AddTimesTile<D>(dk, ds, qt, lane);
   }
   const float one[2] = {1.0f, 1.0f};
-  StoreRows<D>(dqkv + head.qkv + C, At(dqkv16, head.qkv + C), s3, dk, lane, T, hs, one, add);
+  StoreRows<D>(dqkv + head.qkv + C, At(dqkv16, head.qkv + C), s3, dk, lane, T, hs, one, kAdd);
   StoreRows<D>(dqkv + head.qkv + 2 * C, At(dqkv16, head.qkv + 2 * C), s3, dv, lane, T, hs, one,
-               add);
+               kAdd);
 }
 
+// B * NH heads of ceil(T / 64) blocks (HeadBlocks, attention_tc.cuh).
 dim3 Grid(int B, int T, int NH) {
-  return dim3(unsigned(B * NH), unsigned((T + kRows - 1) / kRows));
+  int row_blocks = 0;
+  return HeadBlocks(B, NH, T, kRows, &row_blocks);
+}
+
+// The backward's two kernels for head size D, adding to dqkv or writing it (kAdd).
+template <int D, bool kAdd>
+void Backward(float* dqkv, __nv_bfloat16* dqkv16, float* dsum, const float* dout, const float* out,
+              const float* qkv, const float* lse, int B, int T, int C, int NH, float scale) {
+  const dim3 grid = Grid(B, T, NH);
+  ATL_LAUNCH((TcBackwardQuery<D, kAdd>), grid, kThreads, dqkv, dqkv16, dsum, dout, out, qkv, lse, T,
+             C, NH, scale);
+  ATL_LAUNCH((TcBackwardKeyValue<D, kAdd>), grid, kThreads, dqkv, dqkv16,
+             static_cast<const float*>(dsum), dout, qkv, lse, T, C, NH, scale);
 }
 
 }  // namespace
@@ -375,19 +390,10 @@ void TcAttentionBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dsum, const 
                          const float* out, const float* qkv, const float* lse, int B, int T, int C,
                          int NH, bool add) {
   const float scale = 1.0f / std::sqrt(float(C / NH));
-  const dim3 grid = Grid(B, T, NH);
-  const float* sums = dsum;
-  if (C / NH <= 32) {
-    ATL_LAUNCH(TcBackwardQuery<32>, grid, kThreads, dqkv, dqkv16, dsum, dout, out, qkv, lse, T, C,
-               NH, scale, add);
-    ATL_LAUNCH(TcBackwardKeyValue<32>, grid, kThreads, dqkv, dqkv16, sums, dout, qkv, lse, T, C, NH,
-               scale, add);
-  } else {
-    ATL_LAUNCH(TcBackwardQuery<64>, grid, kThreads, dqkv, dqkv16, dsum, dout, out, qkv, lse, T, C,
-               NH, scale, add);
-    ATL_LAUNCH(TcBackwardKeyValue<64>, grid, kThreads, dqkv, dqkv16, sums, dout, qkv, lse, T, C, NH,
-               scale, add);
-  }
+  const bool small = C / NH <= 32;
+  auto* const launch = small ? (add ? Backward<32, true> : Backward<32, false>)
+                             : (add ? Backward<64, true> : Backward<64, false>);
+  launch(dqkv, dqkv16, dsum, dout, out, qkv, lse, B, T, C, NH, scale);
 }
 
 }  // namespace atl::kernels::cuda

@@ -1,10 +1,40 @@
 // Attention on the tensor cores (attention_tc.cu), which attention.cu's AttentionForward and
-// AttentionBackward hand over to when TensorCoreAttention says so. Internal to kernels/cuda/.
+// AttentionBackward hand over to when TensorCoreAttention says so, and the grid both files' kernels
+// share. Internal to kernels/cuda/.
 #pragma once
 
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+
 namespace atl::kernels::cuda {
+
+// Where a block of a causal attention kernel works. The grid is one-dimensional, B * NH heads of
+// `row_blocks` blocks each, a head's blocks consecutive, so that they run at about the same time
+// and read its tiles of the other side (K and V; Q and dO) while L2 still holds them. Within a
+// head the block with the most work starts first: descending for the forward and dQ (a query
+// block sees more keys the later it is), ascending for dK/dV (a key block is seen by more
+// queries the earlier it is). Which block computes what does not change: the results are the
+// same bits in any order.
+struct BlockPlace {
+  int bh;     // the head: b * NH + h
+  int block;  // its row block
+};
+__device__ inline BlockPlace PlaceBlock(int row_blocks, bool descending) {
+  const int bh = int(blockIdx.x / unsigned(row_blocks));
+  const int i = int(blockIdx.x % unsigned(row_blocks));
+  return {bh, descending ? row_blocks - 1 - i : i};
+}
+// The grid of B * NH heads of ceil(T / rows) blocks; throws when over CUDA's 2^31 - 1 blocks.
+inline dim3 HeadBlocks(int B, int NH, int T, int rows, int* row_blocks) {
+  *row_blocks = (T + rows - 1) / rows;
+  const int64_t blocks = int64_t(B) * NH * *row_blocks;
+  if (blocks > 0x7fffffff)
+    ThrowCuda("attention", __FILE__, __LINE__, "more than 2^31 - 1 blocks of rows");
+  return dim3(unsigned(blocks));
+}
 
 // bf16 products are on (SetBf16Matmul) and the head size C / NH is at most 64.
 bool TensorCoreAttention(int C, int NH);
