@@ -8,8 +8,10 @@
 // GPU per rank).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "comm/mpi.h"
@@ -167,6 +169,33 @@ TEST(Nccl, APeerThatNeverJoinsIsAnErrorNotAHang) {
   }
   ASSERT_TRUE(world->Barrier().ok());
   unsetenv("ATOLL_EMU_NCCL_TIMEOUT_S");
+}
+
+// A rank whose joining never completes (the emulated NCCL's fault: as a rank whose GPU hangs in
+// ncclCommInitRank): every rank's MakeNcclCommunicator fails with Unavailable within the timeout
+// (2 s here), none hangs; and the world goes on.
+TEST(Nccl, APeerStuckJoiningIsAnErrorNotAHang) {
+#if !ATOLL_NCCL_EMULATED
+  GTEST_SKIP() << "the fault is injected into the emulated NCCL";
+#endif
+  if (world->size() < 2) GTEST_SKIP() << "one rank";
+  setenv("ATOLL_EMU_NCCL_STUCK_INIT_RANK", "1", 1);
+  const auto start = std::chrono::steady_clock::now();
+  auto stuck = MakeNcclCommunicator(*world, /*timeout_s=*/2.0);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  unsetenv("ATOLL_EMU_NCCL_STUCK_INIT_RANK");
+  ASSERT_FALSE(stuck.ok());
+  EXPECT_EQ(stuck.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(stuck.status().message().find("ncclCommInitRankConfig: not done within 2 s"),
+            std::string::npos)
+      << stuck.status().ToString();
+  EXPECT_LT(seconds, 30.0);
+  // The bootstrap and the working communicator are unharmed.
+  ASSERT_TRUE(world->Barrier().ok());
+  DeviceArray<float> x(4);
+  x.SetZero();
+  EXPECT_TRUE(nccl->AllReduce(x.data(), 4, DType::kFloat32).ok());
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// The NCCL backend of comm/nccl/nccl_comm.h. Compiled twice: against the CUDA toolkit's NCCL, and against
-// the CUDA emulator's (kernels/cuda/emu/include/nccl.h).
+// The NCCL backend of comm/nccl/nccl_comm.h. Compiled twice: against the CUDA toolkit's NCCL, and
+// against the CUDA emulator's (kernels/cuda/emu/include/nccl.h).
 #include "comm/nccl/nccl_comm.h"
 
 #include <cuda_runtime.h>
@@ -24,7 +24,7 @@ namespace {
 // program that never makes an NCCL communicator starts without the library.
 struct Api {
   decltype(&ncclGetUniqueId) GetUniqueId;
-  decltype(&ncclCommInitRank) CommInitRank;
+  decltype(&ncclCommInitRankConfig) CommInitRankConfig;
   decltype(&ncclCommDestroy) CommDestroy;
   decltype(&ncclCommAbort) CommAbort;
   decltype(&ncclCommGetAsyncError) CommGetAsyncError;
@@ -44,17 +44,19 @@ const Api* LoadApi(std::string* why) {
   static const Api* api = []() -> const Api* {
     static Api a{};
 #if defined(ATOLL_CUDA_EMULATED)
-    a = Api{&ncclGetUniqueId, &ncclCommInitRank,     &ncclCommDestroy, &ncclCommAbort,
-            &ncclCommGetAsyncError, &ncclGetErrorString, &ncclGetLastError, &ncclAllReduce,
-            &ncclReduceScatter, &ncclAllGather,     &ncclBroadcast,   &ncclSend,
+    a = Api{&ncclGetUniqueId,  &ncclCommInitRankConfig, &ncclCommDestroy,
+            &ncclCommAbort,    &ncclCommGetAsyncError,  &ncclGetErrorString,
+            &ncclGetLastError, &ncclAllReduce,          &ncclReduceScatter,
+            &ncclAllGather,    &ncclBroadcast,          &ncclSend,
             &ncclRecv};
     return &a;
 #else
     void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) {
-      error = fmt::format("cannot load libnccl.so.2 ({}); put NCCL's lib folder on "
-                          "LD_LIBRARY_PATH",
-                          dlerror());
+      error = fmt::format(
+          "cannot load libnccl.so.2 ({}); put NCCL's lib folder on "
+          "LD_LIBRARY_PATH",
+          dlerror());
       return nullptr;
     }
     bool ok = true;
@@ -66,7 +68,7 @@ const Api* LoadApi(std::string* why) {
       }
     };
     get(a.GetUniqueId, "ncclGetUniqueId");
-    get(a.CommInitRank, "ncclCommInitRank");
+    get(a.CommInitRankConfig, "ncclCommInitRankConfig");
     get(a.CommDestroy, "ncclCommDestroy");
     get(a.CommAbort, "ncclCommAbort");
     get(a.CommGetAsyncError, "ncclCommGetAsyncError");
@@ -111,6 +113,52 @@ struct State {
   double timeout_s = 300;
   bool broken = false;
 
+  // Polls `ready` (StatusOr<bool>: done, not yet, or an error) until done, backing off from 1 us
+  // to 1 ms. Fails, naming `what` and aborting the communicator (which ends its kernels, so nothing
+  // waiting on the stream hangs), on an error from `ready`, on an asynchronous NCCL error, or
+  // after timeout_s.
+  template <class Ready>
+  Status Poll(const std::string& what, Ready ready) {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    for (auto pause = std::chrono::microseconds(1);; pause = std::min(pause * 2, kMaxPause)) {
+      if (broken) return Status::Unavailable(what + ": the NCCL communicator was aborted");
+      StatusOr<bool> done = ready();
+      if (!done.ok()) {
+        Abort();
+        return Status::Internal(what + ": " + done.status().message());  // a CUDA error
+      }
+      if (*done) return Status::Ok();
+      ncclResult_t async = ncclSuccess;
+      nccl->CommGetAsyncError(comm, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        const std::string why = LastError();
+        Abort();
+        return Status::Unavailable(
+            fmt::format("{}: NCCL: {} ({})", what, nccl->GetErrorString(async), why));
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        Abort();
+        return Status::Unavailable(
+            fmt::format("{}: not done within {} s (a peer never joined?); the NCCL communicator "
+                        "is aborted",
+                        what, timeout_s));
+      }
+      std::this_thread::sleep_for(pause);
+    }
+  }
+  // The communicator is non-blocking: a call that returned ncclInProgress (joining, or an
+  // operation setting up its connections) goes on in the background, and nothing may be called or
+  // queued on the stream until the communicator's state is ncclSuccess: waits for that.
+  Status Settle(const std::string& what) {
+    return Poll(what, [this]() -> StatusOr<bool> {
+      ncclResult_t state = ncclInProgress;
+      nccl->CommGetAsyncError(comm, &state);
+      return state == ncclSuccess;  // an error: Poll's check
+    });
+  }
+  static constexpr std::chrono::microseconds kMaxPause{1000};
+
   // NCCL's last error message (before an abort, which ends the communicator).
   std::string LastError() const { return comm != nullptr ? nccl->GetLastError(comm) : ""; }
   // Ends the communicator now: its kernels stop, so nothing waiting on the stream hangs.
@@ -130,37 +178,15 @@ class StreamWait final : public CommHandle::Pending {
   StreamWait(std::shared_ptr<State> state, std::string what)
       : state_(std::move(state)), what_(std::move(what)) {}
   Status Wait() override {
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::duration<double>(state_->timeout_s);
-    for (auto pause = std::chrono::microseconds(1);; pause = std::min(pause * 2, kMaxPause)) {
-      if (state_->broken) return Status::Unavailable(what_ + ": the NCCL communicator was aborted");
+    return state_->Poll(what_, [this]() -> StatusOr<bool> {
       const cudaError_t e = cudaStreamQuery(state_->stream);
-      if (e == cudaSuccess) return Status::Ok();
-      if (e != cudaErrorNotReady) {
-        state_->Abort();
-        return Status::Internal(fmt::format("{}: CUDA: {}", what_, cudaGetErrorString(e)));
-      }
-      ncclResult_t async = ncclSuccess;
-      state_->nccl->CommGetAsyncError(state_->comm, &async);
-      if (async != ncclSuccess && async != ncclInProgress) {
-        const std::string why = state_->LastError();
-        state_->Abort();
-        return Status::Unavailable(fmt::format("{}: NCCL: {} ({})", what_,
-                                               state_->nccl->GetErrorString(async), why));
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        state_->Abort();  // ends the stuck kernels
-        return Status::Unavailable(
-            fmt::format("{}: not done within {} s (a peer never joined?); the NCCL communicator "
-                        "is aborted",
-                        what_, state_->timeout_s));
-      }
-      std::this_thread::sleep_for(pause);
-    }
+      if (e == cudaSuccess) return true;
+      if (e == cudaErrorNotReady) return false;
+      return Status::Internal(fmt::format("CUDA: {}", cudaGetErrorString(e)));
+    });
   }
 
  private:
-  static constexpr std::chrono::microseconds kMaxPause{1000};
   std::shared_ptr<State> state_;
   std::string what_;
 };
@@ -179,24 +205,25 @@ class NcclCommunicator final : public Communicator {
   CommHandle IAllReduce(void* data, size_t count, DType dtype) override {
     return Issue(CommOp::kAllReduce, count, dtype, -1, 0, [&] {
       return state_->nccl->AllReduce(data, data, count, NcclType(dtype), ncclSum, state_->comm,
-                           state_->stream);
+                                     state_->stream);
     });
   }
   CommHandle IReduceScatter(const void* send, void* recv, size_t count, DType dtype) override {
     return Issue(CommOp::kReduceScatter, count, dtype, -1, 0, [&] {
       return state_->nccl->ReduceScatter(send, recv, count, NcclType(dtype), ncclSum, state_->comm,
-                               state_->stream);
+                                         state_->stream);
     });
   }
   CommHandle IAllGather(const void* send, void* recv, size_t count, DType dtype) override {
     return Issue(CommOp::kAllGather, count, dtype, -1, 0, [&] {
-      return state_->nccl->AllGather(send, recv, count, NcclType(dtype), state_->comm, state_->stream);
+      return state_->nccl->AllGather(send, recv, count, NcclType(dtype), state_->comm,
+                                     state_->stream);
     });
   }
   CommHandle IBroadcast(void* data, size_t count, DType dtype, int root) override {
     return Issue(CommOp::kBroadcast, count, dtype, root, 0, [&] {
       return state_->nccl->Broadcast(data, data, count, NcclType(dtype), root, state_->comm,
-                           state_->stream);
+                                     state_->stream);
     });
   }
   CommHandle ISend(const void* data, size_t count, DType dtype, int dest, int tag) override {
@@ -220,8 +247,8 @@ class NcclCommunicator final : public Communicator {
       token_->SetZero();
     }
     return Issue(CommOp::kBarrier, 0, DType::kByte, -1, 0, [&] {
-      return state_->nccl->AllReduce(token_->data(), token_->data(), 1, ncclInt32, ncclSum, state_->comm,
-                           state_->stream);
+      return state_->nccl->AllReduce(token_->data(), token_->data(), 1, ncclInt32, ncclSum,
+                                     state_->comm, state_->stream);
     });
   }
 
@@ -269,12 +296,17 @@ class NcclCommunicator final : public Communicator {
     }
     ATOLL_RETURN_IF_ERROR(Agree(bootstrap, where, setup));
     ATOLL_RETURN_IF_ERROR(bootstrap.Broadcast(&id, sizeof(id), DType::kByte, 0));
-    if (const ncclResult_t r =
-            state->nccl->CommInitRank(&state->comm, bootstrap.size(), id, bootstrap.rank());
-        r != ncclSuccess) {
-      state->comm = nullptr;
+    // Non-blocking, so that a rank that never joins is a timeout here, not a hang inside NCCL.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    if (const ncclResult_t r = state->nccl->CommInitRankConfig(&state->comm, bootstrap.size(), id,
+                                                               bootstrap.rank(), &config);
+        r == ncclSuccess || r == ncclInProgress) {
+      setup = state->Settle(where + ": ncclCommInitRankConfig");
+    } else {
+      state->Abort();
       setup = Status::Unavailable(
-          fmt::format("{}: ncclCommInitRank: {} (every rank needs a GPU of its own)", where,
+          fmt::format("{}: ncclCommInitRankConfig: {} (every rank needs a GPU of its own)", where,
                       state->nccl->GetErrorString(r)));
     }
     if (Status agreed = Agree(bootstrap, where, setup); !agreed.ok()) {
@@ -304,7 +336,9 @@ class NcclCommunicator final : public Communicator {
     if (state_->broken)
       return CommHandle::Done(Status::Unavailable(what + ": the NCCL communicator was aborted"));
     const ncclResult_t r = call();
-    if (r != ncclSuccess && r != ncclInProgress) {
+    if (r == ncclInProgress) {  // queued in the background: settled before anything else
+      if (Status s = state_->Settle(what); !s.ok()) return CommHandle::Done(s);
+    } else if (r != ncclSuccess) {
       // A bad argument leaves the communicator as it was; anything else (a peer gone, a
       // system error) leaves it unusable.
       const std::string why = state_->LastError();

@@ -16,9 +16,11 @@
 //     on the stream, so a pair must be ordered (one sends while the other receives).
 //   - Timeouts: Wait() polls the stream and, after `timeout_s`, aborts the NCCL communicator at
 //     once (ncclCommAbort, which ends its kernels) and returns Unavailable naming the operation;
-//     so does an asynchronous NCCL error. The communicator is unusable after that. Not covered:
-//     a peer missing when the first operation sets up NCCL's connections, or at
-//     ncclCommInitRank, blocks inside NCCL (a non-blocking communicator would fix it).
+//     so does an asynchronous NCCL error. The communicator is unusable after that. It is
+//     non-blocking (config.blocking = 0): joining (ncclCommInitRankConfig), and an operation that
+//     sets up its connections in the background, return at once and are waited for by polling,
+//     under the same timeout, so a peer that never joins is an Unavailable, not a hang inside
+//     NCCL; nothing is called or queued on the stream before the communicator is ready.
 //   - A rank that cannot set up (no libnccl.so.2, no GPU) makes every rank's call fail alike.
 //   - libnccl.so.2 is loaded when the first communicator is made (dlopen), so programs that
 //     never make one start without it.

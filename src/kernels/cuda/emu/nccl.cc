@@ -1,5 +1,7 @@
 // The emulated NCCL of emu/include/nccl.h: collectives among processes through files (the
 // header says how).
+#include "nccl.h"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -15,13 +17,14 @@
 #include <vector>
 
 #include "kernels/cuda/emu/memory.h"
-#include "nccl.h"
 
 struct ncclComm {
   std::string dir;
   int nranks = 0, rank = 0;
-  uint64_t seq = 0;                   // collectives so far
-  std::map<int, uint64_t> sent, got;  // messages so far, per peer
+  bool ready = false;  // every rank's hello seen (ncclCommInitRank[Config])
+  std::chrono::steady_clock::time_point joining;  // when this rank began to join
+  uint64_t seq = 0;                               // collectives so far
+  std::map<int, uint64_t> sent, got;              // messages so far, per peer
   std::string last_error;
 };
 
@@ -133,16 +136,24 @@ ncclResult_t Exchange(ncclComm* c, const void* mine, size_t bytes,
   return ncclSuccess;
 }
 
+// NCCL's rule for a non-blocking communicator: no call before it has joined (its state
+// ncclSuccess): a caller that does not wait is caught.
+ncclResult_t CheckJoined(ncclComm* c) {
+  if (c == nullptr) return ncclInvalidArgument;
+  return c->ready ? ncclSuccess
+                  : Fail(c, ncclInvalidUsage, "called before the communicator finished joining");
+}
+
 ncclResult_t CheckDevice(ncclComm* c, const void* p, size_t bytes, const char* what) {
   if (bytes == 0 || atl::cuda_emu::IsDevice(p, bytes)) return ncclSuccess;
   return Fail(c, ncclInvalidArgument,
               std::string(what) + " is not device memory (" + std::to_string(bytes) + " bytes)");
 }
 
-#define EMU_NCCL_TRY(call)                     \
-  do {                                         \
-    const ncclResult_t r_ = (call);            \
-    if (r_ != ncclSuccess) return r_;          \
+#define EMU_NCCL_TRY(call)            \
+  do {                                \
+    const ncclResult_t r_ = (call);   \
+    if (r_ != ncclSuccess) return r_; \
   } while (0)
 
 }  // namespace
@@ -157,8 +168,38 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+namespace {
+
+// Whether every rank has joined c (posted its hello): ncclSuccess, ncclInProgress, or
+// ncclRemoteError after the timeout since this rank began to join.
+ncclResult_t Joined(ncclComm* c) {
+  if (c->ready) return ncclSuccess;
+  int here = 0;
+  for (int r = 0; r < c->nranks; ++r) here += fs::exists(c->dir + "/hello." + std::to_string(r));
+  if (here == c->nranks) {
+    c->ready = true;
+    return ncclSuccess;
+  }
+  if (std::chrono::steady_clock::now() - c->joining >
+      std::chrono::duration<double>(TimeoutSeconds()))
+    return Fail(c, ncclRemoteError,
+                std::to_string(c->nranks - here) + " rank(s) did not join within " +
+                    std::to_string(TimeoutSeconds()) + " s");
+  return ncclInProgress;
+}
+
+bool StuckJoining(int rank) {
+  const char* s = std::getenv("ATOLL_EMU_NCCL_STUCK_INIT_RANK");
+  return s != nullptr && *s != 0 && std::atoi(s) == rank;
+}
+
+}  // namespace
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t* config) {
   if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+  if (config != nullptr && config->magic != 0xcafebeef) return ncclInvalidArgument;
+  const bool blocking = config == nullptr || config->blocking != 0;
   id.internal[NCCL_UNIQUE_ID_BYTES - 1] = 0;
   if (std::strncmp(id.internal, "atoll-emu-nccl-", 15) != 0) return ncclInvalidArgument;
   const char* tmp = std::getenv("TMPDIR");
@@ -166,14 +207,24 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   c->dir = std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/" + id.internal;
   c->nranks = nranks;
   c->rank = rank;
+  c->joining = std::chrono::steady_clock::now();
   std::error_code ec;
   fs::create_directories(c->dir, ec);
-  if (ec) {
+  if (ec || (!StuckJoining(rank) && !Post(c->dir + "/hello." + std::to_string(rank), "", 0))) {
     delete c;
     return ncclSystemError;
   }
   *comm = c;
-  return ncclSuccess;
+  if (!blocking) return Joined(c) == ncclSuccess ? ncclSuccess : ncclInProgress;
+  for (;;) {
+    const ncclResult_t r = Joined(c);
+    if (r != ncclInProgress) return r;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  return ncclCommInitRankConfig(comm, nranks, id, rank, nullptr);
 }
 
 // Says goodbye; the last rank to leave removes the directory (every rank has finished every
@@ -194,8 +245,11 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
 
 ncclResult_t ncclCommAbort(ncclComm_t c) { return ncclCommDestroy(c); }
 
-ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t* async_error) {
-  *async_error = ncclSuccess;
+// Joining (non-blocking communicators) is the one asynchronous thing: everything else runs when
+// called.
+ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t* async_error) {
+  if (c == nullptr) return ncclInvalidArgument;
+  *async_error = Joined(c);
   return ncclSuccess;
 }
 
@@ -225,6 +279,7 @@ const char* ncclGetLastError(ncclComm_t c) { return c != nullptr ? c->last_error
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t,
                            ncclRedOp_t op, ncclComm_t c, cudaStream_t) {
+  EMU_NCCL_TRY(CheckJoined(c));
   const size_t bytes = count * SizeOf(t);
   if (op != ncclSum || t == ncclFloat16) return Fail(c, ncclInvalidArgument, "only sums");
   EMU_NCCL_TRY(CheckDevice(c, send, bytes, "sendbuff"));
@@ -242,6 +297,7 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, ncclDataType_t t,
                                ncclRedOp_t op, ncclComm_t c, cudaStream_t) {
+  EMU_NCCL_TRY(CheckJoined(c));
   const size_t block = recvcount * SizeOf(t), bytes = block * size_t(c->nranks);
   if (op != ncclSum || t == ncclFloat16) return Fail(c, ncclInvalidArgument, "only sums");
   EMU_NCCL_TRY(CheckDevice(c, send, bytes, "sendbuff"));
@@ -261,6 +317,7 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, n
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclDataType_t t,
                            ncclComm_t c, cudaStream_t) {
+  EMU_NCCL_TRY(CheckJoined(c));
   const size_t block = sendcount * SizeOf(t);
   EMU_NCCL_TRY(CheckDevice(c, send, block, "sendbuff"));
   EMU_NCCL_TRY(CheckDevice(c, recv, block * size_t(c->nranks), "recvbuff"));
@@ -269,13 +326,15 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclD
   EMU_NCCL_TRY(Exchange(c, send, block, &parts));
   for (int r = 0; r < c->nranks; ++r) {
     if (parts[size_t(r)].size() != block) return Fail(c, ncclInvalidUsage, "count mismatch");
-    if (block > 0) std::memcpy(static_cast<char*>(recv) + block * size_t(r), parts[size_t(r)].data(), block);
+    if (block > 0)
+      std::memcpy(static_cast<char*>(recv) + block * size_t(r), parts[size_t(r)].data(), block);
   }
   return ncclSuccess;
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root,
                            ncclComm_t c, cudaStream_t) {
+  EMU_NCCL_TRY(CheckJoined(c));
   const size_t bytes = count * SizeOf(t);
   if (root < 0 || root >= c->nranks) return Fail(c, ncclInvalidArgument, "root out of range");
   if (c->rank == root) EMU_NCCL_TRY(CheckDevice(c, send, bytes, "sendbuff"));
@@ -290,6 +349,7 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
 
 ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer, ncclComm_t c,
                       cudaStream_t) {
+  EMU_NCCL_TRY(CheckJoined(c));
   const size_t bytes = count * SizeOf(t);
   if (peer < 0 || peer >= c->nranks) return Fail(c, ncclInvalidArgument, "peer out of range");
   EMU_NCCL_TRY(CheckDevice(c, send, bytes, "sendbuff"));
@@ -302,6 +362,7 @@ ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer
 
 ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, ncclComm_t c,
                       cudaStream_t) {
+  EMU_NCCL_TRY(CheckJoined(c));
   const size_t bytes = count * SizeOf(t);
   if (peer < 0 || peer >= c->nranks) return Fail(c, ncclInvalidArgument, "peer out of range");
   EMU_NCCL_TRY(CheckDevice(c, recv, bytes, "recvbuff"));
@@ -315,9 +376,9 @@ ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, nccl
                     std::to_string(TimeoutSeconds()) + " s");
   fs::remove(path);
   if (msg.size() != bytes)
-    return Fail(c, ncclInvalidUsage,
-                "received " + std::to_string(msg.size()) + " bytes, expected " +
-                    std::to_string(bytes));
+    return Fail(
+        c, ncclInvalidUsage,
+        "received " + std::to_string(msg.size()) + " bytes, expected " + std::to_string(bytes));
   if (bytes > 0) std::memcpy(recv, msg.data(), bytes);
   return ncclSuccess;
 }

@@ -11,6 +11,13 @@
 // others' call fail after ATOLL_EMU_NCCL_TIMEOUT_S seconds (default 60) with ncclRemoteError and
 // ncclGetLastError saying who; buffers must be device memory (a host pointer fails with
 // ncclInvalidArgument, as it would fail NCCL's kernels on a GPU).
+//
+// Joining: every rank's ncclCommInitRank[Config] posts a hello, and the communicator is ready when
+// every rank's is there. Blocking (the default): the call waits for that (failing after the
+// timeout as above). Non-blocking (config.blocking = 0, as NCCL): the call returns ncclInProgress
+// and ncclCommGetAsyncError says ncclInProgress until the communicator is ready (then ncclSuccess;
+// ncclRemoteError after the timeout). Fault injection: ATOLL_EMU_NCCL_STUCK_INIT_RANK=r makes rank
+// r's joining never complete (it posts no hello), as a rank whose GPU hangs in ncclCommInitRank.
 #pragma once
 
 #include <cstddef>
@@ -53,8 +60,21 @@ struct ncclUniqueId {
 struct ncclComm;
 using ncclComm_t = ncclComm*;
 
+// The fields comm/nccl/ sets, then NCCL's own (unused here), in NCCL's order.
+struct ncclConfig_t {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+};
+#define NCCL_CONFIG_UNDEF_INT (-2147483647 - 1)
+#define NCCL_CONFIG_INITIALIZER \
+  { sizeof(ncclConfig_t), 0xcafebeef, 22800, NCCL_CONFIG_UNDEF_INT }
+
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t* config);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error);
