@@ -163,10 +163,31 @@ bool GemmWithCopies(bool trans_a, bool trans_b, int m, int n, int k, float alpha
 void ColumnSumsAdd(float* out, const float* m, int64_t rows, int cols);
 // ColumnSumsAdd's two passes, for a kernel that makes the matrix and sums it at once:
 // ColumnChunkScratch gives room for the chunk sums partial[chunk][col] (chunks: rows cut into
-// kColumnChunkRows), which the kernel writes summing in row order (__fadd_rn: no multiply fused
-// into the sum); AddColumnChunks adds them into out in chunk order.
+// kColumnChunkRows), which the kernel, launched on ColumnChunkGrid's grid of 128 threads a block,
+// writes by SumColumnChunks; AddColumnChunks adds them into out in chunk order.
 constexpr int kColumnChunkRows = 64;
+__host__ __device__ inline int64_t ColumnChunks(int64_t rows) {
+  return (rows + kColumnChunkRows - 1) / kColumnChunkRows;
+}
 float* ColumnChunkScratch(int64_t rows, int cols);
+dim3 ColumnChunkGrid(int64_t rows, int cols);
 void AddColumnChunks(float* out, const float* partial, int64_t rows, int cols);
+
+// partial[chunk][c] = the sum of value(r * cols + c) over the chunk's rows r, in row order
+// (__fadd_rn: no multiply in value fused into the sum). One thread per (chunk, column): a warp
+// takes 32 adjacent columns of a row (coalesced); grid.y is capped at 65535, so blocks stride
+// over the chunks (the chunks stay the same).
+template <class Value>
+__device__ inline void SumColumnChunks(float* partial, int64_t rows, int cols, Value value) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t chunks = ColumnChunks(rows);
+  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+    const int64_t r0 = chunk * kColumnChunkRows, r1 = min(rows, r0 + kColumnChunkRows);
+    float sum = 0.0f;
+    for (int64_t r = r0; r < r1; ++r) sum = __fadd_rn(sum, value(r * cols + c));
+    partial[chunk * cols + c] = sum;
+  }
+}
 
 }  // namespace atl::kernels::cuda

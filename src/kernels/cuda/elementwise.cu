@@ -50,23 +50,13 @@ __global__ void GeluBackwardKernel(float* dinp, __nv_bfloat16* dinp_bf16, const 
   if (i < n) GeluBackwardAt(dinp, dinp_bf16, inp, dout, int64_t(i), add);
 }
 
-// The same over [rows, cols], also summing the results per column: one thread per (chunk of
-// kColumnChunkRows rows, column) writes partial[chunk][col], the sum over the chunk's rows in row
-// order, as ColumnSumsAdd's first pass sums what was written (a warp: 32 adjacent columns of a
-// row, coalesced). grid.y is capped at 65535: blocks stride over the chunks.
+// The same over [rows, cols], also summing the results per column into partial[chunk][col], as
+// ColumnSumsAdd's first pass sums what was written (SumColumnChunks: the same order).
 __global__ void GeluBackwardColumnsKernel(float* dinp, __nv_bfloat16* dinp_bf16, float* partial,
                                           const float* inp, const float* dout, int64_t rows,
                                           int cols, bool add) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  const int64_t chunks = (rows + kColumnChunkRows - 1) / kColumnChunkRows;
-  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
-    const int64_t r0 = chunk * kColumnChunkRows, r1 = min(rows, r0 + kColumnChunkRows);
-    float sum = 0.0f;
-    for (int64_t r = r0; r < r1; ++r)
-      sum = __fadd_rn(sum, GeluBackwardAt(dinp, dinp_bf16, inp, dout, r * cols + c, add));
-    partial[chunk * cols + c] = sum;
-  }
+  SumColumnChunks(partial, rows, cols,
+                  [=](int64_t i) { return GeluBackwardAt(dinp, dinp_bf16, inp, dout, i, add); });
 }
 
 __global__ void ResidualForwardKernel(float* out, const float* a, const float* b, size_t n) {
@@ -147,11 +137,9 @@ void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n, ui
   if (cols <= 0 || n % size_t(cols) != 0)
     ThrowCuda("GeluBackward", __FILE__, __LINE__, "the columns do not divide n");
   const int64_t rows = int64_t(n / size_t(cols));
-  const int64_t chunks = (rows + kColumnChunkRows - 1) / kColumnChunkRows;
   float* partial = ColumnChunkScratch(rows, cols);
-  const dim3 grid(Blocks(size_t(cols), 128), unsigned(std::min<int64_t>(chunks, 65535)));
-  ATL_LAUNCH(GeluBackwardColumnsKernel, grid, 128, dinp, dinp16, partial, inp, dout, rows, cols,
-             add);
+  ATL_LAUNCH(GeluBackwardColumnsKernel, ColumnChunkGrid(rows, cols), 128, dinp, dinp16, partial,
+             inp, dout, rows, cols, add);
   AddColumnChunks(dbias, partial, rows, cols);
 }
 

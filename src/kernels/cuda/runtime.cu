@@ -224,21 +224,10 @@ void Synchronize() { ATL_CUDA(cudaStreamSynchronize(Stream())); }
 // ---- ColumnSumsAdd ---------------------------------------------------------------------------
 
 namespace {
-constexpr int kSumRows = kColumnChunkRows;
 
-// partial[chunk][c] = sum of m[r][c] over the chunk's rows, in row order. One thread per
-// (chunk, column); a warp reads 32 adjacent columns of a row (coalesced).
-// (grid.y is capped at 65535: blocks stride over the chunks; the chunks stay the same.)
+// partial[chunk][c] = sum of m[r][c] over the chunk's rows, in row order (SumColumnChunks).
 __global__ void ColumnChunkSums(float* partial, const float* m, int64_t rows, int cols) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  const int64_t chunks = (rows + kSumRows - 1) / kSumRows;
-  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
-    const int64_t r0 = chunk * kSumRows, r1 = min(rows, r0 + kSumRows);
-    float s = 0.0f;
-    for (int64_t r = r0; r < r1; ++r) s += m[r * cols + c];
-    partial[chunk * cols + c] = s;
-  }
+  SumColumnChunks(partial, rows, cols, [m](int64_t i) { return m[i]; });
 }
 
 // out[c] += sum over chunks of partial[chunk][c], in chunk order.
@@ -252,22 +241,22 @@ __global__ void AddChunkSums(float* out, const float* partial, int64_t chunks, i
 }  // namespace
 
 float* ColumnChunkScratch(int64_t rows, int cols) {
-  const int64_t chunks = (rows + kSumRows - 1) / kSumRows;
   return static_cast<float*>(
-      Scratch(kScratchReduce, size_t(chunks) * size_t(cols) * sizeof(float)));
+      Scratch(kScratchReduce, size_t(ColumnChunks(rows)) * size_t(cols) * sizeof(float)));
+}
+
+dim3 ColumnChunkGrid(int64_t rows, int cols) {
+  return dim3(Blocks(size_t(cols), 128), unsigned(std::min<int64_t>(ColumnChunks(rows), 65535)));
 }
 
 void AddColumnChunks(float* out, const float* partial, int64_t rows, int cols) {
-  const int64_t chunks = (rows + kSumRows - 1) / kSumRows;
-  ATL_LAUNCH(AddChunkSums, Blocks(size_t(cols), 128), 128, out, partial, chunks, cols);
+  ATL_LAUNCH(AddChunkSums, Blocks(size_t(cols), 128), 128, out, partial, ColumnChunks(rows), cols);
 }
 
 void ColumnSumsAdd(float* out, const float* m, int64_t rows, int cols) {
   if (rows <= 0 || cols <= 0) return;
-  const int64_t chunks = (rows + kSumRows - 1) / kSumRows;
   float* partial = ColumnChunkScratch(rows, cols);
-  const dim3 grid(Blocks(size_t(cols), 128), unsigned(std::min<int64_t>(chunks, 65535)));
-  ATL_LAUNCH(ColumnChunkSums, grid, 128, partial, m, rows, cols);
+  ATL_LAUNCH(ColumnChunkSums, ColumnChunkGrid(rows, cols), 128, partial, m, rows, cols);
   AddColumnChunks(out, partial, rows, cols);
 }
 
