@@ -5,8 +5,11 @@
 #
 #   bench/gpu_bench.sh            (after `source scripts/gpu_env.sh`, or with atoll on PATH)
 #
-# Environment: BATCH=8 STEPS=12 WARMUP=3; SHAPES="124m 350m"; OUT (when set, the table and the
-# logs are also written there); ATOLL (default: atoll on PATH); PY=python3 (with torch 2.x).
+# Environment: BATCH=8 STEPS=12 WARMUP=3; SHAPES="124m 350m"; PARTS="table detectors profile
+# copies" (any of them: the device tool runs a command for 10 minutes at most, so a session may
+# run the parts as separate calls); OUT (when set, the table and the logs are also written there);
+# ATOLL (default: atoll on PATH); PY=python3 (with torch 2.x). A run that fails is reported (its
+# log's tail, "failed" in the table) and the rest goes on; the exit status is then 1.
 #
 # atoll runs `atoll train --set train.device=cuda` twice, train.precision fp32 and bf16 (the step
 # guard and the memory checks off as PyTorch has neither, no eval, no checkpoint; then once more
@@ -19,15 +22,19 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+  awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
   exit 0
 fi
 BATCH=${BATCH:-8} STEPS=${STEPS:-12} WARMUP=${WARMUP:-3} SHAPES=${SHAPES:-"124m 350m"}
+PARTS=${PARTS:-"table detectors profile copies"}
+status=0
+part() { [[ " $PARTS " == *" $1 "* ]]; }
 PEAK_FP32=${PEAK_FP32:-67} PEAK_BF16=${PEAK_BF16:-989}
 ATOLL=${ATOLL:-$(command -v atoll || echo build/release/atoll)}
 PY=${PY:-python3}
 work=$(mktemp -d)
 out=${OUT:-$work}
+mkdir -p "$out"
 data=.cache/data/sotu
 [[ -f $data/train.bin ]] || { echo "gpu_bench: no $data/train.bin (carry .cache/data/sotu)" >&2; exit 2; }
 
@@ -38,15 +45,40 @@ shape_args() {  # L H C
     *) echo "gpu_bench: unknown shape $1" >&2; exit 2 ;;
   esac
 }
-median_tps() {  # metrics.jsonl -> median tokens_per_s of the steps after WARMUP
-  "$PY" - "$1" "$WARMUP" <<'PYEOF'
+median_tps() {  # metrics.jsonl -> median tokens_per_s of the steps after WARMUP (0: no run)
+  "$PY" - "$1" "$WARMUP" <<'PYEOF' 2>/dev/null || echo 0
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print(statistics.median(r["tokens_per_s"] for r in rows[int(sys.argv[2]):]))
 PYEOF
 }
+atoll_run() {  # name L H C precision [--set ...]: atoll trains the shape; false (reported) if not
+  local name=$1 L=$2 H=$3 C=$4 prec=$5
+  shift 5
+  "$ATOLL" train --config configs/gpt2-124m.toml -q --out "$work/atoll-$name" \
+    --set model.n_layer=$L --set model.n_head=$H --set model.n_embd=$C \
+    --set train.device=cuda --set train.precision=$prec --set train.steps=$STEPS \
+    --set train.batch_size=$BATCH --set train.micro_batch_size=$BATCH \
+    --set train.eval_batches=0 --set train.checkpoint_every=0 --set train.warmup_steps=1 \
+    "$@" >"$out/atoll-$name.log" 2>&1 && return 0
+  echo "gpu_bench: atoll $name failed:"
+  tail -20 "$out/atoll-$name.log"
+  status=1
+  return 1
+}
+torch_run() {  # L H C dtype shape -> PyTorch's JSON line, or {} (reported)
+  local line
+  line=$("$PY" bench/torch_gpt_gpu.py --n-layer "$1" --n-head "$2" --n-embd "$3" --batch $BATCH \
+    --dtype "$4" --steps $STEPS --warmup $WARMUP --json 2>"$out/torch-$4-$5.log" | tail -1)
+  if [[ $line == "{"* ]]; then echo "$line"; return; fi
+  echo "gpu_bench: PyTorch $4 $5 failed:" >&2
+  tail -20 "$out/torch-$4-$5.log" >&2
+  echo "{}"
+  return 1
+}
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
+if part table; then
 table="| shape | atoll fp32 tok/s | MFU | PyTorch fp32 tok/s | MFU | atoll / PyTorch fp32 | atoll bf16 tok/s | MFU | PyTorch bf16 tok/s | MFU | atoll / PyTorch bf16 |"
 table+=$'\n'"|---|---|---|---|---|---|---|---|---|---|---|"
 for s in $SHAPES; do
@@ -54,62 +86,62 @@ for s in $SHAPES; do
   N=$((L * 12 * C * C + 50257 * C))
   FTOK=$((6 * N + 12 * L * 1024 * C))
   for prec in fp32 bf16; do
-    "$ATOLL" train --config configs/gpt2-124m.toml -q --out "$work/atoll-$prec-$s" \
-      --set model.n_layer=$L --set model.n_head=$H --set model.n_embd=$C \
-      --set train.device=cuda --set train.precision=$prec --set train.steps=$STEPS \
-      --set train.batch_size=$BATCH --set train.micro_batch_size=$BATCH \
-      --set train.eval_batches=0 --set train.checkpoint_every=0 --set train.warmup_steps=1 \
-      --set sdc.guard=false --set sdc.memory=false >"$out/atoll-$prec-$s.log" 2>&1 ||
-      { echo "gpu_bench: atoll $prec $s failed:"; tail -20 "$out/atoll-$prec-$s.log"; exit 1; }
+    atoll_run "$prec-$s" "$L" "$H" "$C" "$prec" --set sdc.guard=false --set sdc.memory=false
   done
   a=$(median_tps "$work/atoll-fp32-$s/metrics.jsonl")
   a16=$(median_tps "$work/atoll-bf16-$s/metrics.jsonl")
-  p32=$("$PY" bench/torch_gpt_gpu.py --n-layer $L --n-head $H --n-embd $C --batch $BATCH \
-    --dtype fp32 --steps $STEPS --warmup $WARMUP --json 2>"$out/torch-fp32-$s.log" | tail -1)
-  p16=$("$PY" bench/torch_gpt_gpu.py --n-layer $L --n-head $H --n-embd $C --batch $BATCH \
-    --dtype bf16 --steps $STEPS --warmup $WARMUP --json 2>"$out/torch-bf16-$s.log" | tail -1)
+  p32=$(torch_run "$L" "$H" "$C" fp32 "$s") || status=1
+  p16=$(torch_run "$L" "$H" "$C" bf16 "$s") || status=1
   row=$("$PY" - "$a" "$p32" "$p16" "$FTOK" "$PEAK_FP32" "$PEAK_BF16" "$s" "$a16" <<'PYEOF'
 import json, sys
 a, p32, p16 = float(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 ftok, peak32, peak16, s = float(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6]), sys.argv[7]
 a16 = float(sys.argv[8])
-t32, t16 = p32["tokens_per_s"], p16["tokens_per_s"]
-mfu = lambda t, peak: f"{100 * t * ftok / (peak * 1e12):.1f}%"
-print(f"| {s} | {a:,.0f} | {mfu(a, peak32)} | {t32:,.0f} | {mfu(t32, peak32)} | {a / t32:.2f}x "
-      f"| {a16:,.0f} | {mfu(a16, peak16)} | {t16:,.0f} | {mfu(t16, peak16)} | {a16 / t16:.2f}x |")
+t32, t16 = p32.get("tokens_per_s", 0.0), p16.get("tokens_per_s", 0.0)
+tps = lambda t: f"{t:,.0f}" if t > 0 else "failed"
+mfu = lambda t, peak: f"{100 * t * ftok / (peak * 1e12):.1f}%" if t > 0 else "-"
+ratio = lambda x, y: f"{x / y:.2f}x" if x > 0 and y > 0 else "-"
+print(f"| {s} | {tps(a)} | {mfu(a, peak32)} | {tps(t32)} | {mfu(t32, peak32)} | {ratio(a, t32)} "
+      f"| {tps(a16)} | {mfu(a16, peak16)} | {tps(t16)} | {mfu(t16, peak16)} | {ratio(a16, t16)} |")
 PYEOF
-  ) || { echo "gpu_bench: PyTorch $s failed:"; tail -20 "$out/torch-fp32-$s.log" "$out/torch-bf16-$s.log"; exit 1; }
+  )
   table+=$'\n'"$row"
 done
-echo "$table" | tee "$out/gpu_bench.md"
+echo "$table" | tee -a "$out/gpu_bench.md"
 echo
+fi
 # What the default detectors cost (the step guard and the memory checks, which read the GPU's
-# state where it lives): bf16, the first shape, with them against without (the table's run).
+# state where it lives): bf16, the first shape, with them against without.
 s=${SHAPES%% *}
 read -r L H C <<<"$(shape_args "$s")"
-"$ATOLL" train --config configs/gpt2-124m.toml -q --out "$work/atoll-checked-$s" \
-  --set model.n_layer=$L --set model.n_head=$H --set model.n_embd=$C \
-  --set train.device=cuda --set train.precision=bf16 --set train.steps=$STEPS \
-  --set train.batch_size=$BATCH --set train.micro_batch_size=$BATCH \
-  --set train.eval_batches=0 --set train.checkpoint_every=0 --set train.warmup_steps=1 \
-  >"$out/atoll-checked-$s.log" 2>&1 ||
-  { echo "gpu_bench: atoll with the checks failed:"; tail -20 "$out/atoll-checked-$s.log"; exit 1; }
-checked=$(median_tps "$work/atoll-checked-$s/metrics.jsonl")
-plain=$(median_tps "$work/atoll-bf16-$s/metrics.jsonl")
-"$PY" -c "import sys; c, p = map(float, sys.argv[1:]); print(f'the default detectors (sdc.guard, sdc.memory), bf16 $s: {c:,.0f} tok/s with, {p:,.0f} without: {c / p:.3f}x')" \
-  "$checked" "$plain" | tee -a "$out/gpu_bench.md"
-grep -h "sdc cost per step" "$out/atoll-checked-$s.log" | tee -a "$out/gpu_bench.md"
-echo
+if part detectors; then
+  [[ -f $work/atoll-bf16-$s/metrics.jsonl ]] ||
+    atoll_run "bf16-$s" "$L" "$H" "$C" bf16 --set sdc.guard=false --set sdc.memory=false
+  if atoll_run "checked-$s" "$L" "$H" "$C" bf16; then
+    checked=$(median_tps "$work/atoll-checked-$s/metrics.jsonl")
+    plain=$(median_tps "$work/atoll-bf16-$s/metrics.jsonl")
+    "$PY" -c "import sys; c, p = map(float, sys.argv[1:]); print(f'the default detectors (sdc.guard, sdc.memory), bf16 $s: {c:,.0f} tok/s with, {p:,.0f} without: {c / p:.3f}x' if p > 0 else 'the default detectors: no run without them')" \
+      "$checked" "$plain" | tee -a "$out/gpu_bench.md"
+    grep -h "sdc cost per step" "$out/atoll-checked-$s.log" | tee -a "$out/gpu_bench.md"
+  fi
+  echo
+fi
 MODEL_STEP=${MODEL_STEP:-$(command -v kernels_model_step || echo build/release/bench/kernels_model_step)}
 for prec in fp32 bf16; do
+  part profile || break
   echo "atoll's time per op, $prec (gpt2-124m, batch $BATCH, the GPU waited for after every op):"
   "$MODEL_STEP" --device cuda --precision $prec --preset gpt2-124m --batch "$BATCH" --steps 5 \
     --warmup 2 --profile | tee "$out/profile-$prec.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 done
 # What the bf16 copies of the products' inputs save (GPT::set_bf16_copies; the same bits):
 # forward + backward without a profile, with them and without, one after the other.
-echo "bf16 copies of the products' inputs (gpt2-124m, batch $BATCH, forward + backward):"
-for copies in on off; do
-  "$MODEL_STEP" --device cuda --precision bf16 --preset gpt2-124m --batch "$BATCH" --steps 10 \
-    --warmup 3 --bf16-copies $copies | tail -1 | tee -a "$out/gpu_bench.md"
-done
+if part copies; then
+  echo "bf16 copies of the products' inputs (gpt2-124m, batch $BATCH, forward + backward):"
+  for copies in on off; do
+    "$MODEL_STEP" --device cuda --precision bf16 --preset gpt2-124m --batch "$BATCH" --steps 10 \
+      --warmup 3 --bf16-copies $copies | tail -1 | tee -a "$out/gpu_bench.md"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  done
+fi
+exit $status

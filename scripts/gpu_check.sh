@@ -1,24 +1,36 @@
 #!/usr/bin/env bash
-# Everything of issue 18 that needs a GPU, in one command for the device tool:
+# Everything of issue 18 that needs a GPU, for the device tool:
 #   here:     scripts/gpu_pack.sh --atoll
-#   device:   run(command="scripts/gpu_check.sh", carry=[".gpu", ".cache/data/sotu"])
-# 1. the CUDA tests (scripts/gpu_test.sh: every op against the CPU, the GPU training tests);
-# 2. the Hugging Face check: a checkpoint trained on the GPU loads in transformers'
-#    GPT2LMHeadModel.from_pretrained and gives atoll eval's loss and logits (scripts/hf_check.py);
-# 3. the speed table against PyTorch (bench/gpu_bench.sh), unless NO_BENCH=1.
-# Logs and tables go to $OUT when set. Exits non-zero if a step failed (the others still run).
+#   device:   run(command="scripts/gpu_check.sh [PART...]", carry=[".gpu", ".cache/data/sotu"])
+# PARTs (default: all three, in this order; the device tool stops a command after 10 minutes, so
+# run them as separate calls, and bench/gpu_bench.sh's own PARTS and SHAPES split it further):
+#   tests  the CUDA tests (scripts/gpu_test.sh: every op against the CPU, the GPU training tests);
+#   hf     the Hugging Face check: a checkpoint trained on the GPU loads in transformers'
+#          GPT2LMHeadModel.from_pretrained and gives atoll eval's loss and logits (hf_check.py);
+#   bench  the speed table against PyTorch and the profiles (bench/gpu_bench.sh), unless
+#          NO_BENCH=1.
+# e.g. "scripts/gpu_check.sh tests hf", then "SHAPES=124m PARTS='table profile'
+# scripts/gpu_check.sh bench". Logs and tables go to $OUT when set. Exits non-zero if a part
+# failed (the others still run); 2 for an unknown part.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+  awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
   exit 0
 fi
+parts=" ${*:-tests hf bench} "
+for p in $parts; do
+  [[ $p == tests || $p == hf || $p == bench ]] || { echo "gpu_check: unknown part $p" >&2; exit 2; }
+done
 source scripts/gpu_env.sh || exit 2
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 out=${OUT:-$(mktemp -d)}
 status=0
+if [[ $parts == *" tests "* ]]; then
 echo "== 1. CUDA tests"
 OUT=$out scripts/gpu_test.sh --gtest_brief=1 || status=1
+fi
+if [[ $parts == *" hf "* ]]; then
 echo "== 2. Hugging Face transformers check"
 w=$(mktemp -d)
 if atoll train --config configs/tiny.toml -q --out "$w/run" --set train.device=cuda \
@@ -34,7 +46,8 @@ else
   echo "gpu_check: training or eval for the HF check failed:"; tail -20 "$out"/hf_*.log
   status=1
 fi
-if [[ -z "${NO_BENCH:-}" ]]; then
+fi
+if [[ $parts == *" bench "* && -z "${NO_BENCH:-}" ]]; then
   echo "== 3. speed against PyTorch"
   OUT=$out bench/gpu_bench.sh || status=1
 fi
