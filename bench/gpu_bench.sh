@@ -29,6 +29,12 @@ BATCH=${BATCH:-8} STEPS=${STEPS:-12} WARMUP=${WARMUP:-3} SHAPES=${SHAPES:-"124m 
 PARTS=${PARTS:-"table detectors profile copies"}
 status=0
 part() { [[ " $PARTS " == *" $1 "* ]]; }
+for p in $PARTS; do
+  [[ $p =~ ^(table|detectors|profile|copies)$ ]] || { echo "gpu_bench: unknown part $p" >&2; exit 2; }
+done
+for s in $SHAPES; do
+  [[ $s == 124m || $s == 350m ]] || { echo "gpu_bench: unknown shape $s (124m, 350m)" >&2; exit 2; }
+done
 PEAK_FP32=${PEAK_FP32:-67} PEAK_BF16=${PEAK_BF16:-989}
 ATOLL=${ATOLL:-$(command -v atoll || echo build/release/atoll)}
 PY=${PY:-python3}
@@ -104,7 +110,7 @@ ratio = lambda x, y: f"{x / y:.2f}x" if x > 0 and y > 0 else "-"
 print(f"| {s} | {tps(a)} | {mfu(a, peak32)} | {tps(t32)} | {mfu(t32, peak32)} | {ratio(a, t32)} "
       f"| {tps(a16)} | {mfu(a16, peak16)} | {tps(t16)} | {mfu(t16, peak16)} | {ratio(a16, t16)} |")
 PYEOF
-  )
+  ) || status=1
   table+=$'\n'"$row"
 done
 echo "$table" | tee -a "$out/gpu_bench.md"

@@ -18,13 +18,16 @@ if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
   awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
   exit 0
 fi
-parts=" ${*:-tests hf bench} "
-for p in $parts; do
+args=("$@")
+[[ ${#args[@]} -gt 0 ]] || args=(tests hf bench)
+for p in "${args[@]}"; do
   [[ $p == tests || $p == hf || $p == bench ]] || { echo "gpu_check: unknown part $p" >&2; exit 2; }
 done
+parts=" ${args[*]} "
 source scripts/gpu_env.sh || exit 2
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"
 status=0
 if [[ $parts == *" tests "* ]]; then
 echo "== 1. CUDA tests"

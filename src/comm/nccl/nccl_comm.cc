@@ -25,6 +25,7 @@ namespace {
 struct Api {
   decltype(&ncclGetUniqueId) GetUniqueId;
   decltype(&ncclCommInitRankConfig) CommInitRankConfig;
+  decltype(&ncclCommSplit) CommSplit;
   decltype(&ncclCommDestroy) CommDestroy;
   decltype(&ncclCommAbort) CommAbort;
   decltype(&ncclCommGetAsyncError) CommGetAsyncError;
@@ -44,11 +45,13 @@ const Api* LoadApi(std::string* why) {
   static const Api* api = []() -> const Api* {
     static Api a{};
 #if defined(ATOLL_CUDA_EMULATED)
-    a = Api{&ncclGetUniqueId,  &ncclCommInitRankConfig, &ncclCommDestroy,
-            &ncclCommAbort,    &ncclCommGetAsyncError,  &ncclGetErrorString,
-            &ncclGetLastError, &ncclAllReduce,          &ncclReduceScatter,
-            &ncclAllGather,    &ncclBroadcast,          &ncclSend,
-            &ncclRecv};
+    a = Api{&ncclGetUniqueId,    &ncclCommInitRankConfig,
+            &ncclCommSplit,      &ncclCommDestroy,
+            &ncclCommAbort,      &ncclCommGetAsyncError,
+            &ncclGetErrorString, &ncclGetLastError,
+            &ncclAllReduce,      &ncclReduceScatter,
+            &ncclAllGather,      &ncclBroadcast,
+            &ncclSend,           &ncclRecv};
     return &a;
 #else
     void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
@@ -69,6 +72,7 @@ const Api* LoadApi(std::string* why) {
     };
     get(a.GetUniqueId, "ncclGetUniqueId");
     get(a.CommInitRankConfig, "ncclCommInitRankConfig");
+    get(a.CommSplit, "ncclCommSplit");
     get(a.CommDestroy, "ncclCommDestroy");
     get(a.CommAbort, "ncclCommAbort");
     get(a.CommGetAsyncError, "ncclCommGetAsyncError");
@@ -147,9 +151,9 @@ struct State {
       std::this_thread::sleep_for(pause);
     }
   }
-  // The communicator is non-blocking: a call that returned ncclInProgress (joining, or an
-  // operation setting up its connections) goes on in the background, and nothing may be called or
-  // queued on the stream until the communicator's state is ncclSuccess: waits for that.
+  // A call that returned ncclInProgress (joining on the non-blocking communicator, Join) goes on
+  // in the background, and nothing may be called or queued on the stream until the
+  // communicator's state is ncclSuccess: waits for that.
   Status Settle(const std::string& what) {
     return Poll(what, [this]() -> StatusOr<bool> {
       ncclResult_t state = ncclInProgress;
@@ -167,8 +171,15 @@ struct State {
     if (comm != nullptr) nccl->CommAbort(comm);
     comm = nullptr;
   }
+  // A communicator in an error state is aborted: destroying it may not return.
   ~State() {
-    if (comm != nullptr) nccl->CommDestroy(comm);
+    if (comm == nullptr) return;
+    ncclResult_t state = ncclSuccess;
+    nccl->CommGetAsyncError(comm, &state);
+    if (state == ncclSuccess)
+      nccl->CommDestroy(comm);
+    else
+      nccl->CommAbort(comm);
   }
 };
 
@@ -271,6 +282,46 @@ class NcclCommunicator final : public Communicator {
     return Status::Ok();
   }
 
+  // Joins NCCL: first on a non-blocking communicator, so that a rank that never joins is a timeout
+  // here (Settle) and not a hang inside NCCL; then, every rank being there, the communicator the
+  // operations use is split off it as a blocking one (on a non-blocking communicator NCCL returns
+  // ncclInProgress from every operation, launched from a thread of its own: each would cost a
+  // wait), and the first one is destroyed.
+  static Status Join(State& state, const ncclUniqueId& id, int n, int rank,
+                     const std::string& where) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = state.nccl->CommInitRankConfig(&state.comm, n, id, rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      state.Abort();
+      return Status::Unavailable(
+          fmt::format("{}: ncclCommInitRankConfig: {} (every rank needs a GPU of its own)", where,
+                      state.nccl->GetErrorString(r)));
+    }
+    ATOLL_RETURN_IF_ERROR(state.Settle(where + ": ncclCommInitRankConfig"));
+    ncclConfig_t blocking = NCCL_CONFIG_INITIALIZER;
+    blocking.blocking = 1;
+    ncclComm_t ops = nullptr;
+    r = state.nccl->CommSplit(state.comm, /*color=*/0, /*key=*/rank, &ops, &blocking);
+    if (r == ncclInProgress) {  // the first communicator's split goes on in the background
+      if (Status s = state.Settle(where + ": ncclCommSplit"); !s.ok()) {
+        if (ops != nullptr) state.nccl->CommAbort(ops);
+        return s;
+      }
+      r = ncclSuccess;
+    }
+    if (r != ncclSuccess || ops == nullptr) {
+      if (ops != nullptr) state.nccl->CommAbort(ops);
+      const std::string why = state.LastError();
+      state.Abort();
+      return Status::Unavailable(
+          fmt::format("{}: ncclCommSplit: {} ({})", where, state.nccl->GetErrorString(r), why));
+    }
+    state.nccl->CommDestroy(state.comm);
+    state.comm = ops;
+    return state.Settle(where + ": ncclCommSplit");
+  }
+
   static StatusOr<std::unique_ptr<Communicator>> Make(Communicator& bootstrap,
                                                       std::unique_ptr<Communicator> owned,
                                                       double timeout_s) {
@@ -296,19 +347,7 @@ class NcclCommunicator final : public Communicator {
     }
     ATOLL_RETURN_IF_ERROR(Agree(bootstrap, where, setup));
     ATOLL_RETURN_IF_ERROR(bootstrap.Broadcast(&id, sizeof(id), DType::kByte, 0));
-    // Non-blocking, so that a rank that never joins is a timeout here, not a hang inside NCCL.
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    if (const ncclResult_t r = state->nccl->CommInitRankConfig(&state->comm, bootstrap.size(), id,
-                                                               bootstrap.rank(), &config);
-        r == ncclSuccess || r == ncclInProgress) {
-      setup = state->Settle(where + ": ncclCommInitRankConfig");
-    } else {
-      state->Abort();
-      setup = Status::Unavailable(
-          fmt::format("{}: ncclCommInitRankConfig: {} (every rank needs a GPU of its own)", where,
-                      state->nccl->GetErrorString(r)));
-    }
+    setup = Join(*state, id, bootstrap.size(), bootstrap.rank(), where);
     if (Status agreed = Agree(bootstrap, where, setup); !agreed.ok()) {
       state->Abort();
       return agreed;
@@ -336,7 +375,7 @@ class NcclCommunicator final : public Communicator {
     if (state_->broken)
       return CommHandle::Done(Status::Unavailable(what + ": the NCCL communicator was aborted"));
     const ncclResult_t r = call();
-    if (r == ncclInProgress) {  // queued in the background: settled before anything else
+    if (r == ncclInProgress) {  // (not from a blocking communicator) settled before anything else
       if (Status s = state_->Settle(what); !s.ok()) return CommHandle::Done(s);
     } else if (r != ncclSuccess) {
       // A bad argument leaves the communicator as it was; anything else (a peer gone, a

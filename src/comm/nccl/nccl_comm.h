@@ -16,11 +16,13 @@
 //     on the stream, so a pair must be ordered (one sends while the other receives).
 //   - Timeouts: Wait() polls the stream and, after `timeout_s`, aborts the NCCL communicator at
 //     once (ncclCommAbort, which ends its kernels) and returns Unavailable naming the operation;
-//     so does an asynchronous NCCL error. The communicator is unusable after that. It is
-//     non-blocking (config.blocking = 0): joining (ncclCommInitRankConfig), and an operation that
-//     sets up its connections in the background, return at once and are waited for by polling,
-//     under the same timeout, so a peer that never joins is an Unavailable, not a hang inside
-//     NCCL; nothing is called or queued on the stream before the communicator is ready.
+//     so does an asynchronous NCCL error. The communicator is unusable after that. Joining is on
+//     a non-blocking communicator (config.blocking = 0), polled under the same timeout, so a
+//     peer that never joins is an Unavailable, not a hang inside NCCL; the operations then run on
+//     a blocking communicator split off it once every rank is there (a non-blocking one returns
+//     ncclInProgress from every operation: each would wait for NCCL's own thread). Not covered:
+//     a peer lost between joining and the first operation on a path, whose connections NCCL
+//     sets up inside that call, blocks in it.
 //   - A rank that cannot set up (no libnccl.so.2, no GPU) makes every rank's call fail alike.
 //   - libnccl.so.2 is loaded when the first communicator is made (dlopen), so programs that
 //     never make one start without it.

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -21,7 +22,8 @@
 struct ncclComm {
   std::string dir;
   int nranks = 0, rank = 0;
-  bool ready = false;  // every rank's hello seen (ncclCommInitRank[Config])
+  bool ready = false;  // every rank's hello seen (ncclCommInitRank[Config], ncclCommSplit)
+  bool blocking = true;
   std::chrono::steady_clock::time_point joining;  // when this rank began to join
   uint64_t seq = 0;                               // collectives so far
   std::map<int, uint64_t> sent, got;              // messages so far, per peer
@@ -195,22 +197,21 @@ bool StuckJoining(int rank) {
 
 }  // namespace
 
-ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
-                                    ncclConfig_t* config) {
-  if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
-  if (config != nullptr && config->magic != 0xcafebeef) return ncclInvalidArgument;
-  const bool blocking = config == nullptr || config->blocking != 0;
-  id.internal[NCCL_UNIQUE_ID_BYTES - 1] = 0;
-  if (std::strncmp(id.internal, "atoll-emu-nccl-", 15) != 0) return ncclInvalidArgument;
-  const char* tmp = std::getenv("TMPDIR");
+namespace {
+
+// A new communicator over `dir` joins: posts its hello (unless stuck by the fault) and, blocking,
+// waits until every rank's is there; non-blocking, returns ncclInProgress unless they already are.
+ncclResult_t NewComm(ncclComm_t* comm, const std::string& dir, int nranks, int rank, bool blocking,
+                     bool stuck) {
   auto* c = new ncclComm;
-  c->dir = std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/" + id.internal;
+  c->dir = dir;
   c->nranks = nranks;
   c->rank = rank;
+  c->blocking = blocking;
   c->joining = std::chrono::steady_clock::now();
   std::error_code ec;
   fs::create_directories(c->dir, ec);
-  if (ec || (!StuckJoining(rank) && !Post(c->dir + "/hello." + std::to_string(rank), "", 0))) {
+  if (ec || (!stuck && !Post(c->dir + "/hello." + std::to_string(rank), "", 0))) {
     delete c;
     return ncclSystemError;
   }
@@ -221,6 +222,49 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
     if (r != ncclInProgress) return r;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+}
+
+bool Blocking(const ncclConfig_t* config, bool otherwise) {
+  if (config == nullptr || config->blocking == NCCL_CONFIG_UNDEF_INT) return otherwise;
+  return config->blocking != 0;
+}
+
+}  // namespace
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t* config) {
+  if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+  if (config != nullptr && config->magic != 0xcafebeef) return ncclInvalidArgument;
+  id.internal[NCCL_UNIQUE_ID_BYTES - 1] = 0;
+  if (std::strncmp(id.internal, "atoll-emu-nccl-", 15) != 0) return ncclInvalidArgument;
+  const char* tmp = std::getenv("TMPDIR");
+  return NewComm(comm, std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/" + id.internal,
+                 nranks, rank, Blocking(config, true), StuckJoining(rank));
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t* newcomm,
+                           ncclConfig_t* config) {
+  EMU_NCCL_TRY(CheckJoined(c));
+  if (config != nullptr && config->magic != 0xcafebeef) return ncclInvalidArgument;
+  const int32_t mine[2] = {color, key};
+  std::vector<std::vector<char>> parts;
+  EMU_NCCL_TRY(Exchange(c, mine, sizeof(mine), &parts));
+  const uint64_t seq = c->seq - 1;  // the exchange's: names the new communicators
+  *newcomm = nullptr;
+  if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
+  std::vector<std::pair<int32_t, int>> members;  // (key, rank in c) of the ranks of my color
+  for (int r = 0; r < c->nranks; ++r) {
+    int32_t theirs[2];
+    if (parts[size_t(r)].size() != sizeof(theirs)) return Fail(c, ncclInvalidUsage, "split");
+    std::memcpy(theirs, parts[size_t(r)].data(), sizeof(theirs));
+    if (theirs[0] == color) members.emplace_back(theirs[1], r);
+  }
+  std::sort(members.begin(), members.end());
+  const int rank = int(std::find(members.begin(), members.end(), std::make_pair(key, c->rank)) -
+                       members.begin());
+  // Beside c's directory, not in it: c may be destroyed first.
+  return NewComm(newcomm, c->dir + ".split" + std::to_string(seq) + "." + std::to_string(color),
+                 int(members.size()), rank, Blocking(config, c->blocking), false);
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {

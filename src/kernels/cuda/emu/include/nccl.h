@@ -75,6 +75,12 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
                                     ncclConfig_t* config);
+#define NCCL_SPLIT_NOCOLOR (-1)
+// Collective over comm (joined): the ranks of one color make a new communicator, ranked by key
+// (then by their rank in comm), which joins as ncclCommInitRankConfig does (config null: comm's
+// blocking); NCCL_SPLIT_NOCOLOR gives null.
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                           ncclConfig_t* config);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error);
