@@ -32,6 +32,7 @@ part() { [[ " $PARTS " == *" $1 "* ]]; }
 for p in $PARTS; do
   [[ $p =~ ^(table|detectors|profile|copies)$ ]] || { echo "gpu_bench: unknown part $p" >&2; exit 2; }
 done
+[[ -n ${SHAPES// /} ]] || { echo "gpu_bench: SHAPES is empty (124m, 350m)" >&2; exit 2; }
 for s in $SHAPES; do
   [[ $s == 124m || $s == 350m ]] || { echo "gpu_bench: unknown shape $s (124m, 350m)" >&2; exit 2; }
 done
@@ -110,7 +111,7 @@ ratio = lambda x, y: f"{x / y:.2f}x" if x > 0 and y > 0 else "-"
 print(f"| {s} | {tps(a)} | {mfu(a, peak32)} | {tps(t32)} | {mfu(t32, peak32)} | {ratio(a, t32)} "
       f"| {tps(a16)} | {mfu(a16, peak16)} | {tps(t16)} | {mfu(t16, peak16)} | {ratio(a16, t16)} |")
 PYEOF
-  ) || status=1
+  ) || { status=1; row="| $s | failed (the row's numbers: see the logs) |"; }
   table+=$'\n'"$row"
 done
 echo "$table" | tee -a "$out/gpu_bench.md"

@@ -43,6 +43,10 @@ struct Api {
 const Api* LoadApi(std::string* why) {
   static std::string error;
   static const Api* api = []() -> const Api* {
+    // NCCL (2.22 on) connects a communicator's peers inside its first operation on each path by
+    // default: on the blocking communicator the operations use, a peer missing then would block
+    // that call. Connected while joining instead, which is bounded (Join), unless the user chose.
+    setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
     static Api a{};
 #if defined(ATOLL_CUDA_EMULATED)
     a = Api{&ncclGetUniqueId,    &ncclCommInitRankConfig,
@@ -171,12 +175,13 @@ struct State {
     if (comm != nullptr) nccl->CommAbort(comm);
     comm = nullptr;
   }
-  // A communicator in an error state is aborted: destroying it may not return.
+  // A communicator in an error state, or with work still on the stream (a kernel waiting for a
+  // peer that is gone would never end), is aborted: destroying it waits for that work.
   ~State() {
     if (comm == nullptr) return;
     ncclResult_t state = ncclSuccess;
     nccl->CommGetAsyncError(comm, &state);
-    if (state == ncclSuccess)
+    if (state == ncclSuccess && cudaStreamQuery(stream) == cudaSuccess)
       nccl->CommDestroy(comm);
     else
       nccl->CommAbort(comm);

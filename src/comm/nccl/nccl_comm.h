@@ -20,9 +20,11 @@
 //     a non-blocking communicator (config.blocking = 0), polled under the same timeout, so a
 //     peer that never joins is an Unavailable, not a hang inside NCCL; the operations then run on
 //     a blocking communicator split off it once every rank is there (a non-blocking one returns
-//     ncclInProgress from every operation: each would wait for NCCL's own thread). Not covered:
-//     a peer lost between joining and the first operation on a path, whose connections NCCL
-//     sets up inside that call, blocks in it.
+//     ncclInProgress from every operation: each would wait for NCCL's own thread). Peers are
+//     connected while joining (NCCL_RUNTIME_CONNECT=0 unless the user set it; NCCL would
+//     otherwise connect them inside the first operation on each path, where a missing peer
+//     blocks), so an operation's missing peer is a kernel that Wait() times out and aborts.
+//     Joining may take up to twice the timeout (the join, then the split, each waited for).
 //   - A rank that cannot set up (no libnccl.so.2, no GPU) makes every rank's call fail alike.
 //   - libnccl.so.2 is loaded when the first communicator is made (dlopen), so programs that
 //     never make one start without it.

@@ -25,8 +25,12 @@ struct ncclComm {
   bool ready = false;  // every rank's hello seen (ncclCommInitRank[Config], ncclCommSplit)
   bool blocking = true;
   std::chrono::steady_clock::time_point joining;  // when this rank began to join
-  uint64_t seq = 0;                               // collectives so far
-  std::map<int, uint64_t> sent, got;              // messages so far, per peer
+  // A split of this (non-blocking) communicator going on, as NCCL runs it: the new communicator
+  // is the caller's (*split_out) once this one's state says the split is done.
+  ncclComm* split_child = nullptr;
+  ncclComm** split_out = nullptr;
+  uint64_t seq = 0;                   // collectives so far
+  std::map<int, uint64_t> sent, got;  // messages so far, per peer
   std::string last_error;
 };
 
@@ -142,8 +146,11 @@ ncclResult_t Exchange(ncclComm* c, const void* mine, size_t bytes,
 // ncclSuccess): a caller that does not wait is caught.
 ncclResult_t CheckJoined(ncclComm* c) {
   if (c == nullptr) return ncclInvalidArgument;
-  return c->ready ? ncclSuccess
-                  : Fail(c, ncclInvalidUsage, "called before the communicator finished joining");
+  if (!c->ready)
+    return Fail(c, ncclInvalidUsage, "called before the communicator finished joining");
+  if (c->split_child != nullptr)
+    return Fail(c, ncclInvalidUsage, "called before the communicator's split finished");
+  return ncclSuccess;
 }
 
 ncclResult_t CheckDevice(ncclComm* c, const void* p, size_t bytes, const char* what) {
@@ -174,8 +181,21 @@ namespace {
 
 // Whether every rank has joined c (posted its hello): ncclSuccess, ncclInProgress, or
 // ncclRemoteError after the timeout since this rank began to join.
+ncclResult_t Joined(ncclComm* c);
+
+// A split going on from c: done when its new communicator has joined, which the caller then gets.
+ncclResult_t SplitDone(ncclComm* c) {
+  ncclComm* child = c->split_child;
+  const ncclResult_t r = Joined(child);
+  if (r == ncclInProgress) return r;
+  *c->split_out = child;  // also a failed one: the caller aborts it
+  c->split_child = nullptr;
+  c->split_out = nullptr;
+  return r == ncclSuccess ? r : Fail(c, r, "the split's communicator: " + child->last_error);
+}
+
 ncclResult_t Joined(ncclComm* c) {
-  if (c->ready) return ncclSuccess;
+  if (c->ready) return c->split_child != nullptr ? SplitDone(c) : ncclSuccess;
   int here = 0;
   for (int r = 0; r < c->nranks; ++r) here += fs::exists(c->dir + "/hello." + std::to_string(r));
   if (here == c->nranks) {
@@ -199,10 +219,9 @@ bool StuckJoining(int rank) {
 
 namespace {
 
-// A new communicator over `dir` joins: posts its hello (unless stuck by the fault) and, blocking,
-// waits until every rank's is there; non-blocking, returns ncclInProgress unless they already are.
-ncclResult_t NewComm(ncclComm_t* comm, const std::string& dir, int nranks, int rank, bool blocking,
-                     bool stuck) {
+// A new communicator over `dir` that starts to join: posts its hello (unless stuck by the fault).
+// Null when the directory cannot be written.
+ncclComm* NewComm(const std::string& dir, int nranks, int rank, bool blocking, bool stuck) {
   auto* c = new ncclComm;
   c->dir = dir;
   c->nranks = nranks;
@@ -213,10 +232,13 @@ ncclResult_t NewComm(ncclComm_t* comm, const std::string& dir, int nranks, int r
   fs::create_directories(c->dir, ec);
   if (ec || (!stuck && !Post(c->dir + "/hello." + std::to_string(rank), "", 0))) {
     delete c;
-    return ncclSystemError;
+    return nullptr;
   }
-  *comm = c;
-  if (!blocking) return Joined(c) == ncclSuccess ? ncclSuccess : ncclInProgress;
+  return c;
+}
+
+// Waits until c has joined (or failed to).
+ncclResult_t AwaitJoined(ncclComm* c) {
   for (;;) {
     const ncclResult_t r = Joined(c);
     if (r != ncclInProgress) return r;
@@ -224,9 +246,10 @@ ncclResult_t NewComm(ncclComm_t* comm, const std::string& dir, int nranks, int r
   }
 }
 
-bool Blocking(const ncclConfig_t* config, bool otherwise) {
-  if (config == nullptr || config->blocking == NCCL_CONFIG_UNDEF_INT) return otherwise;
-  return config->blocking != 0;
+// A config's blocking: unset, NCCL's default (1); no config, `inherited`.
+bool Blocking(const ncclConfig_t* config, bool inherited) {
+  if (config == nullptr) return inherited;
+  return config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0;
 }
 
 }  // namespace
@@ -238,14 +261,19 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
   id.internal[NCCL_UNIQUE_ID_BYTES - 1] = 0;
   if (std::strncmp(id.internal, "atoll-emu-nccl-", 15) != 0) return ncclInvalidArgument;
   const char* tmp = std::getenv("TMPDIR");
-  return NewComm(comm, std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/" + id.internal,
-                 nranks, rank, Blocking(config, true), StuckJoining(rank));
+  ncclComm* c = NewComm(std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/" + id.internal,
+                        nranks, rank, Blocking(config, true), StuckJoining(rank));
+  if (c == nullptr) return ncclSystemError;
+  *comm = c;
+  if (!c->blocking) return Joined(c) == ncclSuccess ? ncclSuccess : ncclInProgress;
+  return AwaitJoined(c);
 }
 
 ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t* newcomm,
                            ncclConfig_t* config) {
   EMU_NCCL_TRY(CheckJoined(c));
   if (config != nullptr && config->magic != 0xcafebeef) return ncclInvalidArgument;
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR) return Fail(c, ncclInvalidArgument, "color < 0");
   const int32_t mine[2] = {color, key};
   std::vector<std::vector<char>> parts;
   EMU_NCCL_TRY(Exchange(c, mine, sizeof(mine), &parts));
@@ -263,8 +291,16 @@ ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t* newcomm
   const int rank = int(std::find(members.begin(), members.end(), std::make_pair(key, c->rank)) -
                        members.begin());
   // Beside c's directory, not in it: c may be destroyed first.
-  return NewComm(newcomm, c->dir + ".split" + std::to_string(seq) + "." + std::to_string(color),
-                 int(members.size()), rank, Blocking(config, c->blocking), false);
+  ncclComm* child = NewComm(c->dir + ".split" + std::to_string(seq) + "." + std::to_string(color),
+                            int(members.size()), rank, Blocking(config, c->blocking), false);
+  if (child == nullptr) return Fail(c, ncclSystemError, "cannot write the split's directory");
+  if (c->blocking) {  // as NCCL: the split is the parent's job, blocking or not as it is
+    *newcomm = child;
+    return AwaitJoined(child);
+  }
+  c->split_child = child;  // *newcomm is set when c's state says the split is done
+  c->split_out = newcomm;
+  return ncclInProgress;
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
@@ -275,6 +311,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
 // collective by then, reads included).
 ncclResult_t ncclCommDestroy(ncclComm_t c) {
   if (c == nullptr) return ncclSuccess;
+  if (c->split_child != nullptr) *c->split_out = c->split_child;  // as NCCL: the caller's now
   const std::string bye = c->dir + "/bye." + std::to_string(c->rank);
   Post(bye, "", 0);
   int gone = 0;
