@@ -173,30 +173,36 @@ TEST(Nccl, APeerThatNeverJoinsIsAnErrorNotAHang) {
 }
 
 // A rank whose joining never completes (the emulated NCCL's fault: as a rank whose GPU hangs in
-// ncclCommInitRank): every rank's MakeNcclCommunicator fails with Unavailable within the timeout
-// (2 s here), none hangs; and the world goes on.
+// ncclCommInitRank), at the first join or at the split that makes the operations' communicator:
+// every rank's MakeNcclCommunicator fails with Unavailable naming the call within the timeout
+// (2 s here; each of the two waits has it), none hangs; and the world goes on.
 TEST(Nccl, APeerStuckJoiningIsAnErrorNotAHang) {
 #if !ATOLL_NCCL_EMULATED
   GTEST_SKIP() << "the fault is injected into the emulated NCCL";
 #endif
   if (world->size() < 2) GTEST_SKIP() << "one rank";
-  setenv("ATOLL_EMU_NCCL_STUCK_INIT_RANK", "1", 1);
-  const auto start = std::chrono::steady_clock::now();
-  auto stuck = MakeNcclCommunicator(*world, /*timeout_s=*/2.0);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  unsetenv("ATOLL_EMU_NCCL_STUCK_INIT_RANK");
-  ASSERT_FALSE(stuck.ok());
-  EXPECT_EQ(stuck.status().code(), StatusCode::kUnavailable);
-  EXPECT_NE(stuck.status().message().find("ncclCommInitRankConfig: not done within 2 s"),
-            std::string::npos)
-      << stuck.status().ToString();
-  EXPECT_LT(seconds, 30.0);
-  // The bootstrap and the working communicator are unharmed.
-  ASSERT_TRUE(world->Barrier().ok());
-  DeviceArray<float> x(4);
-  x.SetZero();
-  EXPECT_TRUE(nccl->AllReduce(x.data(), 4, DType::kFloat32).ok());
+  for (const char* fault : {"ATOLL_EMU_NCCL_STUCK_INIT_RANK", "ATOLL_EMU_NCCL_STUCK_SPLIT_RANK"}) {
+    SCOPED_TRACE(fault);
+    const std::string call = std::string(fault).find("INIT") != std::string::npos
+                                 ? "ncclCommInitRankConfig"
+                                 : "ncclCommSplit";
+    setenv(fault, "1", 1);
+    const auto start = std::chrono::steady_clock::now();
+    auto stuck = MakeNcclCommunicator(*world, /*timeout_s=*/2.0);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    unsetenv(fault);
+    ASSERT_FALSE(stuck.ok());
+    EXPECT_EQ(stuck.status().code(), StatusCode::kUnavailable);
+    EXPECT_NE(stuck.status().message().find(call + ": not done within 2 s"), std::string::npos)
+        << stuck.status().ToString();
+    EXPECT_LT(seconds, 30.0);
+    // The bootstrap and the working communicator are unharmed.
+    ASSERT_TRUE(world->Barrier().ok());
+    DeviceArray<float> x(4);
+    x.SetZero();
+    EXPECT_TRUE(nccl->AllReduce(x.data(), 4, DType::kFloat32).ok());
+  }
 }
 
 }  // namespace

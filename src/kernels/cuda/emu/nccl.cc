@@ -210,8 +210,9 @@ ncclResult_t Joined(ncclComm* c) {
   return ncclInProgress;
 }
 
-bool StuckJoining(int rank) {
-  const char* s = std::getenv("ATOLL_EMU_NCCL_STUCK_INIT_RANK");
+// The fault injection: whether `rank` never completes joining (variable: which rank).
+bool Stuck(const char* variable, int rank) {
+  const char* s = std::getenv(variable);
   return s != nullptr && *s != 0 && std::atoi(s) == rank;
 }
 
@@ -261,8 +262,9 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
   id.internal[NCCL_UNIQUE_ID_BYTES - 1] = 0;
   if (std::strncmp(id.internal, "atoll-emu-nccl-", 15) != 0) return ncclInvalidArgument;
   const char* tmp = std::getenv("TMPDIR");
-  ncclComm* c = NewComm(std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/" + id.internal,
-                        nranks, rank, Blocking(config, true), StuckJoining(rank));
+  ncclComm* c =
+      NewComm(std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/" + id.internal, nranks, rank,
+              Blocking(config, true), Stuck("ATOLL_EMU_NCCL_STUCK_INIT_RANK", rank));
   if (c == nullptr) return ncclSystemError;
   *comm = c;
   if (!c->blocking) return Joined(c) == ncclSuccess ? ncclSuccess : ncclInProgress;
@@ -292,7 +294,8 @@ ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t* newcomm
                        members.begin());
   // Beside c's directory, not in it: c may be destroyed first.
   ncclComm* child = NewComm(c->dir + ".split" + std::to_string(seq) + "." + std::to_string(color),
-                            int(members.size()), rank, Blocking(config, c->blocking), false);
+                            int(members.size()), rank, Blocking(config, c->blocking),
+                            Stuck("ATOLL_EMU_NCCL_STUCK_SPLIT_RANK", c->rank));
   if (child == nullptr) return Fail(c, ncclSystemError, "cannot write the split's directory");
   if (c->blocking) {  // as NCCL: the split is the parent's job, blocking or not as it is
     *newcomm = child;

@@ -17,7 +17,9 @@
 // timeout as above). Non-blocking (config.blocking = 0, as NCCL): the call returns ncclInProgress
 // and ncclCommGetAsyncError says ncclInProgress until the communicator is ready (then ncclSuccess;
 // ncclRemoteError after the timeout). Fault injection: ATOLL_EMU_NCCL_STUCK_INIT_RANK=r makes rank
-// r's joining never complete (it posts no hello), as a rank whose GPU hangs in ncclCommInitRank.
+// r's joining never complete (it posts no hello), as a rank whose GPU hangs in ncclCommInitRank;
+// ATOLL_EMU_NCCL_STUCK_SPLIT_RANK=r (r: the rank in the communicator split) the same for the
+// communicators ncclCommSplit makes.
 #pragma once
 
 #include <cstddef>
