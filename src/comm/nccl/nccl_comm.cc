@@ -9,7 +9,9 @@
 #include <dlfcn.h>
 #endif
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
