@@ -206,10 +206,7 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
   Activations& a = *acts_;
   if (slot < 0 || slot >= int(a.slots.size()))
     throw std::invalid_argument(fmt::format("GPT::Forward: slot {} of {}", slot, a.slots.size()));
-  if (cuda() && params_at_ == Newer::kHost) {
-    DeviceCurrent(params_, dparams_, params_at_);
-    params_b_current_ = false;
-  }
+  if (cuda()) DeviceCurrent(params_, dparams_, params_at_);
   const bool first = shard_.first_stage(), last = shard_.last_stage(cfg_);
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
   const int tp = shard_.tp_size, Cl = C / tp, Fl = 4 * C / tp, NHl = cfg_.n_head / tp;

@@ -279,8 +279,8 @@ class GPT {
   bool op_hook_on_device_ = false;
   bool bf16_copies_ = true;
   // The parameters rounded to bf16 (set_bf16_copies; the GPU's, at their offsets), and whether
-  // they are those of dparams_ now: any write to dparams_ clears it (device_params(),
-  // resident_params(), an upload), the forward that uses them rounds them again.
+  // they are those of dparams_ now: any write to dparams_ clears it (device_params(), and every
+  // upload of the host's: DeviceCurrent), the forward that uses them rounds them again.
   Buffer<uint16_t> dparams_b_;
   mutable bool params_b_current_ = false;
   // The bf16 copy of a tensor's parameters when `use`, current and 256-byte aligned, else null

@@ -18,7 +18,9 @@ void GPT<T>::HostCurrent(std::vector<T>& host, const Buffer<T>& dev, Newer& at) 
 
 template <class T>
 void GPT<T>::DeviceCurrent(const std::vector<T>& host, Buffer<T>& dev, Newer& at) {
-  transfer_bytes_ += atl::DeviceCurrent(at, host.data(), dev.data(), num_params_);
+  const size_t moved = atl::DeviceCurrent(at, host.data(), dev.data(), num_params_);
+  transfer_bytes_ += moved;
+  if (moved > 0 && &dev == &dparams_) params_b_current_ = false;  // uploaded: the bf16 copy is old
 }
 
 template <class T>
@@ -46,7 +48,6 @@ const T* GPT<T>::resident_params() const {
   // one checked from now on: a later host read downloads it rather than trusting a host copy no
   // check sees.
   GPT& self = const_cast<GPT&>(*this);
-  if (params_at_ == Newer::kHost) params_b_current_ = false;  // uploaded now
   return self.DeviceNewer(params_, self.dparams_, params_at_);
 }
 
