@@ -159,12 +159,12 @@ bool GemmWithCopies(bool trans_a, bool trans_b, int m, int n, int k, float alpha
 
 // Column sums of a row-major [rows, cols] matrix, ADDED into out[cols] (device), in a fixed
 // order: rows are cut into chunks of kColumnChunkRows, each chunk summed per column in row order,
-// then the chunk sums added in chunk order. Uses Scratch(kScratchReduce).
+// then the chunk sums added in a fixed order (AddChunkSums). Uses Scratch(kScratchReduce).
 void ColumnSumsAdd(float* out, const float* m, int64_t rows, int cols);
 // ColumnSumsAdd's two passes, for a kernel that makes the matrix and sums it at once:
 // ColumnChunkScratch gives room for the chunk sums partial[chunk][col] (chunks: rows cut into
 // kColumnChunkRows), which the kernel, launched on ColumnChunkGrid's grid of 128 threads a block,
-// writes by SumColumnChunks; AddColumnChunks adds them into out in chunk order.
+// writes by SumColumnChunks; AddColumnChunks adds them into out (AddChunkSums).
 constexpr int kColumnChunkRows = 64;
 __host__ __device__ inline int64_t ColumnChunks(int64_t rows) {
   return (rows + kColumnChunkRows - 1) / kColumnChunkRows;
@@ -172,6 +172,9 @@ __host__ __device__ inline int64_t ColumnChunks(int64_t rows) {
 float* ColumnChunkScratch(int64_t rows, int cols);
 dim3 ColumnChunkGrid(int64_t rows, int cols);
 void AddColumnChunks(float* out, const float* partial, int64_t rows, int cols);
+// out[c] += the sum over k < chunks of partial[k * stride + c], c < cols, in a fixed order that
+// depends on chunks alone (AddColumnChunks's second pass; LayerNorm's weight gradients).
+void AddChunkSums(float* out, const float* partial, int64_t chunks, int cols, int64_t stride);
 
 // partial[chunk][c] = the sum of value(r * cols + c) over the chunk's rows r, in row order
 // (__fadd_rn: no multiply in value fused into the sum). One thread per (chunk, column): a warp

@@ -28,8 +28,9 @@ TEST_F(CudaOps, Matmul) {
   struct Shape {
     int N, IC, OC;
   };
-  for (const Shape s :
-       {Shape{1, 1, 1}, Shape{7, 13, 5}, Shape{33, 64, 96}, Shape{256, 768, 2304}}) {
+  // 1000 rows: 16 chunks of the bias's sums, one in each slice (AddChunkSums).
+  for (const Shape s : {Shape{1, 1, 1}, Shape{7, 13, 5}, Shape{33, 64, 96}, Shape{256, 768, 2304},
+                        Shape{1000, 8, 40}}) {
     SCOPED_TRACE(testing::Message() << "N=" << s.N << " IC=" << s.IC << " OC=" << s.OC);
     const auto inp = Random(size_t(s.N) * s.IC, 1), w = Random(size_t(s.IC) * s.OC, 2, 0.1f);
     const auto bias = Random(s.OC, 3), dout = Random(size_t(s.N) * s.OC, 4);
@@ -62,8 +63,11 @@ TEST_F(CudaOps, LayerNorm) {
   struct Shape {
     int N, C;
   };
+  // Widths to 2048 take the one-pass backward (each width of its table, odd row counts leaving a
+  // warp's rows short); 2049 the two-pass one. 1024 rows fill every slice of the weights' sums.
   for (const Shape s :
-       {Shape{1, 2}, Shape{5, 7}, Shape{65, 768}, Shape{130, 33}, Shape{1000, 96}}) {
+       {Shape{1, 2}, Shape{5, 7}, Shape{65, 768}, Shape{130, 33}, Shape{1000, 96}, Shape{9, 2048},
+        Shape{17, 1600}, Shape{3, 2049}, Shape{11, 1100}, Shape{1024, 40}}) {
     SCOPED_TRACE(testing::Message() << "N=" << s.N << " C=" << s.C);
     const size_t nc = size_t(s.N) * s.C;
     const auto inp = Random(nc, 11, 2.0f), w = Random(s.C, 12), b = Random(s.C, 13);
@@ -88,6 +92,17 @@ TEST_F(CudaOps, LayerNorm) {
     EXPECT_INC(ToHost(g_dinp), dinp0, dinp);
     EXPECT_INC(ToHost(g_dw), dw0, dw);
     EXPECT_INC(ToHost(g_db), db0, db);
+    // Any of the three gradients alone: the same bits as when all are made.
+    auto g_dw1 = ToDevice(dw0), g_db1 = ToDevice(db0), g_dinp1 = ToDevice(dinp0);
+    LayerNormBackward(nullptr, g_dw1.data(), nullptr, g_dout.data(), g_inp.data(), g_w.data(),
+                      g_mean.data(), g_rstd.data(), s.N, s.C);
+    LayerNormBackward(nullptr, nullptr, g_db1.data(), g_dout.data(), g_inp.data(), g_w.data(),
+                      g_mean.data(), g_rstd.data(), s.N, s.C);
+    LayerNormBackward(g_dinp1.data(), nullptr, nullptr, g_dout.data(), g_inp.data(), g_w.data(),
+                      g_mean.data(), g_rstd.data(), s.N, s.C);
+    EXPECT_TRUE(SameBits(ToHost(g_dw1), ToHost(g_dw)));
+    EXPECT_TRUE(SameBits(ToHost(g_db1), ToHost(g_db)));
+    EXPECT_TRUE(SameBits(ToHost(g_dinp1), ToHost(g_dinp)));
   }
 }
 

@@ -1,5 +1,7 @@
-// LayerNorm forward and backward: one warp per row (the row's sums by a fixed butterfly), and the
-// weight and bias gradients as column sums in fixed row chunks (common.cuh).
+// LayerNorm forward and backward: one warp per row (the row's sums by a fixed butterfly). The
+// backward makes the input's gradient and the weight and bias gradients in one pass (a warp's
+// rows summed per column in registers, then the warps' sums added in a fixed order) for widths up
+// to 2048, in two passes beyond.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -41,37 +43,94 @@ __global__ void LayerNormForwardKernel(float* out, __nv_bfloat16* out_bf16, floa
   }
 }
 
-// dinp (+)= the input's gradient (add: added to dinp, else written over it); dinp_bf16 (or null):
-// the result rounded to bf16 as well.
-__global__ void LayerNormInputGradKernel(float* dinp, __nv_bfloat16* dinp_bf16, const float* dout,
-                                         const float* inp, const float* weight, const float* mean,
-                                         const float* rstd, int N, int C, bool add) {
+// The row's input gradient, one warp per row: lane takes columns lane + 32 j. dinp (+)= it (add:
+// added to dinp, else written over it; dinp null: not written); dinp_bf16 (or null): the result
+// rounded to bf16 as well. kCols > 0: the columns are j < kCols (C <= 32 kCols), unrolled, and
+// each column's dy * norm and dy are added to dw[j], db[j]; kCols = 0: any C, no sums.
+template <int kCols>
+__device__ inline void LayerNormRowGrad(float* dinp, __nv_bfloat16* dinp_bf16, const float* dout,
+                                        const float* inp, const float* weight, const float* mean,
+                                        const float* rstd, int64_t n, int C, bool add, float* dw,
+                                        float* db) {
   const int lane = threadIdx.x & 31;
-  const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  if (n >= N) return;
+  const int cols = kCols > 0 ? kCols : (C + 31) / 32;
   const float* x = inp + n * C;
   const float* dy = dout + n * C;
   const float m = mean[n], r = rstd[n];
   float g_sum = 0.0f, gn_sum = 0.0f;
-  for (int c = lane; c < C; c += 32) {
+#pragma unroll
+  for (int j = 0; j < cols; ++j) {
+    const int c = lane + 32 * j;
+    if (c >= C) break;
     const float g = dy[c] * weight[c];
     g_sum += g;
     gn_sum += g * (x[c] - m) * r;
   }
   const float g_mean = WarpSum(g_sum) / float(C);
   const float gn_mean = WarpSum(gn_sum) / float(C);
-  float* dx = dinp + n * C;
+  float* dx = dinp != nullptr ? dinp + n * C : nullptr;
   __nv_bfloat16* dxb = dinp_bf16 != nullptr ? dinp_bf16 + n * C : nullptr;
-  for (int c = lane; c < C; c += 32) {
+#pragma unroll
+  for (int j = 0; j < cols; ++j) {
+    const int c = lane + 32 * j;
+    if (c >= C) break;
     const float norm = (x[c] - m) * r;
     const float g = dy[c] * weight[c] - g_mean - norm * gn_mean;
-    const float v = add ? dx[c] + r * g : r * g;
-    dx[c] = v;
-    if (dxb != nullptr) dxb[c] = __float2bfloat16_rn(v);
+    if (dx != nullptr) {
+      const float v = add ? dx[c] + r * g : r * g;
+      dx[c] = v;
+      if (dxb != nullptr) dxb[c] = __float2bfloat16_rn(v);
+    }
+    if constexpr (kCols > 0) {
+      dw[j] += dy[c] * norm;
+      db[j] += dy[c];
+    }
   }
 }
 
-// partial[chunk][c] = sum over the chunk's rows of dout * norm, partial[chunk][C + c] = of dout.
+// Any C, the input's gradient alone (one warp per row).
+__global__ void LayerNormInputGradKernel(float* dinp, __nv_bfloat16* dinp_bf16, const float* dout,
+                                         const float* inp, const float* weight, const float* mean,
+                                         const float* rstd, int N, int C, bool add) {
+  const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (n >= N) return;
+  LayerNormRowGrad<0>(dinp, dinp_bf16, dout, inp, weight, mean, rstd, n, C, add, nullptr, nullptr);
+}
+
+// C <= 32 kCols: the input's gradient and the weights' in one pass over dout and inp. Warp w takes
+// rows [w kWarpRows, (w + 1) kWarpRows) in order, its lanes holding the sums of their columns in
+// registers, and writes them to partial[w][c] (of dy * norm) and partial[w][C + c] (of dy), which
+// AddChunkSums adds in a fixed order. partial null: the input's gradient alone.
+constexpr int kWarpRows = 8;
+constexpr int kFusedWarps = 4;  // warps per block: 256 blocks for gpt2's 8192 rows
+template <int kCols>
+__global__ void __launch_bounds__(32 * kFusedWarps)
+    LayerNormBackwardKernel(float* dinp, __nv_bfloat16* dinp_bf16, float* partial,
+                            const float* dout, const float* inp, const float* weight,
+                            const float* mean, const float* rstd, int N, int C, bool add) {
+  const int lane = threadIdx.x & 31;
+  const int64_t w = int64_t(blockIdx.x) * kFusedWarps + (threadIdx.x >> 5);
+  const int64_t r0 = w * kWarpRows;
+  if (r0 >= N) return;
+  const int64_t r1 = min(int64_t(N), r0 + kWarpRows);
+  float dw[kCols], db[kCols];
+#pragma unroll
+  for (int j = 0; j < kCols; ++j) dw[j] = db[j] = 0.0f;
+  for (int64_t n = r0; n < r1; ++n)
+    LayerNormRowGrad<kCols>(dinp, dinp_bf16, dout, inp, weight, mean, rstd, n, C, add, dw, db);
+  if (partial == nullptr) return;
+  float* p = partial + w * 2 * C;
+#pragma unroll
+  for (int j = 0; j < kCols; ++j) {
+    const int c = lane + 32 * j;
+    if (c >= C) break;
+    p[c] = dw[j];
+    p[C + c] = db[j];
+  }
+}
+
+// Any C, the weights' gradients alone: partial[chunk][c] = sum over the chunk's rows of
+// dout * norm, partial[chunk][C + c] = of dout.
 __global__ void LayerNormParamChunkKernel(float* partial, const float* dout, const float* inp,
                                           const float* mean, const float* rstd, int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -90,17 +149,23 @@ __global__ void LayerNormParamChunkKernel(float* partial, const float* dout, con
   }
 }
 
-__global__ void LayerNormParamAddKernel(float* dweight, float* dbias, const float* partial,
-                                        int64_t chunks, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float dw = 0.0f, db = 0.0f;
-  for (int64_t k = 0; k < chunks; ++k) {
-    dw += partial[k * 2 * C + c];
-    db += partial[k * 2 * C + C + c];
-  }
-  if (dweight != nullptr) dweight[c] += dw;
-  if (dbias != nullptr) dbias[c] += db;
+// The fused kernel for C columns: the smallest kCols with C <= 32 kCols (up to 2048 columns).
+using FusedKernel = void (*)(float*, __nv_bfloat16*, float*, const float*, const float*,
+                             const float*, const float*, const float*, int, int, bool);
+struct Fused {
+  int cols;
+  FusedKernel kernel;
+  const char* name;
+};
+#define ATL_FUSED(k) \
+  Fused { k, LayerNormBackwardKernel<k>, "LayerNormBackwardKernel<" #k ">" }
+const Fused kFused[] = {ATL_FUSED(1),  ATL_FUSED(2),  ATL_FUSED(4),  ATL_FUSED(8),  ATL_FUSED(16),
+                        ATL_FUSED(24), ATL_FUSED(32), ATL_FUSED(40), ATL_FUSED(48), ATL_FUSED(64)};
+#undef ATL_FUSED
+const Fused* FusedFor(int C) {
+  for (const Fused& f : kFused)
+    if (C <= 32 * f.cols) return &f;
+  return nullptr;
 }
 
 }  // namespace
@@ -119,18 +184,32 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
                        const float* inp, const float* weight, const float* mean, const float* rstd,
                        int N, int C, uint16_t* dinp_bf16, GradInto into) {
   if (N <= 0) return;
+  const bool params = dweight != nullptr || dbias != nullptr;
+  if (dinp == nullptr && !params) return;
+  const bool add = into == GradInto::kAdd;
+  if (const Fused* f = FusedFor(C)) {  // one pass: dout and inp read once
+    const int64_t warps = (int64_t(N) + kWarpRows - 1) / kWarpRows;
+    float* partial = params ? static_cast<float*>(Scratch(
+                                  kScratchReduce, size_t(warps) * 2 * size_t(C) * sizeof(float)))
+                            : nullptr;
+    Launch(f->name, f->kernel, Blocks(size_t(warps), kFusedWarps), 32 * kFusedWarps, dinp,
+           Bf16Copy(dinp_bf16), partial, dout, inp, weight, mean, rstd, N, C, add);
+    if (dweight != nullptr) AddChunkSums(dweight, partial, warps, C, 2 * int64_t(C));
+    if (dbias != nullptr) AddChunkSums(dbias, partial + C, warps, C, 2 * int64_t(C));
+    return;
+  }
   if (dinp != nullptr) {
     ATL_LAUNCH(LayerNormInputGradKernel, Blocks(size_t(N), kRowsPerBlock), 32 * kRowsPerBlock, dinp,
-               Bf16Copy(dinp_bf16), dout, inp, weight, mean, rstd, N, C, into == GradInto::kAdd);
+               Bf16Copy(dinp_bf16), dout, inp, weight, mean, rstd, N, C, add);
   }
-  if (dweight == nullptr && dbias == nullptr) return;
+  if (!params) return;
   const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;
   auto* partial =
       static_cast<float*>(Scratch(kScratchReduce, size_t(chunks) * 2 * size_t(C) * sizeof(float)));
   const dim3 grid(Blocks(size_t(C), 128), unsigned(chunks < 65535 ? chunks : 65535));
   ATL_LAUNCH(LayerNormParamChunkKernel, grid, 128, partial, dout, inp, mean, rstd, N, C);
-  ATL_LAUNCH(LayerNormParamAddKernel, Blocks(size_t(C), 128), 128, dweight, dbias, partial, chunks,
-             C);
+  if (dweight != nullptr) AddChunkSums(dweight, partial, chunks, C, 2 * int64_t(C));
+  if (dbias != nullptr) AddChunkSums(dbias, partial + C, chunks, C, 2 * int64_t(C));
 }
 
 }  // namespace atl::kernels::cuda
