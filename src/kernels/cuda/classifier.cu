@@ -1,7 +1,8 @@
 // The tied LM head with softmax cross-entropy. Forward: logits by one GEMM, then one block per
-// row for its log-sum-exp and loss, then one block for the mean. Backward: the gradient of the
-// logits is formed a tile of rows at a time (bounded scratch, however large N * V) and multiplied
-// into dx and dwte, the tiles in row order, so dwte's accumulation order is fixed.
+// row for its log-sum-exp and loss (one read of the row), then one block for the mean. Backward:
+// the gradient of the logits is formed a tile of rows at a time (bounded scratch, however large N *
+// V) and multiplied into dx and dwte, the tiles in row order, so dwte's accumulation order is
+// fixed.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -14,19 +15,45 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// A running softmax denominator: s = the sum of exp(x - m) over the values seen, m their maximum
+// (-inf, s 0: none seen).
+struct MaxSum {
+  float m, s;
+};
+__device__ inline MaxSum Combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.0f};
+  // __fadd_rn: no product fused into the add, so Combine(a, b) and Combine(b, a) (a butterfly's
+  // two lanes) give the same bits.
+  return {m, __fadd_rn(a.s * expf(a.m - m), b.s * expf(b.m - m))};
+}
+
+// One block per row: lse[n] = log sum_j exp(logits[n, j]), losses[n] = lse[n] - logits[n, target],
+// reading the row once (an online softmax: each thread's running maximum and sum over its columns
+// in order, then combined by the block's fixed tree).
 __global__ void RowLossKernel(float* lse, float* losses, const float* logits,
                               const int32_t* targets, int V) {
-  __shared__ float shared[32];
+  __shared__ MaxSum shared[32];
   const int64_t n = blockIdx.x;
   const float* l = logits + n * V;
-  float mx = -INFINITY;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
-  mx = BlockMax(mx, shared);
-  float s = 0.0f;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(l[j] - mx);
-  s = BlockSum(s, shared);
+  MaxSum t{-INFINITY, 0.0f};
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    const float x = l[j];
+    if (x > t.m) {
+      t.s = t.s * expf(t.m - x) + 1.0f;
+      t.m = x;
+    } else if (t.m != -INFINITY) {
+      t.s += expf(x - t.m);
+    }
+  }
+  t = BlockReduce(t, shared, MaxSum{-INFINITY, 0.0f}, [](MaxSum v) {
+    for (int o = 16; o > 0; o >>= 1)
+      v = Combine(
+          v, MaxSum{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
+    return v;
+  });
   if (threadIdx.x == 0) {
-    const float row_lse = mx + logf(s);
+    const float row_lse = t.m + logf(t.s);
     lse[n] = row_lse;
     losses[n] = row_lse - l[targets[n]];
   }

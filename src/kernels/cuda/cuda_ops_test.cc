@@ -294,6 +294,32 @@ TEST_F(CudaOps, Classifier) {
   }
 }
 
+// Logits in the hundreds, where exp overflows a float: the loss's one-pass softmax keeps a running
+// maximum per thread and rescales as it rises (V = 1000: four columns a thread, some threads none
+// when V < 256).
+TEST_F(CudaOps, ClassifierLossOfLargeLogits) {
+  for (const int V : {1000, 100}) {
+    const int N = 6, C = 16;
+    const auto x = Random(size_t(N) * C, 56, 40.0f), wte = Random(size_t(V) * C, 57);
+    const auto tgt = Tokens(N, V, 58);
+    auto dx_ = D(x), dwte_ = D(wte);
+    std::vector<double> logits(size_t(N) * V), lse(N), losses(N);
+    std::vector<double> scratch(cpu::ClassifierForwardScratch(N, V));
+    const double loss =
+        cpu::ClassifierForward(logits.data(), lse.data(), losses.data(), scratch.data(), dx_.data(),
+                               dwte_.data(), tgt.data(), N, C, V);
+    ASSERT_GT(*std::max_element(logits.begin(), logits.end()), 100.0);  // exp overflows a float
+    auto g_x = ToDevice(x), g_wte = ToDevice(wte);
+    auto g_tgt = ToDevice(tgt);
+    DeviceArray<float> g_logits(logits.size()), g_lse(N), g_losses(N);
+    const float g_loss = ClassifierForward(g_logits.data(), g_lse.data(), g_losses.data(),
+                                           g_x.data(), g_wte.data(), g_tgt.data(), N, C, V);
+    EXPECT_NEAR(g_loss, loss, kTol * std::abs(loss));
+    EXPECT_CLOSE(ToHost(g_lse), lse);
+    EXPECT_CLOSE(ToHost(g_losses), losses);
+  }
+}
+
 // The optional arguments: no bias, gradients left out (null), logits without targets.
 TEST_F(CudaOps, OptionalArguments) {
   const int N = 37, IC = 24, OC = 40, V = 301;
