@@ -301,18 +301,22 @@ struct Ops {
   // scratch: the CPU's (ClassifierForwardScratch / BackwardScratch); the GPU uses its own.
   T ClassifierForward(T* logits, T* lse, T* losses, T* scratch, const T* x, const T* wte,
                       const int32_t* targets, int N, int C, int V, const uint16_t* x_b = nullptr,
-                      const uint16_t* wte_b = nullptr) const {
+                      const uint16_t* wte_b = nullptr, uint16_t* logits_b = nullptr) const {
     ATL_GPU(kernels::cuda::ClassifierForward(logits, lse, losses, x, wte, targets, N, C, V,
-                                             (kernels::cuda::Bf16Copies{x_b, nullptr, wte_b})));
+                                             (kernels::cuda::Bf16Copies{x_b, nullptr, wte_b}),
+                                             logits_b));
+    (void)logits_b;
     return kernels::ClassifierForward(logits, lse, losses, scratch, x, wte, targets, N, C, V);
   }
   void ClassifierBackward(T* dx, T* dwte, T* scratch, const T* logits, const T* lse, const T* x,
                           const T* wte, const int32_t* targets, T dloss, int N, int C, int V,
                           const uint16_t* x_b = nullptr, const uint16_t* wte_b = nullptr,
-                          GradInto into = GradInto::kAdd) const {
+                          GradInto into = GradInto::kAdd,
+                          const uint16_t* logits_b = nullptr) const {
     ATL_GPU(kernels::cuda::ClassifierBackward(dx, dwte, logits, lse, x, wte, targets, dloss, N, C,
                                               V, (kernels::cuda::Bf16Copies{x_b, nullptr, wte_b}),
-                                              into));
+                                              into, logits_b));
+    (void)logits_b;
     ZeroFor(into, dx, size_t(N) * size_t(C));
     kernels::ClassifierBackward(dx, dwte, scratch, logits, lse, x, wte, targets, dloss, N, C, V);
   }

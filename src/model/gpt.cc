@@ -323,13 +323,14 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
          ops_.LayerNormForward(F(S.lnf.data()), S.lnf_mean.data(), S.lnf_rstd.data(), residual,
                                W(ParamKind::kLnfW), W(ParamKind::kLnfB), N, C,
                                Slot::At(S.lnf_b, copies, 0, 0)));
-  if (tp > 1) return targets != nullptr ? VocabParallelLoss(S, N) : T(0);
+  uint16_t* logits_b = S.UseLogits(device_);
+  if (tp > 1) return targets != nullptr ? VocabParallelLoss(S, N, logits_b) : T(0);
   T loss = 0;
   ATL_OP("classifier fwd",
          loss = ops_.ClassifierForward(
              S.logits.data(), S.lse.data(), S.losses.data(), a.classifier_scratch.data(),
              S.lnf.data(), W(ParamKind::kWte), targets != nullptr ? S.targets.data() : nullptr, N,
-             C, V, Slot::At(S.lnf_b, copies, 0, 0), Wb(copies, ParamKind::kWte)));
+             C, V, Slot::At(S.lnf_b, copies, 0, 0), Wb(copies, ParamKind::kWte), logits_b));
   return loss;
 }
 
@@ -337,7 +338,7 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
 // every rank's lse and the target logit (from the rank holding the target) exchanged in one
 // all-reduce, then lse = log sum_r exp(lse_r), combined in rank order on every rank.
 template <class T>
-T GPT<T>::VocabParallelLoss(Slot& S, int N) {
+T GPT<T>::VocabParallelLoss(Slot& S, int N, uint16_t* logits_b) {
   Activations& a = *acts_;
   const int C = cfg_.n_embd, Vl = vocab_end_ - vocab_begin_, tp = shard_.tp_size;
   // Targets outside the share point at row 0 here: their losses are discarded, only lse is used.
@@ -350,7 +351,7 @@ T GPT<T>::VocabParallelLoss(Slot& S, int N) {
                                                   a.classifier_scratch.data(), S.lnf.data(),
                                                   W(ParamKind::kWte), a.vocab_targets.data(), N, C,
                                                   Vl, Slot::At(S.lnf_b, S.copies_written, 0, 0),
-                                                  Wb(S.copies_written, ParamKind::kWte)));
+                                                  Wb(S.copies_written, ParamKind::kWte), logits_b));
   T* stats = a.vocab_stats.data();
   std::fill(stats, stats + size_t(tp + 1) * N, T(0));
   // On the GPU: lse and the losses come to the host, and a target's logit is lse - loss (its
@@ -421,7 +422,7 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
   // dres_b holds dres after a LayerNorm backward wrote it (not after output_grad arrives).
   const bool copies = S.copies_written;
   // The forward wrote some outputs in bf16 alone: only bf16 products may read them.
-  if (S.bf16_only && !Bf16Matmul())
+  if ((S.bf16_only || S.logits_in_bf16) && !Bf16Matmul())
     throw std::logic_error("GPT::Backward: bf16 products were switched off after the forward");
   if (copies) a.AllocateBf16GradCopies(device_);
   uint16_t* dres_b = copies ? a.dresidual_b.data() : nullptr;
@@ -446,7 +447,7 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
                                    S.logits.data(), S.lse.data(), S.lnf.data(), W(ParamKind::kWte),
                                    targets, dloss, N, C, vocab_end_ - vocab_begin_,
                                    Slot::At(S.lnf_b, copies, 0, 0), Wb(copies, ParamKind::kWte),
-                                   kWrite));
+                                   kWrite, S.logits_in_bf16 ? S.logits_b.data() : nullptr));
     ATL_OP("tp all-reduce", TensorAllReduce(a.dln.data(), NC));
     const T* last_residual = S.residual3.data() + size_t(Ll - 1) * NR * C;
     ATL_OP("layernorm bwd",
@@ -560,7 +561,18 @@ const T* GPT<T>::logits() const {
   if (!cuda()) return S.logits.data();
   const size_t n = size_t(S.B) * size_t(S.T_len) * size_t(vocab_end_ - vocab_begin_);
   host_logits_.resize(n);
-  CopyOut(device_, host_logits_.data(), S.logits.data(), n);
+  if (!S.logits_in_bf16) {
+    CopyOut(device_, host_logits_.data(), S.logits.data(), n);
+    return host_logits_.data();
+  }
+  std::vector<uint16_t> bits(n);  // bf16 logits, widened exactly
+  CopyOut(device_, bits.data(), S.logits_b.data(), n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t u = uint32_t(bits[i]) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof(f));
+    host_logits_[i] = T(f);
+  }
   return host_logits_.data();
 }
 

@@ -217,6 +217,7 @@ class GPT {
 
   // Logits of the last Forward (slot 0, last stage): [B, T, vocab_size], row-major; with
   // tp_size > 1 only this rank's vocabulary share: [B, T, Vl], token ShardVocab().begin first.
+  // On the GPU under bf16 products the forward keeps them in bf16: these are those, widened.
   const T* logits() const;
 
   // Optional per-op wall-clock profile, for benchmarks: while enabled, Forward and Backward add
@@ -254,7 +255,7 @@ class GPT {
   void TensorAllReduce(T* data, size_t n, bool on_host = false);
   // p itself on the CPU (or when null); on the GPU, a host copy of its n elements in `host`.
   const T* HostView(const T* p, size_t n, std::vector<T>& host) const;
-  T VocabParallelLoss(Slot& slot, int N);
+  T VocabParallelLoss(Slot& slot, int N, uint16_t* logits_b);
 
   GPTConfig cfg_;
   ModelShard shard_;

@@ -49,7 +49,8 @@ struct GPT<T>::Slot {
       lnf.Allocate(d, N * C);
       lnf_mean.Allocate(d, N);
       lnf_rstd.Allocate(d, N);
-      logits.Allocate(d, N * size_t(vocab));
+      logits_count = N * size_t(vocab);
+      if (d == Device::kCpu) logits.Allocate(d, logits_count);  // the GPU's: UseLogits
       lse.Allocate(d, N);
       losses.Allocate(d, N);
     }
@@ -71,6 +72,7 @@ struct GPT<T>::Slot {
   Buffer<T> residual3;                // [L, N, C]  residual2 + mlp.c_proj
   Buffer<T> lnf, lnf_mean, lnf_rstd;  // [N, C], [N], [N]   (last stage)
   Buffer<T> logits;                   // [N, Vl]  this rank's vocabulary share (last stage)
+  Buffer<uint16_t> logits_b;          // [N, Vl]  the same in bf16 alone (GPU, bf16 products)
   Buffer<T> lse, losses;              // [N]      lse over the whole vocabulary (last stage)
   int B = 0, T_len = 0;
   bool had_targets = false;
@@ -100,6 +102,20 @@ struct GPT<T>::Slot {
   // Whether the last forward wrote the copies (its backward reads them), and whether it wrote
   // ln1, ln2, fch_gelu and lnf in bf16 alone (their floats stale).
   bool copies_written = false, bf16_only = false;
+
+  // The last stage's logits: on the GPU under bf16 products in bf16 alone, as PyTorch's autocast
+  // keeps them (kernels/cuda/ops.h ClassifierForward), whether or not the copies above are in
+  // use, so that they change no bit; float otherwise. On the GPU each is allocated by the first
+  // forward that writes it ([N, V] floats are the largest activation). Returns the bf16 room, or
+  // null for float logits.
+  size_t logits_count = 0;
+  bool logits_in_bf16 = false;
+  uint16_t* UseLogits(Device d) {
+    logits_in_bf16 = d == Device::kCuda && Bf16Matmul();
+    if (logits_in_bf16 && logits_b.size() == 0) logits_b.Allocate(d, logits_count);
+    if (!logits_in_bf16 && logits.size() == 0) logits.Allocate(d, logits_count);
+    return logits_in_bf16 ? logits_b.data() : nullptr;
+  }
 };
 
 // The slots, and one block's worth of gradient buffers that backward reuses from the top block

@@ -326,6 +326,53 @@ TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
   EXPECT_EQ(std::memcmp(trained[0].data(), trained[1].data(), trained[0].size() * 4), 0);
 }
 
+// Under bf16 products the GPU keeps the logits in bf16 alone (kernels/cuda/ops.h
+// ClassifierForward): logits() gives them widened (each a bf16), near the float products' logits;
+// the whole model and a vocabulary-parallel shard (its all-reduce left out). A backward after bf16
+// products were switched off is refused: what it would read was not written.
+TEST(CudaModel, Bf16LogitsAreKeptInBf16) {
+  std::string why;
+  if (!DeviceUsable(Device::kCuda, &why)) GTEST_SKIP() << "no GPU here (" << why << ")";
+  struct Reset {
+    ~Reset() { SetBf16Matmul(false); }
+  } reset;
+  const GPTConfig c{.vocab_size = 96, .seq_len = 16, .n_layer = 2, .n_head = 4, .n_embd = 64};
+  const int B = 2, N = B * c.seq_len;
+  std::vector<int32_t> tokens(size_t(N) + 1);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 29 + 5) % 96);
+  for (const ModelShard shard : {ModelShard{}, ModelShard{.tp_rank = 1, .tp_size = 2}}) {
+    SCOPED_TRACE(testing::Message() << "tp " << shard.tp_size);
+    GPT<float> model(c, B, shard, 1, Device::kCuda);
+    if (shard.tp_size > 1) model.set_tensor_parallel([](float*, size_t) {});
+    model.InitParameters(3);
+    const size_t n = size_t(N) * size_t(c.vocab_size / shard.tp_size);
+    SetBf16Matmul(false);
+    const float loss32 = model.Forward(tokens.data(), tokens.data() + 1, B, c.seq_len);
+    const std::vector<float> f(model.logits(), model.logits() + n);
+    SetBf16Matmul(true);
+    const float loss16 = model.Forward(tokens.data(), tokens.data() + 1, B, c.seq_len);
+    const std::vector<float> h(model.logits(), model.logits() + n);
+    double err = 0, norm = 0;
+    size_t not_bf16 = 0;
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, &h[i], sizeof(u));
+      not_bf16 += (u & 0xffffu) != 0;
+      err += (double(h[i]) - f[i]) * (double(h[i]) - f[i]);
+      norm += double(f[i]) * f[i];
+    }
+    EXPECT_EQ(not_bf16, 0u);
+    EXPECT_GT(err, 0.0);
+    EXPECT_LT(std::sqrt(err / norm), 1e-2);
+    EXPECT_NEAR(loss16, loss32, 1e-2 * loss32);
+    model.Backward(1.0f);          // reads the bf16 logits
+    model.set_bf16_copies(false);  // no other activation in bf16 alone: the logits refuse it
+    model.Forward(tokens.data(), tokens.data() + 1, B, c.seq_len);
+    SetBf16Matmul(false);
+    EXPECT_THROW(model.Backward(1.0f), std::logic_error);
+  }
+}
+
 // A GPU checkpoint resumed on the CPU continues as the GPU run does (within rounding), and the
 // other way round.
 TEST_F(CudaTrainTest, CheckpointsCrossDevices) {

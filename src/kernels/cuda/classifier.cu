@@ -1,5 +1,6 @@
-// The tied LM head with softmax cross-entropy. Forward: logits by one GEMM, then one block per
-// row for its log-sum-exp and loss (one read of the row), then one block for the mean. Backward:
+// The tied LM head with softmax cross-entropy. Forward: logits by one GEMM (float, or bf16 under
+// bf16 products when the caller gives room), then one block per row for its log-sum-exp and loss
+// (one read of the row), then one block for the mean. Backward:
 // the gradient of the logits is formed a tile of rows at a time (bounded scratch, however large N *
 // V) and multiplied into dx and dwte, the tiles in row order, so dwte's accumulation order is
 // fixed.
@@ -28,17 +29,21 @@ __device__ inline MaxSum Combine(MaxSum a, MaxSum b) {
   return {m, __fadd_rn(a.s * expf(a.m - m), b.s * expf(b.m - m))};
 }
 
+__device__ inline float Load(const float* p) { return *p; }
+__device__ inline float Load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+
 // One block per row: lse[n] = log sum_j exp(logits[n, j]), losses[n] = lse[n] - logits[n, target],
 // reading the row once (an online softmax: each thread's running maximum and sum over its columns
-// in order, then combined by the block's fixed tree).
-__global__ void RowLossKernel(float* lse, float* losses, const float* logits,
-                              const int32_t* targets, int V) {
+// in order, then combined by the block's fixed tree). Logits float or bf16.
+template <class L>
+__global__ void RowLossKernel(float* lse, float* losses, const L* logits, const int32_t* targets,
+                              int V) {
   __shared__ MaxSum shared[32];
   const int64_t n = blockIdx.x;
-  const float* l = logits + n * V;
+  const L* l = logits + n * V;
   MaxSum t{-INFINITY, 0.0f};
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
-    const float x = l[j];
+    const float x = Load(l + j);
     if (x > t.m) {
       t.s = t.s * expf(t.m - x) + 1.0f;
       t.m = x;
@@ -55,7 +60,7 @@ __global__ void RowLossKernel(float* lse, float* losses, const float* logits,
   if (threadIdx.x == 0) {
     const float row_lse = t.m + logf(t.s);
     lse[n] = row_lse;
-    losses[n] = row_lse - l[targets[n]];
+    losses[n] = row_lse - Load(l + targets[n]);
   }
 }
 
@@ -72,16 +77,16 @@ __device__ inline void Store(float* p, float x) { *p = x; }
 __device__ inline void Store(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
 
 // d[r, v] = dloss * (exp(logits[r0 + r, v] - lse[r0 + r]) - [v == target]) for the tile's rows,
-// in float, stored as T (bf16: rounded as Gemm would round it).
-template <class T>
-__global__ void LogitGradKernel(T* d, const float* logits, const float* lse, const int32_t* targets,
+// in float, stored as T (bf16: rounded as Gemm would round it); logits float or bf16.
+template <class T, class L>
+__global__ void LogitGradKernel(T* d, const L* logits, const float* lse, const int32_t* targets,
                                 float dloss, int64_t r0, int rows, int V) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(rows) * V) return;
   const int64_t r = i / V;
   const int v = int(i % V);
   const int64_t n = r0 + r;
-  const float p = expf(logits[n * V + v] - lse[n]);
+  const float p = expf(Load(logits + n * V + v) - lse[n]);
   Store(d + i, dloss * (p - (v == targets[n] ? 1.0f : 0.0f)));
 }
 
@@ -100,8 +105,8 @@ void FloatTiles(float* dx, float* dwte, const float* logits, const float* lse, c
   for (int r0 = 0; r0 < N; r0 += tile) {
     const int rows = std::min(tile, N - r0);
     const size_t n = size_t(rows) * size_t(V);
-    ATL_LAUNCH(LogitGradKernel<float>, Blocks(n, kThreads), kThreads, d, logits, lse, targets,
-               dloss, r0, rows, V);
+    ATL_LAUNCH((LogitGradKernel<float, float>), Blocks(n, kThreads), kThreads, d, logits, lse,
+               targets, dloss, r0, rows, V);
     // dx[rows,C] (+)= d[rows,V] · wte[V,C]
     if (dx != nullptr)
       Gemm(false, false, rows, C, V, 1.0f, d, V, wte, C, beta_dx, dx + size_t(r0) * C, C);
@@ -116,7 +121,9 @@ void FloatTiles(float* dx, float* dwte, const float* logits, const float* lse, c
 // x rounded into one 256-byte aligned place (the alignment cuBLASLt's fastest kernels want,
 // whatever C is). Tiles are whole multiples of 128 / gcd(C, 128) rows, so that every tile of x16
 // (256-byte aligned) starts 256-byte aligned too: the same plans, hence the same bits, either way.
-void Bf16Tiles(float* dx, float* dwte, const float* logits, const float* lse, const float* x,
+// Logits float or bf16 (L).
+template <class L>
+void Bf16Tiles(float* dx, float* dwte, const L* logits, const float* lse, const float* x,
                const __nv_bfloat16* x16, const float* wte, const __nv_bfloat16* wte16,
                const int32_t* targets, float dloss, int N, int C, int V, float beta_dx) {
   const int step = 128 / std::gcd(C, 128);
@@ -133,7 +140,7 @@ void Bf16Tiles(float* dx, float* dwte, const float* logits, const float* lse, co
   for (int r0 = 0; r0 < N; r0 += tile) {
     const int rows = std::min(tile, N - r0);
     const size_t n = size_t(rows) * size_t(V);
-    ATL_LAUNCH(LogitGradKernel<__nv_bfloat16>, Blocks(n, kThreads), kThreads, d, logits, lse,
+    ATL_LAUNCH((LogitGradKernel<__nv_bfloat16, L>), Blocks(n, kThreads), kThreads, d, logits, lse,
                targets, dloss, r0, rows, V);
     if (dx != nullptr)
       GemmBf16(false, false, rows, C, V, 1.0f, d, V, w, C, beta_dx, dx + size_t(r0) * C, C);
@@ -149,13 +156,18 @@ void Bf16Tiles(float* dx, float* dwte, const float* logits, const float* lse, co
 }  // namespace
 
 float ClassifierForward(float* logits, float* lse, float* losses, const float* x, const float* wte,
-                        const int32_t* targets, int N, int C, int V, const Bf16Copies& copies) {
+                        const int32_t* targets, int N, int C, int V, const Bf16Copies& copies,
+                        uint16_t* logits_bf16) {
   if (N <= 0) return 0.0f;
+  __nv_bfloat16* l16 = Bf16Copy(logits_bf16);
   // logits[N,V] = x[N,C] · wte[V,C]ᵀ
   GemmWithCopies(false, true, N, V, C, 1.0f, x, copies.inp, C, wte, copies.weight, C, 0.0f, logits,
-                 V);
+                 V, nullptr, l16);
   if (targets == nullptr) return 0.0f;
-  ATL_LAUNCH(RowLossKernel, unsigned(N), kThreads, lse, losses, logits, targets, V);
+  if (l16 != nullptr)
+    ATL_LAUNCH(RowLossKernel<__nv_bfloat16>, unsigned(N), kThreads, lse, losses, l16, targets, V);
+  else
+    ATL_LAUNCH(RowLossKernel<float>, unsigned(N), kThreads, lse, losses, logits, targets, V);
   auto* mean = static_cast<float*>(Scratch(kScratchReduce, sizeof(float)));
   ATL_LAUNCH(MeanKernel, 1, 1024, mean, losses, N);
   float host = 0.0f;
@@ -165,10 +177,17 @@ float ClassifierForward(float* logits, float* lse, float* losses, const float* x
 
 void ClassifierBackward(float* dx, float* dwte, const float* logits, const float* lse,
                         const float* x, const float* wte, const int32_t* targets, float dloss,
-                        int N, int C, int V, const Bf16Copies& copies, GradInto into) {
+                        int N, int C, int V, const Bf16Copies& copies, GradInto into,
+                        const uint16_t* logits_bf16) {
   if (N <= 0 || (dx == nullptr && dwte == nullptr)) return;
   const float beta_dx = into == GradInto::kAdd ? 1.0f : 0.0f;  // each tile's rows of dx, once
-  if (Bf16Matmul())
+  if (logits_bf16 != nullptr && !Bf16Matmul())
+    ThrowCuda("ClassifierBackward", __FILE__, __LINE__,
+              "bf16 logits, but bf16 products were switched off after the forward");
+  if (logits_bf16 != nullptr)
+    Bf16Tiles(dx, dwte, Bf16Copy(logits_bf16), lse, x, Bf16Copy(copies.inp), wte,
+              Bf16Copy(copies.weight), targets, dloss, N, C, V, beta_dx);
+  else if (Bf16Matmul())
     Bf16Tiles(dx, dwte, logits, lse, x, Bf16Copy(copies.inp), wte, Bf16Copy(copies.weight), targets,
               dloss, N, C, V, beta_dx);
   else

@@ -152,10 +152,12 @@ void GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
 // SetBf16Matmul the product reads a copy where there is one and rounds the other operand into
 // scratch; float products otherwise (the copies unread). bias (n floats, or null): added to every
 // row of c by cuBLASLt's epilogue where it can (16-byte aligned, an algorithm found); returns
-// whether it was, so the caller adds it otherwise.
+// whether it was, so the caller adds it otherwise. c_bf16 (under SetBf16Matmul only, no bias): c
+// is written there in bf16 instead (the float result rounded to nearest once; c unused).
 bool GemmWithCopies(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                     const uint16_t* a_bf16, int64_t lda, const float* b, const uint16_t* b_bf16,
-                    int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr);
+                    int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr,
+                    __nv_bfloat16* c_bf16 = nullptr);
 
 // Column sums of a row-major [rows, cols] matrix, ADDED into out[cols] (device), in a fixed
 // order: rows are cut into chunks of kColumnChunkRows, each chunk summed per column in row order,

@@ -148,46 +148,83 @@ TEST_F(CudaOps, Bf16AttentionOnTheTensorCores) {
 // (as the backward writes it) with x and wte rounded. N = 2700 at V = 50257 makes two backward
 // tiles (2656 rows and 44: whole multiples of 32 rows at C = 4). Each operand is rounded once per
 // op: the backward rounds wte once for every tile, and x once.
+// Float logits, and logits kept in bf16 alone (logits_bf16: the float logits not written, here
+// null): the bf16 ones within a bf16 rounding of the product, the loss's lse that of the logits it
+// read, and the backward's gradients from them.
 TEST_F(CudaOps, Bf16Classifier) {
   const Bf16On on;
   struct Shape {
     int N, C, V;
   };
-  for (const Shape s : {Shape{17, 32, 1001}, Shape{2700, 4, 50257}}) {
-    SCOPED_TRACE(testing::Message() << "N=" << s.N << " C=" << s.C << " V=" << s.V);
-    const size_t N = size_t(s.N), C = size_t(s.C), V = size_t(s.V);
-    const auto x = Random(N * C, 131), wte = Random(V * C, 132, 0.3f);
-    const auto tgt = Tokens(N, s.V, 133);
-    const auto dx0 = Random(x.size(), 134), dwte0 = Random(wte.size(), 135);
-    const auto rx = Rounded(x), rw = Rounded(wte);
-    auto g_x = ToDevice(x), g_wte = ToDevice(wte), g_dx = ToDevice(dx0), g_dwte = ToDevice(dwte0);
-    auto g_tgt = ToDevice(tgt);
-    DeviceArray<float> g_logits(N * V), g_lse(N), g_losses(N);
-    ClassifierForward(g_logits.data(), g_lse.data(), g_losses.data(), g_x.data(), g_wte.data(),
-                      g_tgt.data(), s.N, s.C, s.V);
-    const uint64_t rounded = Bf16RoundedElements();
-    const float dloss = 1.0f / float(s.N);
-    ClassifierBackward(g_dx.data(), g_dwte.data(), g_logits.data(), g_lse.data(), g_x.data(),
-                       g_wte.data(), g_tgt.data(), dloss, s.N, s.C, s.V);
-    EXPECT_EQ(Bf16RoundedElements() - rounded, V * C + N * C);
-    const auto logits = ToHost(g_logits), lse = ToHost(g_lse);
-    std::vector<double> want_logits(N * V), dx = D(dx0), dwte = D(dwte0);
-    for (size_t n = 0; n < N; ++n)
-      for (size_t v = 0; v < V; ++v) {
-        double l = 0;
-        for (size_t c = 0; c < C; ++c) l += double(rx[n * C + c]) * double(rw[v * C + c]);
-        want_logits[n * V + v] = l;
-        // The backward's logit gradient from the GPU's own logits, rounded as it rounds it.
-        const float p = std::exp(logits[n * V + v] - lse[n]);
-        const double d = RoundBf16(dloss * (p - (int(v) == tgt[n] ? 1.0f : 0.0f)));
-        for (size_t c = 0; c < C; ++c) {
-          dx[n * C + c] += d * double(rw[v * C + c]);
-          dwte[v * C + c] += d * double(rx[n * C + c]);
+  for (const bool half : {false, true})
+    for (const Shape s : {Shape{17, 32, 1001}, Shape{2700, 4, 50257}}) {
+      SCOPED_TRACE(testing::Message() << "N=" << s.N << " C=" << s.C << " V=" << s.V
+                                      << (half ? " bf16 logits" : " float logits"));
+      const size_t N = size_t(s.N), C = size_t(s.C), V = size_t(s.V);
+      const auto x = Random(N * C, 131), wte = Random(V * C, 132, 0.3f);
+      const auto tgt = Tokens(N, s.V, 133);
+      const auto dx0 = Random(x.size(), 134), dwte0 = Random(wte.size(), 135);
+      const auto rx = Rounded(x), rw = Rounded(wte);
+      auto g_x = ToDevice(x), g_wte = ToDevice(wte), g_dx = ToDevice(dx0), g_dwte = ToDevice(dwte0);
+      auto g_tgt = ToDevice(tgt);
+      DeviceArray<float> g_logits(half ? 0 : N * V), g_lse(N), g_losses(N);
+      DeviceArray<uint16_t> g_l16(half ? N * V : 0);
+      float* logits_f = half ? nullptr : g_logits.data();
+      uint16_t* l16 = half ? g_l16.data() : nullptr;
+      ClassifierForward(logits_f, g_lse.data(), g_losses.data(), g_x.data(), g_wte.data(),
+                        g_tgt.data(), s.N, s.C, s.V, {}, l16);
+      const uint64_t rounded = Bf16RoundedElements();
+      const float dloss = 1.0f / float(s.N);
+      ClassifierBackward(g_dx.data(), g_dwte.data(), logits_f, g_lse.data(), g_x.data(),
+                         g_wte.data(), g_tgt.data(), dloss, s.N, s.C, s.V, {}, GradInto::kAdd, l16);
+      EXPECT_EQ(Bf16RoundedElements() - rounded, V * C + N * C);
+      std::vector<float> logits;
+      if (half) {
+        for (const uint16_t b : ToHost(g_l16)) logits.push_back(FromBf16Bits(b));
+      } else {
+        logits = ToHost(g_logits);
+      }
+      const auto lse = ToHost(g_lse), losses = ToHost(g_losses);
+      std::vector<double> want_logits(N * V), dx = D(dx0), dwte = D(dwte0), want_lse(N);
+      for (size_t n = 0; n < N; ++n) {
+        double mx = -INFINITY, sum = 0;
+        for (size_t v = 0; v < V; ++v) mx = std::max(mx, double(logits[n * V + v]));
+        for (size_t v = 0; v < V; ++v) sum += std::exp(double(logits[n * V + v]) - mx);
+        want_lse[n] = mx + std::log(sum);
+        EXPECT_NEAR(losses[n], want_lse[n] - logits[n * V + size_t(tgt[n])], 1e-5) << n;
+        for (size_t v = 0; v < V; ++v) {
+          double l = 0;
+          for (size_t c = 0; c < C; ++c) l += double(rx[n * C + c]) * double(rw[v * C + c]);
+          want_logits[n * V + v] = l;
+          // The backward's logit gradient from the GPU's own logits, rounded as it rounds it.
+          const float p = std::exp(logits[n * V + v] - lse[n]);
+          const double d = RoundBf16(dloss * (p - (int(v) == tgt[n] ? 1.0f : 0.0f)));
+          for (size_t c = 0; c < C; ++c) {
+            dx[n * C + c] += d * double(rw[v * C + c]);
+            dwte[v * C + c] += d * double(rx[n * C + c]);
+          }
         }
       }
-    EXPECT_LE(NormErr(logits, want_logits), kTol);
-    ExpectIncrement("dx", ToHost(g_dx), dx0, dx);
-    ExpectIncrement("dwte", ToHost(g_dwte), dwte0, dwte);
+      // bf16 logits: within a bf16 rounding (2^-9 relative) of the float product.
+      EXPECT_LE(NormErr(logits, want_logits), half ? 1.0 / 512 : kTol);
+      if (half) EXPECT_GT(NormErr(logits, want_logits), kTol);  // rounded, not float
+      EXPECT_LE(NormErr(lse, want_lse), kTol);
+      ExpectIncrement("dx", ToHost(g_dx), dx0, dx);
+      ExpectIncrement("dwte", ToHost(g_dwte), dwte0, dwte);
+    }
+  {  // bf16 logits need bf16 products in the backward as in the forward.
+    const int N = 3, C = 8, V = 40;
+    auto x = ToDevice(Random(size_t(N) * C, 139)), wte = ToDevice(Random(size_t(V) * C, 140));
+    auto tgt = ToDevice(Tokens(N, V, 141));
+    DeviceArray<float> lse(N), losses(N), dx(size_t(N) * C);
+    DeviceArray<uint16_t> l16(size_t(N) * V);
+    ClassifierForward(nullptr, lse.data(), losses.data(), x.data(), wte.data(), tgt.data(), N, C, V,
+                      {}, l16.data());
+    SetBf16Matmul(false);
+    EXPECT_THROW(ClassifierBackward(dx.data(), nullptr, nullptr, lse.data(), x.data(), wte.data(),
+                                    tgt.data(), 1.0f, N, C, V, {}, GradInto::kWrite, l16.data()),
+                 std::runtime_error);
+    SetBf16Matmul(true);
   }
   // The linear layer's backward rounds dout once for its two products.
   const int N = 37, IC = 96, OC = 51;

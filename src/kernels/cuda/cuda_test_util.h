@@ -99,6 +99,14 @@ inline float RoundBf16(float x) {
   return x;
 }
 
+// A bf16's bits widened to float (exactly).
+inline float FromBf16Bits(uint16_t bits) {
+  const uint32_t u = uint32_t(bits) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+}
+
 // Each element rounded to bf16, as bits (what the ops' bf16 copies hold).
 inline std::vector<uint16_t> Bf16Bits(const std::vector<float>& v) {
   std::vector<uint16_t> bits(v.size());

@@ -41,9 +41,9 @@ uint32_t Alignment(const void* p) {
   return align;
 }
 
-// ..., align_bias: the bias's alignment (0: no bias epilogue).
+// ..., align_bias: the bias's alignment (0: no bias epilogue), out_bf16: C and D bf16.
 using Key = std::tuple<bool, bool, int, int, int, int64_t, int64_t, int64_t, int, int64_t, int64_t,
-                       int64_t, uint32_t, uint32_t, uint32_t, bool, bool, uint32_t>;
+                       int64_t, uint32_t, uint32_t, uint32_t, bool, bool, uint32_t, bool>;
 
 bool bf16_products = false;
 uint64_t bf16_rounded = 0;
@@ -76,7 +76,7 @@ const Plan& GetPlan(const Key& key, const float* bias) {
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
   const auto [ta, tb, m, n, k, lda, ldb, ldc, batch, sa, sb, sc, align_a, align_b, align_c,
-              accumulate, bf16, align_bias] = key;
+              accumulate, bf16, align_bias, out_bf16] = key;
   const cudaDataType_t in = bf16 ? CUDA_R_16BF : CUDA_R_32F;
   Plan p;
   ATL_CUBLAS(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -100,7 +100,7 @@ const Plan& GetPlan(const Key& key, const float* bias) {
   // Stored (column-major) shapes: cuBLASLt's A is n x k (k x n when transposed), B is k x m.
   p.a = tb ? Layout(in, k, n, ldb, batch, sb) : Layout(in, n, k, ldb, batch, sb);
   p.b = ta ? Layout(in, m, k, lda, batch, sa) : Layout(in, k, m, lda, batch, sa);
-  p.c = Layout(CUDA_R_32F, n, m, ldc, batch, sc);
+  p.c = Layout(out_bf16 ? CUDA_R_16BF : CUDA_R_32F, n, m, ldc, batch, sc);
 
   cublasLtMatmulPreference_t pref = nullptr;
   ATL_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
@@ -190,12 +190,15 @@ namespace {
 
 // The product of Gemm and GemmBf16, on operands of the given type; with `bias` (n floats, batch
 // 1) added to every row of c by the epilogue where it is 16-byte aligned and cuBLASLt has an
-// algorithm for it, the product alone otherwise. Returns whether the bias was added.
+// algorithm for it, the product alone otherwise. Returns whether the bias was added. out_bf16
+// (bf16 operands, no bias): c is bf16, the float result rounded to nearest once.
 bool Product(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a,
-             int64_t lda, const void* b, int64_t ldb, float beta, float* c, int64_t ldc, int batch,
+             int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc, int batch,
              int64_t stride_a, int64_t stride_b, int64_t stride_c, bool bf16,
-             const float* bias = nullptr) {
+             const float* bias = nullptr, bool out_bf16 = false) {
   if (bias != nullptr && Alignment(bias) < 16) bias = nullptr;  // the kernel's, then
+  if (out_bf16 && (!bf16 || bias != nullptr))
+    ThrowCuda("Product", __FILE__, __LINE__, "a bf16 result needs bf16 operands and no bias");
   const Key key{trans_a,
                 trans_b,
                 m,
@@ -213,7 +216,8 @@ bool Product(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const
                 Alignment(c),
                 beta != 0.0f,
                 bf16,
-                bias != nullptr ? Alignment(bias) : 0u};
+                bias != nullptr ? Alignment(bias) : 0u,
+                out_bf16};
   const Plan& p = GetPlan(key, bias);
   if (!p.found)  // only with a bias
     return Product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, batch, stride_a,
@@ -227,13 +231,14 @@ bool Product(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const
 }
 
 // Whether c = alpha op(a) op(b) + beta c has a product to run; when k = 0 (cuBLASLt rejects it)
-// applies c = beta * c itself.
-bool HasProduct(int m, int n, int k, float beta, float* c, int64_t ldc, int batch) {
+// applies c = beta * c itself (c's elements `elem` bytes).
+bool HasProduct(int m, int n, int k, float beta, void* c, int64_t ldc, int batch,
+                size_t elem = sizeof(float)) {
   if (m <= 0 || n <= 0 || batch <= 0) return false;
   if (k > 0) return true;
   if (beta == 1.0f) return false;
   if (beta == 0.0f && batch == 1 && ldc == n) {
-    Zero(c, size_t(m) * size_t(n) * 4);
+    Zero(c, size_t(m) * size_t(n) * elem);
     return false;
   }
   ThrowCuda("Gemm", __FILE__, __LINE__, "k = 0 with this beta and layout is not supported");
@@ -268,8 +273,12 @@ void GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
 
 bool GemmWithCopies(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                     const uint16_t* a_bf16, int64_t lda, const float* b, const uint16_t* b_bf16,
-                    int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
-  if (!HasProduct(m, n, k, beta, c, ldc, 1)) return false;
+                    int64_t ldb, float beta, float* c, int64_t ldc, const float* bias,
+                    __nv_bfloat16* c_bf16) {
+  const bool out_bf16 = bf16_products && c_bf16 != nullptr;
+  if (out_bf16 ? !HasProduct(m, n, k, beta, c_bf16, ldc, 1, 2)
+               : !HasProduct(m, n, k, beta, c, ldc, 1))
+    return false;
   if (!bf16_products)
     return Product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 1, 0, 0, 0,
                    false, bias);
@@ -278,8 +287,8 @@ bool GemmWithCopies(bool trans_a, bool trans_b, int m, int n, int k, float alpha
   const int64_t eb = trans_b ? Extent(n, k, ldb, 1, 0) : Extent(k, n, ldb, 1, 0);
   Bf16Operands ops({a16 == nullptr ? ea : 0, b16 == nullptr ? eb : 0});
   return Product(trans_a, trans_b, m, n, k, alpha, a16 != nullptr ? a16 : ops.Round(0, a, ea), lda,
-                 b16 != nullptr ? b16 : ops.Round(1, b, eb), ldb, beta, c, ldc, 1, 0, 0, 0, true,
-                 bias);
+                 b16 != nullptr ? b16 : ops.Round(1, b, eb), ldb, beta,
+                 out_bf16 ? static_cast<void*>(c_bf16) : c, ldc, 1, 0, 0, 0, true, bias, out_bf16);
 }
 
 void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,

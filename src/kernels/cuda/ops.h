@@ -21,7 +21,8 @@
 // Precision: float throughout (CUBLAS_COMPUTE_32F, no TF32), unless SetBf16Matmul: then every
 // matrix product (Gemm, so the linear layers' and the classifier's, and attention's for head sizes
 // up to 64, on the tensor cores: attention_tc.cu) rounds its operands to bf16 and accumulates
-// and writes float; every other op stays float.
+// and writes float (the classifier's logits may be written in bf16, ClassifierForward); every
+// other op stays float.
 //
 // Thread-safety: one caller at a time (runtime.h).
 #pragma once
@@ -95,12 +96,17 @@ void ResidualForward(float* out, const float* a, const float* b, size_t n);
 void ResidualBackward(float* da, float* db, const float* dout, size_t n);
 
 // targets on the device (or null). Returns the mean loss (0 without targets) on the host.
+// logits_bf16 (or null; read under bf16 products only): the logits are written there in bf16
+// alone, as PyTorch's autocast keeps them, and `logits` is unused: half the bytes for the
+// product to write and for the loss and the backward to read ([N, V] is the largest activation).
+// The backward then takes the same pointer, and bf16 products still on.
 float ClassifierForward(float* logits, float* lse, float* losses, const float* x, const float* wte,
-                        const int32_t* targets, int N, int C, int V, const Bf16Copies& copies = {});
+                        const int32_t* targets, int N, int C, int V, const Bf16Copies& copies = {},
+                        uint16_t* logits_bf16 = nullptr);
 void ClassifierBackward(float* dx, float* dwte, const float* logits, const float* lse,
                         const float* x, const float* wte, const int32_t* targets, float dloss,
                         int N, int C, int V, const Bf16Copies& copies = {},
-                        GradInto into = GradInto::kAdd);
+                        GradInto into = GradInto::kAdd, const uint16_t* logits_bf16 = nullptr);
 
 // ---- General matrix product (cuBLASLt), for the ops above and for tests ------------------------
 

@@ -61,9 +61,11 @@ bool Check(const cublasLtMatmulDescOpaque_t* desc, const cublasLtMatrixLayoutOpa
   if (desc->epilogue != CUBLASLT_EPILOGUE_DEFAULT && desc->epilogue != CUBLASLT_EPILOGUE_BIAS)
     return false;
   if (desc->bias_type != -1 && desc->bias_type != CUDA_R_32F) return false;
-  // Float throughout, or bf16 A and B with float C and D.
+  // Float throughout, or bf16 A and B with float C and D, or bf16 throughout (C as D).
   if (a->type != b->type || (a->type != CUDA_R_32F && a->type != CUDA_R_16BF)) return false;
-  if (c->type != CUDA_R_32F || d->type != CUDA_R_32F) return false;
+  if (c->type != d->type || (d->type != CUDA_R_32F && d->type != a->type)) return false;
+  // A bias with a bf16 D would be bf16 too (cuBLASLt's default): not modelled, refused.
+  if (desc->epilogue == CUBLASLT_EPILOGUE_BIAS && d->type != CUDA_R_32F) return false;
   for (const auto* l : {a, b, c, d}) {
     if (l->rows == 0 || l->cols == 0) return false;
     if (l->ld < int64_t(l->rows) || l->batch < 1) return false;
@@ -253,17 +255,26 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   for (int32_t i = 0; i < d_layout->batch; ++i) {
     const float* ai = fa + i * a_layout->stride;
     const float* bi = fb + i * b_layout->stride;
-    const float* ci = static_cast<const float*>(c) + i * c_layout->stride;
-    float* di = static_cast<float*>(d) + i * d_layout->stride;
     cblas_sgemm(CblasColMajor, ta, tb, int(p.m), int(p.n), int(p.k), 1.0f, ai, int(a_layout->ld),
                 bi, int(b_layout->ld), 0.0f, product.data(), int(p.m));
+    // A bf16 D: the float result rounded to nearest (ties to even) once; a bf16 C read widened.
+    const bool half = d_layout->type == CUDA_R_16BF;
     for (int64_t col = 0; col < p.n; ++col) {
       const float* pc = product.data() + col * p.m;
-      const float* cc = ci + col * c_layout->ld;
-      float* dc = di + col * d_layout->ld;
+      const int64_t c0 = i * c_layout->stride + col * c_layout->ld;
+      const int64_t d0 = i * d_layout->stride + col * d_layout->ld;
       for (int64_t r = 0; r < p.m; ++r) {  // with beta 0, C is not read
-        const float v = be == 0.0f ? al * pc[r] : std::fma(al, pc[r], be * cc[r]);
-        dc[r] = bias != nullptr ? v + bias[r] : v;
+        float v = al * pc[r];
+        if (be != 0.0f) {
+          const float cv = half ? __bfloat162float(static_cast<const __nv_bfloat16*>(c)[c0 + r])
+                                : static_cast<const float*>(c)[c0 + r];
+          v = std::fma(al, pc[r], be * cv);
+        }
+        if (bias != nullptr) v += bias[r];
+        if (half)
+          static_cast<__nv_bfloat16*>(d)[d0 + r] = __float2bfloat16_rn(v);
+        else
+          static_cast<float*>(d)[d0 + r] = v;
       }
     }
   }
