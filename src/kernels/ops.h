@@ -159,5 +159,10 @@ template <class T>
 void ClassifierBackward(T* dx, T* dwte, T* scratch, const T* logits, const T* lse, const T* x,
                         const T* wte, const int32_t* targets, T dloss, int N, int C, int V);
 size_t ClassifierBackwardScratch(int N, int C, int V);
+// The row stride of the GPU's bf16 logits (kernels/cuda/ops.h ClassifierForward's logits_bf16): V
+// rounded up to a multiple of 64 (50257 -> 50304), so that every row starts 128-byte aligned, as
+// the GPU's fastest GEMMs (Hopper's TMA: strides multiples of 16 bytes) want of the product's
+// result and of the gradient read back from it. The padding columns are never read.
+constexpr int64_t LogitsRowStride(int V) { return (int64_t(V) + 63) / 64 * 64; }
 
 }  // namespace atl::kernels

@@ -565,10 +565,12 @@ const T* GPT<T>::logits() const {
     CopyOut(device_, host_logits_.data(), S.logits.data(), n);
     return host_logits_.data();
   }
-  std::vector<uint16_t> bits(n);  // bf16 logits, widened exactly
-  CopyOut(device_, bits.data(), S.logits_b.data(), n);
+  // bf16 logits, rows LogitsRowStride(V) apart: each row's first V widened exactly.
+  const size_t V = size_t(vocab_end_ - vocab_begin_), ld = size_t(kernels::LogitsRowStride(int(V)));
+  std::vector<uint16_t> bits(n / V * ld);
+  CopyOut(device_, bits.data(), S.logits_b.data(), bits.size());
   for (size_t i = 0; i < n; ++i) {
-    const uint32_t u = uint32_t(bits[i]) << 16;
+    const uint32_t u = uint32_t(bits[i / V * ld + i % V]) << 16;
     float f;
     std::memcpy(&f, &u, sizeof(f));
     host_logits_[i] = T(f);

@@ -50,6 +50,7 @@ struct GPT<T>::Slot {
       lnf_mean.Allocate(d, N);
       lnf_rstd.Allocate(d, N);
       logits_count = N * size_t(vocab);
+      logits_b_count = N * size_t(kernels::LogitsRowStride(vocab));
       if (d == Device::kCpu) logits.Allocate(d, logits_count);  // the GPU's: UseLogits
       lse.Allocate(d, N);
       losses.Allocate(d, N);
@@ -72,8 +73,9 @@ struct GPT<T>::Slot {
   Buffer<T> residual3;                // [L, N, C]  residual2 + mlp.c_proj
   Buffer<T> lnf, lnf_mean, lnf_rstd;  // [N, C], [N], [N]   (last stage)
   Buffer<T> logits;                   // [N, Vl]  this rank's vocabulary share (last stage)
-  Buffer<uint16_t> logits_b;          // [N, Vl]  the same in bf16 alone (GPU, bf16 products)
-  Buffer<T> lse, losses;              // [N]      lse over the whole vocabulary (last stage)
+  Buffer<uint16_t>
+      logits_b;           // [N, LogitsRowStride(Vl)] the same in bf16 alone (GPU, bf16 products)
+  Buffer<T> lse, losses;  // [N]      lse over the whole vocabulary (last stage)
   int B = 0, T_len = 0;
   bool had_targets = false;
 
@@ -108,11 +110,11 @@ struct GPT<T>::Slot {
   // use, so that they change no bit; float otherwise. On the GPU each is allocated by the first
   // forward that writes it ([N, V] floats are the largest activation). Returns the bf16 room, or
   // null for float logits.
-  size_t logits_count = 0;
+  size_t logits_count = 0, logits_b_count = 0;
   bool logits_in_bf16 = false;
   uint16_t* UseLogits(Device d) {
     logits_in_bf16 = d == Device::kCuda && Bf16Matmul();
-    if (logits_in_bf16 && logits_b.size() == 0) logits_b.Allocate(d, logits_count);
+    if (logits_in_bf16 && logits_b.size() == 0) logits_b.Allocate(d, logits_b_count);
     if (!logits_in_bf16 && logits.size() == 0) logits.Allocate(d, logits_count);
     return logits_in_bf16 ? logits_b.data() : nullptr;
   }

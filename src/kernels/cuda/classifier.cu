@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/ops.h"
 
 namespace atl::kernels::cuda {
 namespace {
@@ -34,13 +35,13 @@ __device__ inline float Load(const __nv_bfloat16* p) { return __bfloat162float(*
 
 // One block per row: lse[n] = log sum_j exp(logits[n, j]), losses[n] = lse[n] - logits[n, target],
 // reading the row once (an online softmax: each thread's running maximum and sum over its columns
-// in order, then combined by the block's fixed tree). Logits float or bf16.
+// in order, then combined by the block's fixed tree). Logits float or bf16, rows ld apart.
 template <class L>
-__global__ void RowLossKernel(float* lse, float* losses, const L* logits, const int32_t* targets,
-                              int V) {
+__global__ void RowLossKernel(float* lse, float* losses, const L* logits, int64_t ld,
+                              const int32_t* targets, int V) {
   __shared__ MaxSum shared[32];
   const int64_t n = blockIdx.x;
-  const L* l = logits + n * V;
+  const L* l = logits + n * ld;
   MaxSum t{-INFINITY, 0.0f};
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
     const float x = Load(l + j);
@@ -77,22 +78,24 @@ __device__ inline void Store(float* p, float x) { *p = x; }
 __device__ inline void Store(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
 
 // d[r, v] = dloss * (exp(logits[r0 + r, v] - lse[r0 + r]) - [v == target]) for the tile's rows,
-// in float, stored as T (bf16: rounded as Gemm would round it); logits float or bf16.
+// in float, stored as T (bf16: rounded as Gemm would round it); logits float or bf16; rows of d
+// ldd apart, of logits ldl.
 template <class T, class L>
-__global__ void LogitGradKernel(T* d, const L* logits, const float* lse, const int32_t* targets,
-                                float dloss, int64_t r0, int rows, int V) {
+__global__ void LogitGradKernel(T* d, int64_t ldd, const L* logits, int64_t ldl, const float* lse,
+                                const int32_t* targets, float dloss, int64_t r0, int rows, int V) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(rows) * V) return;
   const int64_t r = i / V;
   const int v = int(i % V);
   const int64_t n = r0 + r;
-  const float p = expf(Load(logits + n * V + v) - lse[n]);
-  Store(d + i, dloss * (p - (v == targets[n] ? 1.0f : 0.0f)));
+  const float p = expf(Load(logits + n * ldl + v) - lse[n]);
+  Store(d + r * ldd + v, dloss * (p - (v == targets[n] ? 1.0f : 0.0f)));
 }
 
-// Rows per backward tile: at most ~256 MiB of logit gradient at a time (64 M floats, 128 M bf16).
-int TileRows(int N, int V, size_t elem_bytes) {
-  const int64_t rows = (int64_t(256) << 20) / int64_t(elem_bytes) / std::max(1, V);
+// Rows per backward tile: at most ~256 MiB of logit gradient at a time (64 M floats, 128 M bf16),
+// rows ld elements apart.
+int TileRows(int N, int64_t ld, size_t elem_bytes) {
+  const int64_t rows = (int64_t(256) << 20) / int64_t(elem_bytes) / std::max<int64_t>(1, ld);
   return int(std::clamp<int64_t>(rows, 1, N));
 }
 
@@ -105,8 +108,8 @@ void FloatTiles(float* dx, float* dwte, const float* logits, const float* lse, c
   for (int r0 = 0; r0 < N; r0 += tile) {
     const int rows = std::min(tile, N - r0);
     const size_t n = size_t(rows) * size_t(V);
-    ATL_LAUNCH((LogitGradKernel<float, float>), Blocks(n, kThreads), kThreads, d, logits, lse,
-               targets, dloss, r0, rows, V);
+    ATL_LAUNCH((LogitGradKernel<float, float>), Blocks(n, kThreads), kThreads, d, int64_t(V),
+               logits, int64_t(V), lse, targets, dloss, r0, rows, V);
     // dx[rows,C] (+)= d[rows,V] · wte[V,C]
     if (dx != nullptr)
       Gemm(false, false, rows, C, V, 1.0f, d, V, wte, C, beta_dx, dx + size_t(r0) * C, C);
@@ -121,16 +124,19 @@ void FloatTiles(float* dx, float* dwte, const float* logits, const float* lse, c
 // x rounded into one 256-byte aligned place (the alignment cuBLASLt's fastest kernels want,
 // whatever C is). Tiles are whole multiples of 128 / gcd(C, 128) rows, so that every tile of x16
 // (256-byte aligned) starts 256-byte aligned too: the same plans, hence the same bits, either way.
-// Logits float or bf16 (L).
+// The gradient's rows are LogitsRowStride(V) apart (128-byte aligned, as the products want).
+// Logits float or bf16 (L), rows ldl apart.
 template <class L>
-void Bf16Tiles(float* dx, float* dwte, const L* logits, const float* lse, const float* x,
-               const __nv_bfloat16* x16, const float* wte, const __nv_bfloat16* wte16,
-               const int32_t* targets, float dloss, int N, int C, int V, float beta_dx) {
+void Bf16Tiles(float* dx, float* dwte, const L* logits, int64_t ldl, const float* lse,
+               const float* x, const __nv_bfloat16* x16, const float* wte,
+               const __nv_bfloat16* wte16, const int32_t* targets, float dloss, int N, int C, int V,
+               float beta_dx) {
   const int step = 128 / std::gcd(C, 128);
-  int tile = TileRows(N, V, sizeof(__nv_bfloat16));
+  const int64_t ldd = LogitsRowStride(V);
+  int tile = TileRows(N, ldd, sizeof(__nv_bfloat16));
   if (tile < N) tile = std::max(step, tile / step * step);
   auto* d = static_cast<__nv_bfloat16*>(
-      Scratch(kScratchOp, size_t(tile) * size_t(V) * sizeof(__nv_bfloat16)));
+      Scratch(kScratchOp, size_t(tile) * size_t(ldd) * sizeof(__nv_bfloat16)));
   const int64_t nw = int64_t(V) * C;
   Bf16Operands ops({dx != nullptr && wte16 == nullptr ? nw : 0,
                     dwte != nullptr && x16 == nullptr ? int64_t(tile) * C : 0});
@@ -140,15 +146,15 @@ void Bf16Tiles(float* dx, float* dwte, const L* logits, const float* lse, const 
   for (int r0 = 0; r0 < N; r0 += tile) {
     const int rows = std::min(tile, N - r0);
     const size_t n = size_t(rows) * size_t(V);
-    ATL_LAUNCH((LogitGradKernel<__nv_bfloat16, L>), Blocks(n, kThreads), kThreads, d, logits, lse,
-               targets, dloss, r0, rows, V);
+    ATL_LAUNCH((LogitGradKernel<__nv_bfloat16, L>), Blocks(n, kThreads), kThreads, d, ldd, logits,
+               ldl, lse, targets, dloss, r0, rows, V);
     if (dx != nullptr)
-      GemmBf16(false, false, rows, C, V, 1.0f, d, V, w, C, beta_dx, dx + size_t(r0) * C, C);
+      GemmBf16(false, false, rows, C, V, 1.0f, d, ldd, w, C, beta_dx, dx + size_t(r0) * C, C);
     if (dwte != nullptr) {
       const __nv_bfloat16* xt = x16 != nullptr
                                     ? x16 + size_t(r0) * C
                                     : ops.Round(1, x + size_t(r0) * C, int64_t(rows) * C);
-      GemmBf16(true, false, V, C, rows, 1.0f, d, V, xt, C, 1.0f, dwte, C);
+      GemmBf16(true, false, V, C, rows, 1.0f, d, ldd, xt, C, 1.0f, dwte, C);
     }
   }
 }
@@ -160,14 +166,16 @@ float ClassifierForward(float* logits, float* lse, float* losses, const float* x
                         uint16_t* logits_bf16) {
   if (N <= 0) return 0.0f;
   __nv_bfloat16* l16 = Bf16Copy(logits_bf16);
+  const int64_t ld = l16 != nullptr ? LogitsRowStride(V) : V;
   // logits[N,V] = x[N,C] · wte[V,C]ᵀ
   GemmWithCopies(false, true, N, V, C, 1.0f, x, copies.inp, C, wte, copies.weight, C, 0.0f, logits,
-                 V, nullptr, l16);
+                 ld, nullptr, l16);
   if (targets == nullptr) return 0.0f;
   if (l16 != nullptr)
-    ATL_LAUNCH(RowLossKernel<__nv_bfloat16>, unsigned(N), kThreads, lse, losses, l16, targets, V);
+    ATL_LAUNCH(RowLossKernel<__nv_bfloat16>, unsigned(N), kThreads, lse, losses, l16, ld, targets,
+               V);
   else
-    ATL_LAUNCH(RowLossKernel<float>, unsigned(N), kThreads, lse, losses, logits, targets, V);
+    ATL_LAUNCH(RowLossKernel<float>, unsigned(N), kThreads, lse, losses, logits, ld, targets, V);
   auto* mean = static_cast<float*>(Scratch(kScratchReduce, sizeof(float)));
   ATL_LAUNCH(MeanKernel, 1, 1024, mean, losses, N);
   float host = 0.0f;
@@ -185,11 +193,11 @@ void ClassifierBackward(float* dx, float* dwte, const float* logits, const float
     ThrowCuda("ClassifierBackward", __FILE__, __LINE__,
               "bf16 logits, but bf16 products were switched off after the forward");
   if (logits_bf16 != nullptr)
-    Bf16Tiles(dx, dwte, Bf16Copy(logits_bf16), lse, x, Bf16Copy(copies.inp), wte,
-              Bf16Copy(copies.weight), targets, dloss, N, C, V, beta_dx);
+    Bf16Tiles(dx, dwte, Bf16Copy(logits_bf16), LogitsRowStride(V), lse, x, Bf16Copy(copies.inp),
+              wte, Bf16Copy(copies.weight), targets, dloss, N, C, V, beta_dx);
   else if (Bf16Matmul())
-    Bf16Tiles(dx, dwte, logits, lse, x, Bf16Copy(copies.inp), wte, Bf16Copy(copies.weight), targets,
-              dloss, N, C, V, beta_dx);
+    Bf16Tiles(dx, dwte, logits, int64_t(V), lse, x, Bf16Copy(copies.inp), wte,
+              Bf16Copy(copies.weight), targets, dloss, N, C, V, beta_dx);
   else
     FloatTiles(dx, dwte, logits, lse, x, wte, targets, dloss, N, C, V, beta_dx);
 }

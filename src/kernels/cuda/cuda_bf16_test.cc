@@ -168,7 +168,8 @@ TEST_F(CudaOps, Bf16Classifier) {
       auto g_x = ToDevice(x), g_wte = ToDevice(wte), g_dx = ToDevice(dx0), g_dwte = ToDevice(dwte0);
       auto g_tgt = ToDevice(tgt);
       DeviceArray<float> g_logits(half ? 0 : N * V), g_lse(N), g_losses(N);
-      DeviceArray<uint16_t> g_l16(half ? N * V : 0);
+      const size_t ld = size_t(cpu::LogitsRowStride(s.V));  // bf16 logits' rows
+      DeviceArray<uint16_t> g_l16(half ? N * ld : 0);
       float* logits_f = half ? nullptr : g_logits.data();
       uint16_t* l16 = half ? g_l16.data() : nullptr;
       ClassifierForward(logits_f, g_lse.data(), g_losses.data(), g_x.data(), g_wte.data(),
@@ -180,7 +181,8 @@ TEST_F(CudaOps, Bf16Classifier) {
       EXPECT_EQ(Bf16RoundedElements() - rounded, V * C + N * C);
       std::vector<float> logits;
       if (half) {
-        for (const uint16_t b : ToHost(g_l16)) logits.push_back(FromBf16Bits(b));
+        const auto bits = ToHost(g_l16);
+        for (size_t i = 0; i < N * V; ++i) logits.push_back(FromBf16Bits(bits[i / V * ld + i % V]));
       } else {
         logits = ToHost(g_logits);
       }
@@ -217,7 +219,7 @@ TEST_F(CudaOps, Bf16Classifier) {
     auto x = ToDevice(Random(size_t(N) * C, 139)), wte = ToDevice(Random(size_t(V) * C, 140));
     auto tgt = ToDevice(Tokens(N, V, 141));
     DeviceArray<float> lse(N), losses(N), dx(size_t(N) * C);
-    DeviceArray<uint16_t> l16(size_t(N) * V);
+    DeviceArray<uint16_t> l16(size_t(N) * size_t(cpu::LogitsRowStride(V)));
     ClassifierForward(nullptr, lse.data(), losses.data(), x.data(), wte.data(), tgt.data(), N, C, V,
                       {}, l16.data());
     SetBf16Matmul(false);

@@ -99,7 +99,8 @@ void ResidualBackward(float* da, float* db, const float* dout, size_t n);
 // logits_bf16 (or null; read under bf16 products only): the logits are written there in bf16
 // alone, as PyTorch's autocast keeps them, and `logits` is unused: half the bytes for the
 // product to write and for the loss and the backward to read ([N, V] is the largest activation).
-// The backward then takes the same pointer, and bf16 products still on.
+// Its rows are kernels::LogitsRowStride(V) apart (kernels/ops.h; N times that elements). The
+// backward then takes the same pointer, and bf16 products still on.
 float ClassifierForward(float* logits, float* lse, float* losses, const float* x, const float* wte,
                         const int32_t* targets, int N, int C, int V, const Bf16Copies& copies = {},
                         uint16_t* logits_bf16 = nullptr);
