@@ -108,8 +108,8 @@ struct GPT<T>::Slot {
   // The last stage's logits: on the GPU under bf16 products in bf16 alone, as PyTorch's autocast
   // keeps them (kernels/cuda/ops.h ClassifierForward), whether or not the copies above are in
   // use, so that they change no bit; float otherwise. On the GPU each is allocated by the first
-  // forward that writes it ([N, V] floats are the largest activation). Returns the bf16 room, or
-  // null for float logits.
+  // forward that writes it ([N, V] floats are the largest activation; a process that switches
+  // bf16 products on and off keeps both). Returns the bf16 room, or null for float logits.
   size_t logits_count = 0, logits_b_count = 0;
   bool logits_in_bf16 = false;
   uint16_t* UseLogits(Device d) {

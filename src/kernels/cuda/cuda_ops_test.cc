@@ -63,11 +63,13 @@ TEST_F(CudaOps, LayerNorm) {
   struct Shape {
     int N, C;
   };
-  // Widths to 2048 take the one-pass backward (each width of its table, odd row counts leaving a
-  // warp's rows short); 2049 the two-pass one. 1024 rows fill every slice of the weights' sums.
+  // Widths to 2048 take the one-pass backward (every width of its table: 1, 2, 4, 8, 16, 24, 32,
+  // 40, 48 and 64 columns a lane; odd row counts leave a warp's rows short, or a block's warps
+  // without rows); 2049 the two-pass one. 1024 rows fill every slice of the weights' sums.
   for (const Shape s :
        {Shape{1, 2}, Shape{5, 7}, Shape{65, 768}, Shape{130, 33}, Shape{1000, 96}, Shape{9, 2048},
-        Shape{17, 1600}, Shape{3, 2049}, Shape{11, 1100}, Shape{1024, 40}}) {
+        Shape{17, 1600}, Shape{3, 2049}, Shape{11, 1100}, Shape{1024, 40}, Shape{3, 200},
+        Shape{41, 500}, Shape{4, 1024}, Shape{6, 1500}}) {
     SCOPED_TRACE(testing::Message() << "N=" << s.N << " C=" << s.C);
     const size_t nc = size_t(s.N) * s.C;
     const auto inp = Random(nc, 11, 2.0f), w = Random(s.C, 12), b = Random(s.C, 13);
@@ -296,28 +298,52 @@ TEST_F(CudaOps, Classifier) {
 
 // Logits in the hundreds, where exp overflows a float: the loss's one-pass softmax keeps a running
 // maximum per thread and rescales as it rises (V = 1000: four columns a thread, some threads none
-// when V < 256).
+// when V < 256); float logits, and bf16 ones under bf16 products (within their rounding).
 TEST_F(CudaOps, ClassifierLossOfLargeLogits) {
-  for (const int V : {1000, 100}) {
-    const int N = 6, C = 16;
-    const auto x = Random(size_t(N) * C, 56, 40.0f), wte = Random(size_t(V) * C, 57);
-    const auto tgt = Tokens(N, V, 58);
-    auto dx_ = D(x), dwte_ = D(wte);
-    std::vector<double> logits(size_t(N) * V), lse(N), losses(N);
-    std::vector<double> scratch(cpu::ClassifierForwardScratch(N, V));
-    const double loss =
-        cpu::ClassifierForward(logits.data(), lse.data(), losses.data(), scratch.data(), dx_.data(),
-                               dwte_.data(), tgt.data(), N, C, V);
-    ASSERT_GT(*std::max_element(logits.begin(), logits.end()), 100.0);  // exp overflows a float
-    auto g_x = ToDevice(x), g_wte = ToDevice(wte);
-    auto g_tgt = ToDevice(tgt);
-    DeviceArray<float> g_logits(logits.size()), g_lse(N), g_losses(N);
-    const float g_loss = ClassifierForward(g_logits.data(), g_lse.data(), g_losses.data(),
-                                           g_x.data(), g_wte.data(), g_tgt.data(), N, C, V);
-    EXPECT_NEAR(g_loss, loss, kTol * std::abs(loss));
-    EXPECT_CLOSE(ToHost(g_lse), lse);
-    EXPECT_CLOSE(ToHost(g_losses), losses);
-  }
+  for (const bool bf16 : {false, true})
+    for (const int V : {1000, 100}) {
+      SCOPED_TRACE(testing::Message() << "V " << V << (bf16 ? " bf16 logits" : " float logits"));
+      const int N = 6, C = 16;
+      const auto x = Random(size_t(N) * C, 56, 40.0f), wte = Random(size_t(V) * C, 57);
+      const auto tgt = Tokens(N, V, 58);
+      auto dx_ = D(x), dwte_ = D(wte);
+      std::vector<double> logits(size_t(N) * V), lse(N), losses(N);
+      std::vector<double> scratch(cpu::ClassifierForwardScratch(N, V));
+      const double loss =
+          cpu::ClassifierForward(logits.data(), lse.data(), losses.data(), scratch.data(),
+                                 dx_.data(), dwte_.data(), tgt.data(), N, C, V);
+      ASSERT_GT(*std::max_element(logits.begin(), logits.end()), 100.0);  // exp overflows a float
+      auto g_x = ToDevice(x), g_wte = ToDevice(wte);
+      auto g_tgt = ToDevice(tgt);
+      DeviceArray<float> g_logits(logits.size()), g_lse(N), g_losses(N);
+      DeviceArray<uint16_t> g_l16(size_t(N) * size_t(cpu::LogitsRowStride(V)));
+      SetBf16Matmul(bf16);
+      const float g_loss =
+          ClassifierForward(g_logits.data(), g_lse.data(), g_losses.data(), g_x.data(),
+                            g_wte.data(), g_tgt.data(), N, C, V, {}, bf16 ? g_l16.data() : nullptr);
+      SetBf16Matmul(false);
+      if (!bf16) {
+        EXPECT_NEAR(g_loss, loss, kTol * std::abs(loss));
+        EXPECT_CLOSE(ToHost(g_lse), lse);
+        EXPECT_CLOSE(ToHost(g_losses), losses);
+        continue;
+      }
+      // bf16 logits: lse and the losses those of the logits the loss read (widened, in double).
+      const auto bits = ToHost(g_l16);
+      const int64_t ld = cpu::LogitsRowStride(V);
+      std::vector<double> lse16(N), losses16(N);
+      for (int n = 0; n < N; ++n) {
+        auto at = [&](int v) { return double(FromBf16Bits(bits[n * ld + v])); };
+        double mx = -INFINITY, sum = 0;
+        for (int v = 0; v < V; ++v) mx = std::max(mx, at(v));
+        for (int v = 0; v < V; ++v) sum += std::exp(at(v) - mx);
+        lse16[n] = mx + std::log(sum);
+        losses16[n] = lse16[n] - at(tgt[n]);
+      }
+      EXPECT_CLOSE(ToHost(g_lse), lse16);
+      EXPECT_CLOSE(ToHost(g_losses), losses16);
+      EXPECT_NEAR(g_loss, loss, 1e-2 * std::abs(loss));  // and near the float product's
+    }
 }
 
 // The optional arguments: no bias, gradients left out (null), logits without targets.
@@ -429,14 +455,16 @@ TEST_F(CudaOps, GradSquaredSum) {
   }
 }
 
-// Every op with a reduction, run twice on the same inputs: the same bits.
+// Every op with a reduction, run twice on the same inputs: the same bits; with float products,
+// and with bf16 products (and logits in bf16).
 TEST_F(CudaOps, TwoRunsGiveTheSameBits) {
   const int B = 2, T = 128, C = 96, NH = 1, V = 3001, N = B * T;  // head size 96: 4 threads a row
   const auto qkv = Random(size_t(N) * 3 * C, 81), dout = Random(size_t(N) * C, 82);
   const auto w = Random(size_t(C) * 3 * C, 83, 0.1f), x = Random(size_t(N) * C, 84);
   const auto wte = Random(size_t(V) * C, 85, 0.3f);
   const auto tok = Tokens(N, 50, 86), tgt = Tokens(N, V, 87);
-  auto run = [&] {
+  auto run = [&](bool bf16) {
+    SetBf16Matmul(bf16);
     std::vector<std::vector<float>> outs;
     auto g_qkv = ToDevice(qkv), g_dout = ToDevice(dout), g_w = ToDevice(w), g_x = ToDevice(x),
          g_wte = ToDevice(wte);
@@ -444,6 +472,8 @@ TEST_F(CudaOps, TwoRunsGiveTheSameBits) {
     DeviceArray<float> att(size_t(B) * NH * T), out(size_t(N) * C), dqkv(qkv.size());
     DeviceArray<float> dw(w.size()), db(3 * C), dx(x.size()), dwte(wte.size()), lnw(C), lnb(C);
     DeviceArray<float> logits(size_t(N) * V), lse(N), losses(N), mean(N), rstd(N);
+    DeviceArray<uint16_t> logits16(size_t(N) * size_t(cpu::LogitsRowStride(V)));
+    uint16_t* l16 = bf16 ? logits16.data() : nullptr;
     for (auto* a : {&dqkv, &dw, &db, &dx, &dwte, &lnw, &lnb}) a->SetZero();
     AttentionForward(out.data(), att.data(), g_qkv.data(), B, T, C, NH);
     AttentionBackward(dqkv.data(), g_dout.data(), out.data(), g_qkv.data(), att.data(), B, T, C,
@@ -455,18 +485,22 @@ TEST_F(CudaOps, TwoRunsGiveTheSameBits) {
     LayerNormBackward(dx.data(), lnw.data(), lnb.data(), g_dout.data(), g_x.data(), g_x.data(),
                       mean.data(), rstd.data(), N, C);
     const float loss = ClassifierForward(logits.data(), lse.data(), losses.data(), g_x.data(),
-                                         g_wte.data(), g_tgt.data(), N, C, V);
+                                         g_wte.data(), g_tgt.data(), N, C, V, {}, l16);
     ClassifierBackward(dx.data(), dwte.data(), logits.data(), lse.data(), g_x.data(), g_wte.data(),
-                       g_tgt.data(), 1.0f / N, N, C, V);
+                       g_tgt.data(), 1.0f / N, N, C, V, {}, GradInto::kAdd, l16);
     EncoderBackward(dwte.data(), nullptr, g_dout.data(), g_tok.data(), tok.data(), B, T, C);
     for (auto* a : {&att, &out, &dqkv, &dw, &db, &dx, &dwte, &lnw, &lnb, &lse})
       outs.push_back(ToHost(*a));
     outs.push_back({loss, float(GradSquaredSum(dwte.data(), dwte.size()))});
+    SetBf16Matmul(false);
     return outs;
   };
-  const auto a = run(), b = run();
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(SameBits(a[i], b[i])) << "output " << i;
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 products" : "float products");
+    const auto a = run(bf16), b = run(bf16);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(SameBits(a[i], b[i])) << "output " << i;
+  }
 }
 
 TEST(CudaRuntime, ProbeSaysWhyWithoutADevice) {

@@ -1,7 +1,7 @@
 // LayerNorm forward and backward: one warp per row (the row's sums by a fixed butterfly). The
 // backward makes the input's gradient and the weight and bias gradients in one pass (a warp's
-// rows summed per column in registers, then the warps' sums added in a fixed order) for widths up
-// to 2048, in two passes beyond.
+// rows summed per column in registers, a block's warps in shared memory, then the blocks' sums
+// added in a fixed order) for widths up to 2048, in two passes beyond.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -75,15 +75,16 @@ __device__ inline void LayerNormRowGrad(float* dinp, __nv_bfloat16* dinp_bf16, c
     const int c = lane + 32 * j;
     if (c >= C) break;
     const float norm = (x[c] - m) * r;
-    const float g = dy[c] * weight[c] - g_mean - norm * gn_mean;
+    const float d = dy[c];  // read before dx is written (were they one buffer)
+    const float g = d * weight[c] - g_mean - norm * gn_mean;
     if (dx != nullptr) {
       const float v = add ? dx[c] + r * g : r * g;
       dx[c] = v;
       if (dxb != nullptr) dxb[c] = __float2bfloat16_rn(v);
     }
     if constexpr (kCols > 0) {
-      dw[j] += dy[c] * norm;
-      db[j] += dy[c];
+      dw[j] += d * norm;
+      db[j] += d;
     }
   }
 }
@@ -99,33 +100,43 @@ __global__ void LayerNormInputGradKernel(float* dinp, __nv_bfloat16* dinp_bf16, 
 
 // C <= 32 kCols: the input's gradient and the weights' in one pass over dout and inp. Warp w takes
 // rows [w kWarpRows, (w + 1) kWarpRows) in order, its lanes holding the sums of their columns in
-// registers, and writes them to partial[w][c] (of dy * norm) and partial[w][C + c] (of dy), which
-// AddChunkSums adds in a fixed order. partial null: the input's gradient alone.
+// registers; the block's warps then add theirs into shared memory in warp order, and the block
+// writes partial[block][c] (of dy * norm) and partial[block][C + c] (of dy), which AddChunkSums
+// adds in a fixed order. partial null: the input's gradient alone.
 constexpr int kWarpRows = 8;
 constexpr int kFusedWarps = 4;  // warps per block: 256 blocks for gpt2's 8192 rows
+constexpr int kFusedBlockRows = kWarpRows * kFusedWarps;
 template <int kCols>
 __global__ void __launch_bounds__(32 * kFusedWarps)
     LayerNormBackwardKernel(float* dinp, __nv_bfloat16* dinp_bf16, float* partial,
                             const float* dout, const float* inp, const float* weight,
                             const float* mean, const float* rstd, int N, int C, bool add) {
-  const int lane = threadIdx.x & 31;
-  const int64_t w = int64_t(blockIdx.x) * kFusedWarps + (threadIdx.x >> 5);
-  const int64_t r0 = w * kWarpRows;
-  if (r0 >= N) return;
-  const int64_t r1 = min(int64_t(N), r0 + kWarpRows);
+  __shared__ float sums[2][32 * kCols];  // the block's: [0] of dy * norm, [1] of dy
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t r0 = int64_t(blockIdx.x) * kFusedBlockRows + int64_t(warp) * kWarpRows;
+  const int64_t r1 = min(int64_t(N), r0 + kWarpRows);  // r1 <= r0: a warp past the rows, sums 0
   float dw[kCols], db[kCols];
 #pragma unroll
   for (int j = 0; j < kCols; ++j) dw[j] = db[j] = 0.0f;
   for (int64_t n = r0; n < r1; ++n)
     LayerNormRowGrad<kCols>(dinp, dinp_bf16, dout, inp, weight, mean, rstd, n, C, add, dw, db);
-  if (partial == nullptr) return;
-  float* p = partial + w * 2 * C;
+  if (partial == nullptr) return;  // the whole block: no barrier below is skipped by some
+  for (int k = 0; k < kFusedWarps; ++k) {
+    if (warp == k) {
 #pragma unroll
-  for (int j = 0; j < kCols; ++j) {
-    const int c = lane + 32 * j;
-    if (c >= C) break;
-    p[c] = dw[j];
-    p[C + c] = db[j];
+      for (int j = 0; j < kCols; ++j) {
+        const int i = lane + 32 * j;
+        if (i >= C) break;
+        sums[0][i] = k == 0 ? dw[j] : sums[0][i] + dw[j];
+        sums[1][i] = k == 0 ? db[j] : sums[1][i] + db[j];
+      }
+    }
+    __syncthreads();
+  }
+  float* p = partial + int64_t(blockIdx.x) * 2 * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    p[c] = sums[0][c];
+    p[C + c] = sums[1][c];
   }
 }
 
@@ -188,14 +199,14 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
   if (dinp == nullptr && !params) return;
   const bool add = into == GradInto::kAdd;
   if (const Fused* f = FusedFor(C)) {  // one pass: dout and inp read once
-    const int64_t warps = (int64_t(N) + kWarpRows - 1) / kWarpRows;
+    const int64_t blocks = (int64_t(N) + kFusedBlockRows - 1) / kFusedBlockRows;
     float* partial = params ? static_cast<float*>(Scratch(
-                                  kScratchReduce, size_t(warps) * 2 * size_t(C) * sizeof(float)))
+                                  kScratchReduce, size_t(blocks) * 2 * size_t(C) * sizeof(float)))
                             : nullptr;
-    Launch(f->name, f->kernel, Blocks(size_t(warps), kFusedWarps), 32 * kFusedWarps, dinp,
-           Bf16Copy(dinp_bf16), partial, dout, inp, weight, mean, rstd, N, C, add);
-    if (dweight != nullptr) AddChunkSums(dweight, partial, warps, C, 2 * int64_t(C));
-    if (dbias != nullptr) AddChunkSums(dbias, partial + C, warps, C, 2 * int64_t(C));
+    Launch(f->name, f->kernel, unsigned(blocks), 32 * kFusedWarps, dinp, Bf16Copy(dinp_bf16),
+           partial, dout, inp, weight, mean, rstd, N, C, add);
+    if (dweight != nullptr) AddChunkSums(dweight, partial, blocks, C, 2 * int64_t(C));
+    if (dbias != nullptr) AddChunkSums(dbias, partial + C, blocks, C, 2 * int64_t(C));
     return;
   }
   if (dinp != nullptr) {
