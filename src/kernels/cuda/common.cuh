@@ -175,8 +175,11 @@ float* ColumnChunkScratch(int64_t rows, int cols);
 dim3 ColumnChunkGrid(int64_t rows, int cols);
 void AddColumnChunks(float* out, const float* partial, int64_t rows, int cols);
 // out[c] += the sum over k < chunks of partial[k * stride + c], c < cols, in a fixed order that
-// depends on chunks alone (AddColumnChunks's second pass; LayerNorm's weight gradients).
-void AddChunkSums(float* out, const float* partial, int64_t chunks, int cols, int64_t stride);
+// depends on chunks alone (AddColumnChunks's second pass; LayerNorm's weight gradients). out1 (or
+// null): likewise out1[c] += the sums of partial[k * stride + cols + c], in the same launch; out
+// may be null then.
+void AddChunkSums(float* out, const float* partial, int64_t chunks, int cols, int64_t stride,
+                  float* out1 = nullptr);
 
 // partial[chunk][c] = the sum of value(r * cols + c) over the chunk's rows r, in row order
 // (__fadd_rn: no multiply in value fused into the sum). One thread per (chunk, column): a warp

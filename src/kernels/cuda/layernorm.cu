@@ -205,8 +205,7 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
                             : nullptr;
     Launch(f->name, f->kernel, unsigned(blocks), 32 * kFusedWarps, dinp, Bf16Copy(dinp_bf16),
            partial, dout, inp, weight, mean, rstd, N, C, add);
-    if (dweight != nullptr) AddChunkSums(dweight, partial, blocks, C, 2 * int64_t(C));
-    if (dbias != nullptr) AddChunkSums(dbias, partial + C, blocks, C, 2 * int64_t(C));
+    if (params) AddChunkSums(dweight, partial, blocks, C, 2 * int64_t(C), dbias);
     return;
   }
   if (dinp != nullptr) {
@@ -219,8 +218,7 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
       static_cast<float*>(Scratch(kScratchReduce, size_t(chunks) * 2 * size_t(C) * sizeof(float)));
   const dim3 grid(Blocks(size_t(C), 128), unsigned(chunks < 65535 ? chunks : 65535));
   ATL_LAUNCH(LayerNormParamChunkKernel, grid, 128, partial, dout, inp, mean, rstd, N, C);
-  if (dweight != nullptr) AddChunkSums(dweight, partial, chunks, C, 2 * int64_t(C));
-  if (dbias != nullptr) AddChunkSums(dbias, partial + C, chunks, C, 2 * int64_t(C));
+  AddChunkSums(dweight, partial, chunks, C, 2 * int64_t(C), dbias);
 }
 
 }  // namespace atl::kernels::cuda

@@ -230,14 +230,21 @@ __global__ void ColumnChunkSums(float* partial, const float* m, int64_t rows, in
   SumColumnChunks(partial, rows, cols, [m](int64_t i) { return m[i]; });
 }
 
-// out[c] += the sum over chunks k of partial[k * stride + c]. A block takes 32 columns (a warp
-// reads them coalesced) and 16 slices: slice s sums its contiguous range of chunks in order, then
-// the slices' sums are added in slice order. The order depends on chunks alone; sixteen chains
-// instead of one keep a column's loads in flight (an H100 has 132 SMs, a bias 768 columns).
+// out[c] += the sum over chunks k of partial[k * stride + c]; blockIdx.y = 1 does the same into
+// out1 from partial + cols (two column ranges of each chunk's row, one launch). A block takes 32
+// columns (a warp reads them coalesced) and 16 slices: slice s sums its contiguous range of chunks
+// in order, then the slices' sums are added in slice order. The order depends on chunks alone;
+// sixteen chains instead of one keep a column's loads in flight (an H100 has 132 SMs, a bias 768
+// columns).
 constexpr int kSumSlices = 16;
 __global__ void __launch_bounds__(32 * kSumSlices)
-    AddChunkSumsKernel(float* out, const float* partial, int64_t chunks, int cols, int64_t stride) {
+    AddChunkSumsKernel(float* out, float* out1, const float* partial, int64_t chunks, int cols,
+                       int64_t stride) {
   __shared__ float sums[kSumSlices][32];
+  if (blockIdx.y == 1) {  // the whole block
+    out = out1;
+    partial += cols;
+  }
   const int col = threadIdx.x & 31, slice = threadIdx.x >> 5;
   const int c = blockIdx.x * 32 + col;
   const int64_t per = (chunks + kSumSlices - 1) / kSumSlices;
@@ -263,10 +270,16 @@ dim3 ColumnChunkGrid(int64_t rows, int cols) {
   return dim3(Blocks(size_t(cols), 128), unsigned(std::min<int64_t>(ColumnChunks(rows), 65535)));
 }
 
-void AddChunkSums(float* out, const float* partial, int64_t chunks, int cols, int64_t stride) {
-  if (chunks <= 0 || cols <= 0) return;
-  ATL_LAUNCH(AddChunkSumsKernel, Blocks(size_t(cols), 32), 32 * kSumSlices, out, partial, chunks,
-             cols, stride);
+void AddChunkSums(float* out, const float* partial, int64_t chunks, int cols, int64_t stride,
+                  float* out1) {
+  if (chunks <= 0 || cols <= 0 || (out == nullptr && out1 == nullptr)) return;
+  if (out == nullptr) {  // out1's alone
+    out = out1;
+    partial += cols;
+    out1 = nullptr;
+  }
+  ATL_LAUNCH(AddChunkSumsKernel, dim3(Blocks(size_t(cols), 32), out1 != nullptr ? 2 : 1),
+             32 * kSumSlices, out, out1, partial, chunks, cols, stride);
 }
 
 void AddColumnChunks(float* out, const float* partial, int64_t rows, int cols) {
