@@ -98,8 +98,9 @@ __global__ void LayerNormInputGradKernel(float* dinp, __nv_bfloat16* dinp_bf16, 
   LayerNormRowGrad<0>(dinp, dinp_bf16, dout, inp, weight, mean, rstd, n, C, add, nullptr, nullptr);
 }
 
-// C <= 32 kCols: the input's gradient and the weights' in one pass over dout and inp. Warp w takes
-// rows [w kWarpRows, (w + 1) kWarpRows) in order, its lanes holding the sums of their columns in
+// C <= 32 kCols: the input's gradient and the weights' in one pass over dout and inp. Warp w (of
+// the grid: blockIdx.x kFusedWarps + its index in the block) takes rows [w kWarpRows,
+// (w + 1) kWarpRows) in order, its lanes holding the sums of their columns in
 // registers; the block's warps then add theirs into shared memory in warp order, and the block
 // writes partial[block][c] (of dy * norm) and partial[block][C + c] (of dy), which AddChunkSums
 // adds in a fixed order. partial null: the input's gradient alone.
