@@ -242,6 +242,15 @@ struct Ops {
     ATL_GPU(kernels::cuda::LayerNormForward(out, mean, rstd, inp, w, b, N, C, out_b));
     kernels::LayerNormForward(out, mean, rstd, inp, w, b, N, C);
   }
+  // res = a + b, then LayerNormForward of res (one kernel on the GPU; the same bits).
+  void ResidualLayerNormForward(T* res, const T* a, const T* b, T* out, T* mean, T* rstd,
+                                const T* w, const T* bias, int N, int C,
+                                uint16_t* out_b = nullptr) const {
+    ATL_GPU(
+        kernels::cuda::ResidualLayerNormForward(res, a, b, out, mean, rstd, w, bias, N, C, out_b));
+    kernels::ResidualForward(res, a, b, size_t(N) * size_t(C));
+    kernels::LayerNormForward(out, mean, rstd, res, w, bias, N, C);
+  }
   void LayerNormBackward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
                          const T* mean, const T* rstd, int N, int C, uint16_t* dinp_b = nullptr,
                          GradInto into = GradInto::kAdd) const {

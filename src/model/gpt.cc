@@ -260,6 +260,29 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
     ATL_OP("bf16 weights", ops_.RoundToBf16(dparams_b_.data(), dparams_.data(), num_params_));
     params_b_current_ = true;
   }
+  // The residual add that ends a block (residual3 = residual2 + mlp) is left to the LayerNorm that
+  // reads the sum, the next block's ln_1 or ln_f: one kernel reads the two addends, writes the sum
+  // and normalizes it (ResidualLayerNormForward). block_end: the block whose add is pending.
+  int block_end = -1;
+  auto end_block = [&](int l) {  // the block's activation event, after its add
+    const size_t i = size_t(l - layer_begin_);
+    Op(OpKind::kActivation, l, -1, S.residual3.data() + i * NR * C, N, C,
+       S.residual2.data() + i * NR * C);  // a: what mlp.c_proj was added to
+  };
+  // ln = LayerNorm(residual), after the pending add (residual is then that block's residual3).
+  auto layer_norm = [&](T* out, T* mean, T* rstd, const T* w, const T* b, uint16_t* out_b) {
+    if (block_end < 0) {
+      ATL_OP("layernorm fwd", ops_.LayerNormForward(out, mean, rstd, residual, w, b, N, C, out_b));
+      return;
+    }
+    const size_t j = size_t(block_end - layer_begin_);
+    T* res3 = S.residual3.data() + j * NR * C;
+    ATL_OP("residual+layernorm fwd",
+           ops_.ResidualLayerNormForward(res3, S.residual2.data() + j * NR * C, res3, out, mean,
+                                         rstd, w, b, N, C, out_b));
+    end_block(block_end);
+    block_end = -1;
+  };
   for (int l = layer_begin_; l < layer_end_; ++l) {
     const size_t i = size_t(l - layer_begin_);
     uint16_t* ln1_b = Slot::At(S.ln1_b, copies, i, S.copy_c);
@@ -280,9 +303,7 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
     T* fch_gelu = S.fch_gelu.data() + i * NR * Fl;
     T* res3 = S.residual3.data() + i * NR * C;
 
-    ATL_OP("layernorm fwd",
-           ops_.LayerNormForward(F(ln1), ln1_mean, ln1_rstd, residual, W(ParamKind::kLn1W, l),
-                                 W(ParamKind::kLn1B, l), N, C, ln1_b));
+    layer_norm(F(ln1), ln1_mean, ln1_rstd, W(ParamKind::kLn1W, l), W(ParamKind::kLn1B, l), ln1_b);
     ATL_OP("matmul fwd",
            ops_.MatmulForward(qkv, ln1, W(ParamKind::kAttnW, l), W(ParamKind::kAttnB, l), N, C,
                               3 * Cl, ln1_b, Wb(copies, ParamKind::kAttnW, l)));
@@ -296,10 +317,10 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
     Op(OpKind::kGemmForward, l, 1, res2, N, C, atty, W(ParamKind::kAttnProjW, l),
        add_row_bias ? W(ParamKind::kAttnProjB, l) : nullptr, Cl);
     ATL_OP("tp all-reduce", TensorAllReduce(res2, NC));
-    ATL_OP("residual fwd", ops_.ResidualForward(res2, residual, res2, NC));
-    ATL_OP("layernorm fwd",
-           ops_.LayerNormForward(F(ln2), ln2_mean, ln2_rstd, res2, W(ParamKind::kLn2W, l),
-                                 W(ParamKind::kLn2B, l), N, C, ln2_b));
+    ATL_OP(
+        "residual+layernorm fwd",
+        ops_.ResidualLayerNormForward(res2, residual, res2, F(ln2), ln2_mean, ln2_rstd,
+                                      W(ParamKind::kLn2W, l), W(ParamKind::kLn2B, l), N, C, ln2_b));
     ATL_OP("matmul fwd", ops_.MatmulForward(fch, ln2, W(ParamKind::kFcW, l), W(ParamKind::kFcB, l),
                                             N, C, Fl, ln2_b, Wb(copies, ParamKind::kFcW, l)));
     Op(OpKind::kGemmForward, l, 2, fch, N, Fl, F(ln2), W(ParamKind::kFcW, l), W(ParamKind::kFcB, l),
@@ -311,18 +332,22 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
     Op(OpKind::kGemmForward, l, 3, res3, N, C, F(fch_gelu), W(ParamKind::kFcProjW, l),
        add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, Fl);
     ATL_OP("tp all-reduce", TensorAllReduce(res3, NC));
-    ATL_OP("residual fwd", ops_.ResidualForward(res3, res2, res3, NC));
-    Op(OpKind::kActivation, l, -1, res3, N, C, res2);  // a: what mlp.c_proj was added to
+    block_end = l;  // res3 += res2: by the next LayerNorm
     residual = res3;
+  }
+  if (!last && block_end >= 0) {  // the stage's output: no LayerNorm reads it here
+    T* res3 = S.residual3.data() + size_t(block_end - layer_begin_) * NR * C;
+    ATL_OP("residual fwd",
+           ops_.ResidualForward(
+               res3, S.residual2.data() + size_t(block_end - layer_begin_) * NR * C, res3, NC));
+    end_block(block_end);
   }
   S.B = B;
   S.T_len = T_len;
   S.had_targets = last && targets != nullptr;
   if (!last) return T(0);
-  ATL_OP("layernorm fwd",
-         ops_.LayerNormForward(F(S.lnf.data()), S.lnf_mean.data(), S.lnf_rstd.data(), residual,
-                               W(ParamKind::kLnfW), W(ParamKind::kLnfB), N, C,
-                               Slot::At(S.lnf_b, copies, 0, 0)));
+  layer_norm(F(S.lnf.data()), S.lnf_mean.data(), S.lnf_rstd.data(), W(ParamKind::kLnfW),
+             W(ParamKind::kLnfB), Slot::At(S.lnf_b, copies, 0, 0));
   uint16_t* logits_b = S.UseLogits(device_);
   if (tp > 1) return targets != nullptr ? VocabParallelLoss(S, N, logits_b) : T(0);
   T loss = 0;
@@ -380,21 +405,6 @@ T GPT<T>::VocabParallelLoss(Slot& S, int N, uint16_t* logits_b) {
   CopyIn(device_, S.lse.data(), stats, size_t(N));
   CopyIn(device_, S.losses.data(), stats + N, size_t(N));
   return T(sum / N);
-}
-
-template <class T>
-const T* GPT<T>::stage_output(int slot) const {
-  Slot& S = acts_->slots.at(size_t(slot));
-  const T* out =
-      S.residual3.data() + size_t(layer_end_ - layer_begin_ - 1) * acts_->rows * cfg_.n_embd;
-  return HostView(out, size_t(S.B) * size_t(S.T_len) * size_t(cfg_.n_embd), S.host_output);
-}
-
-template <class T>
-const T* GPT<T>::input_grad() const {
-  const Slot& S = acts_->slots[size_t(acts_->last_backward_slot)];
-  return HostView(acts_->dresidual.data(), size_t(S.B) * size_t(S.T_len) * size_t(cfg_.n_embd),
-                  acts_->host_input_grad);
 }
 
 template <class T>
@@ -553,29 +563,6 @@ void GPT<T>::ZeroGrad() {
   const int64_t n = int64_t(grads_.size());
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) g[i] = T(0);
-}
-
-template <class T>
-const T* GPT<T>::logits() const {
-  const Slot& S = acts_->slots[0];
-  if (!cuda()) return S.logits.data();
-  const size_t n = size_t(S.B) * size_t(S.T_len) * size_t(vocab_end_ - vocab_begin_);
-  host_logits_.resize(n);
-  if (!S.logits_in_bf16) {
-    CopyOut(device_, host_logits_.data(), S.logits.data(), n);
-    return host_logits_.data();
-  }
-  // bf16 logits, rows LogitsRowStride(V) apart: each row's first V widened exactly.
-  const size_t V = size_t(vocab_end_ - vocab_begin_), ld = size_t(kernels::LogitsRowStride(int(V)));
-  std::vector<uint16_t> bits(n / V * ld);
-  CopyOut(device_, bits.data(), S.logits_b.data(), bits.size());
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t u = uint32_t(bits[i / V * ld + i % V]) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof(f));
-    host_logits_[i] = T(f);
-  }
-  return host_logits_.data();
 }
 
 template <class T>

@@ -1,13 +1,16 @@
 // GPT's device plumbing (see "Devices" in gpt.h): zeroing buffers where they live, keeping the
 // GPU's parameters and gradients in step with the host copies (lazily, in whichever direction is
-// newer), and op events with host operands.
+// newer), op events with host operands, and host views of the stage's output, the input's
+// gradient and the logits.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <utility>
 #include <vector>
 
 #include "model/gpt.h"
+#include "model/gpt_activations.h"
 
 namespace atl {
 
@@ -93,6 +96,45 @@ void GPT<T>::EmitOp(const OpEvent& e) {
   CopyIn(device_, e.out, out.data(), e.n);
 }
 
+// Host views of what the last forward and backward left on the device.
+template <class T>
+const T* GPT<T>::stage_output(int slot) const {
+  Slot& S = acts_->slots.at(size_t(slot));
+  const T* out =
+      S.residual3.data() + size_t(layer_end_ - layer_begin_ - 1) * acts_->rows * cfg_.n_embd;
+  return HostView(out, size_t(S.B) * size_t(S.T_len) * size_t(cfg_.n_embd), S.host_output);
+}
+
+template <class T>
+const T* GPT<T>::input_grad() const {
+  const Slot& S = acts_->slots[size_t(acts_->last_backward_slot)];
+  return HostView(acts_->dresidual.data(), size_t(S.B) * size_t(S.T_len) * size_t(cfg_.n_embd),
+                  acts_->host_input_grad);
+}
+
+template <class T>
+const T* GPT<T>::logits() const {
+  const Slot& S = acts_->slots[0];
+  if (!cuda()) return S.logits.data();
+  const size_t n = size_t(S.B) * size_t(S.T_len) * size_t(vocab_end_ - vocab_begin_);
+  host_logits_.resize(n);
+  if (!S.logits_in_bf16) {
+    CopyOut(device_, host_logits_.data(), S.logits.data(), n);
+    return host_logits_.data();
+  }
+  // bf16 logits, rows LogitsRowStride(V) apart: each row's first V widened exactly.
+  const size_t V = size_t(vocab_end_ - vocab_begin_), ld = size_t(kernels::LogitsRowStride(int(V)));
+  std::vector<uint16_t> bits(n / V * ld);
+  CopyOut(device_, bits.data(), S.logits_b.data(), bits.size());
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t u = uint32_t(bits[i / V * ld + i % V]) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof(f));
+    host_logits_[i] = T(f);
+  }
+  return host_logits_.data();
+}
+
 #define ATL_INSTANTIATE(T)                                                            \
   template void GPT<T>::HostCurrent(std::vector<T>&, const Buffer<T>&, Newer&) const; \
   template void GPT<T>::DeviceCurrent(const std::vector<T>&, Buffer<T>&, Newer&);     \
@@ -102,7 +144,10 @@ void GPT<T>::EmitOp(const OpEvent& e) {
   template const T* GPT<T>::resident_params() const;                                  \
   template T* GPT<T>::mutable_device_grads();                                         \
   template void GPT<T>::EmitOp(const OpEvent&);                                       \
-  template const T* GPT<T>::HostView(const T*, size_t, std::vector<T>&) const;
+  template const T* GPT<T>::HostView(const T*, size_t, std::vector<T>&) const;        \
+  template const T* GPT<T>::stage_output(int) const;                                  \
+  template const T* GPT<T>::input_grad() const;                                       \
+  template const T* GPT<T>::logits() const;
 ATL_INSTANTIATE(float)
 ATL_INSTANTIATE(double)
 #undef ATL_INSTANTIATE

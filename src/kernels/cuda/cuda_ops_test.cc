@@ -108,6 +108,56 @@ TEST_F(CudaOps, LayerNorm) {
   }
 }
 
+// The residual add fused into the LayerNorm that reads its sum: the same bits as ResidualForward
+// then LayerNormForward, the sum written to a buffer of its own or over either addend (GPT writes
+// it over the second), with and without the out's bf16 copy (under bf16 products), and the out
+// left out (the copy alone).
+TEST_F(CudaOps, ResidualLayerNormIsTheTwoOps) {
+  const int N = 37, C = 200;
+  const size_t nc = size_t(N) * C;
+  const auto a = Random(nc, 21, 2.0f), b = Random(nc, 22), w = Random(C, 23), bias = Random(C, 24);
+  auto g_w = ToDevice(w), g_bias = ToDevice(bias);
+  for (const bool bf16 : {false, true})
+    for (const int into : {0, 1, 2}) {  // the sum's place: its own, a, b
+      SCOPED_TRACE(testing::Message() << "bf16 " << bf16 << " into " << into);
+      SetBf16Matmul(bf16);
+      auto run = [&](bool fused, bool with_out) {
+        auto ga = ToDevice(a), gb = ToDevice(b);
+        DeviceArray<float> own(nc), out(nc), mean(N), rstd(N);
+        DeviceArray<uint16_t> out16(nc);
+        float* res = into == 0 ? own.data() : into == 1 ? ga.data() : gb.data();
+        float* o = with_out ? out.data() : nullptr;
+        if (fused) {
+          ResidualLayerNormForward(res, ga.data(), gb.data(), o, mean.data(), rstd.data(),
+                                   g_w.data(), g_bias.data(), N, C, out16.data());
+        } else {
+          ResidualForward(res, ga.data(), gb.data(), nc);
+          LayerNormForward(o, mean.data(), rstd.data(), res, g_w.data(), g_bias.data(), N, C,
+                           out16.data());
+        }
+        std::vector<float> res_h(nc);
+        CopyToHost(res_h.data(), res, nc * sizeof(float));
+        std::vector<std::vector<float>> got{res_h, ToHost(mean), ToHost(rstd)};
+        if (with_out) got.push_back(ToHost(out));
+        const auto bits = ToHost(out16);
+        got.emplace_back(bits.begin(), bits.end());  // the copy's bits, compared as floats
+        return got;
+      };
+      const auto two = run(false, true), one = run(true, true);
+      ASSERT_EQ(two.size(), one.size());
+      for (size_t i = 0; i < two.size(); ++i) EXPECT_TRUE(SameBits(two[i], one[i])) << i;
+      size_t sum_wrong = 0;  // and the sum is a + b
+      for (size_t i = 0; i < nc; ++i) sum_wrong += one[0][i] != a[i] + b[i];
+      EXPECT_EQ(sum_wrong, 0u);
+      if (bf16) {  // the copy alone
+        const auto alone = run(true, false);
+        EXPECT_TRUE(SameBits(alone.back(), one.back()));
+        EXPECT_TRUE(SameBits(alone[1], one[1]));
+      }
+      SetBf16Matmul(false);
+    }
+}
+
 // Flash-style on the GPU (no probabilities: each row's lse) against the CPU's stored-probability
 // attention. Head sizes 4 to 128 take every thread layout (1, 2, 4 threads per row); T from 1 to
 // past several blocks' rows and keys' tiles, rarely a multiple of either; `amp` scales q and k

@@ -11,16 +11,27 @@ namespace {
 constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 constexpr int kChunkRows = 64;    // rows per partial column sum
 
-// out_bf16 (or null): out rounded to bf16 as well; out null: the bf16 alone.
+// out_bf16 (or null): out rounded to bf16 as well; out null: the bf16 alone. res_a (or null): the
+// rows normalized are res = res_a + res_b, written to res as they are read (ResidualForward's
+// sum, so the same bits as the two kernels), and inp is unused.
 __global__ void LayerNormForwardKernel(float* out, __nv_bfloat16* out_bf16, float* mean,
-                                       float* rstd, const float* inp, const float* weight,
+                                       float* rstd, const float* inp, float* res,
+                                       const float* res_a, const float* res_b, const float* weight,
                                        const float* bias, int N, int C) {
   const int lane = threadIdx.x & 31;
   const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (n >= N) return;
-  const float* x = inp + n * C;
+  const float* x = res_a != nullptr ? res + n * C : inp + n * C;
   float s = 0.0f;
-  for (int c = lane; c < C; c += 32) s += x[c];
+  if (res_a != nullptr) {
+    for (int c = lane; c < C; c += 32) {
+      const float v = res_a[n * C + c] + res_b[n * C + c];
+      res[n * C + c] = v;
+      s += v;
+    }
+  } else {
+    for (int c = lane; c < C; c += 32) s += x[c];
+  }
   const float m = WarpSum(s) / float(C);
   // Two passes, as the CPU: no cancellation when |mean| >> std.
   float v = 0.0f;
@@ -182,14 +193,28 @@ const Fused* FusedFor(int C) {
 
 }  // namespace
 
-void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                      const float* bias, int N, int C, uint16_t* out_bf16) {
+namespace {
+void Forward(float* out, float* mean, float* rstd, const float* inp, float* res, const float* a,
+             const float* b, const float* weight, const float* bias, int N, int C,
+             uint16_t* out_bf16) {
   if (N <= 0) return;
   __nv_bfloat16* out16 = Bf16Copy(out_bf16);
   if (out == nullptr && out16 == nullptr)
     ThrowCuda("LayerNormForward", __FILE__, __LINE__, "no out: a null out needs a bf16 copy");
   ATL_LAUNCH(LayerNormForwardKernel, Blocks(size_t(N), kRowsPerBlock), 32 * kRowsPerBlock, out,
-             out16, mean, rstd, inp, weight, bias, N, C);
+             out16, mean, rstd, inp, res, a, b, weight, bias, N, C);
+}
+}  // namespace
+
+void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                      const float* bias, int N, int C, uint16_t* out_bf16) {
+  Forward(out, mean, rstd, inp, nullptr, nullptr, nullptr, weight, bias, N, C, out_bf16);
+}
+
+void ResidualLayerNormForward(float* res, const float* a, const float* b, float* out, float* mean,
+                              float* rstd, const float* weight, const float* bias, int N, int C,
+                              uint16_t* out_bf16) {
+  Forward(out, mean, rstd, nullptr, res, a, b, weight, bias, N, C, out_bf16);
 }
 
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,

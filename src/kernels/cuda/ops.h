@@ -55,6 +55,12 @@ void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t*
 // write a copy (bf16 products): the copy alone is written, for outputs only products read.
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int N, int C, uint16_t* out_bf16 = nullptr);
+// res = a + b (as ResidualForward; res may be a or b), then LayerNormForward of res: one kernel
+// reads the addends, writes the sum and normalizes it (the sum is not read back from memory).
+// The same bits as the two ops.
+void ResidualLayerNormForward(float* res, const float* a, const float* b, float* out, float* mean,
+                              float* rstd, const float* weight, const float* bias, int N, int C,
+                              uint16_t* out_bf16 = nullptr);
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
                        int N, int C, uint16_t* dinp_bf16 = nullptr, GradInto into = GradInto::kAdd);
