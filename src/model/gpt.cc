@@ -262,7 +262,10 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
   }
   // The residual add that ends a block (residual3 = residual2 + mlp) is left to the LayerNorm that
   // reads the sum, the next block's ln_1 or ln_f: one kernel reads the two addends, writes the sum
-  // and normalizes it (ResidualLayerNormForward). block_end: the block whose add is pending.
+  // and normalizes it (ResidualLayerNormForward). block_end: the block whose add is pending. Not
+  // under an op hook that may change the block's output (all but a device reader): what it
+  // changes must reach that LayerNorm.
+  const bool defer_adds = !op_hook_ || op_hook_on_device_;
   int block_end = -1;
   auto end_block = [&](int l) {  // the block's activation event, after its add
     const size_t i = size_t(l - layer_begin_);
@@ -332,8 +335,13 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
     Op(OpKind::kGemmForward, l, 3, res3, N, C, F(fch_gelu), W(ParamKind::kFcProjW, l),
        add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, Fl);
     ATL_OP("tp all-reduce", TensorAllReduce(res3, NC));
-    block_end = l;  // res3 += res2: by the next LayerNorm
     residual = res3;
+    if (defer_adds) {
+      block_end = l;  // res3 += res2: by the next LayerNorm
+      continue;
+    }
+    ATL_OP("residual fwd", ops_.ResidualForward(res3, res2, res3, NC));
+    end_block(l);
   }
   if (!last && block_end >= 0) {  // the stage's output: no LayerNorm reads it here
     T* res3 = S.residual3.data() + size_t(block_end - layer_begin_) * NR * C;

@@ -371,5 +371,29 @@ TEST(GptTest, PipelineStagesMatchTheWholeModel) {
   }
 }
 
+// What an op hook changes in a block's output flows on as if the kernel had computed it (gpt.h):
+// the next block's ln_1 normalizes the changed residual stream (the forward leaves a block's
+// residual add to the next LayerNorm only when no hook may write).
+TEST(GptTest, AHookChangingABlockOutputReachesTheNextBlock) {
+  const GPTConfig c{.vocab_size = 32, .seq_len = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
+  GPT<float> model(c, 1);
+  model.InitParameters(4);
+  std::vector<int32_t> tokens(9);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 5 + 1) % 32);
+  auto ln1_of_block1 = [&](float change) {
+    std::vector<float> ln1;
+    model.set_op_hook([&](const GPT<float>::OpEvent& e) {
+      if (e.kind == GPT<float>::OpKind::kActivation && e.layer == 0) e.out[0] += change;
+      if (e.kind == GPT<float>::OpKind::kGemmForward && e.layer == 1 && e.gemm == 0)
+        ln1.assign(e.a, e.a + c.n_embd);  // the first row of ln_1's output
+    });
+    model.Forward(tokens.data(), tokens.data() + 1, 1, c.seq_len);
+    return ln1;
+  };
+  const auto clean = ln1_of_block1(0.0f), changed = ln1_of_block1(10.0f);
+  ASSERT_EQ(clean.size(), size_t(c.n_embd));
+  EXPECT_NE(clean, changed);
+}
+
 }  // namespace
 }  // namespace atl
