@@ -395,5 +395,38 @@ TEST(GptTest, AHookChangingABlockOutputReachesTheNextBlock) {
   EXPECT_NE(clean, changed);
 }
 
+// The block outputs' events are the same, in the same order, whether the forward leaves each
+// block's residual add to the next LayerNorm (no hook, or a device reader) or runs it at the
+// block's end (a hook that may write): the whole model and each of two pipeline stages.
+TEST(GptTest, BlockOutputEventsAreTheSameWhereverTheAddRuns) {
+  const GPTConfig c{.vocab_size = 32, .seq_len = 8, .n_layer = 3, .n_head = 2, .n_embd = 16};
+  std::vector<int32_t> tokens(9);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 7 + 3) % 32);
+  const int N = c.seq_len;
+  for (const ModelShard shard :
+       {ModelShard{}, ModelShard{.layer_begin = 0, .layer_end = 2}, ModelShard{.layer_begin = 2}}) {
+    SCOPED_TRACE(testing::Message() << "layers " << shard.layer_begin << ".." << shard.end(c));
+    GPT<float> model(c, 1, shard);
+    model.InitParameters(6);
+    const std::vector<float> input(size_t(N) * c.n_embd, 0.25f);  // a later stage's input
+    auto events = [&](bool device_reader) {
+      std::vector<std::pair<int, std::vector<float>>> seen;
+      model.set_op_hook(
+          [&](const GPT<float>::OpEvent& e) {
+            if (e.kind == GPT<float>::OpKind::kActivation)
+              seen.emplace_back(e.layer, std::vector<float>(e.out, e.out + e.n));
+          },
+          device_reader);
+      model.ForwardStage(0, tokens.data(), input.data(), tokens.data() + 1, 1, c.seq_len);
+      return seen;
+    };
+    const auto deferred = events(true), at_end = events(false);
+    ASSERT_FALSE(deferred.empty());
+    EXPECT_EQ(deferred, at_end);
+    for (size_t k = 1; k < deferred.size(); ++k)
+      EXPECT_EQ(deferred[k].first, deferred[k - 1].first + 1);
+  }
+}
+
 }  // namespace
 }  // namespace atl

@@ -194,13 +194,13 @@ const Fused* FusedFor(int C) {
 }  // namespace
 
 namespace {
-void Forward(float* out, float* mean, float* rstd, const float* inp, float* res, const float* a,
-             const float* b, const float* weight, const float* bias, int N, int C,
+void Forward(const char* op, float* out, float* mean, float* rstd, const float* inp, float* res,
+             const float* a, const float* b, const float* weight, const float* bias, int N, int C,
              uint16_t* out_bf16) {
   if (N <= 0) return;
   __nv_bfloat16* out16 = Bf16Copy(out_bf16);
   if (out == nullptr && out16 == nullptr)
-    ThrowCuda("LayerNormForward", __FILE__, __LINE__, "no out: a null out needs a bf16 copy");
+    ThrowCuda(op, __FILE__, __LINE__, "no out: a null out needs a bf16 copy");
   ATL_LAUNCH(LayerNormForwardKernel, Blocks(size_t(N), kRowsPerBlock), 32 * kRowsPerBlock, out,
              out16, mean, rstd, inp, res, a, b, weight, bias, N, C);
 }
@@ -208,13 +208,15 @@ void Forward(float* out, float* mean, float* rstd, const float* inp, float* res,
 
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int N, int C, uint16_t* out_bf16) {
-  Forward(out, mean, rstd, inp, nullptr, nullptr, nullptr, weight, bias, N, C, out_bf16);
+  Forward("LayerNormForward", out, mean, rstd, inp, nullptr, nullptr, nullptr, weight, bias, N, C,
+          out_bf16);
 }
 
 void ResidualLayerNormForward(float* res, const float* a, const float* b, float* out, float* mean,
                               float* rstd, const float* weight, const float* bias, int N, int C,
                               uint16_t* out_bf16) {
-  Forward(out, mean, rstd, nullptr, res, a, b, weight, bias, N, C, out_bf16);
+  Forward("ResidualLayerNormForward", out, mean, rstd, nullptr, res, a, b, weight, bias, N, C,
+          out_bf16);
 }
 
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,

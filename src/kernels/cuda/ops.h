@@ -56,8 +56,8 @@ void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t*
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int N, int C, uint16_t* out_bf16 = nullptr);
 // res = a + b (as ResidualForward; res may be a or b), then LayerNormForward of res: one kernel
-// reads the addends, writes the sum and normalizes it (the sum is not read back from memory).
-// The same bits as the two ops.
+// reads the addends, writes the sum and normalizes it (the LayerNorm's first read of the sum is
+// saved). The same bits as the two ops.
 void ResidualLayerNormForward(float* res, const float* a, const float* b, float* out, float* mean,
                               float* rstd, const float* weight, const float* bias, int N, int C,
                               uint16_t* out_bf16 = nullptr);
