@@ -267,10 +267,18 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
   // changes must reach that LayerNorm.
   const bool defer_adds = !op_hook_ || op_hook_on_device_;
   int block_end = -1;
-  auto end_block = [&](int l) {  // the block's activation event, after its add
-    const size_t i = size_t(l - layer_begin_);
-    Op(OpKind::kActivation, l, -1, S.residual3.data() + i * NR * C, N, C,
-       S.residual2.data() + i * NR * C);  // a: what mlp.c_proj was added to
+  auto res3_of = [&](int l) { return S.residual3.data() + size_t(l - layer_begin_) * NR * C; };
+  auto res2_of = [&](int l) { return S.residual2.data() + size_t(l - layer_begin_) * NR * C; };
+  auto end_block = [&] {  // the pending add done: the block's activation event
+    Op(OpKind::kActivation, block_end, -1, res3_of(block_end), N, C,
+       res2_of(block_end));  // a: what mlp.c_proj was added to
+    block_end = -1;
+  };
+  auto add_alone = [&] {  // the pending add, when no LayerNorm reads the sum first
+    if (block_end < 0) return;
+    T* res3 = res3_of(block_end);
+    ATL_OP("residual fwd", ops_.ResidualForward(res3, res2_of(block_end), res3, NC));
+    end_block();
   };
   // ln = LayerNorm(residual), after the pending add (residual is then that block's residual3).
   auto layer_norm = [&](T* out, T* mean, T* rstd, const T* w, const T* b, uint16_t* out_b) {
@@ -278,13 +286,11 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
       ATL_OP("layernorm fwd", ops_.LayerNormForward(out, mean, rstd, residual, w, b, N, C, out_b));
       return;
     }
-    const size_t j = size_t(block_end - layer_begin_);
-    T* res3 = S.residual3.data() + j * NR * C;
+    T* res3 = res3_of(block_end);
     ATL_OP("residual+layernorm fwd",
-           ops_.ResidualLayerNormForward(res3, S.residual2.data() + j * NR * C, res3, out, mean,
-                                         rstd, w, b, N, C, out_b));
-    end_block(block_end);
-    block_end = -1;
+           ops_.ResidualLayerNormForward(res3, res2_of(block_end), res3, out, mean, rstd, w, b, N,
+                                         C, out_b));
+    end_block();
   };
   for (int l = layer_begin_; l < layer_end_; ++l) {
     const size_t i = size_t(l - layer_begin_);
@@ -336,20 +342,10 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
        add_row_bias ? W(ParamKind::kFcProjB, l) : nullptr, Fl);
     ATL_OP("tp all-reduce", TensorAllReduce(res3, NC));
     residual = res3;
-    if (defer_adds) {
-      block_end = l;  // res3 += res2: by the next LayerNorm
-      continue;
-    }
-    ATL_OP("residual fwd", ops_.ResidualForward(res3, res2, res3, NC));
-    end_block(l);
+    block_end = l;  // res3 += res2: by the next LayerNorm
+    if (!defer_adds) add_alone();
   }
-  if (!last && block_end >= 0) {  // the stage's output: no LayerNorm reads it here
-    T* res3 = S.residual3.data() + size_t(block_end - layer_begin_) * NR * C;
-    ATL_OP("residual fwd",
-           ops_.ResidualForward(
-               res3, S.residual2.data() + size_t(block_end - layer_begin_) * NR * C, res3, NC));
-    end_block(block_end);
-  }
+  if (!last) add_alone();  // the stage's output: no LayerNorm of the stage reads it
   S.B = B;
   S.T_len = T_len;
   S.had_targets = last && targets != nullptr;
