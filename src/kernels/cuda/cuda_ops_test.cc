@@ -381,17 +381,10 @@ TEST_F(CudaOps, ClassifierLossOfLargeLogits) {
         continue;
       }
       // bf16 logits: lse and the losses those of the logits the loss read (widened, in double).
-      const auto bits = ToHost(g_l16);
-      const int64_t ld = cpu::LogitsRowStride(V);
-      std::vector<double> lse16(N), losses16(N);
-      for (int n = 0; n < N; ++n) {
-        auto at = [&](int v) { return double(FromBf16Bits(bits[n * ld + v])); };
-        double mx = -INFINITY, sum = 0;
-        for (int v = 0; v < V; ++v) mx = std::max(mx, at(v));
-        for (int v = 0; v < V; ++v) sum += std::exp(at(v) - mx);
-        lse16[n] = mx + std::log(sum);
-        losses16[n] = lse16[n] - at(tgt[n]);
-      }
+      const auto logits16 = WidenedLogits(ToHost(g_l16), N, size_t(V));
+      const auto lse16 = RowLogSumExp(logits16, N, size_t(V));
+      std::vector<double> losses16(N);
+      for (int n = 0; n < N; ++n) losses16[n] = lse16[n] - logits16[size_t(n) * V + tgt[n]];
       EXPECT_CLOSE(ToHost(g_lse), lse16);
       EXPECT_CLOSE(ToHost(g_losses), losses16);
       EXPECT_NEAR(g_loss, loss, 1e-2 * std::abs(loss));  // and near the float product's

@@ -107,6 +107,26 @@ inline float FromBf16Bits(uint16_t bits) {
   return x;
 }
 
+// ClassifierForward's bf16 logits (rows LogitsRowStride(V) apart), widened to a float [N, V].
+inline std::vector<float> WidenedLogits(const std::vector<uint16_t>& bits, size_t N, size_t V) {
+  const size_t ld = size_t(LogitsRowStride(int(V)));
+  std::vector<float> logits(N * V);
+  for (size_t i = 0; i < N * V; ++i) logits[i] = FromBf16Bits(bits[i / V * ld + i % V]);
+  return logits;
+}
+
+// Each row's log-sum-exp of [N, V] logits, in double.
+inline std::vector<double> RowLogSumExp(const std::vector<float>& logits, size_t N, size_t V) {
+  std::vector<double> lse(N);
+  for (size_t n = 0; n < N; ++n) {
+    double mx = -INFINITY, sum = 0;
+    for (size_t v = 0; v < V; ++v) mx = std::max(mx, double(logits[n * V + v]));
+    for (size_t v = 0; v < V; ++v) sum += std::exp(double(logits[n * V + v]) - mx);
+    lse[n] = mx + std::log(sum);
+  }
+  return lse;
+}
+
 // Each element rounded to bf16, as bits (what the ops' bf16 copies hold).
 inline std::vector<uint16_t> Bf16Bits(const std::vector<float>& v) {
   std::vector<uint16_t> bits(v.size());
