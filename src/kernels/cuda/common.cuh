@@ -81,6 +81,14 @@ void Launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, const
   ATL_LAUNCHED();
 }
 
+// The largest power of two (at most 256, at least 2) that divides the address: cuBLASLt must not
+// pick a kernel that needs more alignment than the operands have, nor a kernel a vector load.
+inline uint32_t Alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 2 && a % align != 0) align >>= 1;  // bf16 operands may be 2-byte aligned
+  return align;
+}
 inline unsigned Blocks(size_t n, unsigned threads) { return unsigned((n + threads - 1) / threads); }
 
 // Sum over a warp by a fixed butterfly: every lane gets the same bits.

@@ -150,7 +150,9 @@ TEST_F(CudaOps, Bf16AttentionOnTheTensorCores) {
 // op: the backward rounds wte once for every tile, and x once.
 // Float logits, and logits kept in bf16 alone (logits_bf16: the float logits not written, here
 // null): the bf16 ones within a bf16 rounding of the product, the loss's lse that of the logits it
-// read, and the backward's gradients from them.
+// read, and the backward's gradients from them. The bf16 logits' products run over V rounded up to
+// a multiple of 64 (wte's rows padded with zeros: aligned rows for cuBLASLt), so the padding
+// columns of the logits are written, with zeros.
 TEST_F(CudaOps, Bf16Classifier) {
   const Bf16On on;
   struct Shape {
@@ -179,6 +181,11 @@ TEST_F(CudaOps, Bf16Classifier) {
       ClassifierBackward(g_dx.data(), g_dwte.data(), logits_f, g_lse.data(), g_x.data(),
                          g_wte.data(), g_tgt.data(), dloss, s.N, s.C, s.V, {}, GradInto::kAdd, l16);
       EXPECT_EQ(Bf16RoundedElements() - rounded, V * C + N * C);
+      if (half) {  // the product ran over wte's rows padded with zero rows to ld (PaddedWeight)
+        const auto bits = ToHost(g_l16);
+        for (size_t n = 0; n < N; ++n)
+          for (size_t v = V; v < ld; ++v) ASSERT_EQ(bits[n * ld + v], 0) << n << " " << v;
+      }
       const auto logits = half ? WidenedLogits(ToHost(g_l16), N, V) : ToHost(g_logits);
       const auto lse = ToHost(g_lse), losses = ToHost(g_losses);
       const auto want_lse = RowLogSumExp(logits, N, V);

@@ -32,15 +32,6 @@
 namespace atl::kernels::cuda {
 namespace {
 
-// The largest power of two (at most 256) that divides the address: cuBLASLt must not pick a
-// kernel that needs more alignment than the operands have.
-uint32_t Alignment(const void* p) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  uint32_t align = 256;
-  while (align > 2 && a % align != 0) align >>= 1;  // bf16 operands may be 2-byte aligned
-  return align;
-}
-
 // ..., align_bias: the bias's alignment (0: no bias epilogue), out_bf16: C and D bf16.
 using Key = std::tuple<bool, bool, int, int, int, int64_t, int64_t, int64_t, int, int64_t, int64_t,
                        int64_t, uint32_t, uint32_t, uint32_t, bool, bool, uint32_t, bool>;

@@ -43,6 +43,9 @@
 struct uint3 {
   unsigned x, y, z;
 };
+struct alignas(16) uint4 {  // a 16-byte vector load's type
+  unsigned x, y, z, w;
+};
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
   constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
