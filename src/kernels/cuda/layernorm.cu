@@ -56,46 +56,71 @@ __global__ void LayerNormForwardKernel(float* out, __nv_bfloat16* out_bf16, floa
 
 // The row's input gradient, one warp per row: lane takes columns lane + 32 j. dinp (+)= it (add:
 // added to dinp, else written over it; dinp null: not written); dinp_bf16 (or null): the result
-// rounded to bf16 as well. kCols > 0: the columns are j < kCols (C <= 32 kCols), unrolled, and
-// each column's dy * norm and dy are added to dw[j], db[j]; kCols = 0: any C, no sums.
+// rounded to bf16 as well. kCols > 0: the columns are j < kCols (C <= 32 kCols), the row's dout
+// and inp loaded into registers at once (every load in flight together: a loop that stops at C
+// waits for each column's loads in turn, 6x slower on an H100), and each column's dy * norm and
+// dy are added to dw[j], db[j]; kCols = 0: any C, no sums.
 template <int kCols>
 __device__ inline void LayerNormRowGrad(float* dinp, __nv_bfloat16* dinp_bf16, const float* dout,
                                         const float* inp, const float* weight, const float* mean,
                                         const float* rstd, int64_t n, int C, bool add, float* dw,
                                         float* db) {
   const int lane = threadIdx.x & 31;
-  const int cols = kCols > 0 ? kCols : (C + 31) / 32;
   const float* x = inp + n * C;
   const float* dy = dout + n * C;
   const float m = mean[n], r = rstd[n];
-  float g_sum = 0.0f, gn_sum = 0.0f;
-#pragma unroll
-  for (int j = 0; j < cols; ++j) {
-    const int c = lane + 32 * j;
-    if (c >= C) break;
-    const float g = dy[c] * weight[c];
-    g_sum += g;
-    gn_sum += g * (x[c] - m) * r;
-  }
-  const float g_mean = WarpSum(g_sum) / float(C);
-  const float gn_mean = WarpSum(gn_sum) / float(C);
   float* dx = dinp != nullptr ? dinp + n * C : nullptr;
   __nv_bfloat16* dxb = dinp_bf16 != nullptr ? dinp_bf16 + n * C : nullptr;
+  if constexpr (kCols > 0) {
+    float d[kCols], xs[kCols], g_sum = 0.0f, gn_sum = 0.0f;
 #pragma unroll
-  for (int j = 0; j < cols; ++j) {
-    const int c = lane + 32 * j;
-    if (c >= C) break;
-    const float norm = (x[c] - m) * r;
-    const float d = dy[c];  // read before dx is written (were they one buffer)
-    const float g = d * weight[c] - g_mean - norm * gn_mean;
-    if (dx != nullptr) {
+    for (int j = 0; j < kCols; ++j) {
+      const int c = lane + 32 * j;
+      d[j] = c < C ? dy[c] : 0.0f;
+      xs[j] = c < C ? x[c] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const int c = lane + 32 * j;
+      if (c < C) {
+        const float g = d[j] * weight[c];
+        g_sum += g;
+        gn_sum += g * (xs[j] - m) * r;
+      }
+    }
+    const float g_mean = WarpSum(g_sum) / float(C);
+    const float gn_mean = WarpSum(gn_sum) / float(C);
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const int c = lane + 32 * j;
+      if (c < C) {
+        const float norm = (xs[j] - m) * r;
+        if (dx != nullptr) {
+          const float g = d[j] * weight[c] - g_mean - norm * gn_mean;
+          const float v = add ? dx[c] + r * g : r * g;
+          dx[c] = v;
+          if (dxb != nullptr) dxb[c] = __float2bfloat16_rn(v);
+        }
+        dw[j] += d[j] * norm;
+        db[j] += d[j];
+      }
+    }
+  } else {
+    float g_sum = 0.0f, gn_sum = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+      const float g = dy[c] * weight[c];
+      g_sum += g;
+      gn_sum += g * (x[c] - m) * r;
+    }
+    const float g_mean = WarpSum(g_sum) / float(C);
+    const float gn_mean = WarpSum(gn_sum) / float(C);
+    for (int c = lane; c < C; c += 32) {
+      const float norm = (x[c] - m) * r;
+      const float d = dy[c];  // read before dx is written (were they one buffer)
+      const float g = d * weight[c] - g_mean - norm * gn_mean;
       const float v = add ? dx[c] + r * g : r * g;
       dx[c] = v;
       if (dxb != nullptr) dxb[c] = __float2bfloat16_rn(v);
-    }
-    if constexpr (kCols > 0) {
-      dw[j] += d * norm;
-      db[j] += d;
     }
   }
 }
@@ -115,8 +140,11 @@ __global__ void LayerNormInputGradKernel(float* dinp, __nv_bfloat16* dinp_bf16, 
 // registers; the block's warps then add theirs into shared memory in warp order, and the block
 // writes partial[block][c] (of dy * norm) and partial[block][C + c] (of dy), which AddChunkSums
 // adds in a fixed order. partial null: the input's gradient alone.
-constexpr int kWarpRows = 8;
-constexpr int kFusedWarps = 4;  // warps per block: 256 blocks for gpt2's 8192 rows
+// 2 rows a warp, 4 warps a block: 1024 blocks for gpt2's 8192 rows, so that every SM holds its
+// 5 blocks (88 registers a thread at C = 768). 8 rows a warp (256 blocks, 2 an SM) left the loads
+// too few to cover DRAM's latency: 137 us a call on an H100, 17% of its bandwidth (ncu).
+constexpr int kWarpRows = 2;
+constexpr int kFusedWarps = 4;
 constexpr int kFusedBlockRows = kWarpRows * kFusedWarps;
 template <int kCols>
 __global__ void __launch_bounds__(32 * kFusedWarps)
