@@ -30,11 +30,15 @@ constexpr int kRows = 16 * kWarps;  // a block's own rows
 constexpr int kTile = 64;           // rows of the other side staged at a time
 constexpr int kPad = 4;             // words a staged row is padded by
 constexpr int kTileWords = kTile / 2 + kPad;
-// Blocks an SM must hold (__launch_bounds__'s second argument): the forward capped at 128
-// registers (4 blocks, was 139 and 3) and dQ at 168 (3, was 200 and 2), a few bytes spilled
-// each; on an H100, gpt2-124m's bf16 step went from 35.9 to 34.0 ms. dK/dV needs its 255 (capping
-// it at 168 spilled 470 bytes).
-constexpr int kForwardBlocks = 4, kQueryBlocks = 3;
+// Blocks an SM must hold at head size 64 (__launch_bounds__'s second argument): the forward
+// capped at 128 registers (4 blocks, was 139 and 3) and dQ at 168 (3, was 200 and 2), a few bytes
+// spilled each; on an H100, gpt2-124m's bf16 step went from 35.9 to 34.0 ms. dK/dV needs its 255
+// (capping it at 168 spilled 470 bytes). At 32 the kernels fit as they are (no bound: the
+// forward's 128 registers would spill under one).
+template <int D>
+constexpr int kForwardBlocks = D == 64 ? 4 : 1;
+template <int D>
+constexpr int kQueryBlocks = D == 64 ? 3 : 1;
 
 // A row-major tile: row r's dimensions 2j, 2j + 1 in word [r][j].
 template <int D>
@@ -187,7 +191,7 @@ struct Head {
 
 // grid: Grid (heads of ceil(T / 64) query blocks). out [B, T, C]; lse [B, NH, T].
 template <int D>
-__global__ void __launch_bounds__(kThreads, kForwardBlocks)
+__global__ void __launch_bounds__(kThreads, kForwardBlocks<D>)
     TcForward(float* out, __nv_bfloat16* out16, float* lse, const float* qkv, int T, int C, int NH,
               float scale) {
   __shared__ Rows<D> ks;
@@ -254,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, kForwardBlocks)
 // added to dqkv, else written over it (a template argument: as a run-time flag it costs the dK/dV
 // kernel registers it has not got, and spills).
 template <int D, bool kAdd>
-__global__ void __launch_bounds__(kThreads, kQueryBlocks)
+__global__ void __launch_bounds__(kThreads, kQueryBlocks<D>)
     TcBackwardQuery(float* dqkv, __nv_bfloat16* dqkv16, float* dsum, const float* dout,
                     const float* out, const float* qkv, const float* lse, int T, int C, int NH,
                     float scale) {

@@ -6,6 +6,7 @@
 // fixed.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <type_traits>
 
@@ -51,9 +52,28 @@ __device__ inline void Accumulate(MaxSum& t, const float (&x)[k]) {
   for (int i = 0; i < k; ++i) t.s += expf(x[i] - t.m);
 }
 
+// 16 bytes at a 16-byte aligned p, one load (the emulator: memcpy, as its host compiler's
+// aliasing rules want), and the store of them.
+__device__ inline uint4 Load16(const void* p) {
+#if defined(ATOLL_CUDA_EMULATED)
+  uint4 v;
+  memcpy(&v, p, sizeof(v));
+  return v;
+#else
+  return *reinterpret_cast<const uint4*>(p);
+#endif
+}
+__device__ inline void Store16(void* p, uint4 v) {
+#if defined(ATOLL_CUDA_EMULATED)
+  memcpy(p, &v, sizeof(v));
+#else
+  *reinterpret_cast<uint4*>(p) = v;
+#endif
+}
+
 // 8 bf16 from a 16-byte aligned p, as floats (one 16-byte load).
 __device__ inline void Load8(float (&x)[8], const __nv_bfloat16* p) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const uint4 raw = Load16(p);
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -153,7 +173,7 @@ __device__ inline void LogitGradRow8(__nv_bfloat16* d, int64_t ldd, const __nv_b
     w[i] = PackBf16(v < V ? LogitGrad(x[2 * i], row_lse, v == target, dloss) : 0.0f,
                     v + 1 < V ? LogitGrad(x[2 * i + 1], row_lse, v + 1 == target, dloss) : 0.0f);
   }
-  *reinterpret_cast<uint4*>(d + r * ldd + v0) = uint4{w[0], w[1], w[2], w[3]};
+  Store16(d + r * ldd + v0, uint4{w[0], w[1], w[2], w[3]});
 }
 
 // The same, bf16 to bf16, 8 adjacent columns a thread (ldd, ldl multiples of 8, rows 16-byte
@@ -283,6 +303,8 @@ float ClassifierForward(float* logits, float* lse, float* losses, const float* x
                    logits, ld, nullptr, l16);
   }
   if (targets == nullptr) return 0.0f;
+  // The 8-wide loss sums a row in another order than the scalar one: the bits depend on whether
+  // the bf16 logits are 16-byte aligned (GPT's always are), and on nothing else.
   if (l16 != nullptr && Alignment(l16) >= 16)
     ATL_LAUNCH((RowLossKernel<__nv_bfloat16, true>), unsigned(N), kThreads, lse, losses, l16, ld,
                targets, V);

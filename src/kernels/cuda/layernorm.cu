@@ -56,10 +56,12 @@ __global__ void LayerNormForwardKernel(float* out, __nv_bfloat16* out_bf16, floa
 
 // The row's input gradient, one warp per row: lane takes columns lane + 32 j. dinp (+)= it (add:
 // added to dinp, else written over it; dinp null: not written); dinp_bf16 (or null): the result
-// rounded to bf16 as well. kCols > 0: the columns are j < kCols (C <= 32 kCols), the row's dout
-// and inp loaded into registers at once (every load in flight together: a loop that stops at C
-// waits for each column's loads in turn, 6x slower on an H100), and each column's dy * norm and
-// dy are added to dw[j], db[j]; kCols = 0: any C, no sums.
+// rounded to bf16 as well. kCols > 0: the columns are j < kCols (C <= 32 kCols), and each
+// column's dy * norm and dy are added to dw[j], db[j]; up to 32 columns a lane (C <= 1024) the
+// row's dout and inp are loaded into registers at once (every load in flight together: with the
+// fused kernel's other changes, 137 -> 45 us a call at C = 768 on an H100; 157 registers a thread
+// there, 168 at 32 columns, while 40 and more would need over 255 and spill), beyond that read
+// where used, as before (two reads, the second from L1). kCols = 0: any C, no sums.
 template <int kCols>
 __device__ inline void LayerNormRowGrad(float* dinp, __nv_bfloat16* dinp_bf16, const float* dout,
                                         const float* inp, const float* weight, const float* mean,
@@ -72,20 +74,31 @@ __device__ inline void LayerNormRowGrad(float* dinp, __nv_bfloat16* dinp_bf16, c
   float* dx = dinp != nullptr ? dinp + n * C : nullptr;
   __nv_bfloat16* dxb = dinp_bf16 != nullptr ? dinp_bf16 + n * C : nullptr;
   if constexpr (kCols > 0) {
-    float d[kCols], xs[kCols], g_sum = 0.0f, gn_sum = 0.0f;
+    constexpr bool kHeld = kCols <= 32;  // the row in registers
+    float held_d[kHeld ? kCols : 1], held_x[kHeld ? kCols : 1], g_sum = 0.0f, gn_sum = 0.0f;
+    if constexpr (kHeld) {
 #pragma unroll
-    for (int j = 0; j < kCols; ++j) {
-      const int c = lane + 32 * j;
-      d[j] = c < C ? dy[c] : 0.0f;
-      xs[j] = c < C ? x[c] : 0.0f;
+      for (int j = 0; j < kCols; ++j) {
+        const int c = lane + 32 * j;
+        held_d[j] = c < C ? dy[c] : 0.0f;
+        held_x[j] = c < C ? x[c] : 0.0f;
+      }
     }
+    const auto d_at = [&](int j, int c) -> float {
+      if constexpr (kHeld) return held_d[j];
+      return dy[c];
+    };
+    const auto x_at = [&](int j, int c) -> float {
+      if constexpr (kHeld) return held_x[j];
+      return x[c];
+    };
 #pragma unroll
     for (int j = 0; j < kCols; ++j) {
       const int c = lane + 32 * j;
       if (c < C) {
-        const float g = d[j] * weight[c];
+        const float g = d_at(j, c) * weight[c];
         g_sum += g;
-        gn_sum += g * (xs[j] - m) * r;
+        gn_sum += g * (x_at(j, c) - m) * r;
       }
     }
     const float g_mean = WarpSum(g_sum) / float(C);
@@ -94,15 +107,16 @@ __device__ inline void LayerNormRowGrad(float* dinp, __nv_bfloat16* dinp_bf16, c
     for (int j = 0; j < kCols; ++j) {
       const int c = lane + 32 * j;
       if (c < C) {
-        const float norm = (xs[j] - m) * r;
+        const float norm = (x_at(j, c) - m) * r;
+        const float d = d_at(j, c);  // read before dx is written (were they one buffer)
         if (dx != nullptr) {
-          const float g = d[j] * weight[c] - g_mean - norm * gn_mean;
+          const float g = d * weight[c] - g_mean - norm * gn_mean;
           const float v = add ? dx[c] + r * g : r * g;
           dx[c] = v;
           if (dxb != nullptr) dxb[c] = __float2bfloat16_rn(v);
         }
-        dw[j] += d[j] * norm;
-        db[j] += d[j];
+        dw[j] += d * norm;
+        db[j] += d;
       }
     }
   } else {
@@ -140,9 +154,11 @@ __global__ void LayerNormInputGradKernel(float* dinp, __nv_bfloat16* dinp_bf16, 
 // registers; the block's warps then add theirs into shared memory in warp order, and the block
 // writes partial[block][c] (of dy * norm) and partial[block][C + c] (of dy), which AddChunkSums
 // adds in a fixed order. partial null: the input's gradient alone.
-// 2 rows a warp, 4 warps a block: 1024 blocks for gpt2's 8192 rows, so that every SM holds its
-// 5 blocks (88 registers a thread at C = 768). 8 rows a warp (256 blocks, 2 an SM) left the loads
-// too few to cover DRAM's latency: 137 us a call on an H100, 17% of its bandwidth (ncu).
+// 2 rows a warp, 4 warps a block: 1024 blocks for gpt2's 8192 rows, 3 at a time an SM (157
+// registers a thread at C = 768). 8 rows a warp (256 blocks, 2 an SM) left the loads too few to
+// cover DRAM's latency: 137 us a call on an H100, 17% of its bandwidth (ncu). The weights'
+// gradients are summed per 8 rows a block, then the blocks' sums in order (AddChunkSums): a fixed
+// order, another than with 32 rows a block, so their bits differ from the earlier kernel's.
 constexpr int kWarpRows = 2;
 constexpr int kFusedWarps = 4;
 constexpr int kFusedBlockRows = kWarpRows * kFusedWarps;
