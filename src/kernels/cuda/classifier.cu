@@ -71,6 +71,10 @@ __device__ inline void Store16(void* p, uint4 v) {
 #endif
 }
 
+// Whether rows of bf16 from p, ld apart, all start 16-byte aligned: the loss and the logit gradient
+// then read them 8 at a time.
+inline bool EightWide(const void* p, int64_t ld) { return ld % 8 == 0 && Alignment(p) >= 16; }
+
 // 8 bf16 from a 16-byte aligned p, as floats (one 16-byte load).
 __device__ inline void Load8(float (&x)[8], const __nv_bfloat16* p) {
   const uint4 raw = Load16(p);
@@ -259,7 +263,7 @@ void Bf16Tiles(float* dx, float* dwte, const L* logits, int64_t ldl, const float
   Bf16Operands ops({dwte != nullptr && x16 == nullptr ? int64_t(tile) * C : 0});
   // bf16 logits in aligned rows: 8 columns a thread.
   constexpr bool kVec = std::is_same_v<L, __nv_bfloat16>;
-  const bool vec = kVec && ldl % 8 == 0 && Alignment(logits) >= 16;
+  const bool vec = kVec && EightWide(logits, ldl);
   for (int r0 = 0; r0 < N; r0 += tile) {
     const int rows = std::min(tile, N - r0);
     if constexpr (kVec) {
@@ -300,12 +304,12 @@ float ClassifierForward(float* logits, float* lse, float* losses, const float* x
   } else {
     // logits[N,V] = x[N,C] · wte[V,C]ᵀ
     GemmWithCopies(false, true, N, V, C, 1.0f, x, copies.inp, C, wte, copies.weight, C, 0.0f,
-                   logits, ld, nullptr, l16);
+                   logits, V);
   }
   if (targets == nullptr) return 0.0f;
   // The 8-wide loss sums a row in another order than the scalar one: the bits depend on whether
   // the bf16 logits are 16-byte aligned (GPT's always are), and on nothing else.
-  if (l16 != nullptr && Alignment(l16) >= 16)
+  if (l16 != nullptr && EightWide(l16, ld))
     ATL_LAUNCH((RowLossKernel<__nv_bfloat16, true>), unsigned(N), kThreads, lse, losses, l16, ld,
                targets, V);
   else if (l16 != nullptr)

@@ -73,68 +73,54 @@ __device__ inline void LayerNormRowGrad(float* dinp, __nv_bfloat16* dinp_bf16, c
   const float m = mean[n], r = rstd[n];
   float* dx = dinp != nullptr ? dinp + n * C : nullptr;
   __nv_bfloat16* dxb = dinp_bf16 != nullptr ? dinp_bf16 + n * C : nullptr;
-  if constexpr (kCols > 0) {
-    constexpr bool kHeld = kCols <= 32;  // the row in registers
-    float held_d[kHeld ? kCols : 1], held_x[kHeld ? kCols : 1], g_sum = 0.0f, gn_sum = 0.0f;
-    if constexpr (kHeld) {
-#pragma unroll
-      for (int j = 0; j < kCols; ++j) {
-        const int c = lane + 32 * j;
-        held_d[j] = c < C ? dy[c] : 0.0f;
-        held_x[j] = c < C ? x[c] : 0.0f;
-      }
-    }
-    const auto d_at = [&](int j, int c) -> float {
-      if constexpr (kHeld) return held_d[j];
-      return dy[c];
-    };
-    const auto x_at = [&](int j, int c) -> float {
-      if constexpr (kHeld) return held_x[j];
-      return x[c];
-    };
+  // The row in registers (held) for 1 to 32 columns a lane; read where used otherwise.
+  constexpr bool kHeld = kCols > 0 && kCols <= 32;
+  const int cols = kCols > 0 ? kCols : (C + 31) / 32;
+  float held_d[kHeld ? kCols : 1], held_x[kHeld ? kCols : 1];
+  if constexpr (kHeld) {
 #pragma unroll
     for (int j = 0; j < kCols; ++j) {
       const int c = lane + 32 * j;
-      if (c < C) {
-        const float g = d_at(j, c) * weight[c];
-        g_sum += g;
-        gn_sum += g * (x_at(j, c) - m) * r;
-      }
+      held_d[j] = c < C ? dy[c] : 0.0f;
+      held_x[j] = c < C ? x[c] : 0.0f;
     }
-    const float g_mean = WarpSum(g_sum) / float(C);
-    const float gn_mean = WarpSum(gn_sum) / float(C);
+  }
+  const auto d_at = [&](int j, int c) -> float {
+    if constexpr (kHeld) return held_d[j];
+    return dy[c];
+  };
+  const auto x_at = [&](int j, int c) -> float {
+    if constexpr (kHeld) return held_x[j];
+    return x[c];
+  };
+  float g_sum = 0.0f, gn_sum = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kCols; ++j) {
-      const int c = lane + 32 * j;
-      if (c < C) {
-        const float norm = (x_at(j, c) - m) * r;
-        const float d = d_at(j, c);  // read before dx is written (were they one buffer)
-        if (dx != nullptr) {
-          const float g = d * weight[c] - g_mean - norm * gn_mean;
-          const float v = add ? dx[c] + r * g : r * g;
-          dx[c] = v;
-          if (dxb != nullptr) dxb[c] = __float2bfloat16_rn(v);
-        }
+  for (int j = 0; j < cols; ++j) {
+    const int c = lane + 32 * j;
+    if (c < C) {
+      const float g = d_at(j, c) * weight[c];
+      g_sum += g;
+      gn_sum += g * (x_at(j, c) - m) * r;
+    }
+  }
+  const float g_mean = WarpSum(g_sum) / float(C);
+  const float gn_mean = WarpSum(gn_sum) / float(C);
+#pragma unroll
+  for (int j = 0; j < cols; ++j) {
+    const int c = lane + 32 * j;
+    if (c < C) {
+      const float norm = (x_at(j, c) - m) * r;
+      const float d = d_at(j, c);  // read before dx is written (were they one buffer)
+      if (dx != nullptr) {
+        const float g = d * weight[c] - g_mean - norm * gn_mean;
+        const float v = add ? dx[c] + r * g : r * g;
+        dx[c] = v;
+        if (dxb != nullptr) dxb[c] = __float2bfloat16_rn(v);
+      }
+      if constexpr (kCols > 0) {
         dw[j] += d * norm;
         db[j] += d;
       }
-    }
-  } else {
-    float g_sum = 0.0f, gn_sum = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-      const float g = dy[c] * weight[c];
-      g_sum += g;
-      gn_sum += g * (x[c] - m) * r;
-    }
-    const float g_mean = WarpSum(g_sum) / float(C);
-    const float gn_mean = WarpSum(gn_sum) / float(C);
-    for (int c = lane; c < C; c += 32) {
-      const float norm = (x[c] - m) * r;
-      const float d = dy[c];  // read before dx is written (were they one buffer)
-      const float g = d * weight[c] - g_mean - norm * gn_mean;
-      const float v = add ? dx[c] + r * g : r * g;
-      dx[c] = v;
-      if (dxb != nullptr) dxb[c] = __float2bfloat16_rn(v);
     }
   }
 }
