@@ -13,10 +13,14 @@
 //     naming the kernel. One barrier per warp at a time: lanes of one warp shuffling at once with
 //     disjoint masks are refused;
 //   - __shared__ variables are static, hence shared by the block's threads (blocks run in turn);
-//   - threads start in index order in even blocks and in reverse order in odd ones, so that a
-//     kernel that relies on an order the hardware does not promise fails one way or the other.
-// What it cannot show: speed, races between threads without a barrier (fibers switch only at
-// barriers, so such a race never shows), and differences of the hardware's arithmetic (fused
+//   - a block's warps run one at a time, each as far as it goes (until all its lanes wait at
+//     __syncthreads or have returned), so that warps drift apart between the block's barriers as
+//     they may on a GPU; threads and warps start in index order in even blocks and in reverse
+//     order in odd ones, so that a kernel that relies on an order the hardware does not promise
+//     fails one way or the other (asynchronous copies, below, likewise).
+// What it cannot show: speed, races between threads without a barrier in general (fibers switch
+// only at barriers; the orders above expose the common ones: a tile overwritten while another
+// warp reads it, a copy read before its wait), and differences of the hardware's arithmetic (fused
 // multiply-adds, expf's ulps). Results are compared with the CPU backend within tolerances, as on a
 // GPU; the bits a GPU gives are not these.
 #pragma once
@@ -84,6 +88,17 @@ int Lane();
 // A warp-wide gather (mma.sync's stand-in): every lane of the warp, all 32 running, gives `bytes`
 // (at most 64) of value; each gets all 32 lanes' in lane order in `all` (32 * bytes).
 void WarpGather(const void* value, void* all, size_t bytes);
+
+// cp.async's stand-ins (inside a kernel). AsyncCopy starts a copy of `bytes` into dst (shared
+// memory): src_bytes from src, zeros after them. AsyncCommit closes the thread's copies started
+// since the last commit into a group; AsyncWait(n) waits for every group but the newest n. On a
+// GPU a copy lands at any time between the two; here at one end or the other: in even blocks at
+// once (so a kernel that starts a copy over a tile other threads still read gets a wrong result),
+// in odd blocks only at the wait (so one that reads a destination before waiting reads the old
+// bytes). A returned thread's copies are made.
+void AsyncCopy(void* dst, const void* src, size_t bytes, size_t src_bytes);
+void AsyncCommit();
+void AsyncWait(int pending);
 
 // Whether [p, p + bytes) lies in one live allocation of device memory.
 bool IsDevice(const void* p, size_t bytes = 1);

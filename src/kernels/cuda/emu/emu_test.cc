@@ -272,5 +272,60 @@ TEST(CudaEmulator, BiasEpilogue) {
   cublasLtMatmulDescDestroy(desc);
 }
 
+// Each thread copies 4 floats into shared memory by cp.async (Copy16) and reads them before and
+// after waiting: a GPU may land the copy at any time between, and the emulator takes one end in
+// even blocks (at once) and the other in odd ones (at the wait), so that a kernel relying on
+// either fails in one of them.
+__global__ void AsyncCopyKernel(float* before, float* after, const float* in) {
+  struct alignas(16) Floats {
+    float v[4 * 32];
+  };
+  __shared__ Floats s;
+  const int t = int(threadIdx.x), at = int(blockIdx.x) * 4 * 32 + 4 * t;
+  for (int i = 0; i < 4; ++i) s.v[4 * t + i] = -1.0f;
+  Copy16(&s.v[4 * t], in + 4 * t);
+  CopyCommit();
+  for (int i = 0; i < 4; ++i) before[at + i] = s.v[4 * t + i];
+  CopyWait<0>();
+  for (int i = 0; i < 4; ++i) after[at + i] = s.v[4 * t + i];
+}
+
+TEST(CudaEmulator, AsyncCopiesLandBetweenTheCopyAndTheWait) {
+  std::vector<float> in(4 * 32);
+  std::iota(in.begin(), in.end(), 1.0f);
+  auto din = ToDevice(in);
+  DeviceArray<float> before(2 * in.size()), after(2 * in.size());
+  ATL_LAUNCH(AsyncCopyKernel, 2, 32, before.data(), after.data(), din.data());
+  const auto b = ToHost(before), a = ToHost(after);
+  for (size_t i = 0; i < in.size(); ++i) {
+    EXPECT_EQ(b[i], in[i]) << i;              // block 0: landed at once
+    EXPECT_EQ(b[in.size() + i], -1.0f) << i;  // block 1: only at the wait
+    EXPECT_EQ(a[i], in[i]) << i;
+    EXPECT_EQ(a[in.size() + i], in[i]) << i;
+  }
+}
+
+// After a barrier, warp 1 sets a flag in shared memory at once; warp 0 shuffles 5 times, then
+// reads it. Nothing orders the two, and the emulator runs a warp as far as it goes before the
+// next (the one that released the barrier first: warp 1 in even blocks, whose threads run in
+// index order, warp 0 in odd ones), so warp 0 reads 1 in one block and 0 in the other. Warps in
+// lockstep would hide a missing barrier in a kernel whose warps do the same work.
+__global__ void DriftKernel(int* seen) {
+  __shared__ int flag;
+  if (threadIdx.x == 0) flag = 0;
+  __syncthreads();
+  const int warp = int(threadIdx.x) / 32;
+  if (warp == 1 && threadIdx.x % 32 == 0) flag = 1;
+  int v = int(threadIdx.x);
+  for (int i = 0; i < 5; ++i) v = __shfl_xor_sync(0xffffffffu, v, 1);
+  if (warp == 0 && threadIdx.x == 0) seen[blockIdx.x] = flag + 0 * v;
+}
+
+TEST(CudaEmulator, WarpsDriftApartBetweenBarriers) {
+  DeviceArray<int> seen(2);
+  ATL_LAUNCH(DriftKernel, 2, 64, seen.data());
+  EXPECT_EQ(ToHost(seen), (std::vector<int>{1, 0}));
+}
+
 }  // namespace
 }  // namespace atl::kernels::cuda

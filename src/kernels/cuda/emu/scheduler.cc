@@ -5,8 +5,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -132,11 +135,30 @@ char* StackOf(unsigned i) {
 
 // ---- A block's threads and barriers ----
 
+// A copy cp.async started (AsyncCopy): made when its thread waits for its group.
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  size_t bytes, src_bytes;
+  void Make() const {
+    std::memcpy(dst, src, src_bytes);
+    std::memset(static_cast<char*>(dst) + src_bytes, 0, bytes - src_bytes);
+  }
+};
+
 struct Thread {
   Indices idx{};
   Context ctx;
   unsigned linear = 0;
   bool done = false;
+  std::vector<PendingCopy> open;                // not yet committed
+  std::deque<std::vector<PendingCopy>> groups;  // committed, oldest first
+  void MakeCopies(size_t keep) {                // all but the newest `keep` groups
+    while (groups.size() > keep) {
+      for (const PendingCopy& c : groups.front()) c.Make();
+      groups.pop_front();
+    }
+  }
 };
 
 constexpr size_t kWarpSlotBytes = 64;  // WarpGather's most per lane
@@ -203,6 +225,10 @@ void Entry(void* arg) {
     thrown = "an exception";
   }
   if (!thrown.empty()) Fail(b, fmt::format("{}: {}", Where(b), thrown));
+  // The hardware finishes a returned thread's copies.
+  t->groups.push_back(std::move(t->open));
+  t->open.clear();
+  t->MakeCopies(0);
   t->done = true;
   --b.alive;
   ++b.progress;
@@ -231,6 +257,8 @@ bool RunBlock(Block& b) {
   for (unsigned i = 0; i < n; ++i) {
     Thread& t = b.threads[i];
     t.done = false;
+    t.open.clear();
+    t.groups.clear();
     Start(&t.ctx, StackOf(i), kStackBytes, &Entry, &t);
   }
   for (unsigned w = 0; w < b.warps.size(); ++w) {
@@ -240,19 +268,30 @@ bool RunBlock(Block& b) {
   }
   b.alive = n;
   b.sync_arrived = 0;
+  const Indices& first = b.threads[0].idx;
+  const bool reverse = (first.block.x + first.block.y + first.block.z) % 2 == 1;
+  const unsigned warps = unsigned(b.warps.size());
   while (b.alive > 0) {
     const uint64_t before = b.progress;
-    const Indices& first = b.threads[0].idx;
-    const bool reverse = (first.block.x + first.block.y + first.block.z) % 2 == 1;
-    for (unsigned k = 0; k < n; ++k) {
-      Thread& t = b.threads[reverse ? n - 1 - k : k];
-      if (t.done) continue;
-      b.running = &t;
-      current = &t.idx;
-      Switch(&b.scheduler, &t.ctx);
-      b.running = nullptr;
-      current = nullptr;
-      if (!b.error.empty()) return false;
+    // A warp at a time, as far as it goes (until each of its lanes waits at __syncthreads or
+    // has returned): warps drift apart between the block's barriers as they may on a GPU.
+    for (unsigned wk = 0; wk < warps; ++wk) {
+      const unsigned w = reverse ? warps - 1 - wk : wk;
+      const unsigned lo = 32 * w, lanes = std::min(32u, n - lo);
+      for (;;) {
+        const uint64_t warp_gen = b.warps[w].gen, progress = b.progress;
+        for (unsigned k = 0; k < lanes; ++k) {
+          Thread& t = b.threads[lo + (reverse ? lanes - 1 - k : k)];
+          if (t.done) continue;
+          b.running = &t;
+          current = &t.idx;
+          Switch(&b.scheduler, &t.ctx);
+          b.running = nullptr;
+          current = nullptr;
+          if (!b.error.empty()) return false;
+        }
+        if (b.warps[w].gen == warp_gen && b.progress == progress) break;
+      }
     }
     if (b.progress == before) {
       unsigned waiting = 0;
@@ -328,6 +367,27 @@ void SyncThreads() {
 }
 
 int Lane() { return int(Current().running->linear % 32); }
+
+void AsyncCopy(void* dst, const void* src, size_t bytes, size_t src_bytes) {
+  Block& b = Current();
+  if (src_bytes > bytes)
+    Fail(b, fmt::format("{}: an asynchronous copy of {} source bytes into {}", Where(b), src_bytes,
+                        bytes));
+  const PendingCopy copy{dst, src, bytes, src_bytes};
+  const uint3 at = b.running->idx.block;
+  if ((at.x + at.y + at.z) % 2 == 0)
+    copy.Make();  // at once: a kernel that overwrites a tile still being read is caught here
+  else
+    b.running->open.push_back(copy);  // at the wait: one that reads a tile too early, here
+}
+
+void AsyncCommit() {
+  Thread& t = *Current().running;
+  t.groups.push_back(std::move(t.open));
+  t.open.clear();
+}
+
+void AsyncWait(int pending) { Current().running->MakeCopies(size_t(std::max(pending, 0))); }
 
 namespace {
 
