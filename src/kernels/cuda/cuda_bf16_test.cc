@@ -60,6 +60,29 @@ TEST_F(CudaOps, TensorCoreFragmentsHoldTheirElements) {
   EXPECT_LE(NormErr(ToHost(gchain), chain), 1e-3);
 }
 
+// ldmatrix (mma.cuh's LdMatrix4) against the PTX ISA's map of its fragments: lane l = 4 g + t
+// gets in register i matrix i's (row g, columns 2t, 2t + 1), or transposed its (rows 2t, 2t + 1,
+// column g), the lower element in the low half. On the emulator this holds its stand-in to the
+// map the kernels are written for; on a GPU, the hardware.
+TEST_F(CudaOps, LdMatrixFragmentsHoldTheirElements) {
+  std::vector<uint16_t> m(4 * 8 * 8);
+  for (size_t i = 0; i < m.size(); ++i) m[i] = uint16_t(1000 + i);
+  auto gm = ToDevice(m);
+  for (const bool trans : {false, true}) {
+    DeviceArray<uint32_t> out(32 * 4);
+    LdMatrixTiles(out.data(), gm.data(), trans);
+    const auto got = ToHost(out);
+    for (int l = 0; l < 32; ++l)
+      for (int i = 0; i < 4; ++i) {
+        const int g = l / 4, t = l % 4;
+        const auto at = [&](int r, int c) { return uint32_t(m[size_t(i * 64 + r * 8 + c)]); };
+        const uint32_t want =
+            trans ? at(2 * t, g) | at(2 * t + 1, g) << 16 : at(g, 2 * t) | at(g, 2 * t + 1) << 16;
+        EXPECT_EQ(got[size_t(4 * l + i)], want) << "trans " << trans << " lane " << l << " i " << i;
+      }
+  }
+}
+
 // bf16 products (SetBf16Matmul): against the double product of the operands rounded to bf16
 // within float accumulation, both transposes, batched, alpha and beta with C read; not the float
 // product (bf16's error shows against the unrounded operands); and the linear layer against the

@@ -1,5 +1,6 @@
-// Bf16TileProduct and Bf16TileChain (ops.h): tensor-core products through mma.cuh's fragments,
-// so that a test can hold the fragments' map against plain products on the GPU itself.
+// Bf16TileProduct, Bf16TileChain and LdMatrixTiles (ops.h): tensor-core products and fragment
+// loads through mma.cuh, so that a test can hold its maps against plain products and the PTX
+// ISA's map on the GPU itself.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ops.h"
@@ -49,7 +50,30 @@ __global__ void TileChain(float* d, const float* a, const float* b, const float*
   for (int i = 0; i < 4; ++i) Element(d, i) = acc[i];
 }
 
+// One warp: four 8x8 matrices staged in shared memory (rows of 16 elements, 16-byte aligned),
+// lane l's row being row l % 8 of matrix l / 8; each lane's ldmatrix registers written out.
+template <bool kTrans>
+__global__ void LdMatrixKernel(uint32_t* out, const uint16_t* m) {
+  struct alignas(16) Staged {
+    uint16_t row[32][16];
+  };
+  __shared__ Staged s;
+  const int lane = int(threadIdx.x);
+  for (int j = 0; j < 8; ++j) s.row[lane][j] = m[lane * 8 + j];  // row lane: matrix lane / 8
+  __syncwarp();
+  uint32_t r[4];
+  LdMatrix4<kTrans>(r, &s.row[lane][0]);
+  for (int i = 0; i < 4; ++i) out[4 * lane + i] = r[i];
+}
+
 }  // namespace
+
+void LdMatrixTiles(uint32_t* out, const uint16_t* m, bool trans) {
+  if (trans)
+    ATL_LAUNCH(LdMatrixKernel<true>, dim3(1), dim3(32), out, m);
+  else
+    ATL_LAUNCH(LdMatrixKernel<false>, dim3(1), dim3(32), out, m);
+}
 
 void Bf16TileChain(float* d, const float* a, const float* b, const float* b2) {
   ATL_LAUNCH(TileChain, dim3(1), dim3(32), d, a, b, b2);

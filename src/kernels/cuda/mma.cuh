@@ -1,6 +1,7 @@
 // The tensor cores' warp-wide product, as the kernels of kernels/cuda/ use it: PTX's
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, D[16x8] += A[16x16] B[16x8], bf16
-// operands, float accumulation, one warp (all 32 lanes) together.
+// operands, float accumulation, one warp (all 32 lanes) together; and the loads that feed it:
+// ldmatrix (shared memory into fragments) and cp.async (global into shared memory).
 //
 // Which lane holds which element (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating
 // point type"): lane = 4 g + t (g = lane / 4, the group; t = lane % 4, the thread in it);
@@ -18,7 +19,8 @@
 // that holds the map wrongly fails against the CPU there as it would on a GPU, unless the map
 // itself is wrong, which kernels/cuda/cuda_bf16_test.cc checks on a GPU against plain products
 // (TensorCoreFragmentsHoldTheirElements). mma.sync with bf16 needs sm_80 or later: built for an
-// older GPU, MmaBf16 traps (TensorCoreAttention asks for compute capability 8 first).
+// older GPU, MmaBf16, LdMatrix4 and the copies trap (TensorCoreAttention asks for compute
+// capability 8 first).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -75,6 +77,73 @@ __device__ inline void MmaBf16(float (&d)[4], const uint32_t (&a)[4], const uint
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// Four 8x8 bf16 matrices from shared memory into the warp's fragments (PTX's
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16): lane l gives the address of row l % 8 of
+// matrix l / 8 (16 bytes, 16-byte aligned); r[i] gets matrix i's (row g, cols 2t, 2t+1), as an A
+// or B fragment's register holds its elements (the map above), or with kTrans its
+// (rows 2t, 2t+1, col g): the fragment of the matrix transposed.
+template <bool kTrans>
+__device__ inline void LdMatrix4(uint32_t (&r)[4], const void* row) {
+#if defined(ATOLL_CUDA_EMULATED)
+  const void* rows[32];
+  ::atl::cuda_emu::WarpGather(&row, rows, sizeof(row));
+  const int lane = ::atl::cuda_emu::Lane(), g = lane / 4, t = lane % 4;
+  const auto at = [&](int m, int i, int j) {  // matrix m's element (i, j)
+    return uint32_t(static_cast<const uint16_t*>(rows[8 * m + i])[j]);
+  };
+  for (int m = 0; m < 4; ++m)
+    r[m] = kTrans ? at(m, 2 * t, g) | at(m, 2 * t + 1, g) << 16
+                  : at(m, g, 2 * t) | at(m, g, 2 * t + 1) << 16;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  const auto addr = uint32_t(__cvta_generic_to_shared(row));
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+#endif
+}
+
+// The asynchronous copy of 16 bytes from global to shared memory (PTX's cp.async.cg, sm_80 on),
+// both 16-byte aligned; its group closed by CopyCommit, and waited for by CopyWait<n> (every
+// group of the thread's but the newest n complete). The copies of other threads are seen after
+// their wait and a barrier.
+__device__ inline void Copy16(void* shared, const void* global) {
+#if defined(ATOLL_CUDA_EMULATED)
+  ::atl::cuda_emu::AsyncCopy(shared, global, 16, 16);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                   uint32_t(__cvta_generic_to_shared(shared))),
+               "l"(global));
+#endif
+}
+__device__ inline void CopyCommit() {
+#if defined(ATOLL_CUDA_EMULATED)
+  ::atl::cuda_emu::AsyncCommit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int kPending>
+__device__ inline void CopyWait() {
+#if defined(ATOLL_CUDA_EMULATED)
+  ::atl::cuda_emu::AsyncWait(kPending);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 #endif
 }
 

@@ -140,6 +140,10 @@ void Bf16TileProduct(float* d, const float* a, const float* b);
 // For tests: d[16x8] = bf16(a[16x16] b[16x16]) b2[16x8], the first product's result fed to the
 // second as its A operand without leaving the registers (mma.cuh's AFromAccumulators).
 void Bf16TileChain(float* d, const float* a, const float* b, const float* b2);
+// For tests: one warp's ldmatrix (mma.cuh's LdMatrix4, transposed or not) of four 8x8 matrices of
+// 16-bit elements m[4][8][8] (device memory, staged in shared memory with padded rows): out[4 l +
+// i] = lane l's register i.
+void LdMatrixTiles(uint32_t* out, const uint16_t* m, bool trans);
 
 // ---- Optimizer ----------------------------------------------------------------------------------
 
