@@ -304,10 +304,10 @@ void AttentionBackward(float* dqkv, const float* dout, const float* out, const f
   const int R = PartsFor(C, NH);
   const float scale = 1.0f / std::sqrt(float(C / NH));
   const bool add = into == GradInto::kAdd;
-  auto* dsum = static_cast<float*>(Scratch(kScratchOp, size_t(B) * NH * T * sizeof(float)));
   __nv_bfloat16* dqkv16 = Bf16Copy(dqkv_bf16);
   if (TensorCoreAttention(C, NH))
-    return TcAttentionBackward(dqkv, dqkv16, dsum, dout, out, qkv, lse, B, T, C, NH, add);
+    return TcAttentionBackward(dqkv, dqkv16, dout, out, qkv, lse, B, T, C, NH, add);
+  auto* dsum = static_cast<float*>(Scratch(kScratchOp, size_t(B) * NH * T * sizeof(float)));
   if (R == 1) Backward<1>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale, add);
   if (R == 2) Backward<2>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale, add);
   if (R == 4) Backward<4>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale, add);

@@ -2,18 +2,27 @@
 // SetBf16Matmul runs and head sizes up to 64: the algorithm of attention.cu (FlashAttention-2's
 // forward with its online softmax; a backward of two kernels, one per query block for dQ and one
 // per key block for dK and dV, so that every gradient element is one thread's sum and no atomic
-// is needed), with the products done by mma.sync (mma.cuh) instead of one thread's loop.
+// is needed), with the products done by mma.sync (mma.cuh) and FlashAttention-2's data path:
 //
-// A block is 4 warps; each warp owns 16 rows (queries, or keys in the dK/dV kernel) and works
-// on 64 rows of the other side at a time, staged by the block in shared memory as bf16 pairs,
-// rows padded by 4 words so that a fragment's 32 reads hit 32 banks. Its own rows' operands
-// (Q and dO, or K and V) stay in registers as A fragments for the whole kernel. The head's
-// dimensions are padded with zeros to D (32 or 64). Every sum is in a fixed order: the tensor
-// core's within a product, the products in k order, the row sums by a fixed butterfly over the
-// 4 lanes that hold a row. Two runs give the same bits. A block's rows and the staged tiles are
-// both 64 long and aligned, so every tile a block stages has its first row at or before the
-// block's (key 0 of a query's first tile is unmasked: the running maximum is finite from there
-// on), and the diagonal tile runs whole, its upper triangle masked.
+//   - a pass first rounds the operands to bf16 in a layout of their own (attention_tc_prep.cu):
+//     each head's Q, K, V (and dO) rows contiguous, [B * NH][Tp][D], D = 32 or 64 (the head size
+//     padded with zeros), Tp = T rounded up to 64 (rows past T zero), so that a 64-row tile is
+//     one contiguous run of whole 16-byte chunks and no load needs a bound;
+//   - a block of 4 warps owns 64 rows (16 a warp: queries, or keys in the dK/dV kernel), whose
+//     operands (Q and dO, or K and V) stay in registers as A fragments for the whole kernel;
+//   - the tiles of the other side (64 rows) are copied into shared memory by cp.async, two
+//     buffers, the next tile's copy in flight while the current one is multiplied;
+//   - the B fragments are read from shared memory by ldmatrix, transposed by ldmatrix.trans
+//     where a product needs the tile's columns (P V, dS K, P^T dO, dS^T Q): no staging through
+//     registers, no transposed copy. A staged row is padded by 16 bytes, so that the 8 rows an
+//     8x8 matrix reads fall in 8 different bank groups.
+//
+// Every sum is in a fixed order: the tensor core's within a product, the products in k order,
+// the row sums by a fixed butterfly over the 4 lanes that hold a row. Two runs give the same bits.
+// A block's rows and the tiles are both 64 long and aligned, so only the diagonal tile is masked
+// (key 0 of a query's first tile is unmasked: the running maximum is finite from there on), and
+// a row past T is zero in every operand, its lse +infinity (its probabilities 0 in the backward).
+// The softmax runs in base 2 (exp2f; the scale times log2 e folded into the scores).
 #include <cmath>
 
 #include "kernels/cuda/attention_tc.cuh"
@@ -27,113 +36,120 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kRows = 16 * kWarps;  // a block's own rows
-constexpr int kTile = 64;           // rows of the other side staged at a time
-constexpr int kPad = 4;             // words a staged row is padded by
-constexpr int kTileWords = kTile / 2 + kPad;
-// Blocks an SM must hold at head size 64 (__launch_bounds__'s second argument): the forward
-// capped at 128 registers (4 blocks, was 139 and 3) and dQ at 168 (3, was 200 and 2), a few bytes
-// spilled each; on an H100, gpt2-124m's bf16 step went from 35.9 to 34.0 ms. dK/dV needs its 255
-// (capping it at 168 spilled 470 bytes). At 32 the kernels fit as they are (no bound: the
-// forward's 128 registers would spill under one).
+constexpr int kTile = kAttentionRows;
+static_assert(kRows == kTile, "a block's rows and the tiles align (the diagonal tile)");
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+// Blocks an SM must hold at head size 64 (__launch_bounds__'s second argument).
 template <int D>
 constexpr int kForwardBlocks = D == 64 ? 4 : 1;
 template <int D>
 constexpr int kQueryBlocks = D == 64 ? 3 : 1;
 
-// A row-major tile: row r's dimensions 2j, 2j + 1 in word [r][j].
+// A tile in shared memory: 64 rows of D bf16, padded by 8 (16 bytes), 16-byte aligned.
 template <int D>
-using Rows = uint32_t[kTile][D / 2 + kPad];
-// A transposed tile: dimension d of rows 2j, 2j + 1 in word [d][j].
-template <int D>
-using Cols = uint32_t[D][kTileWords];
+struct alignas(16) Tile {
+  uint16_t row[kTile][D + 8];
+};
+// The lse2 and dsum of a tile's 64 rows (Operands, attention_tc.cuh).
+struct alignas(16) RowStats {
+  float lse2[kTile], dsum[kTile];
+};
 
 // The lane's place in its warp's fragments (mma.cuh) and the warp's 16 rows from `first`.
 struct Lane {
-  int warp, g, t, first;
+  int warp, lane, g, t, first;
   __device__ Lane(int block_first)
       : warp(int(threadIdx.x) / 32),
-        g(int(threadIdx.x) % 32 / 4),
-        t(int(threadIdx.x) % 4),
+        lane(int(threadIdx.x) % 32),
+        g(lane / 4),
+        t(lane % 4),
         first(block_first + 16 * warp) {}
   __device__ int row(int i) const { return first + g + (i >= 2 ? 8 : 0); }  // of accumulator i
   __device__ int col(int i) const { return 2 * t + (i & 1); }               // in its 8 columns
 };
 
-// src[r * stride + d] for rows r < count and d < hs, 0 beyond.
-__device__ inline float At(const float* src, int64_t stride, int r, int d, int count, int hs) {
-  return r < count && d < hs ? src[int64_t(r) * stride + d] : 0.0f;
-}
+// The block's head and rows: its operands' place in the [B * NH][Tp][D] copies, and the first of
+// its own 64 rows.
+struct Place {
+  BlockPlace at;
+  int Tp, first;
+  int64_t base;  // the head's row 0 in a copy
+  template <int D>
+  __device__ static Place Of(int T, bool descending) {
+    Place p;
+    const int row_blocks = (T + kRows - 1) / kRows;
+    p.at = PlaceBlock(row_blocks, descending);
+    p.Tp = row_blocks * kRows;
+    p.first = p.at.block * kRows;
+    p.base = int64_t(p.at.bh) * p.Tp * D;
+    return p;
+  }
+  __device__ int tiles() const { return Tp / kTile; }
+};
 
-// tile rows j = src rows first + j, as bf16 pairs.
+// Starts the copy of the 64 rows from src (rows D apart) into tile.
 template <int D>
-__device__ inline void StageRows(Rows<D>& tile, const float* src, int64_t stride, int first,
-                                 int count, int hs) {
-  for (int i = threadIdx.x; i < kTile * D / 2; i += kThreads) {
-    const int j = i / (D / 2), w = i % (D / 2);
-    tile[j][w] = PackBf16(At(src, stride, first + j, 2 * w, count, hs),
-                          At(src, stride, first + j, 2 * w + 1, count, hs));
+__device__ inline void StageTile(Tile<D>& tile, const uint16_t* src) {
+  constexpr int kChunks = D / 8;  // 16 bytes each
+#pragma unroll
+  for (int c = 0; c < kTile * kChunks / kThreads; ++c) {
+    const int i = c * kThreads + int(threadIdx.x), r = i / kChunks, x = i % kChunks;
+    Copy16(&tile.row[r][8 * x], src + int64_t(r) * D + 8 * x);
   }
 }
 
-// tile transposed: word [d][j] holds dimension d of src rows first + 2j, first + 2j + 1.
+// The warp's 16 rows of src (a head's rows, D apart, from lane.first) as A fragments.
 template <int D>
-__device__ inline void StageCols(Cols<D>& tile, const float* src, int64_t stride, int first,
-                                 int count, int hs) {
-  for (int i = threadIdx.x; i < D * kTile / 2; i += kThreads) {
-    const int d = i % D, j = i / D;  // neighbouring threads read neighbouring dimensions
-    tile[d][j] = PackBf16(At(src, stride, first + 2 * j, d, count, hs),
-                          At(src, stride, first + 2 * j + 1, d, count, hs));
-  }
-}
-
-// The warp's 16 rows of src (from lane.first) as A fragments over D columns.
-template <int D>
-__device__ inline void LoadA(uint32_t (&a)[D / 16][4], const float* src, int64_t stride,
-                             const Lane& lane, int count, int hs) {
-  const int r0 = lane.first + lane.g, r1 = r0 + 8;
+__device__ inline void LoadA(uint32_t (&a)[D / 16][4], const uint16_t* src, const Lane& lane) {
+  const uint16_t* r0 = src + int64_t(lane.first + lane.g) * D;
+  const uint16_t* r1 = r0 + 8 * D;  // row g + 8
 #pragma unroll
   for (int k = 0; k < D / 16; ++k) {
     const int c = 16 * k + 2 * lane.t;
-    a[k][0] = PackBf16(At(src, stride, r0, c, count, hs), At(src, stride, r0, c + 1, count, hs));
-    a[k][1] = PackBf16(At(src, stride, r1, c, count, hs), At(src, stride, r1, c + 1, count, hs));
-    a[k][2] =
-        PackBf16(At(src, stride, r0, c + 8, count, hs), At(src, stride, r0, c + 9, count, hs));
-    a[k][3] =
-        PackBf16(At(src, stride, r1, c + 8, count, hs), At(src, stride, r1, c + 9, count, hs));
+    a[k][0] = Load4(r0 + c);
+    a[k][1] = Load4(r1 + c);
+    a[k][2] = Load4(r0 + c + 8);
+    a[k][3] = Load4(r1 + c + 8);
   }
 }
 
-// acc[n] = A (the warp's 16 rows, D columns) times the tile's rows 8n..8n+7, transposed: the
-// warp's rows against the tile's 64, in 8 accumulators of 8 columns.
-template <int D>
-__device__ inline void TimesRows(float (&acc)[kTile / 8][4], const uint32_t (&a)[D / 16][4],
-                                 const Rows<D>& tile, const Lane& lane) {
+// acc[n] = A (the warp's 16 rows, D columns) times the tile's rows r0 + 8n .. r0 + 8n + 7,
+// transposed: kN accumulators of 8 columns. An ldmatrix gives two k steps' B fragments.
+template <int D, int kN>
+__device__ inline void TimesRows(float (&acc)[kN][4], const uint32_t (&a)[D / 16][4],
+                                 const Tile<D>& tile, int r0, const Lane& lane) {
 #pragma unroll
-  for (int n = 0; n < kTile / 8; ++n) {
+  for (int n = 0; n < kN; ++n) {
     acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 #pragma unroll
-    for (int k = 0; k < D / 16; ++k) {
-      const uint32_t b[2] = {tile[8 * n + lane.g][8 * k + lane.t],
-                             tile[8 * n + lane.g][8 * k + 4 + lane.t]};
-      MmaBf16(acc[n], a[k], b);
+    for (int k = 0; k < D / 16; k += 2) {
+      uint32_t b[4];  // matrix m: rows r0 + 8n + (0..7), columns 16k + 8m ..
+      LdMatrix4<false>(b, &tile.row[r0 + 8 * n + lane.lane % 8][16 * k + 8 * (lane.lane / 8)]);
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      MmaBf16(acc[n], a[k], b0);
+      MmaBf16(acc[n], a[k + 1], b1);
     }
   }
 }
 
-// acc (16 x D, in D / 8 accumulators) += P (16 x 64, the accumulators p) times the tile (64 rows
-// x D, stored transposed).
-template <int D>
-__device__ inline void AddTimesTile(float (&acc)[D / 8][4], const float (&p)[kTile / 8][4],
-                                    const Cols<D>& tile, const Lane& lane) {
+// acc (16 x D, in D / 8 accumulators) += P (16 x 16 kK, the accumulators p) times the tile's
+// rows r0 .. r0 + 16 kK - 1 (D columns). An ldmatrix.trans gives two column blocks' B fragments.
+template <int D, int kK>
+__device__ inline void AddTimesTile(float (&acc)[D / 8][4], const float (&p)[2 * kK][4],
+                                    const Tile<D>& tile, int r0, const Lane& lane) {
+  const int m = lane.lane / 8;  // matrix m: rows 16k + 8 (m & 1) + (0..7), columns 8 (n + m / 2)
 #pragma unroll
-  for (int k = 0; k < kTile / 16; ++k) {
+  for (int k = 0; k < kK; ++k) {
     uint32_t a[4];
     AFromAccumulators(a, p[2 * k], p[2 * k + 1]);
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const uint32_t b[2] = {tile[8 * n + lane.g][8 * k + lane.t],
-                             tile[8 * n + lane.g][8 * k + 4 + lane.t]};
-      MmaBf16(acc[n], a, b);
+    for (int n = 0; n < D / 8; n += 2) {
+      uint32_t b[4];
+      LdMatrix4<true>(b, &tile.row[r0 + 16 * k + 8 * (m & 1) + lane.lane % 8][8 * (n + m / 2)]);
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      MmaBf16(acc[n], a, b0);
+      MmaBf16(acc[n + 1], a, b1);
     }
   }
 }
@@ -148,8 +164,9 @@ __device__ inline float RowMax(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// dst[r][d] (+)= acc's elements (rows of the warp, d < hs, rows < T), times row_scale[0 or 1];
-// and what it wrote rounded to bf16 at the same place of dst16 (when not null).
+// dst[r][d] (+)= acc's elements (rows of the warp, r < T, d < hs), times row_scale[0 or 1], for
+// dst a head's [T, ·] rows `stride` apart; and what it wrote rounded to bf16 at the same place of
+// dst16 (when not null).
 template <int D>
 __device__ inline void StoreRows(float* dst, __nv_bfloat16* dst16, int64_t stride,
                                  const float (&acc)[D / 8][4], const Lane& lane, int T, int hs,
@@ -173,60 +190,56 @@ __device__ inline __nv_bfloat16* At(__nv_bfloat16* p, int64_t offset) {
   return p != nullptr ? p + offset : nullptr;
 }
 
-// The block's head (PlaceBlock, attention_tc.cuh: bh = b * NH + h): its size, where it starts in
-// qkv [B, T, 3C] (row stride s3) and in a [B, T, C] tensor; and the block's first own row.
-struct Head {
-  BlockPlace at;
-  int hs;
-  int64_t s3, qkv, bt;
-  int first;
-  __device__ Head(int T, int C, int NH, bool descending)
-      : at(PlaceBlock((T + kRows - 1) / kRows, descending)),
-        hs(C / NH),
-        s3(3 * int64_t(C)),
-        qkv(int64_t(at.bh / NH) * T * 3 * C + int64_t(at.bh % NH) * hs),
-        bt(int64_t(at.bh / NH) * T * C + int64_t(at.bh % NH) * hs),
-        first(at.block * kRows) {}
-};
+// Where head bh's rows start in a [B, T, width] tensor whose head h is columns h hs .. .
+__device__ inline int64_t HeadStart(int bh, int T, int NH, int hs, int64_t width) {
+  return int64_t(bh / NH) * T * width + int64_t(bh % NH) * hs;
+}
 
-// grid: Grid (heads of ceil(T / 64) query blocks). out [B, T, C]; lse [B, NH, T].
+// grid: Grid (heads of Tp / 64 query blocks). out [B, T, C]; lse [B, NH, T].
 template <int D>
 __global__ void __launch_bounds__(kThreads, kForwardBlocks<D>)
-    TcForward(float* out, __nv_bfloat16* out16, float* lse, const float* qkv, int T, int C, int NH,
-              float scale) {
-  __shared__ Rows<D> ks;
-  __shared__ Cols<D> vt;
-  const Head head(T, C, NH, /*descending=*/true);
-  const int hs = head.hs, block_first = head.first;
-  const int64_t s3 = head.s3;
-  const Lane lane(block_first);
+    TcForward(float* out, __nv_bfloat16* out16, float* lse, const uint16_t* q16,
+              const uint16_t* k16, const uint16_t* v16, int T, int C, int NH, float scale_log2) {
+  __shared__ Tile<D> ks[2], vs[2];
+  const Place place = Place::Of<D>(T, /*descending=*/true);
+  const Lane lane(place.first);
+  const uint16_t *kh = k16 + place.base, *vh = v16 + place.base;
+  const auto stage = [&](int j) {
+    StageTile<D>(ks[j & 1], kh + int64_t(j) * kTile * D);
+    StageTile<D>(vs[j & 1], vh + int64_t(j) * kTile * D);
+    CopyCommit();
+  };
+  stage(0);
   uint32_t q[D / 16][4];
-  LoadA<D>(q, qkv + head.qkv, s3, lane, T, hs);
+  LoadA<D>(q, q16 + place.base, lane);
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g, g + 8; l: this lane's part
-  const int last = min(block_first + kRows, T) - 1;
-  for (int k0 = 0; k0 <= last; k0 += kTile) {
-    __syncthreads();  // the previous tile is consumed
-    StageRows<D>(ks, qkv + head.qkv + C, s3, k0, T, hs);
-    StageCols<D>(vt, qkv + head.qkv + 2 * C, s3, k0, T, hs);
-    __syncthreads();
+  const int tiles = place.at.block + 1;                      // the keys up to the block's last row
+  for (int j = 0; j < tiles; ++j) {
+    if (j + 1 < tiles) {
+      stage(j + 1);
+      CopyWait<1>();
+    } else {
+      CopyWait<0>();
+    }
+    __syncthreads();  // every thread's copies of tile j have landed
     float s[kTile / 8][4];
-    TimesRows<D>(s, q, ks, lane);
-    float mx[2] = {-INFINITY, -INFINITY};
+    TimesRows<D, kTile / 8>(s, q, ks[j & 1], 0, lane);
+    const bool diagonal = j == place.at.block;
+    float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int key = k0 + 8 * n + lane.col(i);
-        s[n][i] = key <= lane.row(i) && key < T ? s[n][i] * scale : -INFINITY;
+        const int key = j * kTile + 8 * n + lane.col(i);
+        s[n][i] = diagonal && key > lane.row(i) ? -INFINITY : s[n][i] * scale_log2;
         mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
       }
-    // Key 0 is in every row's first tile, so m is finite from the first tile on.
     float corr[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(m[h], RowMax(mx[h]));
-      corr[h] = expf(m[h] - m_new);
+      const float m_new = RowMax(mx[h]);  // finite: key 0 is in every row's first tile
+      corr[h] = exp2f(m[h] - m_new);
       m[h] = m_new;
       l[h] *= corr[h];
     }
@@ -234,131 +247,160 @@ __global__ void __launch_bounds__(kThreads, kForwardBlocks<D>)
     for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        s[n][i] = expf(s[n][i] - m[i >> 1]);
+        s[n][i] = exp2f(s[n][i] - m[i >> 1]);
         l[i >> 1] += s[n][i];
       }
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) o[n][i] *= corr[i >> 1];
-    AddTimesTile<D>(o, s, vt, lane);
+    AddTimesTile<D, kTile / 16>(o, s, vs[j & 1], 0, lane);
+    __syncthreads();  // tile j is consumed before the next iteration copies over it
   }
+  const int hs = C / NH;
   const float sum[2] = {RowSum(l[0]), RowSum(l[1])};
   const float inv[2] = {1.0f / sum[0], 1.0f / sum[1]};
-  StoreRows<D>(out + head.bt, At(out16, head.bt), C, o, lane, T, hs, inv, /*add=*/false);
+  const int64_t bt = HeadStart(place.at.bh, T, NH, hs, C);
+  StoreRows<D>(out + bt, At(out16, bt), C, o, lane, T, hs, inv, /*add=*/false);
   if (lane.t == 0)
     for (int h = 0; h < 2; ++h) {
       const int r = lane.first + lane.g + 8 * h;
-      if (r < T) lse[int64_t(head.at.bh) * T + r] = m[h] + logf(sum[h]);
+      if (r < T) lse[int64_t(place.at.bh) * T + r] = (m[h] + log2f(sum[h])) * kLn2;
     }
 }
 
-// dq (+)= Σ_j ds_ij k_j over keys j ≤ i, ds_ij = p_ij (dO_i · v_j - D_i) scale; writes
-// D_i = dO_i · O_i (in float) to dsum [B, NH, T] for the dK/dV kernel. grid: Grid. kAdd: dq is
-// added to dqkv, else written over it (a template argument: as a run-time flag it costs the dK/dV
-// kernel registers it has not got, and spills).
+// dq (+)= Σ_j ds_ij k_j over keys j ≤ i, ds_ij = p_ij (dO_i · v_j - D_i) scale. grid: Grid. kAdd:
+// dq is added to dqkv, else written over it (a template argument: as a run-time flag it costs the
+// dK/dV kernel registers it has not got). A 64-key tile is taken as two halves of 32, which
+// halves the scores' registers.
 template <int D, bool kAdd>
 __global__ void __launch_bounds__(kThreads, kQueryBlocks<D>)
-    TcBackwardQuery(float* dqkv, __nv_bfloat16* dqkv16, float* dsum, const float* dout,
-                    const float* out, const float* qkv, const float* lse, int T, int C, int NH,
-                    float scale) {
-  __shared__ Rows<D> ks, vs;
-  __shared__ Cols<D> kt;
-  const Head head(T, C, NH, /*descending=*/true);
-  const int hs = head.hs, block_first = head.first;
-  const int64_t s3 = head.s3;
-  const Lane lane(block_first);
+    TcBackwardQuery(float* dqkv, __nv_bfloat16* dqkv16, const uint16_t* q16, const uint16_t* k16,
+                    const uint16_t* v16, const uint16_t* do16, const float* dsum, const float* lse2,
+                    int T, int C, int NH, float scale, float scale_log2) {
+  __shared__ Tile<D> ks[2], vs[2];
+  const Place place = Place::Of<D>(T, /*descending=*/true);
+  const Lane lane(place.first);
+  const uint16_t *kh = k16 + place.base, *vh = v16 + place.base;
+  const auto stage = [&](int j) {
+    StageTile<D>(ks[j & 1], kh + int64_t(j) * kTile * D);
+    StageTile<D>(vs[j & 1], vh + int64_t(j) * kTile * D);
+    CopyCommit();
+  };
+  stage(0);
   uint32_t q[D / 16][4], dO[D / 16][4];
-  LoadA<D>(q, qkv + head.qkv, s3, lane, T, hs);
-  LoadA<D>(dO, dout + head.bt, C, lane, T, hs);
+  LoadA<D>(q, q16 + place.base, lane);
+  LoadA<D>(dO, do16 + place.base, lane);
   float Di[2], row_lse[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = lane.first + lane.g + 8 * h;
-    float part = 0.0f;  // this lane's dimensions: 8n + 2t, 8n + 2t + 1
-    for (int n = 0; n < D / 8; ++n)
-      for (int e = 0; e < 2; ++e) {
-        const int d = 8 * n + 2 * lane.t + e;
-        // dO as the products see it (bf16), so that Σ_j p_ij dp_ij - D_i is 0 as it should be
-        const float g = Bf16Lo(PackBf16(At(dout + head.bt, C, r, d, T, hs), 0.0f));
-        part += g * At(out + head.bt, C, r, d, T, hs);
-      }
-    Di[h] = RowSum(part);
-    row_lse[h] = r < T ? lse[int64_t(head.at.bh) * T + r] : 0.0f;
-    if (r < T && lane.t == 0) dsum[int64_t(head.at.bh) * T + r] = Di[h];
+    const int64_t r = int64_t(place.at.bh) * place.Tp + lane.first + lane.g + 8 * h;
+    Di[h] = dsum[r];
+    row_lse[h] = lse2[r];
   }
   float dq[D / 8][4] = {};
-  const int last = min(block_first + kRows, T) - 1;
-  for (int k0 = 0; k0 <= last; k0 += kTile) {
+  const int tiles = place.at.block + 1;
+  for (int j = 0; j < tiles; ++j) {
+    if (j + 1 < tiles) {
+      stage(j + 1);
+      CopyWait<1>();
+    } else {
+      CopyWait<0>();
+    }
     __syncthreads();
-    StageRows<D>(ks, qkv + head.qkv + C, s3, k0, T, hs);
-    StageRows<D>(vs, qkv + head.qkv + 2 * C, s3, k0, T, hs);
-    StageCols<D>(kt, qkv + head.qkv + C, s3, k0, T, hs);
+    const bool diagonal = j == place.at.block;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r0 = 32 * half;
+      float s[4][4], dp[4][4];
+      TimesRows<D, 4>(s, q, ks[j & 1], r0, lane);
+      TimesRows<D, 4>(dp, dO, vs[j & 1], r0, lane);
+#pragma unroll
+      for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int key = j * kTile + r0 + 8 * n + lane.col(i), h = i >> 1;
+          const float p =
+              diagonal && key > lane.row(i) ? 0.0f : exp2f(s[n][i] * scale_log2 - row_lse[h]);
+          s[n][i] = p * (dp[n][i] - Di[h]) * scale;  // ds
+        }
+      AddTimesTile<D, 2>(dq, s, ks[j & 1], r0, lane);
+    }
     __syncthreads();
-    float s[kTile / 8][4], dp[kTile / 8][4];
-    TimesRows<D>(s, q, ks, lane);
-    TimesRows<D>(dp, dO, vs, lane);
-#pragma unroll
-    for (int n = 0; n < kTile / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = k0 + 8 * n + lane.col(i), h = i >> 1;
-        const float p = key <= lane.row(i) && key < T ? expf(s[n][i] * scale - row_lse[h]) : 0.0f;
-        s[n][i] = p * (dp[n][i] - Di[h]) * scale;  // ds
-      }
-    AddTimesTile<D>(dq, s, kt, lane);
   }
   const float one[2] = {1.0f, 1.0f};
-  StoreRows<D>(dqkv + head.qkv, At(dqkv16, head.qkv), s3, dq, lane, T, hs, one, kAdd);
+  const int64_t at = HeadStart(place.at.bh, T, NH, C / NH, 3 * int64_t(C));
+  StoreRows<D>(dqkv + at, At(dqkv16, at), 3 * int64_t(C), dq, lane, T, C / NH, one, kAdd);
 }
 
 // dk (+)= Σ_i ds_ij q_i and dv (+)= Σ_i p_ij dO_i over queries i ≥ j. grid: Grid, a block's
-// rows being keys. kAdd as above.
+// rows being keys. kAdd as above. Query tiles are taken in halves of 32 as above.
 template <int D, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
-    TcBackwardKeyValue(float* dqkv, __nv_bfloat16* dqkv16, const float* dsum, const float* dout,
-                       const float* qkv, const float* lse, int T, int C, int NH, float scale) {
-  __shared__ Rows<D> qs, dos;
-  __shared__ Cols<D> qt, dot;
-  __shared__ float lses[kTile], dsums[kTile];
-  const Head head(T, C, NH, /*descending=*/false);
-  const int hs = head.hs, block_first = head.first;
-  const int64_t s3 = head.s3;
-  const Lane lane(block_first);
-  uint32_t k[D / 16][4], v[D / 16][4];
-  LoadA<D>(k, qkv + head.qkv + C, s3, lane, T, hs);
-  LoadA<D>(v, qkv + head.qkv + 2 * C, s3, lane, T, hs);
-  float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+    TcBackwardKeyValue(float* dqkv, __nv_bfloat16* dqkv16, const uint16_t* q16, const uint16_t* k16,
+                       const uint16_t* v16, const uint16_t* do16, const float* dsum,
+                       const float* lse2, int T, int C, int NH, float scale, float scale_log2) {
+  __shared__ Tile<D> qs[2], dos[2];
+  __shared__ RowStats stats[2];
+  const Place place = Place::Of<D>(T, /*descending=*/false);
+  const Lane lane(place.first);
+  const uint16_t *qh = q16 + place.base, *doh = do16 + place.base;
+  const int64_t head_rows = int64_t(place.at.bh) * place.Tp;
+  const auto stage = [&](int j) {
+    StageTile<D>(qs[j & 1], qh + int64_t(j) * kTile * D);
+    StageTile<D>(dos[j & 1], doh + int64_t(j) * kTile * D);
+    constexpr int kChunks = kTile / 4;  // of 4 floats
+    const int i = int(threadIdx.x);
+    if (i < kChunks)
+      Copy16(&stats[j & 1].lse2[4 * i], lse2 + head_rows + int64_t(j) * kTile + 4 * i);
+    else if (i < 2 * kChunks)
+      Copy16(&stats[j & 1].dsum[4 * (i - kChunks)],
+             dsum + head_rows + int64_t(j) * kTile + 4 * (i - kChunks));
+    CopyCommit();
+  };
   // Queries before the block's first key see none of its keys.
-  for (int q0 = block_first; q0 < T; q0 += kTile) {
-    __syncthreads();
-    StageRows<D>(qs, qkv + head.qkv, s3, q0, T, hs);
-    StageRows<D>(dos, dout + head.bt, C, q0, T, hs);
-    StageCols<D>(qt, qkv + head.qkv, s3, q0, T, hs);
-    StageCols<D>(dot, dout + head.bt, C, q0, T, hs);
-    for (int i = threadIdx.x; i < kTile; i += kThreads) {
-      const bool in = q0 + i < T;
-      lses[i] = in ? lse[int64_t(head.at.bh) * T + q0 + i] : 0.0f;
-      dsums[i] = in ? dsum[int64_t(head.at.bh) * T + q0 + i] : 0.0f;
+  stage(place.at.block);
+  uint32_t k[D / 16][4], v[D / 16][4];
+  LoadA<D>(k, k16 + place.base, lane);
+  LoadA<D>(v, v16 + place.base, lane);
+  float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+  const int tiles = place.tiles();
+  for (int j = place.at.block; j < tiles; ++j) {
+    if (j + 1 < tiles) {
+      stage(j + 1);
+      CopyWait<1>();
+    } else {
+      CopyWait<0>();
     }
     __syncthreads();
-    float p[kTile / 8][4], ds[kTile / 8][4];
-    TimesRows<D>(p, k, qs, lane);    // s, transposed
-    TimesRows<D>(ds, v, dos, lane);  // dp, transposed
+    const bool diagonal = j == place.at.block;
 #pragma unroll
-    for (int n = 0; n < kTile / 8; ++n)
+    for (int half = 0; half < 2; ++half) {
+      const int r0 = 32 * half;
+      float p[4][4], ds[4][4];
+      TimesRows<D, 4>(p, k, qs[j & 1], r0, lane);    // s, transposed
+      TimesRows<D, 4>(ds, v, dos[j & 1], r0, lane);  // dp, transposed
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int j = 8 * n + lane.col(i), query = q0 + j;
-        p[n][i] = query >= lane.row(i) && query < T ? expf(p[n][i] * scale - lses[j]) : 0.0f;
-        ds[n][i] = p[n][i] * (ds[n][i] - dsums[j]) * scale;
-      }
-    AddTimesTile<D>(dv, p, dot, lane);
-    AddTimesTile<D>(dk, ds, qt, lane);
+      for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = r0 + 8 * n + lane.col(i), query = j * kTile + c;
+          // A query past T has lse +infinity: p = 0.
+          p[n][i] = diagonal && query < lane.row(i)
+                        ? 0.0f
+                        : exp2f(p[n][i] * scale_log2 - stats[j & 1].lse2[c]);
+          ds[n][i] = p[n][i] * (ds[n][i] - stats[j & 1].dsum[c]) * scale;
+        }
+      AddTimesTile<D, 2>(dv, p, dos[j & 1], r0, lane);
+      AddTimesTile<D, 2>(dk, ds, qs[j & 1], r0, lane);
+    }
+    __syncthreads();
   }
   const float one[2] = {1.0f, 1.0f};
-  StoreRows<D>(dqkv + head.qkv + C, At(dqkv16, head.qkv + C), s3, dk, lane, T, hs, one, kAdd);
-  StoreRows<D>(dqkv + head.qkv + 2 * C, At(dqkv16, head.qkv + 2 * C), s3, dv, lane, T, hs, one,
+  const int hs = C / NH;
+  const int64_t at = HeadStart(place.at.bh, T, NH, hs, 3 * int64_t(C));
+  StoreRows<D>(dqkv + at + C, At(dqkv16, at + C), 3 * int64_t(C), dk, lane, T, hs, one, kAdd);
+  StoreRows<D>(dqkv + at + 2 * C, At(dqkv16, at + 2 * C), 3 * int64_t(C), dv, lane, T, hs, one,
                kAdd);
 }
 
@@ -370,13 +412,13 @@ dim3 Grid(int B, int T, int NH) {
 
 // The backward's two kernels for head size D, adding to dqkv or writing it (kAdd).
 template <int D, bool kAdd>
-void Backward(float* dqkv, __nv_bfloat16* dqkv16, float* dsum, const float* dout, const float* out,
-              const float* qkv, const float* lse, int B, int T, int C, int NH, float scale) {
+void Backward(float* dqkv, __nv_bfloat16* dqkv16, const Operands& ops, int B, int T, int C, int NH,
+              float scale) {
   const dim3 grid = Grid(B, T, NH);
-  ATL_LAUNCH((TcBackwardQuery<D, kAdd>), grid, kThreads, dqkv, dqkv16, dsum, dout, out, qkv, lse, T,
-             C, NH, scale);
-  ATL_LAUNCH((TcBackwardKeyValue<D, kAdd>), grid, kThreads, dqkv, dqkv16,
-             static_cast<const float*>(dsum), dout, qkv, lse, T, C, NH, scale);
+  ATL_LAUNCH((TcBackwardQuery<D, kAdd>), grid, kThreads, dqkv, dqkv16, ops.q, ops.k, ops.v,
+             ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale * kLog2e);
+  ATL_LAUNCH((TcBackwardKeyValue<D, kAdd>), grid, kThreads, dqkv, dqkv16, ops.q, ops.k, ops.v,
+             ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale * kLog2e);
 }
 
 }  // namespace
@@ -389,20 +431,23 @@ bool TensorCoreAttention(int C, int NH) {
 void TcAttentionForward(float* out, __nv_bfloat16* out16, float* lse, const float* qkv, int B,
                         int T, int C, int NH) {
   const float scale = 1.0f / std::sqrt(float(C / NH));
-  if (C / NH <= 32)
-    ATL_LAUNCH(TcForward<32>, Grid(B, T, NH), kThreads, out, out16, lse, qkv, T, C, NH, scale);
+  const Operands ops = ForwardOperands(qkv, B, T, C, NH);
+  if (ops.D == 32)
+    ATL_LAUNCH(TcForward<32>, Grid(B, T, NH), kThreads, out, out16, lse, ops.q, ops.k, ops.v, T, C,
+               NH, scale * kLog2e);
   else
-    ATL_LAUNCH(TcForward<64>, Grid(B, T, NH), kThreads, out, out16, lse, qkv, T, C, NH, scale);
+    ATL_LAUNCH(TcForward<64>, Grid(B, T, NH), kThreads, out, out16, lse, ops.q, ops.k, ops.v, T, C,
+               NH, scale * kLog2e);
 }
 
-void TcAttentionBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dsum, const float* dout,
-                         const float* out, const float* qkv, const float* lse, int B, int T, int C,
-                         int NH, bool add) {
+void TcAttentionBackward(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, const float* out,
+                         const float* qkv, const float* lse, int B, int T, int C, int NH,
+                         bool add) {
   const float scale = 1.0f / std::sqrt(float(C / NH));
-  const bool small = C / NH <= 32;
-  auto* const launch = small ? (add ? Backward<32, true> : Backward<32, false>)
-                             : (add ? Backward<64, true> : Backward<64, false>);
-  launch(dqkv, dqkv16, dsum, dout, out, qkv, lse, B, T, C, NH, scale);
+  const Operands ops = BackwardOperands(dout, out, qkv, lse, B, T, C, NH);
+  auto* const launch = ops.D == 32 ? (add ? Backward<32, true> : Backward<32, false>)
+                                   : (add ? Backward<64, true> : Backward<64, false>);
+  launch(dqkv, dqkv16, ops, B, T, C, NH, scale);
 }
 
 }  // namespace atl::kernels::cuda

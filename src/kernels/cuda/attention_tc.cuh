@@ -38,13 +38,31 @@ inline dim3 HeadBlocks(int B, int NH, int T, int rows, int* row_blocks) {
 
 // bf16 products are on (SetBf16Matmul) and the head size C / NH is at most 64.
 bool TensorCoreAttention(int C, int NH);
-// As AttentionForward / AttentionBackward (ops.h), with bf16 operands; dsum: B * NH * T floats
-// of scratch. out16, dqkv16 (or null): what they write to out and dqkv, rounded to bf16 as well.
-// add: the backward adds to dqkv (else writes over it).
+// As AttentionForward / AttentionBackward (ops.h), with bf16 operands. out16, dqkv16 (or null):
+// what they write to out and dqkv, rounded to bf16 as well. add: the backward adds to dqkv (else
+// writes over it). Both take Scratch(kScratchOp) for their operands.
 void TcAttentionForward(float* out, __nv_bfloat16* out16, float* lse, const float* qkv, int B,
                         int T, int C, int NH);
-void TcAttentionBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dsum, const float* dout,
-                         const float* out, const float* qkv, const float* lse, int B, int T, int C,
-                         int NH, bool add);
+void TcAttentionBackward(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, const float* out,
+                         const float* qkv, const float* lse, int B, int T, int C, int NH, bool add);
+
+// ---- The tensor-core kernels' operands (attention_tc_prep.cu) ---------------------------------
+
+// The rows of a block and of a tile of the kernels (attention_tc.cu).
+constexpr int kAttentionRows = 64;
+
+// The operands rounded to bf16 in the kernels' layout: for each head (bh = b * NH + h) Tp rows
+// of D elements, D = 32 or 64 (the head size hs padded with zeros), Tp = T rounded up to 64 (rows
+// past T zero); the copies [B * NH][Tp][D] each, in Scratch(kScratchOp). The backward's also: dO
+// likewise; per row of each head (B * NH * Tp floats) dsum = D_i = dO_i · O_i (dO rounded to
+// bf16, O the forward's float out) and lse2 = lse log2 e, 0 and +infinity past T.
+struct Operands {
+  int D = 0, Tp = 0;
+  const uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
+  const float *dsum = nullptr, *lse2 = nullptr;
+};
+Operands ForwardOperands(const float* qkv, int B, int T, int C, int NH);
+Operands BackwardOperands(const float* dout, const float* out, const float* qkv, const float* lse,
+                          int B, int T, int C, int NH);
 
 }  // namespace atl::kernels::cuda

@@ -52,25 +52,6 @@ __device__ inline void Accumulate(MaxSum& t, const float (&x)[k]) {
   for (int i = 0; i < k; ++i) t.s += expf(x[i] - t.m);
 }
 
-// 16 bytes at a 16-byte aligned p, one load (the emulator: memcpy, as its host compiler's
-// aliasing rules want), and the store of them.
-__device__ inline uint4 Load16(const void* p) {
-#if defined(ATOLL_CUDA_EMULATED)
-  uint4 v;
-  memcpy(&v, p, sizeof(v));
-  return v;
-#else
-  return *reinterpret_cast<const uint4*>(p);
-#endif
-}
-__device__ inline void Store16(void* p, uint4 v) {
-#if defined(ATOLL_CUDA_EMULATED)
-  memcpy(p, &v, sizeof(v));
-#else
-  *reinterpret_cast<uint4*>(p) = v;
-#endif
-}
-
 // Whether rows of bf16 from p, ld apart, all start 16-byte aligned: the loss and the logit gradient
 // then read them 8 at a time.
 inline bool EightWide(const void* p, int64_t ld) { return ld % 8 == 0 && Alignment(p) >= 16; }

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <type_traits>
 
@@ -79,6 +80,36 @@ void Launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, const
   // clang-format on
 #endif
   ATL_LAUNCHED();
+}
+
+// 16 bytes at a 16-byte aligned p, one load (the emulator: memcpy, as its host compiler's
+// aliasing rules want), and the store of them.
+__device__ inline uint4 Load16(const void* p) {
+#if defined(ATOLL_CUDA_EMULATED)
+  uint4 v;
+  memcpy(&v, p, sizeof(v));
+  return v;
+#else
+  return *reinterpret_cast<const uint4*>(p);
+#endif
+}
+__device__ inline void Store16(void* p, uint4 v) {
+#if defined(ATOLL_CUDA_EMULATED)
+  memcpy(p, &v, sizeof(v));
+#else
+  *reinterpret_cast<uint4*>(p) = v;
+#endif
+}
+
+// 4 bytes at a 4-byte aligned p, one load (memcpy on the emulator, as above).
+__device__ inline uint32_t Load4(const void* p) {
+#if defined(ATOLL_CUDA_EMULATED)
+  uint32_t v;
+  memcpy(&v, p, sizeof(v));
+  return v;
+#else
+  return *reinterpret_cast<const uint32_t*>(p);
+#endif
 }
 
 // The largest power of two (at most 256, at least 2) that divides the address: cuBLASLt must not

@@ -1,0 +1,161 @@
+// The tensor-core attention's operands (attention_tc.cuh's Operands): the float activations
+// rounded to bf16 in the kernels' layout, one pass each, a thread per 8 elements (16 bytes
+// written). The backward's pass over dO also forms D_i = dO_i · O_i, the sum of a row's 8-element
+// parts by a fixed butterfly over the lanes holding the row: the same bits every run.
+#include <cmath>
+
+#include "kernels/cuda/attention_tc.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
+
+namespace atl::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // a multiple of 64 rows' chunks: the grids below are whole blocks
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Where chunk x (8 elements) of row t of head bh starts in a [B, T, width] tensor whose head h
+// is columns offset + h hs ..; and how many of its 8 elements are there (0 past T or hs).
+struct Chunk {
+  int64_t at;
+  int count;
+};
+__device__ inline Chunk ChunkOf(int bh, int t, int x, int T, int NH, int hs, int64_t width,
+                                int64_t offset) {
+  const int d = 8 * x;
+  const int count = t < T ? max(0, min(8, hs - d)) : 0;
+  return {(int64_t(bh / NH) * T + t) * width + offset + int64_t(bh % NH) * hs + d, count};
+}
+
+// The chunk's floats (0 past count): two 16-byte loads where the chunk is whole and aligned.
+__device__ inline void LoadChunk(float (&x)[8], const float* src, int count) {
+  if (count == 8 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    const uint4 lo = Load16(src), hi = Load16(src + 4);
+    const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = __uint_as_float(w[i]);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = i < count ? src[i] : 0.0f;
+}
+
+// x rounded to bf16 (to nearest, ties to even), packed as 16 bytes.
+__device__ inline uint4 Pack(const float (&x)[8]) {
+  return uint4{PackBf16(x[0], x[1]), PackBf16(x[2], x[3]), PackBf16(x[4], x[5]),
+               PackBf16(x[6], x[7])};
+}
+
+// dst [3][B * NH][Tp][D] = Q, K, V of qkv [B, T, 3C]. Thread: one chunk of one row.
+template <int D>
+__global__ void RoundQkv(uint16_t* dst, const float* qkv, int T, int Tp, int C, int NH,
+                         int64_t head_rows) {
+  constexpr int kChunks = D / 8;
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t row = i / kChunks;  // of the 3 * head_rows
+  const int x = int(i % kChunks), which = int(row / head_rows);
+  const int64_t r = row % head_rows;
+  const int bh = int(r / Tp), t = int(r % Tp), hs = C / NH;
+  const Chunk c = ChunkOf(bh, t, x, T, NH, hs, 3 * int64_t(C), int64_t(which) * C);
+  float v[8];
+  LoadChunk(v, qkv + c.at, c.count);
+  Store16(dst + row * D + 8 * x, Pack(v));
+}
+
+// dst [B * NH][Tp][D] = dout [B, T, C] in bf16; dsum and lse2 (B * NH * Tp floats): Operands'.
+template <int D>
+__global__ void RoundDout(uint16_t* dst, float* dsum, float* lse2, const float* dout,
+                          const float* out, const float* lse, int T, int Tp, int C, int NH) {
+  constexpr int kChunks = D / 8;
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t row = i / kChunks;
+  const int x = int(i % kChunks);
+  const int bh = int(row / Tp), t = int(row % Tp), hs = C / NH;
+  const Chunk c = ChunkOf(bh, t, x, T, NH, hs, C, 0);
+  float g[8], o[8];
+  LoadChunk(g, dout + c.at, c.count);
+  LoadChunk(o, out + c.at, c.count);
+  const uint4 packed = Pack(g);
+  Store16(dst + row * D + 8 * x, packed);
+  // dO as the products see it (bf16), so that Σ_j p_ij dp_ij - D_i is 0 as it should be.
+  const uint32_t w[4] = {packed.x, packed.y, packed.z, packed.w};
+  float part = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    part += Bf16Lo(w[k]) * o[2 * k];
+    part += Bf16Hi(w[k]) * o[2 * k + 1];
+  }
+#pragma unroll
+  for (int m = 1; m < kChunks; m *= 2) part += __shfl_xor_sync(0xffffffffu, part, m);
+  if (x != 0) return;
+  dsum[row] = t < T ? part : 0.0f;
+  lse2[row] = t < T ? lse[int64_t(bh) * T + t] * kLog2e : INFINITY;
+}
+
+// The grid of one thread per chunk of `rows` rows of D elements (a whole number of blocks: rows
+// is a multiple of 64).
+dim3 ChunkGrid(int64_t rows, int D) {
+  const int64_t blocks = rows * (D / 8) / kThreads;
+  if (blocks > 0x7fffffff)
+    ThrowCuda("attention", __FILE__, __LINE__, "more than 2^31 - 1 blocks of operands");
+  return dim3(unsigned(blocks));
+}
+
+// The layout's sizes, and room for `copies` bf16 copies and `stats` float rows after them.
+Operands Layout(int B, int T, int C, int NH, int copies, int stats, uint16_t** base,
+                float** stat_base) {
+  Operands ops;
+  ops.D = C / NH <= 32 ? 32 : 64;
+  ops.Tp = (T + kAttentionRows - 1) / kAttentionRows * kAttentionRows;
+  const int64_t rows = int64_t(B) * NH * ops.Tp, n = rows * ops.D;
+  auto* p = static_cast<unsigned char*>(
+      Scratch(kScratchOp, size_t(copies * n) * sizeof(uint16_t) + size_t(stats * rows) * 4));
+  *base = reinterpret_cast<uint16_t*>(p);
+  *stat_base = reinterpret_cast<float*>(p + size_t(copies * n) * sizeof(uint16_t));
+  ops.q = *base;
+  ops.k = *base + n;
+  ops.v = *base + 2 * n;
+  return ops;
+}
+
+void LaunchRoundQkv(uint16_t* dst, const float* qkv, const Operands& ops, int B, int T, int C,
+                    int NH) {
+  const int64_t head_rows = int64_t(B) * NH * ops.Tp;
+  const dim3 grid = ChunkGrid(3 * head_rows, ops.D);
+  if (ops.D == 32)
+    ATL_LAUNCH(RoundQkv<32>, grid, kThreads, dst, qkv, T, ops.Tp, C, NH, head_rows);
+  else
+    ATL_LAUNCH(RoundQkv<64>, grid, kThreads, dst, qkv, T, ops.Tp, C, NH, head_rows);
+}
+
+}  // namespace
+
+Operands ForwardOperands(const float* qkv, int B, int T, int C, int NH) {
+  uint16_t* base = nullptr;
+  float* stats = nullptr;
+  const Operands ops = Layout(B, T, C, NH, 3, 0, &base, &stats);
+  LaunchRoundQkv(base, qkv, ops, B, T, C, NH);
+  return ops;
+}
+
+Operands BackwardOperands(const float* dout, const float* out, const float* qkv, const float* lse,
+                          int B, int T, int C, int NH) {
+  uint16_t* base = nullptr;
+  float* stats = nullptr;
+  Operands ops = Layout(B, T, C, NH, 4, 2, &base, &stats);
+  LaunchRoundQkv(base, qkv, ops, B, T, C, NH);
+  const int64_t rows = int64_t(B) * NH * ops.Tp;
+  uint16_t* do16 = base + 3 * rows * ops.D;
+  float *dsum = stats, *lse2 = stats + rows;
+  const dim3 grid = ChunkGrid(rows, ops.D);
+  if (ops.D == 32)
+    ATL_LAUNCH(RoundDout<32>, grid, kThreads, do16, dsum, lse2, dout, out, lse, T, ops.Tp, C, NH);
+  else
+    ATL_LAUNCH(RoundDout<64>, grid, kThreads, do16, dsum, lse2, dout, out, lse, T, ops.Tp, C, NH);
+  ops.dout = do16;
+  ops.dsum = dsum;
+  ops.lse2 = lse2;
+  return ops;
+}
+
+}  // namespace atl::kernels::cuda
