@@ -6,8 +6,10 @@
 #   bench/gpu_bench.sh            (after `source scripts/gpu_env.sh`, or with atoll on PATH)
 #
 # Environment: BATCH=8 STEPS=12 WARMUP=3; SHAPES="124m 350m"; PARTS="table detectors profile
-# copies" (any of them: the device tool runs a command for 10 minutes at most, so a session may
-# run the parts as separate calls); OUT (when set, the table and the logs are also written there);
+# copies" (any of them, and `ab`: the device tool runs a command for 10 minutes at most, so a
+# session may run the parts as separate calls); BASELINE (part ab: a kernels_model_step built
+# from another revision, default kernels_model_step_base on PATH, which `scripts/gpu_pack.sh
+# --baseline FILE` packs: the bf16 step of both, alternately, 3 times each, in one run); OUT (when set, the table and the logs are also written there);
 # ATOLL (default: atoll on PATH); PY=python3 (with torch 2.x). A run that fails is reported (its
 # log's tail, "failed" in the table) and the rest goes on; the exit status is then 1.
 #
@@ -30,7 +32,7 @@ PARTS=${PARTS:-"table detectors profile copies"}
 status=0
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 for p in $PARTS; do
-  [[ $p =~ ^(table|detectors|profile|copies)$ ]] || { echo "gpu_bench: unknown part $p" >&2; exit 2; }
+  [[ $p =~ ^(table|detectors|profile|copies|ab)$ ]] || { echo "gpu_bench: unknown part $p" >&2; exit 2; }
 done
 [[ -n ${SHAPES// /} ]] || { echo "gpu_bench: SHAPES is empty (124m, 350m)" >&2; exit 2; }
 for s in $SHAPES; do
@@ -150,5 +152,30 @@ if part copies; then
       --warmup 3 --bf16-copies $copies | tail -1 | tee -a "$out/gpu_bench.md"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   done
+fi
+# Another revision's step against this one's (BASELINE): gpt2-124m bf16, forward + backward,
+# alternately, so that both see the same GPU state; then the ratio of the medians.
+if part ab; then
+  BASELINE=${BASELINE:-$(command -v kernels_model_step_base || true)}
+  if [[ -z "$BASELINE" || ! -x "$BASELINE" ]]; then
+    echo "gpu_bench: part ab needs BASELINE (or kernels_model_step_base on PATH)" >&2
+    status=1
+  else
+    echo "A/B: $BASELINE (base) against $MODEL_STEP (this), gpt2-124m bf16, batch $BATCH:"
+    base_ms=() this_ms=()
+    for i in 1 2 3; do
+      for which in base this; do
+        bin=$MODEL_STEP
+        [[ $which == base ]] && bin=$BASELINE
+        line=$("$bin" --device cuda --precision bf16 --preset gpt2-124m --batch "$BATCH" \
+          --steps 10 --warmup 3 | tail -1) || status=1
+        echo "  $which $i: $line" | tee -a "$out/gpu_bench.md"
+        ms=$(grep -oE '[0-9.]+ ms' <<<"$line" | head -1 | cut -d' ' -f1)
+        [[ $which == base ]] && base_ms+=("$ms") || this_ms+=("$ms")
+      done
+    done
+    "$PY" -c "import statistics as s, sys; a, b = (list(map(float, x.split())) for x in sys.argv[1:]); m, n = s.median(a), s.median(b); print(f'A/B median ms a step: base {m:.2f}, this {n:.2f}: this is {m / n:.3f}x the base')" \
+      "${base_ms[*]}" "${this_ms[*]}" | tee -a "$out/gpu_bench.md"
+  fi
 fi
 exit $status

@@ -6,19 +6,28 @@
 # [".gpu"]): scripts/gpu_test.sh runs the CUDA tests; `source scripts/gpu_env.sh` sets up PATH
 # and LD_LIBRARY_PATH for anything else (atoll itself with --atoll).
 #
-# Usage: scripts/gpu_pack.sh [--atoll] [PROGRAM...]
+# Usage: scripts/gpu_pack.sh [--atoll] [--baseline FILE] [PROGRAM...]
 #   (default: every CUDA test program of build/release; --atoll adds build/release/atoll and
-#   the model-step benchmark, build/release/bench/kernels_model_step)
+#   the model-step benchmark, build/release/bench/kernels_model_step; --baseline adds FILE, a
+#   kernels_model_step built from another revision, as kernels_model_step_base, for
+#   bench/gpu_bench.sh's part ab)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 progs=()
-for a in "$@"; do
-  case "$a" in
-    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+baseline=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --atoll) progs+=(build/release/atoll build/release/bench/kernels_model_step) ;;
-    *) progs+=("$a") ;;
+    --baseline)
+      [[ -x "${2:-}" ]] || { echo "gpu_pack: --baseline needs a program" >&2; exit 2; }
+      baseline=$2
+      shift ;;
+    *) progs+=("$1") ;;
   esac
+  shift
 done
+[[ -z "$baseline" ]] || progs+=("$baseline")
 mapfile -t tests < <(find build/release -type f -name 'cuda_*_test' -not -name '*emu*' -perm -u+x | sort)
 if [[ ${#tests[@]} -eq 0 ]]; then
   echo "gpu_pack: no CUDA test programs in build/release (is nvcc installed? run scripts/setup.sh)" >&2
@@ -30,7 +39,7 @@ trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 for p in "${progs[@]}"; do
   [[ -x "$p" ]] || { echo "gpu_pack: not a program: $p" >&2; exit 2; }
-  cp "$p" "$stage/bin/"
+  if [[ "$p" == "$baseline" ]]; then cp "$p" "$stage/bin/kernels_model_step_base"; else cp "$p" "$stage/bin/"; fi
   ldd "$p" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' |
     grep -v -E '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|/libcu|/libnv|/libnccl' |
     while read -r lib; do cp -L -n "$lib" "$stage/lib/"; done
