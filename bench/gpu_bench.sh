@@ -171,11 +171,16 @@ if part ab; then
           --steps 10 --warmup 3 | tail -1) || status=1
         echo "  $which $i: $line" | tee -a "$out/gpu_bench.md"
         ms=$(grep -oE '[0-9.]+ ms' <<<"$line" | head -1 | cut -d' ' -f1)
+        [[ -n "$ms" ]] || { status=1; continue; }
         [[ $which == base ]] && base_ms+=("$ms") || this_ms+=("$ms")
       done
     done
-    "$PY" -c "import statistics as s, sys; a, b = (list(map(float, x.split())) for x in sys.argv[1:]); m, n = s.median(a), s.median(b); print(f'A/B median ms a step: base {m:.2f}, this {n:.2f}: this is {m / n:.3f}x the base')" \
-      "${base_ms[*]}" "${this_ms[*]}" | tee -a "$out/gpu_bench.md"
+    if [[ ${#base_ms[@]} -gt 0 && ${#this_ms[@]} -gt 0 ]]; then
+      "$PY" -c "import statistics as s, sys; a, b = (list(map(float, x.split())) for x in sys.argv[1:]); m, n = s.median(a), s.median(b); print(f'A/B median ms a step: base {m:.2f}, this {n:.2f}: this is {m / n:.3f}x the base')" \
+        "${base_ms[*]}" "${this_ms[*]}" | tee -a "$out/gpu_bench.md"
+    else
+      echo "gpu_bench: A/B: no timed run of one side" | tee -a "$out/gpu_bench.md"
+    fi
   fi
 fi
 exit $status

@@ -27,7 +27,13 @@ while [[ $# -gt 0 ]]; do
   esac
   shift
 done
-[[ -z "$baseline" ]] || progs+=("$baseline")
+if [[ -n "$baseline" ]]; then
+  for p in "${progs[@]}"; do
+    [[ "$(realpath "$p")" != "$(realpath "$baseline")" ]] ||
+      { echo "gpu_pack: --baseline $baseline is also packed as itself (build it elsewhere)" >&2; exit 2; }
+  done
+  progs+=("$baseline")
+fi
 mapfile -t tests < <(find build/release -type f -name 'cuda_*_test' -not -name '*emu*' -perm -u+x | sort)
 if [[ ${#tests[@]} -eq 0 ]]; then
   echo "gpu_pack: no CUDA test programs in build/release (is nvcc installed? run scripts/setup.sh)" >&2

@@ -22,7 +22,8 @@
 // A block's rows and the tiles are both 64 long and aligned, so only the diagonal tile is masked
 // (key 0 of a query's first tile is unmasked: the running maximum is finite from there on), and
 // a row past T is zero in every operand, its lse +infinity (its probabilities 0 in the backward).
-// The softmax runs in base 2 (exp2f; the scale times log2 e folded into the scores).
+// The softmax runs in base 2 (the scale times log2 e folded into the scores; the backward's
+// exponentials by Exp2, mma.cuh).
 #include <cmath>
 
 #include "kernels/cuda/attention_tc.cuh"
@@ -235,6 +236,8 @@ __global__ void __launch_bounds__(kThreads, kForwardBlocks<D>)
         s[n][i] = diagonal && key > lane.row(i) ? -INFINITY : s[n][i] * scale_log2;
         mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
       }
+    // exp2f here, not Exp2 (the backward's): under the 128-register bound, ptxas spills 8 bytes
+    // with it, 28 with Exp2 (40 taking the maximum of the unscaled scores and one multiply-add).
     float corr[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -321,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, kQueryBlocks<D>)
         for (int i = 0; i < 4; ++i) {
           const int key = j * kTile + r0 + 8 * n + lane.col(i), h = i >> 1;
           const float p =
-              diagonal && key > lane.row(i) ? 0.0f : exp2f(s[n][i] * scale_log2 - row_lse[h]);
+              diagonal && key > lane.row(i) ? 0.0f : Exp2(fmaf(s[n][i], scale_log2, -row_lse[h]));
           s[n][i] = p * (dp[n][i] - Di[h]) * scale;  // ds
         }
       AddTimesTile<D, 2>(dq, s, ks[j & 1], r0, lane);
@@ -388,7 +391,7 @@ __global__ void __launch_bounds__(kThreads)
           // A query past T has lse +infinity: p = 0.
           p[n][i] = diagonal && query < lane.row(i)
                         ? 0.0f
-                        : exp2f(p[n][i] * scale_log2 - stats[j & 1].lse2[c]);
+                        : Exp2(fmaf(p[n][i], scale_log2, -stats[j & 1].lse2[c]));
           ds[n][i] = p[n][i] * (ds[n][i] - stats[j & 1].dsum[c]) * scale;
         }
       AddTimesTile<D, 2>(dv, p, dos[j & 1], r0, lane);

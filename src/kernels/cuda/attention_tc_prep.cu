@@ -46,37 +46,50 @@ __device__ inline uint4 Pack(const float (&x)[8]) {
                PackBf16(x[6], x[7])};
 }
 
-// dst [3][B * NH][Tp][D] = Q, K, V of qkv [B, T, 3C]. Thread: one chunk of one row.
+// Thread threadIdx.x of block blockIdx.x: chunk x of row t of plane p (a head's Tp rows of one
+// operand), planes of Tp D / 8 chunks, a whole number of blocks each (Tp is a multiple of 64): in
+// 32-bit arithmetic, a division by a run-time value per thread (64-bit ones cost many more).
+template <int D>
+struct ChunkPlace {
+  unsigned plane;
+  int t, x;
+  __device__ explicit ChunkPlace(int Tp) {
+    constexpr int kChunks = D / 8;
+    const unsigned blocks_a_plane = unsigned(Tp) * kChunks / kThreads;
+    plane = blockIdx.x / blocks_a_plane;
+    const unsigned i = (blockIdx.x % blocks_a_plane) * kThreads + threadIdx.x;
+    t = int(i / kChunks);
+    x = int(i % kChunks);
+  }
+  __device__ int64_t at(int Tp) const { return (int64_t(plane) * Tp + t) * D + 8 * x; }
+};
+
+// dst [3][B * NH][Tp][D] = Q, K, V of qkv [B, T, 3C]; planes: 3 B NH, operand by operand.
 template <int D>
 __global__ void RoundQkv(uint16_t* dst, const float* qkv, int T, int Tp, int C, int NH,
-                         int64_t head_rows) {
-  constexpr int kChunks = D / 8;
-  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  const int64_t row = i / kChunks;  // of the 3 * head_rows
-  const int x = int(i % kChunks), which = int(row / head_rows);
-  const int64_t r = row % head_rows;
-  const int bh = int(r / Tp), t = int(r % Tp), hs = C / NH;
-  const Chunk c = ChunkOf(bh, t, x, T, NH, hs, 3 * int64_t(C), int64_t(which) * C);
+                         unsigned heads) {
+  const ChunkPlace<D> place(Tp);
+  const int which = int(place.plane / heads), bh = int(place.plane % heads);
+  const Chunk c = ChunkOf(bh, place.t, place.x, T, NH, C / NH, 3 * int64_t(C), int64_t(which) * C);
   float v[8];
   LoadChunk(v, qkv + c.at, c.count);
-  Store16(dst + row * D + 8 * x, Pack(v));
+  Store16(dst + place.at(Tp), Pack(v));
 }
 
 // dst [B * NH][Tp][D] = dout [B, T, C] in bf16; dsum and lse2 (B * NH * Tp floats): Operands'.
+// Planes: B NH.
 template <int D>
 __global__ void RoundDout(uint16_t* dst, float* dsum, float* lse2, const float* dout,
                           const float* out, const float* lse, int T, int Tp, int C, int NH) {
   constexpr int kChunks = D / 8;
-  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  const int64_t row = i / kChunks;
-  const int x = int(i % kChunks);
-  const int bh = int(row / Tp), t = int(row % Tp), hs = C / NH;
-  const Chunk c = ChunkOf(bh, t, x, T, NH, hs, C, 0);
+  const ChunkPlace<D> place(Tp);
+  const int bh = int(place.plane), t = place.t;
+  const Chunk c = ChunkOf(bh, t, place.x, T, NH, C / NH, C, 0);
   float g[8], o[8];
   LoadChunk(g, dout + c.at, c.count);
   LoadChunk(o, out + c.at, c.count);
   const uint4 packed = Pack(g);
-  Store16(dst + row * D + 8 * x, packed);
+  Store16(dst + place.at(Tp), packed);
   // dO as the products see it (bf16), so that Σ_j p_ij dp_ij - D_i is 0 as it should be.
   const uint32_t w[4] = {packed.x, packed.y, packed.z, packed.w};
   float part = 0.0f;
@@ -85,9 +98,11 @@ __global__ void RoundDout(uint16_t* dst, float* dsum, float* lse2, const float* 
     part += Bf16Lo(w[k]) * o[2 * k];
     part += Bf16Hi(w[k]) * o[2 * k + 1];
   }
+  // The row's chunks are kChunks neighbouring lanes (32 and kThreads are multiples of it).
 #pragma unroll
   for (int m = 1; m < kChunks; m *= 2) part += __shfl_xor_sync(0xffffffffu, part, m);
-  if (x != 0) return;
+  if (place.x != 0) return;
+  const int64_t row = int64_t(bh) * Tp + t;
   dsum[row] = t < T ? part : 0.0f;
   lse2[row] = t < T ? lse[int64_t(bh) * T + t] * kLog2e : INFINITY;
 }
@@ -120,12 +135,12 @@ Operands Layout(int B, int T, int C, int NH, int copies, int stats, uint16_t** b
 
 void LaunchRoundQkv(uint16_t* dst, const float* qkv, const Operands& ops, int B, int T, int C,
                     int NH) {
-  const int64_t head_rows = int64_t(B) * NH * ops.Tp;
-  const dim3 grid = ChunkGrid(3 * head_rows, ops.D);
+  const unsigned heads = unsigned(B) * unsigned(NH);
+  const dim3 grid = ChunkGrid(3 * int64_t(heads) * ops.Tp, ops.D);
   if (ops.D == 32)
-    ATL_LAUNCH(RoundQkv<32>, grid, kThreads, dst, qkv, T, ops.Tp, C, NH, head_rows);
+    ATL_LAUNCH(RoundQkv<32>, grid, kThreads, dst, qkv, T, ops.Tp, C, NH, heads);
   else
-    ATL_LAUNCH(RoundQkv<64>, grid, kThreads, dst, qkv, T, ops.Tp, C, NH, head_rows);
+    ATL_LAUNCH(RoundQkv<64>, grid, kThreads, dst, qkv, T, ops.Tp, C, NH, heads);
 }
 
 }  // namespace

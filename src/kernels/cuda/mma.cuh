@@ -26,6 +26,9 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#if defined(ATOLL_CUDA_EMULATED)
+#include <stdexcept>
+#endif
 
 namespace atl::kernels::cuda {
 
@@ -88,6 +91,8 @@ __device__ inline void MmaBf16(float (&d)[4], const uint32_t (&a)[4], const uint
 template <bool kTrans>
 __device__ inline void LdMatrix4(uint32_t (&r)[4], const void* row) {
 #if defined(ATOLL_CUDA_EMULATED)
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0 || ::atl::cuda_emu::IsDevice(row))
+    throw std::runtime_error("ldmatrix: a row address not 16-byte aligned shared memory");
   const void* rows[32];
   ::atl::cuda_emu::WarpGather(&row, rows, sizeof(row));
   const int lane = ::atl::cuda_emu::Lane(), g = lane / 4, t = lane % 4;
@@ -124,7 +129,8 @@ __device__ inline void Copy16(void* shared, const void* global) {
 #else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
                    uint32_t(__cvta_generic_to_shared(shared))),
-               "l"(global));
+               "l"(__cvta_generic_to_global(global))
+               : "memory");
 #endif
 }
 __device__ inline void CopyCommit() {
@@ -133,7 +139,7 @@ __device__ inline void CopyCommit() {
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();
 #else
-  asm volatile("cp.async.commit_group;\n" ::);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
 template <int kPending>
@@ -143,7 +149,21 @@ __device__ inline void CopyWait() {
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();
 #else
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+  // "memory": shared reads after the wait are not moved before it, barrier or not.
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+// 2^x by the special function unit's approximation (ex2.approx.ftz: a relative error of about
+// 2^-22, subnormal results flushed to 0, 2^-inf = 0), as FlashAttention's softmax takes it; exp2
+// on the emulator.
+__device__ inline float Exp2(float x) {
+#if defined(ATOLL_CUDA_EMULATED)
+  return std::exp2(x);
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 #endif
 }
 

@@ -321,6 +321,35 @@ __global__ void DriftKernel(int* seen) {
   if (warp == 0 && threadIdx.x == 0) seen[blockIdx.x] = flag + 0 * v;
 }
 
+// What faults on a GPU: an asynchronous copy from a misaligned address, or into device memory;
+// ldmatrix on an address that is not shared memory.
+__global__ void BadCopyKernel(float* out, const float* in, int how) {
+  struct alignas(16) Floats {
+    float v[8];
+  };
+  __shared__ Floats s;
+  if (how == 0) Copy16(&s.v[0], in + 1);  // 4-byte aligned source
+  if (how == 1) Copy16(out, in);          // into device memory
+  if (how == 2) {
+    uint32_t r[4];
+    LdMatrix4<false>(r, in);  // global memory
+  }
+  CopyCommit();
+  CopyWait<0>();
+  out[threadIdx.x] = s.v[0];
+}
+
+TEST(CudaEmulator, WhatFaultsOnAGpuInTheCopiesFailsTheLaunch) {
+  auto in = ToDevice(std::vector<float>(64, 1.0f));
+  DeviceArray<float> out(64);
+  for (const int how : {0, 1, 2}) {
+    const std::string e =
+        ErrorOf([&] { ATL_LAUNCH(BadCopyKernel, 1, 32, out.data(), in.data(), how); });
+    EXPECT_NE(e.find("BadCopyKernel"), std::string::npos) << how << ": " << e;
+    EXPECT_NE(e.find(how == 2 ? "ldmatrix" : "asynchronous copy"), std::string::npos) << e;
+  }
+}
+
 TEST(CudaEmulator, WarpsDriftApartBetweenBarriers) {
   DeviceArray<int> seen(2);
   ATL_LAUNCH(DriftKernel, 2, 64, seen.data());

@@ -373,6 +373,15 @@ void AsyncCopy(void* dst, const void* src, size_t bytes, size_t src_bytes) {
   if (src_bytes > bytes)
     Fail(b, fmt::format("{}: an asynchronous copy of {} source bytes into {}", Where(b), src_bytes,
                         bytes));
+  // A misaligned address, or a copy from or into the wrong kind of memory, faults on a GPU.
+  const auto aligned = [bytes](const void* p) {
+    return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+  };
+  if (!aligned(dst) || !aligned(src) || IsDevice(dst) ||
+      (src_bytes > 0 && !IsDevice(src, src_bytes)))
+    Fail(b, fmt::format("{}: an asynchronous copy of {} bytes from {} to {}: a misaligned address, "
+                        "or not from device memory into shared memory",
+                        Where(b), bytes, src, dst));
   const PendingCopy copy{dst, src, bytes, src_bytes};
   const uint3 at = b.running->idx.block;
   if ((at.x + at.y + at.z) % 2 == 0)
