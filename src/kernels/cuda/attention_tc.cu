@@ -100,6 +100,27 @@ __device__ inline void StageTile(Tile<D>& tile, const uint16_t* src) {
   }
 }
 
+// Starts the copies of tile j of two operands (a head's rows from ah and bh) into buffer j & 1.
+template <int D>
+__device__ inline void StageTiles(Tile<D> (&a)[2], Tile<D> (&b)[2], const uint16_t* ah,
+                                  const uint16_t* bh, int j) {
+  StageTile<D>(a[j & 1], ah + int64_t(j) * kTile * D);
+  StageTile<D>(b[j & 1], bh + int64_t(j) * kTile * D);
+}
+
+// The head of a loop over tiles j < end: starts the copies of tile j + 1 (stage) when there is
+// one, then waits for tile j's, the thread's and (the barrier) every thread's.
+template <class Stage>
+__device__ inline void AwaitTile(int j, int end, const Stage& stage) {
+  if (j + 1 < end) {
+    stage(j + 1);
+    CopyWait<1>();
+  } else {
+    CopyWait<0>();
+  }
+  __syncthreads();
+}
+
 // The warp's 16 rows of src (a head's rows, D apart, from lane.first) as A fragments.
 template <int D>
 __device__ inline void LoadA(uint32_t (&a)[D / 16][4], const uint16_t* src, const Lane& lane) {
@@ -204,10 +225,8 @@ __global__ void __launch_bounds__(kThreads, kForwardBlocks<D>)
   __shared__ Tile<D> ks[2], vs[2];
   const Place place = Place::Of<D>(T, /*descending=*/true);
   const Lane lane(place.first);
-  const uint16_t *kh = k16 + place.base, *vh = v16 + place.base;
   const auto stage = [&](int j) {
-    StageTile<D>(ks[j & 1], kh + int64_t(j) * kTile * D);
-    StageTile<D>(vs[j & 1], vh + int64_t(j) * kTile * D);
+    StageTiles<D>(ks, vs, k16 + place.base, v16 + place.base, j);
     CopyCommit();
   };
   stage(0);
@@ -217,13 +236,7 @@ __global__ void __launch_bounds__(kThreads, kForwardBlocks<D>)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g, g + 8; l: this lane's part
   const int tiles = place.at.block + 1;                      // the keys up to the block's last row
   for (int j = 0; j < tiles; ++j) {
-    if (j + 1 < tiles) {
-      stage(j + 1);
-      CopyWait<1>();
-    } else {
-      CopyWait<0>();
-    }
-    __syncthreads();  // every thread's copies of tile j have landed
+    AwaitTile(j, tiles, stage);
     float s[kTile / 8][4];
     TimesRows<D, kTile / 8>(s, q, ks[j & 1], 0, lane);
     const bool diagonal = j == place.at.block;
@@ -284,10 +297,8 @@ __global__ void __launch_bounds__(kThreads, kQueryBlocks<D>)
   __shared__ Tile<D> ks[2], vs[2];
   const Place place = Place::Of<D>(T, /*descending=*/true);
   const Lane lane(place.first);
-  const uint16_t *kh = k16 + place.base, *vh = v16 + place.base;
   const auto stage = [&](int j) {
-    StageTile<D>(ks[j & 1], kh + int64_t(j) * kTile * D);
-    StageTile<D>(vs[j & 1], vh + int64_t(j) * kTile * D);
+    StageTiles<D>(ks, vs, k16 + place.base, v16 + place.base, j);
     CopyCommit();
   };
   stage(0);
@@ -304,13 +315,7 @@ __global__ void __launch_bounds__(kThreads, kQueryBlocks<D>)
   float dq[D / 8][4] = {};
   const int tiles = place.at.block + 1;
   for (int j = 0; j < tiles; ++j) {
-    if (j + 1 < tiles) {
-      stage(j + 1);
-      CopyWait<1>();
-    } else {
-      CopyWait<0>();
-    }
-    __syncthreads();
+    AwaitTile(j, tiles, stage);
     const bool diagonal = j == place.at.block;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -347,11 +352,9 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ RowStats stats[2];
   const Place place = Place::Of<D>(T, /*descending=*/false);
   const Lane lane(place.first);
-  const uint16_t *qh = q16 + place.base, *doh = do16 + place.base;
   const int64_t head_rows = int64_t(place.at.bh) * place.Tp;
   const auto stage = [&](int j) {
-    StageTile<D>(qs[j & 1], qh + int64_t(j) * kTile * D);
-    StageTile<D>(dos[j & 1], doh + int64_t(j) * kTile * D);
+    StageTiles<D>(qs, dos, q16 + place.base, do16 + place.base, j);
     constexpr int kChunks = kTile / 4;  // of 4 floats
     const int i = int(threadIdx.x);
     if (i < kChunks)
@@ -369,13 +372,7 @@ __global__ void __launch_bounds__(kThreads)
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
   const int tiles = place.tiles();
   for (int j = place.at.block; j < tiles; ++j) {
-    if (j + 1 < tiles) {
-      stage(j + 1);
-      CopyWait<1>();
-    } else {
-      CopyWait<0>();
-    }
-    __syncthreads();
+    AwaitTile(j, tiles, stage);
     const bool diagonal = j == place.at.block;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
