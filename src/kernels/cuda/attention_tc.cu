@@ -39,7 +39,6 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kRows = 16 * kWarps;  // a block's own rows
 constexpr int kTile = kAttentionRows;
 static_assert(kRows == kTile, "a block's rows and the tiles align (the diagonal tile)");
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 // Blocks an SM must hold at head size 64 (__launch_bounds__'s second argument).
 template <int D>

@@ -50,16 +50,19 @@ void TcAttentionBackward(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, 
 
 // The rows of a block and of a tile of the kernels (attention_tc.cu).
 constexpr int kAttentionRows = 64;
+// log2 e: the kernels' softmax is in base 2, their lse in base e.
+constexpr float kLog2e = 1.4426950408889634f;
 
 // The operands rounded to bf16 in the kernels' layout: for each head (bh = b * NH + h) Tp rows
 // of D elements, D = 32 or 64 (the head size hs padded with zeros), Tp = T rounded up to 64 (rows
 // past T zero); the copies [B * NH][Tp][D] each, in Scratch(kScratchOp). The backward's also: dO
 // likewise; per row of each head (B * NH * Tp floats) dsum = D_i = dO_i · O_i (dO rounded to
-// bf16, O the forward's float out) and lse2 = lse log2 e, 0 and +infinity past T.
+// bf16, O the forward's float out) and lse2 = lse log2 e, 0 and +infinity past T (null in the
+// forward's).
 struct Operands {
   int D = 0, Tp = 0;
-  const uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
-  const float *dsum = nullptr, *lse2 = nullptr;
+  uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
+  float *dsum = nullptr, *lse2 = nullptr;
 };
 Operands ForwardOperands(const float* qkv, int B, int T, int C, int NH);
 Operands BackwardOperands(const float* dout, const float* out, const float* qkv, const float* lse,

@@ -12,7 +12,6 @@ namespace atl::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;  // a multiple of 64 rows' chunks: the grids below are whole blocks
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Where chunk x (8 elements) of row t of head bh starts in a [B, T, width] tensor whose head h
 // is columns offset + h hs ..; and how many of its 8 elements are there (0 past T or hs).
@@ -116,60 +115,55 @@ dim3 ChunkGrid(int64_t rows, int D) {
   return dim3(unsigned(blocks));
 }
 
-// The layout's sizes, and room for `copies` bf16 copies and `stats` float rows after them.
-Operands Layout(int B, int T, int C, int NH, int copies, int stats, uint16_t** base,
-                float** stat_base) {
+// The layout's sizes and its room in Scratch(kScratchOp): Q, K, V, and for the backward dO,
+// dsum and lse2 after them.
+Operands Layout(int B, int T, int C, int NH, bool backward) {
   Operands ops;
   ops.D = C / NH <= 32 ? 32 : 64;
   ops.Tp = (T + kAttentionRows - 1) / kAttentionRows * kAttentionRows;
   const int64_t rows = int64_t(B) * NH * ops.Tp, n = rows * ops.D;
-  auto* p = static_cast<unsigned char*>(
-      Scratch(kScratchOp, size_t(copies * n) * sizeof(uint16_t) + size_t(stats * rows) * 4));
-  *base = reinterpret_cast<uint16_t*>(p);
-  *stat_base = reinterpret_cast<float*>(p + size_t(copies * n) * sizeof(uint16_t));
-  ops.q = *base;
-  ops.k = *base + n;
-  ops.v = *base + 2 * n;
+  const int64_t copies = backward ? 4 : 3, stats = backward ? 2 : 0;
+  ops.q = static_cast<uint16_t*>(Scratch(
+      kScratchOp, size_t(copies * n) * sizeof(uint16_t) + size_t(stats * rows) * sizeof(float)));
+  ops.k = ops.q + n;
+  ops.v = ops.k + n;
+  if (backward) {
+    ops.dout = ops.v + n;
+    ops.dsum = reinterpret_cast<float*>(ops.dout + n);
+    ops.lse2 = ops.dsum + rows;
+  }
   return ops;
 }
 
-void LaunchRoundQkv(uint16_t* dst, const float* qkv, const Operands& ops, int B, int T, int C,
-                    int NH) {
+// Operands' Q, K, V (ops.q on) from qkv.
+void LaunchRoundQkv(const Operands& ops, const float* qkv, int B, int T, int C, int NH) {
   const unsigned heads = unsigned(B) * unsigned(NH);
   const dim3 grid = ChunkGrid(3 * int64_t(heads) * ops.Tp, ops.D);
   if (ops.D == 32)
-    ATL_LAUNCH(RoundQkv<32>, grid, kThreads, dst, qkv, T, ops.Tp, C, NH, heads);
+    ATL_LAUNCH(RoundQkv<32>, grid, kThreads, ops.q, qkv, T, ops.Tp, C, NH, heads);
   else
-    ATL_LAUNCH(RoundQkv<64>, grid, kThreads, dst, qkv, T, ops.Tp, C, NH, heads);
+    ATL_LAUNCH(RoundQkv<64>, grid, kThreads, ops.q, qkv, T, ops.Tp, C, NH, heads);
 }
 
 }  // namespace
 
 Operands ForwardOperands(const float* qkv, int B, int T, int C, int NH) {
-  uint16_t* base = nullptr;
-  float* stats = nullptr;
-  const Operands ops = Layout(B, T, C, NH, 3, 0, &base, &stats);
-  LaunchRoundQkv(base, qkv, ops, B, T, C, NH);
+  const Operands ops = Layout(B, T, C, NH, /*backward=*/false);
+  LaunchRoundQkv(ops, qkv, B, T, C, NH);
   return ops;
 }
 
 Operands BackwardOperands(const float* dout, const float* out, const float* qkv, const float* lse,
                           int B, int T, int C, int NH) {
-  uint16_t* base = nullptr;
-  float* stats = nullptr;
-  Operands ops = Layout(B, T, C, NH, 4, 2, &base, &stats);
-  LaunchRoundQkv(base, qkv, ops, B, T, C, NH);
-  const int64_t rows = int64_t(B) * NH * ops.Tp;
-  uint16_t* do16 = base + 3 * rows * ops.D;
-  float *dsum = stats, *lse2 = stats + rows;
-  const dim3 grid = ChunkGrid(rows, ops.D);
+  const Operands ops = Layout(B, T, C, NH, /*backward=*/true);
+  LaunchRoundQkv(ops, qkv, B, T, C, NH);
+  const dim3 grid = ChunkGrid(int64_t(B) * NH * ops.Tp, ops.D);
   if (ops.D == 32)
-    ATL_LAUNCH(RoundDout<32>, grid, kThreads, do16, dsum, lse2, dout, out, lse, T, ops.Tp, C, NH);
+    ATL_LAUNCH(RoundDout<32>, grid, kThreads, ops.dout, ops.dsum, ops.lse2, dout, out, lse, T,
+               ops.Tp, C, NH);
   else
-    ATL_LAUNCH(RoundDout<64>, grid, kThreads, do16, dsum, lse2, dout, out, lse, T, ops.Tp, C, NH);
-  ops.dout = do16;
-  ops.dsum = dsum;
-  ops.lse2 = lse2;
+    ATL_LAUNCH(RoundDout<64>, grid, kThreads, ops.dout, ops.dsum, ops.lse2, dout, out, lse, T,
+               ops.Tp, C, NH);
   return ops;
 }
 

@@ -153,7 +153,11 @@ struct Thread {
   bool done = false;
   std::vector<PendingCopy> open;                // not yet committed
   std::deque<std::vector<PendingCopy>> groups;  // committed, oldest first
-  void MakeCopies(size_t keep) {                // all but the newest `keep` groups
+  void Commit() {                               // the open copies become the newest group
+    groups.push_back(std::move(open));
+    open.clear();
+  }
+  void MakeCopies(size_t keep) {  // all but the newest `keep` groups
     while (groups.size() > keep) {
       for (const PendingCopy& c : groups.front()) c.Make();
       groups.pop_front();
@@ -226,8 +230,7 @@ void Entry(void* arg) {
   }
   if (!thrown.empty()) Fail(b, fmt::format("{}: {}", Where(b), thrown));
   // The hardware finishes a returned thread's copies.
-  t->groups.push_back(std::move(t->open));
-  t->open.clear();
+  t->Commit();
   t->MakeCopies(0);
   t->done = true;
   --b.alive;
@@ -390,11 +393,7 @@ void AsyncCopy(void* dst, const void* src, size_t bytes, size_t src_bytes) {
     b.running->open.push_back(copy);  // at the wait: one that reads a tile too early, here
 }
 
-void AsyncCommit() {
-  Thread& t = *Current().running;
-  t.groups.push_back(std::move(t.open));
-  t.open.clear();
-}
+void AsyncCommit() { Current().running->Commit(); }
 
 void AsyncWait(int pending) { Current().running->MakeCopies(size_t(std::max(pending, 0))); }
 
