@@ -82,6 +82,17 @@ inline uint64_t Bf16RoundedElements() {
 #endif
 }
 
+// The bf16 elements the GPU's attention forward keeps for its backward at this shape now
+// (kernels/cuda/ops.h AttentionKeptElements; 0 without CUDA).
+inline size_t AttentionKeptElements(int B, int T, int C, int NH) {
+#if ATOLL_HAVE_CUDA
+  return kernels::cuda::AttentionKeptElements(B, T, C, NH);
+#else
+  (void)B, (void)T, (void)C, (void)NH;
+  return 0;
+#endif
+}
+
 // What a device computes with, for comparing replicas' bits: "cpu", or "cuda <GPU name> sm_XY
 // cudart <version>".
 inline std::string DeviceDescription(Device d) {
@@ -274,18 +285,19 @@ struct Ops {
     kernels::MatmulBackward(dinp, dw, db, dout, inp, w, N, IC, OC);
   }
   // att: the probabilities [B, NH, T, T] on the CPU; each row's log-sum-exp [B, NH, T] on the GPU
-  // (flash-style, kernels/cuda/ops.h), whose backward also reads the forward's out.
+  // (flash-style, kernels/cuda/ops.h), whose backward also reads the forward's out. keep, kept:
+  // the GPU's only (the bf16 operands the backward of that forward takes; ops.h there).
   void AttentionForward(T* out, T* att, const T* qkv, int B, int T_, int C, int NH,
-                        uint16_t* out_b = nullptr) const {
-    ATL_GPU(kernels::cuda::AttentionForward(out, att, qkv, B, T_, C, NH, out_b));
+                        uint16_t* out_b = nullptr, uint16_t* keep = nullptr) const {
+    ATL_GPU(kernels::cuda::AttentionForward(out, att, qkv, B, T_, C, NH, out_b, keep));
     kernels::AttentionForward(out, att, qkv, B, T_, C, NH);
   }
   // scratch: the CPU's (B*NH*T*T elements); the GPU uses its own.
   void AttentionBackward(T* dqkv, T* scratch, const T* dout, const T* out, const T* qkv,
                          const T* att, int B, int T_, int C, int NH, uint16_t* dqkv_b = nullptr,
-                         GradInto into = GradInto::kAdd) const {
-    ATL_GPU(
-        kernels::cuda::AttentionBackward(dqkv, dout, out, qkv, att, B, T_, C, NH, dqkv_b, into));
+                         GradInto into = GradInto::kAdd, const uint16_t* kept = nullptr) const {
+    ATL_GPU(kernels::cuda::AttentionBackward(dqkv, dout, out, qkv, att, B, T_, C, NH, dqkv_b, into,
+                                             kept));
     ZeroFor(into, dqkv, size_t(B) * size_t(T_) * 3 * size_t(C));
     kernels::AttentionBackward(dqkv, scratch, dout, qkv, att, B, T_, C, NH);
   }

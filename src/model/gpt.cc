@@ -298,6 +298,7 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
     uint16_t* atty_b = Slot::At(S.atty_b, copies, i, S.copy_cl);
     uint16_t* ln2_b = Slot::At(S.ln2_b, copies, i, S.copy_c);
     uint16_t* gelu_b = Slot::At(S.gelu_b, copies, i, S.copy_fl);
+    uint16_t* kept_b = Slot::At(S.kept_b, copies && S.copy_kept != 0, i, S.copy_kept);
     T* ln1 = S.ln1.data() + i * NR * C;
     T* ln1_mean = S.ln1_mean.data() + i * NR;
     T* ln1_rstd = S.ln1_rstd.data() + i * NR;
@@ -318,7 +319,8 @@ T GPT<T>::ForwardStage(int slot, const int32_t* inputs, const T* input_acts, con
                               3 * Cl, ln1_b, Wb(copies, ParamKind::kAttnW, l)));
     Op(OpKind::kGemmForward, l, 0, qkv, N, 3 * Cl, F(ln1), W(ParamKind::kAttnW, l),
        W(ParamKind::kAttnB, l), C);
-    ATL_OP("attention fwd", ops_.AttentionForward(atty, att, qkv, B, T_len, Cl, NHl, atty_b));
+    ATL_OP("attention fwd",
+           ops_.AttentionForward(atty, att, qkv, B, T_len, Cl, NHl, atty_b, kept_b));
     // residual2 = residual + atty · W_proj + b_proj (the projection lands in residual2 first).
     ATL_OP("matmul fwd", ops_.MatmulForward(res2, atty, W(ParamKind::kAttnProjW, l),
                                             add_row_bias ? W(ParamKind::kAttnProjB, l) : nullptr, N,
@@ -491,6 +493,7 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
     const uint16_t* atty_b = Slot::At(S.atty_b, copies, i, S.copy_cl);
     const uint16_t* ln2_b = Slot::At(S.ln2_b, copies, i, S.copy_c);
     const uint16_t* gelu_b = Slot::At(S.gelu_b, copies, i, S.copy_fl);
+    const uint16_t* kept_b = Slot::At(S.kept_b, copies && S.copy_kept != 0, i, S.copy_kept);
 
     // residual3 = residual2 + mlp(ln2(residual2)): dres flows to residual2 unchanged, and into
     // the MLP as the gradient of its output.
@@ -527,7 +530,7 @@ void GPT<T>::BackwardStage(int slot, const T* output_grad, T loss_scale) {
        nullptr, C);
     ATL_OP("attention bwd",
            ops_.AttentionBackward(a.dqkv.data(), a.datt_scratch.data(), a.datty.data(), atty, qkv,
-                                  att, B, T_len, Cl, NHl, dqkv_b, kWrite));
+                                  att, B, T_len, Cl, NHl, dqkv_b, kWrite, kept_b));
     ATL_OP("matmul bwd",
            ops_.MatmulBackward(a.dln1.data(), D(ParamKind::kAttnW, l), D(ParamKind::kAttnB, l),
                                a.dqkv.data(), ln1, W(ParamKind::kAttnW, l), N, C, 3 * Cl, ln1_b,

@@ -25,6 +25,7 @@ struct GPT<T>::Slot {
     auto aligned = [](size_t n) { return (n + 127) / 128 * 128; };
     copy_c = aligned(N * C), copy_cl = aligned(N * Cl), copy_fl = aligned(N * Fl);
     copy_layers = L;
+    attention_shape = {max_batch, c.seq_len, int(Cl), int(NHl)};
     // The probabilities on the CPU; the GPU's flash-style attention keeps each row's lse.
     att_per_layer = size_t(max_batch) * NHl * c.seq_len * (d == Device::kCpu ? c.seq_len : 1);
     inputs.Allocate(d, N);
@@ -84,6 +85,13 @@ struct GPT<T>::Slot {
   // Allocated by the first forward that wants them (UseBf16Copies); empty otherwise.
   Buffer<uint16_t> ln1_b, atty_b, ln2_b, gelu_b, lnf_b;
   size_t copy_c = 0, copy_cl = 0, copy_fl = 0, copy_layers = 0;
+  // And the bf16 Q, K, V the attention forward keeps for its backward, per layer (stride
+  // copy_kept; none when the attention is not on the tensor cores: AttentionKeptElements).
+  Buffer<uint16_t> kept_b;
+  size_t copy_kept = 0;
+  struct AttentionShape {
+    int batch, seq, width, heads;  // the largest micro-batch's, per tensor-parallel rank
+  } attention_shape{};
   // Whether this forward writes and reads the copies: on the GPU under bf16 products (allocating
   // them the first time).
   bool UseBf16Copies(Device d) {
@@ -94,6 +102,9 @@ struct GPT<T>::Slot {
       ln2_b.Allocate(d, copy_layers * copy_c);
       gelu_b.Allocate(d, copy_layers * copy_fl);
       if (lnf.size() != 0) lnf_b.Allocate(d, copy_c);  // the last stage
+      const auto& a = attention_shape;
+      copy_kept = (AttentionKeptElements(a.batch, a.seq, a.width, a.heads) + 127) / 128 * 128;
+      if (copy_kept != 0) kept_b.Allocate(d, copy_layers * copy_kept);
     }
     return true;
   }

@@ -284,10 +284,11 @@ void Backward(float* dqkv, float* dsum, const float* dout, const float* out, con
 }  // namespace
 
 void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
-                      uint16_t* out_bf16) {
+                      uint16_t* out_bf16, uint16_t* keep) {
   if (B <= 0 || T <= 0) return;
   __nv_bfloat16* out16 = Bf16Copy(out_bf16);
-  if (TensorCoreAttention(C, NH)) return TcAttentionForward(out, out16, lse, qkv, B, T, C, NH);
+  if (TensorCoreAttention(C, NH))
+    return TcAttentionForward(out, out16, lse, qkv, B, T, C, NH, keep);
   const int R = PartsFor(C, NH);
   const float scale = 1.0f / std::sqrt(float(C / NH));
   if (R == 1) Forward<1>(out, lse, qkv, B, T, C, NH, scale);
@@ -299,19 +300,24 @@ void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, in
 
 void AttentionBackward(float* dqkv, const float* dout, const float* out, const float* qkv,
                        const float* lse, int B, int T, int C, int NH, uint16_t* dqkv_bf16,
-                       GradInto into) {
+                       GradInto into, const uint16_t* kept) {
   if (B <= 0 || T <= 0) return;
   const int R = PartsFor(C, NH);
   const float scale = 1.0f / std::sqrt(float(C / NH));
   const bool add = into == GradInto::kAdd;
   __nv_bfloat16* dqkv16 = Bf16Copy(dqkv_bf16);
   if (TensorCoreAttention(C, NH))
-    return TcAttentionBackward(dqkv, dqkv16, dout, out, qkv, lse, B, T, C, NH, add);
+    return TcAttentionBackward(dqkv, dqkv16, dout, out, qkv, lse, B, T, C, NH, add, kept);
   auto* dsum = static_cast<float*>(Scratch(kScratchOp, size_t(B) * NH * T * sizeof(float)));
   if (R == 1) Backward<1>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale, add);
   if (R == 2) Backward<2>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale, add);
   if (R == 4) Backward<4>(dqkv, dsum, dout, out, qkv, lse, B, T, C, NH, scale, add);
   if (dqkv16 != nullptr) RoundToBf16(dqkv_bf16, dqkv, size_t(B) * size_t(T) * 3 * size_t(C));
+}
+
+size_t AttentionKeptElements(int B, int T, int C, int NH) {
+  if (B <= 0 || T <= 0 || !TensorCoreAttention(C, NH)) return 0;
+  return OperandElements(B, T, C, NH);
 }
 
 }  // namespace atl::kernels::cuda

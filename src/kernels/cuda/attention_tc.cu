@@ -428,9 +428,9 @@ bool TensorCoreAttention(int C, int NH) {
 }
 
 void TcAttentionForward(float* out, __nv_bfloat16* out16, float* lse, const float* qkv, int B,
-                        int T, int C, int NH) {
+                        int T, int C, int NH, uint16_t* keep) {
   const float scale = 1.0f / std::sqrt(float(C / NH));
-  const Operands ops = ForwardOperands(qkv, B, T, C, NH);
+  const Operands ops = ForwardOperands(qkv, B, T, C, NH, keep);
   if (ops.D == 32)
     ATL_LAUNCH(TcForward<32>, Grid(B, T, NH), kThreads, out, out16, lse, ops.q, ops.k, ops.v, T, C,
                NH, scale * kLog2e);
@@ -440,10 +440,10 @@ void TcAttentionForward(float* out, __nv_bfloat16* out16, float* lse, const floa
 }
 
 void TcAttentionBackward(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, const float* out,
-                         const float* qkv, const float* lse, int B, int T, int C, int NH,
-                         bool add) {
+                         const float* qkv, const float* lse, int B, int T, int C, int NH, bool add,
+                         const uint16_t* kept) {
   const float scale = 1.0f / std::sqrt(float(C / NH));
-  const Operands ops = BackwardOperands(dout, out, qkv, lse, B, T, C, NH);
+  const Operands ops = BackwardOperands(dout, out, qkv, lse, B, T, C, NH, kept);
   auto* const launch = ops.D == 32 ? (add ? Backward<32, true> : Backward<32, false>)
                                    : (add ? Backward<64, true> : Backward<64, false>);
   launch(dqkv, dqkv16, ops, B, T, C, NH, scale);

@@ -41,10 +41,13 @@ bool TensorCoreAttention(int C, int NH);
 // As AttentionForward / AttentionBackward (ops.h), with bf16 operands. out16, dqkv16 (or null):
 // what they write to out and dqkv, rounded to bf16 as well. add: the backward adds to dqkv (else
 // writes over it). Both take Scratch(kScratchOp) for their operands.
+// keep, kept (or null): the bf16 Q, K, V kept from the forward for its backward (ops.h's
+// AttentionForward).
 void TcAttentionForward(float* out, __nv_bfloat16* out16, float* lse, const float* qkv, int B,
-                        int T, int C, int NH);
+                        int T, int C, int NH, uint16_t* keep);
 void TcAttentionBackward(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, const float* out,
-                         const float* qkv, const float* lse, int B, int T, int C, int NH, bool add);
+                         const float* qkv, const float* lse, int B, int T, int C, int NH, bool add,
+                         const uint16_t* kept);
 
 // ---- The tensor-core kernels' operands (attention_tc_prep.cu) ---------------------------------
 
@@ -64,8 +67,13 @@ struct Operands {
   uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
   float *dsum = nullptr, *lse2 = nullptr;
 };
-Operands ForwardOperands(const float* qkv, int B, int T, int C, int NH);
+// The elements of the Q, K, V copies together (3 B NH Tp D), for T and the head size C / NH.
+size_t OperandElements(int B, int T, int C, int NH);
+// keep (or null): the Q, K, V copies go there (OperandElements, 16-byte aligned), not to scratch,
+// for the backward of this forward to take as `kept` instead of rounding qkv again (qkv is then
+// not read).
+Operands ForwardOperands(const float* qkv, int B, int T, int C, int NH, uint16_t* keep = nullptr);
 Operands BackwardOperands(const float* dout, const float* out, const float* qkv, const float* lse,
-                          int B, int T, int C, int NH);
+                          int B, int T, int C, int NH, const uint16_t* kept = nullptr);
 
 }  // namespace atl::kernels::cuda

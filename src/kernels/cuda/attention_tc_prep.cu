@@ -1,7 +1,8 @@
 // The tensor-core attention's operands (attention_tc.cuh's Operands): the float activations
 // rounded to bf16 in the kernels' layout, one pass each, a thread per 8 elements (16 bytes
-// written). The backward's pass over dO also forms D_i = dO_i · O_i, the sum of a row's 8-element
-// parts by a fixed butterfly over the lanes holding the row: the same bits every run.
+// written); counted in Bf16RoundedElements (ops.h), the elements of the floats read. The backward's
+// pass over dO also forms D_i = dO_i · O_i, the sum of a row's 8-element parts by a fixed butterfly
+// over the lanes holding the row: the same bits every run.
 #include <cmath>
 
 #include "kernels/cuda/attention_tc.cuh"
@@ -115,20 +116,29 @@ dim3 ChunkGrid(int64_t rows, int D) {
   return dim3(unsigned(blocks));
 }
 
-// The layout's sizes and its room in Scratch(kScratchOp): Q, K, V, and for the backward dO,
-// dsum and lse2 after them.
-Operands Layout(int B, int T, int C, int NH, bool backward) {
+// The layout's sizes: D, Tp, and the elements of one operand's copy.
+Operands Sizes(int B, int T, int C, int NH, int64_t* n) {
   Operands ops;
   ops.D = C / NH <= 32 ? 32 : 64;
   ops.Tp = (T + kAttentionRows - 1) / kAttentionRows * kAttentionRows;
-  const int64_t rows = int64_t(B) * NH * ops.Tp, n = rows * ops.D;
-  const int64_t copies = backward ? 4 : 3, stats = backward ? 2 : 0;
-  ops.q = static_cast<uint16_t*>(Scratch(
+  *n = int64_t(B) * NH * ops.Tp * ops.D;
+  return ops;
+}
+
+// The layout's room: Q, K, V in `kept` (or, when null, in Scratch(kScratchOp)); for the backward
+// dO, dsum and lse2 in Scratch(kScratchOp).
+Operands Layout(int B, int T, int C, int NH, bool backward, uint16_t* kept) {
+  int64_t n = 0;
+  Operands ops = Sizes(B, T, C, NH, &n);
+  const int64_t rows = n / ops.D;
+  const int64_t copies = (kept == nullptr ? 3 : 0) + (backward ? 1 : 0), stats = backward ? 2 : 0;
+  auto* room = static_cast<uint16_t*>(Scratch(
       kScratchOp, size_t(copies * n) * sizeof(uint16_t) + size_t(stats * rows) * sizeof(float)));
+  ops.q = kept != nullptr ? kept : room;
   ops.k = ops.q + n;
   ops.v = ops.k + n;
   if (backward) {
-    ops.dout = ops.v + n;
+    ops.dout = kept != nullptr ? room : ops.v + n;
     ops.dsum = reinterpret_cast<float*>(ops.dout + n);
     ops.lse2 = ops.dsum + rows;
   }
@@ -143,20 +153,28 @@ void LaunchRoundQkv(const Operands& ops, const float* qkv, int B, int T, int C, 
     ATL_LAUNCH(RoundQkv<32>, grid, kThreads, ops.q, qkv, T, ops.Tp, C, NH, heads);
   else
     ATL_LAUNCH(RoundQkv<64>, grid, kThreads, ops.q, qkv, T, ops.Tp, C, NH, heads);
+  CountBf16Rounded(3 * uint64_t(B) * uint64_t(T) * uint64_t(C));
 }
 
 }  // namespace
 
-Operands ForwardOperands(const float* qkv, int B, int T, int C, int NH) {
-  const Operands ops = Layout(B, T, C, NH, /*backward=*/false);
+size_t OperandElements(int B, int T, int C, int NH) {
+  int64_t n = 0;
+  Sizes(B, T, C, NH, &n);
+  return 3 * size_t(n);
+}
+
+Operands ForwardOperands(const float* qkv, int B, int T, int C, int NH, uint16_t* keep) {
+  const Operands ops = Layout(B, T, C, NH, /*backward=*/false, keep);
   LaunchRoundQkv(ops, qkv, B, T, C, NH);
   return ops;
 }
 
 Operands BackwardOperands(const float* dout, const float* out, const float* qkv, const float* lse,
-                          int B, int T, int C, int NH) {
-  const Operands ops = Layout(B, T, C, NH, /*backward=*/true);
-  LaunchRoundQkv(ops, qkv, B, T, C, NH);
+                          int B, int T, int C, int NH, const uint16_t* kept) {
+  // The kept copies are only read (Operands' pointers are writable for the passes that fill them).
+  const Operands ops = Layout(B, T, C, NH, /*backward=*/true, const_cast<uint16_t*>(kept));
+  if (kept == nullptr) LaunchRoundQkv(ops, qkv, B, T, C, NH);
   const dim3 grid = ChunkGrid(int64_t(B) * NH * ops.Tp, ops.D);
   if (ops.D == 32)
     ATL_LAUNCH(RoundDout<32>, grid, kThreads, ops.dout, ops.dsum, ops.lse2, dout, out, lse, T,
@@ -164,6 +182,7 @@ Operands BackwardOperands(const float* dout, const float* out, const float* qkv,
   else
     ATL_LAUNCH(RoundDout<64>, grid, kThreads, ops.dout, ops.dsum, ops.lse2, dout, out, lse, T,
                ops.Tp, C, NH);
+  CountBf16Rounded(uint64_t(B) * uint64_t(T) * uint64_t(C));
   return ops;
 }
 

@@ -174,6 +174,9 @@ class Bf16Operands {
   int size_ = 0;
 };
 
+// Adds n to Bf16RoundedElements (ops.h), for a kernel that rounds float operands to bf16 itself.
+void CountBf16Rounded(uint64_t n);
+
 // An op's bf16 copy argument (ops.h's uint16_t bits) as the kernels' type: the copy is written
 // only under SetBf16Matmul (null otherwise).
 __nv_bfloat16* Bf16Copy(uint16_t* p);

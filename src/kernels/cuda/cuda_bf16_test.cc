@@ -166,6 +166,37 @@ TEST_F(CudaOps, Bf16AttentionOnTheTensorCores) {
   }
 }
 
+// The forward's bf16 operands kept for its backward (AttentionForward's keep): the same bits as
+// the backward rounding qkv again, which it then reads no more (qkv spoiled between the two, the
+// results stand; without keep they change), and rounds only dO (Bf16RoundedElements: 3 B T C
+// for the forward's Q, K, V, and B T C for dO, not 4). Nothing to keep where the tensor cores do
+// not run (float products, heads over 64): there qkv is read as before, and nothing rounded.
+TEST_F(CudaOps, Bf16AttentionKeepsItsOperandsForTheBackward) {
+  const AttentionCase h64{2, 70, 128, 2, 1}, h24{1, 33, 24, 1, 1}, h96{1, 20, 96, 1, 1};
+  EXPECT_EQ(AttentionKeptElements(h64.B, h64.T, h64.C, h64.NH), 0u);  // float products
+  const Bf16On on;
+  // 3 B NH Tp D: Tp = T rounded up to 64, D = 64 or 32.
+  EXPECT_EQ(AttentionKeptElements(h64.B, h64.T, h64.C, h64.NH), 3u * 2 * 2 * 128 * 64);
+  EXPECT_EQ(AttentionKeptElements(h24.B, h24.T, h24.C, h24.NH), 3u * 1 * 1 * 64 * 32);
+  EXPECT_EQ(AttentionKeptElements(h96.B, h96.T, h96.C, h96.NH), 0u);
+  for (const AttentionCase& s : {h64, h24, h96}) {
+    SCOPED_TRACE(testing::Message() << s);
+    const AttentionInputs in = RandomAttentionInputs(s, 151);
+    const uint64_t before = Bf16RoundedElements();
+    const auto plain = GpuAttention(s, in);
+    const uint64_t between = Bf16RoundedElements();
+    const auto kept = GpuAttention(s, in, nullptr, nullptr, /*keep=*/true, /*spoil_qkv=*/true);
+    const uint64_t after = Bf16RoundedElements();
+    const auto spoiled = GpuAttention(s, in, nullptr, nullptr, /*keep=*/false, /*spoil_qkv=*/true);
+    EXPECT_FALSE(SameBits(spoiled[2], plain[2]));
+    const bool tensor_cores = s.C / s.NH <= 64;
+    EXPECT_EQ(between - before, tensor_cores ? 7 * s.x() : 0);
+    EXPECT_EQ(after - between, tensor_cores ? 4 * s.x() : 0);
+    for (size_t i = 0; i < 2; ++i) EXPECT_TRUE(SameBits(kept[i], plain[i])) << i;
+    EXPECT_EQ(SameBits(kept[2], plain[2]), tensor_cores);
+  }
+}
+
 // The classifier with bf16 products: the logits against the double product of x and wte rounded
 // to bf16; the gradients against the double products of the logits' gradient rounded to bf16
 // (as the backward writes it) with x and wte rounded. N = 2700 at V = 50257 makes two backward

@@ -145,6 +145,7 @@ int64_t Extent(int64_t rows, int64_t cols, int64_t ld, int batch, int64_t stride
 void SetBf16Matmul(bool on) { bf16_products = on; }
 bool Bf16Matmul() { return bf16_products; }
 uint64_t Bf16RoundedElements() { return bf16_rounded; }
+void CountBf16Rounded(uint64_t n) { bf16_rounded += n; }
 
 __nv_bfloat16* Bf16Copy(uint16_t* p) {
   return bf16_products ? reinterpret_cast<__nv_bfloat16*>(p) : nullptr;
@@ -153,7 +154,7 @@ __nv_bfloat16* Bf16Copy(uint16_t* p) {
 void RoundToBf16(uint16_t* dst, const float* src, size_t n) {
   if (n == 0) return;
   ATL_LAUNCH(ToBf16, Blocks(n, 256), 256, reinterpret_cast<__nv_bfloat16*>(dst), src, int64_t(n));
-  bf16_rounded += n;
+  CountBf16Rounded(n);
 }
 
 Bf16Operands::Bf16Operands(std::initializer_list<int64_t> counts) {

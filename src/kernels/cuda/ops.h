@@ -82,11 +82,21 @@ void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout
 // Flash-style (attention.cu): no [T, T] probabilities. Instead of att, forward writes each query
 // row's log-sum-exp of its scaled scores, lse [B, NH, T], and backward takes it with the forward's
 // out; so the GPU's attention memory is O(T) per head. Head sizes up to 128.
+// keep (or null): where the forward leaves the bf16 Q, K, V it multiplies, when the tensor cores
+// do the attention (AttentionKeptElements of them, 16-byte aligned; ignored when that is 0); the
+// backward of that same forward takes them as `kept` and then reads qkv not at all, instead of
+// rounding it again (3 B T C floats read and rounded fewer). The caller keeps them per layer, as
+// it keeps lse, and must not give a backward the copies of another forward.
 void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
-                      uint16_t* out_bf16 = nullptr);
+                      uint16_t* out_bf16 = nullptr, uint16_t* keep = nullptr);
 void AttentionBackward(float* dqkv, const float* dout, const float* out, const float* qkv,
                        const float* lse, int B, int T, int C, int NH, uint16_t* dqkv_bf16 = nullptr,
-                       GradInto into = GradInto::kAdd);
+                       GradInto into = GradInto::kAdd, const uint16_t* kept = nullptr);
+// The elements AttentionForward keeps for this shape now: the tensor cores' operands (bf16
+// products on, head size C / NH up to 64, an sm_80 GPU on) in their layout, 3 B NH Tp D with Tp
+// = T rounded up to 64 and D = 32 or 64; 0 when the attention would not run on the tensor cores.
+// Never more for a smaller B or T.
+size_t AttentionKeptElements(int B, int T, int C, int NH);
 
 void GeluForward(float* out, const float* inp, size_t n, uint16_t* out_bf16 = nullptr);
 // dbias (or null): GELU's backward also adds the column sums of dinp (after the op), viewed as
@@ -124,7 +134,8 @@ bool Bf16Matmul();
 // dst[i] = src[i] rounded to bf16 (bits), i < n (counted below).
 void RoundToBf16(uint16_t* dst, const float* src, size_t n);
 // Float elements rounded to bf16 for products so far, by the process (bf16 mode's own memory
-// traffic: each is read as float and written as bf16 once more than a bf16 activation would be).
+// traffic: each is read as float and written as bf16 once more than a bf16 activation would be),
+// the tensor-core attention's operands (Q, K, V, dO) included.
 uint64_t Bf16RoundedElements();
 
 // Row-major: c[m,n] = alpha * op(a) · op(b) + beta * c, op(a) [m,k] (a is [k,m] when trans_a),
