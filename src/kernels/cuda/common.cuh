@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <stdexcept>
 #include <type_traits>
 
 #include "kernels/cuda/runtime.h"
@@ -82,10 +83,20 @@ void Launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, const
   ATL_LAUNCHED();
 }
 
+#if defined(ATOLL_CUDA_EMULATED)
+// A vector access at an address that is not a multiple of its size faults on a GPU; the emulator
+// fails the launch.
+inline void CheckAligned(const void* p, size_t bytes) {
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
+    throw std::runtime_error("a vector load or store at a misaligned address");
+}
+#endif
+
 // 16 bytes at a 16-byte aligned p, one load (the emulator: memcpy, as its host compiler's
 // aliasing rules want), and the store of them.
 __device__ inline uint4 Load16(const void* p) {
 #if defined(ATOLL_CUDA_EMULATED)
+  CheckAligned(p, 16);
   uint4 v;
   memcpy(&v, p, sizeof(v));
   return v;
@@ -95,6 +106,7 @@ __device__ inline uint4 Load16(const void* p) {
 }
 __device__ inline void Store16(void* p, uint4 v) {
 #if defined(ATOLL_CUDA_EMULATED)
+  CheckAligned(p, 16);
   memcpy(p, &v, sizeof(v));
 #else
   *reinterpret_cast<uint4*>(p) = v;
@@ -104,11 +116,22 @@ __device__ inline void Store16(void* p, uint4 v) {
 // 4 bytes at a 4-byte aligned p, one load (memcpy on the emulator, as above).
 __device__ inline uint32_t Load4(const void* p) {
 #if defined(ATOLL_CUDA_EMULATED)
+  CheckAligned(p, 4);
   uint32_t v;
   memcpy(&v, p, sizeof(v));
   return v;
 #else
   return *reinterpret_cast<const uint32_t*>(p);
+#endif
+}
+
+// 8 bytes at an 8-byte aligned p, one store (memcpy on the emulator, as above).
+__device__ inline void Store8(void* p, uint2 v) {
+#if defined(ATOLL_CUDA_EMULATED)
+  CheckAligned(p, 8);
+  memcpy(p, &v, sizeof(v));
+#else
+  *reinterpret_cast<uint2*>(p) = v;
 #endif
 }
 
@@ -121,6 +144,66 @@ inline uint32_t Alignment(const void* p) {
   return align;
 }
 inline unsigned Blocks(size_t n, unsigned threads) { return unsigned((n + threads - 1) / threads); }
+
+// ---- Four elements a thread: the streaming kernels ---------------------------------------------
+// A kernel that streams arrays with little arithmetic is bound by the bytes each SM keeps in
+// flight: a thread that loads one float keeps 4, 64 warps an SM 8 KB, about half of what an
+// H100's memory needs to run at its bandwidth (3.35 TB/s times a latency near 700 ns, over 132
+// SMs). So those kernels take four consecutive elements a thread, by 16-byte loads and stores
+// where every array is aligned for them (QuadAligned), one element at a time otherwise: the same
+// arithmetic on each element either way, so the same bits.
+struct Quad {
+  size_t i;     // the thread's first element
+  int count;    // its elements: 4, fewer at the end, 0 past it
+  bool vector;  // one 16-byte access an array (the arrays aligned, 4 elements)
+};
+__device__ inline Quad QuadOf(size_t n, bool aligned) {
+  const size_t i = 4 * (size_t(blockIdx.x) * blockDim.x + threadIdx.x);
+  const int count = i >= n ? 0 : n - i >= 4 ? 4 : int(n - i);
+  return {i, count, aligned && count == 4};
+}
+// One thread a quad, `threads` a block.
+inline unsigned QuadBlocks(size_t n, unsigned threads) { return Blocks((n + 3) / 4, threads); }
+// Whether the quads' accesses are aligned: every float array (null aside) at 16 bytes, every
+// bf16 one at 8.
+inline bool QuadAligned(std::initializer_list<const void*> floats,
+                        std::initializer_list<const void*> halves = {}) {
+  for (const void* p : floats)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  for (const void* p : halves)
+    if (reinterpret_cast<uintptr_t>(p) % 8 != 0) return false;
+  return true;
+}
+// x[k] = p[q.i + k] for k < q.count, 0 beyond.
+__device__ inline void LoadQuad(float (&x)[4], const float* p, const Quad& q) {
+  if (q.vector) {
+    const uint4 v = Load16(p + q.i);
+    x[0] = __uint_as_float(v.x), x[1] = __uint_as_float(v.y);
+    x[2] = __uint_as_float(v.z), x[3] = __uint_as_float(v.w);
+    return;
+  }
+  for (int k = 0; k < 4; ++k) x[k] = k < q.count ? p[q.i + k] : 0.0f;
+}
+// p[q.i + k] = x[k] for k < q.count (as floats, or rounded to bf16: to nearest, ties to even).
+__device__ inline void StoreQuad(float* p, const float (&x)[4], const Quad& q) {
+  if (q.vector) {
+    Store16(p + q.i, uint4{__float_as_uint(x[0]), __float_as_uint(x[1]), __float_as_uint(x[2]),
+                           __float_as_uint(x[3])});
+    return;
+  }
+  for (int k = 0; k < 4; ++k)
+    if (k < q.count) p[q.i + k] = x[k];
+}
+__device__ inline void StoreQuad(__nv_bfloat16* p, const float (&x)[4], const Quad& q) {
+  if (q.vector) {
+    uint32_t h[4];
+    for (int k = 0; k < 4; ++k) h[k] = __bfloat16_as_ushort(__float2bfloat16_rn(x[k]));
+    Store8(p + q.i, uint2{h[0] | h[1] << 16, h[2] | h[3] << 16});
+    return;
+  }
+  for (int k = 0; k < 4; ++k)
+    if (k < q.count) p[q.i + k] = __float2bfloat16_rn(x[k]);
+}
 
 // Sum over a warp by a fixed butterfly: every lane gets the same bits.
 template <class A>
@@ -215,6 +298,8 @@ __host__ __device__ inline int64_t ColumnChunks(int64_t rows) {
 }
 float* ColumnChunkScratch(int64_t rows, int cols);
 dim3 ColumnChunkGrid(int64_t rows, int cols);
+// The same for SumColumnQuads (a thread four columns).
+dim3 ColumnQuadGrid(int64_t rows, int cols);
 void AddColumnChunks(float* out, const float* partial, int64_t rows, int cols);
 // out[c] += the sum over k < chunks of partial[k * stride + c], c < cols, in a fixed order that
 // depends on chunks alone (AddColumnChunks's second pass; LayerNorm's weight gradients). out1 (or
@@ -237,6 +322,28 @@ __device__ inline void SumColumnChunks(float* partial, int64_t rows, int cols, V
     float sum = 0.0f;
     for (int64_t r = r0; r < r1; ++r) sum = __fadd_rn(sum, value(r * cols + c));
     partial[chunk * cols + c] = sum;
+  }
+}
+
+// SumColumnChunks with four neighbouring columns a thread (a Quad's, 16-byte accesses: cols a
+// multiple of 4, the arrays QuadAligned), on ColumnQuadGrid's grid of 128 threads a block:
+// value(i, v) gives v[k] = the value of element i + k of a row, k < 4. The same sums in the same
+// order, so the same bits.
+template <class Value4>
+__device__ inline void SumColumnQuads(float* partial, int64_t rows, int cols, Value4 value) {
+  const int c = 4 * int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= cols) return;
+  const int64_t chunks = ColumnChunks(rows);
+  const Quad at{0, 4, true};
+  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+    const int64_t r0 = chunk * kColumnChunkRows, r1 = min(rows, r0 + kColumnChunkRows);
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t r = r0; r < r1; ++r) {
+      float v[4];
+      value(r * cols + c, v);
+      for (int k = 0; k < 4; ++k) sum[k] = __fadd_rn(sum[k], v[k]);
+    }
+    StoreQuad(partial + chunk * cols + c, sum, at);
   }
 }
 

@@ -1,5 +1,6 @@
-// Embeddings (encoder), GELU and residual adds: one thread per element, except the embedding
-// gradient, which groups repeated tokens so that no two threads add into one row.
+// Embeddings (encoder), GELU and residual adds: one thread per element for the embeddings, four
+// for GELU and the adds (Quad, common.cuh); the embedding gradient groups repeated tokens so that
+// no two threads add into one row.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -19,54 +20,81 @@ __device__ inline float Sigmoid2U(float x) {
   return 1.0f / (1.0f + expf(-2.0f * u));
 }
 
-// out_bf16 (or null): out rounded to bf16 as well; out null: the bf16 alone.
-__global__ void GeluForwardKernel(float* out, __nv_bfloat16* out_bf16, const float* inp, size_t n) {
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float x = inp[i];
-  const float y = x * Sigmoid2U(x);
-  if (out != nullptr) out[i] = y;
-  if (out_bf16 != nullptr) out_bf16[i] = __float2bfloat16_rn(y);
+// Four elements a thread (Quad, common.cuh; `aligned`: QuadAligned). out_bf16 (or null): out
+// rounded to bf16 as well; out null: the bf16 alone.
+__global__ void GeluForwardKernel(float* out, __nv_bfloat16* out_bf16, const float* inp, size_t n,
+                                  bool aligned) {
+  const Quad q = QuadOf(n, aligned);
+  if (q.count == 0) return;
+  float y[4];
+  LoadQuad(y, inp, q);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) y[k] *= Sigmoid2U(y[k]);
+  if (out != nullptr) StoreQuad(out, y, q);
+  if (out_bf16 != nullptr) StoreQuad(out_bf16, y, q);
 }
 
-// Element i of GELU's backward: dinp[i] (+)= GELU'(inp[i]) dout[i] (add: added to dinp, else
-// written over it; dinp null: not written), dinp_bf16 (or null) the result rounded to bf16 as
-// well. Returns the result.
-__device__ inline float GeluBackwardAt(float* dinp, __nv_bfloat16* dinp_bf16, const float* inp,
-                                       const float* dout, int64_t i, bool add) {
-  const float x = inp[i];
+// GELU's backward at one element: d (+)= GELU'(x) g (add: added to d, else written over it).
+__device__ inline float GeluGrad(float x, float g, float d, bool add) {
   const float s = Sigmoid2U(x);
   const float du = kGeluS * (1.0f + 3.0f * kGeluC * x * x);
-  const float g = s + 2.0f * x * s * (1.0f - s) * du;
-  const float v = add ? dinp[i] + g * dout[i] : g * dout[i];
-  if (dinp != nullptr) dinp[i] = v;
-  if (dinp_bf16 != nullptr) dinp_bf16[i] = __float2bfloat16_rn(v);
-  return v;
+  const float grad = s + 2.0f * x * s * (1.0f - s) * du;
+  return add ? d + grad * g : grad * g;
+}
+
+// Elements q.i .. of GELU's backward: dinp (+)= GELU'(inp) dout (dinp null: not written; add
+// needs it), dinp_bf16 (or null) the result rounded to bf16 as well; v the results.
+__device__ inline void GeluBackwardQuad(float (&v)[4], float* dinp, __nv_bfloat16* dinp_bf16,
+                                        const float* inp, const float* dout, const Quad& q,
+                                        bool add) {
+  float x[4], g[4];
+  LoadQuad(x, inp, q);
+  LoadQuad(g, dout, q);
+  if (add) LoadQuad(v, dinp, q);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v[k] = GeluGrad(x[k], g[k], add ? v[k] : 0.0f, add);
+  if (dinp != nullptr) StoreQuad(dinp, v, q);
+  if (dinp_bf16 != nullptr) StoreQuad(dinp_bf16, v, q);
 }
 
 __global__ void GeluBackwardKernel(float* dinp, __nv_bfloat16* dinp_bf16, const float* inp,
-                                   const float* dout, size_t n, bool add) {
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) GeluBackwardAt(dinp, dinp_bf16, inp, dout, int64_t(i), add);
+                                   const float* dout, size_t n, bool add, bool aligned) {
+  const Quad q = QuadOf(n, aligned);
+  float v[4];
+  if (q.count != 0) GeluBackwardQuad(v, dinp, dinp_bf16, inp, dout, q, add);
 }
 
 // The same over [rows, cols], also summing the results per column into partial[chunk][col], as
-// ColumnSumsAdd's first pass sums what was written (SumColumnChunks: the same order).
+// ColumnSumsAdd's first pass sums what was written (SumColumnChunks: the same order). The
+// columns one a thread, or (Quads) four where cols is a multiple of 4 and the arrays aligned.
 __global__ void GeluBackwardColumnsKernel(float* dinp, __nv_bfloat16* dinp_bf16, float* partial,
                                           const float* inp, const float* dout, int64_t rows,
                                           int cols, bool add) {
-  SumColumnChunks(partial, rows, cols,
-                  [=](int64_t i) { return GeluBackwardAt(dinp, dinp_bf16, inp, dout, i, add); });
+  SumColumnChunks(partial, rows, cols, [=](int64_t i) {
+    const Quad q{size_t(i), 1, false};
+    float v[4];
+    GeluBackwardQuad(v, dinp, dinp_bf16, inp, dout, q, add);
+    return v[0];
+  });
+}
+__global__ void GeluBackwardColumnQuadsKernel(float* dinp, __nv_bfloat16* dinp_bf16, float* partial,
+                                              const float* inp, const float* dout, int64_t rows,
+                                              int cols, bool add) {
+  SumColumnQuads(partial, rows, cols, [=](int64_t i, float(&v)[4]) {
+    GeluBackwardQuad(v, dinp, dinp_bf16, inp, dout, Quad{size_t(i), 4, true}, add);
+  });
 }
 
-__global__ void ResidualForwardKernel(float* out, const float* a, const float* b, size_t n) {
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = a[i] + b[i];
-}
-
-__global__ void AccumulateKernel(float* d, const float* dout, size_t n) {
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) d[i] += dout[i];
+__global__ void ResidualForwardKernel(float* out, const float* a, const float* b, size_t n,
+                                      bool aligned) {
+  const Quad q = QuadOf(n, aligned);
+  if (q.count == 0) return;
+  float x[4], y[4];
+  LoadQuad(x, a, q);
+  LoadQuad(y, b, q);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) x[k] += y[k];
+  StoreQuad(out, x, q);
 }
 
 // One thread per (b, t, c).
@@ -119,7 +147,8 @@ void GeluForward(float* out, const float* inp, size_t n, uint16_t* out_bf16) {
   __nv_bfloat16* out16 = Bf16Copy(out_bf16);
   if (out == nullptr && out16 == nullptr)
     ThrowCuda("GeluForward", __FILE__, __LINE__, "no out: a null out needs a bf16 copy");
-  ATL_LAUNCH(GeluForwardKernel, Blocks(n, 256), 256, out, out16, inp, n);
+  ATL_LAUNCH(GeluForwardKernel, QuadBlocks(n, 256), 256, out, out16, inp, n,
+             QuadAligned({out, inp}, {out16}));
 }
 
 void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n, uint16_t* dinp_bf16,
@@ -130,29 +159,37 @@ void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n, ui
   if (dinp == nullptr && (add || dinp16 == nullptr))
     ThrowCuda("GeluBackward", __FILE__, __LINE__,
               "no dinp: a null dinp needs a bf16 copy, and GradInto::kWrite");
+  const bool aligned = QuadAligned({dinp, inp, dout}, {dinp16});
   if (dbias == nullptr) {
-    ATL_LAUNCH(GeluBackwardKernel, Blocks(n, 256), 256, dinp, dinp16, inp, dout, n, add);
+    ATL_LAUNCH(GeluBackwardKernel, QuadBlocks(n, 256), 256, dinp, dinp16, inp, dout, n, add,
+               aligned);
     return;
   }
   if (cols <= 0 || n % size_t(cols) != 0)
     ThrowCuda("GeluBackward", __FILE__, __LINE__, "the columns do not divide n");
   const int64_t rows = int64_t(n / size_t(cols));
   float* partial = ColumnChunkScratch(rows, cols);
-  ATL_LAUNCH(GeluBackwardColumnsKernel, ColumnChunkGrid(rows, cols), 128, dinp, dinp16, partial,
-             inp, dout, rows, cols, add);
+  if (aligned && cols % 4 == 0)
+    ATL_LAUNCH(GeluBackwardColumnQuadsKernel, ColumnQuadGrid(rows, cols), 128, dinp, dinp16,
+               partial, inp, dout, rows, cols, add);
+  else
+    ATL_LAUNCH(GeluBackwardColumnsKernel, ColumnChunkGrid(rows, cols), 128, dinp, dinp16, partial,
+               inp, dout, rows, cols, add);
   AddColumnChunks(dbias, partial, rows, cols);
 }
 
 void ResidualForward(float* out, const float* a, const float* b, size_t n) {
   if (n == 0) return;
-  ATL_LAUNCH(ResidualForwardKernel, Blocks(n, 256), 256, out, a, b, n);
+  ATL_LAUNCH(ResidualForwardKernel, QuadBlocks(n, 256), 256, out, a, b, n,
+             QuadAligned({out, a, b}));
 }
 
 void ResidualBackward(float* da, float* db, const float* dout, size_t n) {
   if (n == 0) return;
   for (float* d : {da, db}) {
     if (d == nullptr) continue;
-    ATL_LAUNCH(AccumulateKernel, Blocks(n, 256), 256, d, dout, n);
+    ATL_LAUNCH(ResidualForwardKernel, QuadBlocks(n, 256), 256, d, static_cast<const float*>(d),
+               dout, n, QuadAligned({d, dout}));
   }
 }
 

@@ -128,10 +128,13 @@ __global__ void AddBias(float* out, const float* bias, int64_t rows, int cols) {
   out[i] += bias[i % cols];
 }
 
-// dst[i] = src[i] rounded to bf16.
-__global__ void ToBf16(__nv_bfloat16* dst, const float* src, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) dst[i] = __float2bfloat16_rn(src[i]);
+// dst[i] = src[i] rounded to bf16, four a thread (Quad, common.cuh).
+__global__ void ToBf16(__nv_bfloat16* dst, const float* src, size_t n, bool aligned) {
+  const Quad q = QuadOf(n, aligned);
+  if (q.count == 0) return;
+  float x[4];
+  LoadQuad(x, src, q);
+  StoreQuad(dst, x, q);
 }
 
 // Elements from a row-major operand's first to one past its last: `rows` rows of `cols` at row
@@ -153,7 +156,8 @@ __nv_bfloat16* Bf16Copy(uint16_t* p) {
 
 void RoundToBf16(uint16_t* dst, const float* src, size_t n) {
   if (n == 0) return;
-  ATL_LAUNCH(ToBf16, Blocks(n, 256), 256, reinterpret_cast<__nv_bfloat16*>(dst), src, int64_t(n));
+  ATL_LAUNCH(ToBf16, QuadBlocks(n, 256), 256, reinterpret_cast<__nv_bfloat16*>(dst), src, n,
+             QuadAligned({src}, {dst}));
   CountBf16Rounded(n);
 }
 

@@ -270,6 +270,11 @@ dim3 ColumnChunkGrid(int64_t rows, int cols) {
   return dim3(Blocks(size_t(cols), 128), unsigned(std::min<int64_t>(ColumnChunks(rows), 65535)));
 }
 
+dim3 ColumnQuadGrid(int64_t rows, int cols) {
+  return dim3(Blocks(size_t(cols + 3) / 4, 128),
+              unsigned(std::min<int64_t>(ColumnChunks(rows), 65535)));
+}
+
 void AddChunkSums(float* out, const float* partial, int64_t chunks, int cols, int64_t stride,
                   float* out1) {
   if (chunks <= 0 || cols <= 0 || (out == nullptr && out1 == nullptr)) return;

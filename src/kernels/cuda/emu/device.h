@@ -47,6 +47,9 @@
 struct uint3 {
   unsigned x, y, z;
 };
+struct alignas(8) uint2 {  // an 8-byte vector store's type
+  unsigned x, y;
+};
 struct alignas(16) uint4 {  // a 16-byte vector load's type
   unsigned x, y, z, w;
 };
@@ -178,6 +181,11 @@ inline float __uint_as_float(unsigned u) {
   float f;
   std::memcpy(&f, &u, sizeof(f));
   return f;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
 }
 inline float __expf(float x) { return std::exp(x); }
 // A float add rounded on its own, never fused with a multiply before it (as on the GPU): the

@@ -350,6 +350,29 @@ TEST(CudaEmulator, WhatFaultsOnAGpuInTheCopiesFailsTheLaunch) {
   }
 }
 
+// A vector load or store at an address that is not a multiple of its size (a GPU's misaligned
+// address fault).
+__global__ void MisalignedKernel(float* out, const float* in, int how) {
+  if (how == 0) out[0] = __uint_as_float(Load16(in + 2).x);
+  if (how == 1) Store16(out + 1, uint4{});
+  if (how == 2) Store8(out + 1, uint2{});
+  if (how == 3) out[0] = __uint_as_float(Load4(reinterpret_cast<const char*>(in) + 2));
+  if (how == 4) out[0] = __uint_as_float(Load16(in + 4).x) + __uint_as_float(Load4(in + 1));
+}
+
+TEST(CudaEmulator, MisalignedVectorAccessesFailTheLaunch) {
+  auto in = ToDevice(std::vector<float>(8, 1.0f));
+  DeviceArray<float> out(8);
+  for (const int how : {0, 1, 2, 3}) {
+    const std::string e =
+        ErrorOf([&] { ATL_LAUNCH(MisalignedKernel, 1, 1, out.data(), in.data(), how); });
+    EXPECT_NE(e.find("misaligned"), std::string::npos) << how << ": " << e;
+  }
+  // Aligned ones run.
+  EXPECT_EQ(ErrorOf([&] { ATL_LAUNCH(MisalignedKernel, 1, 1, out.data(), in.data(), 4); }), "");
+  EXPECT_EQ(ToHost(out)[0], 2.0f);
+}
+
 TEST(CudaEmulator, WarpsDriftApartBetweenBarriers) {
   DeviceArray<int> seen(2);
   ATL_LAUNCH(DriftKernel, 2, 64, seen.data());
