@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
-#include <stdexcept>
 #include <type_traits>
 
 #include "kernels/cuda/runtime.h"
@@ -83,20 +82,12 @@ void Launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, const
   ATL_LAUNCHED();
 }
 
-#if defined(ATOLL_CUDA_EMULATED)
-// A vector access at an address that is not a multiple of its size faults on a GPU; the emulator
-// fails the launch.
-inline void CheckAligned(const void* p, size_t bytes) {
-  if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
-    throw std::runtime_error("a vector load or store at a misaligned address");
-}
-#endif
-
 // 16 bytes at a 16-byte aligned p, one load (the emulator: memcpy, as its host compiler's
-// aliasing rules want), and the store of them.
+// aliasing rules want, after cuda_emu::VectorAccess: a misaligned p fails the launch, as it
+// faults on a GPU), and the store of them.
 __device__ inline uint4 Load16(const void* p) {
 #if defined(ATOLL_CUDA_EMULATED)
-  CheckAligned(p, 16);
+  ::atl::cuda_emu::VectorAccess(p, 16);
   uint4 v;
   memcpy(&v, p, sizeof(v));
   return v;
@@ -106,7 +97,7 @@ __device__ inline uint4 Load16(const void* p) {
 }
 __device__ inline void Store16(void* p, uint4 v) {
 #if defined(ATOLL_CUDA_EMULATED)
-  CheckAligned(p, 16);
+  ::atl::cuda_emu::VectorAccess(p, 16);
   memcpy(p, &v, sizeof(v));
 #else
   *reinterpret_cast<uint4*>(p) = v;
@@ -116,7 +107,7 @@ __device__ inline void Store16(void* p, uint4 v) {
 // 4 bytes at a 4-byte aligned p, one load (memcpy on the emulator, as above).
 __device__ inline uint32_t Load4(const void* p) {
 #if defined(ATOLL_CUDA_EMULATED)
-  CheckAligned(p, 4);
+  ::atl::cuda_emu::VectorAccess(p, 4);
   uint32_t v;
   memcpy(&v, p, sizeof(v));
   return v;
@@ -128,7 +119,7 @@ __device__ inline uint32_t Load4(const void* p) {
 // 8 bytes at an 8-byte aligned p, one store (memcpy on the emulator, as above).
 __device__ inline void Store8(void* p, uint2 v) {
 #if defined(ATOLL_CUDA_EMULATED)
-  CheckAligned(p, 8);
+  ::atl::cuda_emu::VectorAccess(p, 8);
   memcpy(p, &v, sizeof(v));
 #else
   *reinterpret_cast<uint2*>(p) = v;

@@ -185,15 +185,19 @@ TEST_F(CudaOps, Bf16AttentionKeepsItsOperandsForTheBackward) {
     const uint64_t before = Bf16RoundedElements();
     const auto plain = GpuAttention(s, in);
     const uint64_t between = Bf16RoundedElements();
-    const auto kept = GpuAttention(s, in, nullptr, nullptr, /*keep=*/true, /*spoil_qkv=*/true);
+    const auto kept = GpuAttention(s, in, nullptr, nullptr, &s, /*spoil_qkv=*/true);
     const uint64_t after = Bf16RoundedElements();
-    const auto spoiled = GpuAttention(s, in, nullptr, nullptr, /*keep=*/false, /*spoil_qkv=*/true);
+    // Room for a larger batch and sequence, as a model sizes it for its largest micro-batch.
+    const AttentionCase larger{s.B + 1, s.T + 70, s.C, s.NH, s.amp};
+    const auto roomy = GpuAttention(s, in, nullptr, nullptr, &larger, /*spoil_qkv=*/true);
+    const auto spoiled = GpuAttention(s, in, nullptr, nullptr, nullptr, /*spoil_qkv=*/true);
     EXPECT_FALSE(SameBits(spoiled[2], plain[2]));
     const bool tensor_cores = s.C / s.NH <= 64;
     EXPECT_EQ(between - before, tensor_cores ? 7 * s.x() : 0);
     EXPECT_EQ(after - between, tensor_cores ? 4 * s.x() : 0);
     for (size_t i = 0; i < 2; ++i) EXPECT_TRUE(SameBits(kept[i], plain[i])) << i;
     EXPECT_EQ(SameBits(kept[2], plain[2]), tensor_cores);
+    for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(SameBits(roomy[i], kept[i])) << i;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cuda/cuda_test_util.h"
@@ -36,11 +37,22 @@ struct Results {
   std::vector<std::vector<uint16_t>> halves;
 };
 
+// The first element where two results differ, or -1.
+template <class T>
+int64_t FirstDifference(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return int64_t(i);
+  return -1;
+}
+
 void ExpectSame(const Results& a, const Results& b) {
   ASSERT_EQ(a.floats.size(), b.floats.size());
+  ASSERT_EQ(a.halves.size(), b.halves.size());
   for (size_t i = 0; i < a.floats.size(); ++i)
-    EXPECT_TRUE(SameBits(a.floats[i], b.floats[i])) << "float result " << i;
-  EXPECT_EQ(a.halves, b.halves);
+    EXPECT_EQ(FirstDifference(a.floats[i], b.floats[i]), -1) << "float result " << i;
+  for (size_t i = 0; i < a.halves.size(); ++i)
+    EXPECT_EQ(FirstDifference(a.halves[i], b.halves[i]), -1) << "bf16 result " << i;
 }
 
 struct Bf16Products {  // so that the ops write their bf16 copies

@@ -206,18 +206,19 @@ inline AttentionReference CpuAttention(const AttentionCase& s, const std::vector
 }
 
 // The GPU's forward and backward (ops.h) on the inputs: {out, lse, dqkv0 plus the gradient};
-// out_bf16 and dqkv_bf16 (device, or null) are passed on as the ops' bf16 copies. keep: the
-// forward keeps its operands for the backward (AttentionKeptElements of them); spoil_qkv: qkv is
-// overwritten with NaNs between the forward and the backward.
-inline std::vector<std::vector<float>> GpuAttention(const AttentionCase& s,
-                                                    const AttentionInputs& in,
-                                                    uint16_t* out_bf16 = nullptr,
-                                                    uint16_t* dqkv_bf16 = nullptr,
-                                                    bool keep = false, bool spoil_qkv = false) {
+// out_bf16 and dqkv_bf16 (device, or null) are passed on as the ops' bf16 copies. keep (or
+// null): the forward keeps its operands for the backward, in room for the shape *keep
+// (AttentionKeptElements of it); spoil_qkv: qkv is overwritten with NaNs between the forward and
+// the backward.
+inline std::vector<std::vector<float>> GpuAttention(
+    const AttentionCase& s, const AttentionInputs& in, uint16_t* out_bf16 = nullptr,
+    uint16_t* dqkv_bf16 = nullptr, const AttentionCase* keep = nullptr, bool spoil_qkv = false) {
   auto g_qkv = ToDevice(in.qkv), g_dout = ToDevice(in.dout), g_dqkv = ToDevice(in.dqkv0);
   DeviceArray<float> g_out(s.x()), g_lse(size_t(s.B) * s.NH * s.T);
-  DeviceArray<uint16_t> kept(keep ? AttentionKeptElements(s.B, s.T, s.C, s.NH) : 0);
-  uint16_t* k = kept.size() != 0 ? kept.data() : nullptr;
+  // Where nothing is kept (AttentionKeptElements 0), still a room (of 8): the ops ignore it.
+  DeviceArray<uint16_t> kept(
+      keep ? std::max<size_t>(8, AttentionKeptElements(keep->B, keep->T, keep->C, keep->NH)) : 0);
+  uint16_t* k = keep ? kept.data() : nullptr;
   AttentionForward(g_out.data(), g_lse.data(), g_qkv.data(), s.B, s.T, s.C, s.NH, out_bf16, k);
   if (spoil_qkv) g_qkv.Upload(std::vector<float>(in.qkv.size(), NAN).data(), in.qkv.size());
   AttentionBackward(g_dqkv.data(), g_dout.data(), g_out.data(), g_qkv.data(), g_lse.data(), s.B,

@@ -103,6 +103,13 @@ void AsyncCopy(void* dst, const void* src, size_t bytes, size_t src_bytes);
 void AsyncCommit();
 void AsyncWait(int pending);
 
+// A vector load or store of `bytes` (8 or 16; 4 for a 32-bit load through Load4) at p, inside a
+// kernel: fails the launch where p is not a multiple of bytes (a GPU's misaligned address
+// fault), and is counted.
+void VectorAccess(const void* p, size_t bytes);
+// The vector accesses so far, by the process (for tests: which path a kernel took).
+uint64_t VectorAccesses();
+
 // Whether [p, p + bytes) lies in one live allocation of device memory.
 bool IsDevice(const void* p, size_t bytes = 1);
 // Records a launch's failure for cudaGetLastError, with the message cudaGetErrorString returns.

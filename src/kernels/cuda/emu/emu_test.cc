@@ -373,6 +373,24 @@ TEST(CudaEmulator, MisalignedVectorAccessesFailTheLaunch) {
   EXPECT_EQ(ToHost(out)[0], 2.0f);
 }
 
+// The streaming ops take four elements a thread by vector accesses where their arrays are
+// aligned (common.cuh's Quad), counted here: GELU's forward with its bf16 copy makes a 16-byte
+// load, a 16-byte store and an 8-byte store a whole quad; one element past an aligned address,
+// none.
+TEST(CudaEmulator, StreamingOpsUseVectorAccessesWhereAligned) {
+  SetBf16Matmul(true);
+  const size_t n = 1001;  // 250 whole quads, then one element
+  DeviceArray<float> in(n + 1), out(n + 1);
+  DeviceArray<uint16_t> out16(n + 1);
+  Zero(in.data(), (n + 1) * sizeof(float));
+  for (const int offset : {0, 1}) {
+    const uint64_t before = ::atl::cuda_emu::VectorAccesses();
+    GeluForward(out.data() + offset, in.data() + offset, n, out16.data() + offset);
+    EXPECT_EQ(::atl::cuda_emu::VectorAccesses() - before, offset == 0 ? 3 * (n / 4) : 0) << offset;
+  }
+  SetBf16Matmul(false);
+}
+
 TEST(CudaEmulator, WarpsDriftApartBetweenBarriers) {
   DeviceArray<int> seen(2);
   ATL_LAUNCH(DriftKernel, 2, 64, seen.data());

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
@@ -370,6 +371,19 @@ void SyncThreads() {
 }
 
 int Lane() { return int(Current().running->linear % 32); }
+
+namespace {
+std::atomic<uint64_t> vector_accesses{0};
+}  // namespace
+
+void VectorAccess(const void* p, size_t bytes) {
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
+    Fail(Current(), fmt::format("{}: a vector load or store of {} bytes at a misaligned address {}",
+                                Where(Current()), bytes, p));
+  vector_accesses.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t VectorAccesses() { return vector_accesses.load(std::memory_order_relaxed); }
 
 void AsyncCopy(void* dst, const void* src, size_t bytes, size_t src_bytes) {
   Block& b = Current();
