@@ -6,10 +6,14 @@
 #   bench/gpu_bench.sh            (after `source scripts/gpu_env.sh`, or with atoll on PATH)
 #
 # Environment: BATCH=8 STEPS=12 WARMUP=3; SHAPES="124m 350m"; PARTS="table detectors profile
-# copies" (any of them, and `ab`: the device tool runs a command for 10 minutes at most, so a
-# session may run the parts as separate calls); BASELINE (part ab: a kernels_model_step built
+# copies" (any of them, and `ab` and `attention`: the device tool runs a command for 10 minutes
+# at most, so a session may run the parts as separate calls); BASELINE (part ab: a kernels_model_step built
 # from another revision, default kernels_model_step_base on PATH, which `scripts/gpu_pack.sh
-# --baseline FILE` packs: the bf16 step of both, alternately, 3 times each, in one run); OUT (when set, the table and the logs are also written there);
+# --baseline FILE` packs: the bf16 step of both, alternately, 3 times each, in one run); part
+# attention: the attention alone at each shape (batch, seq 1024, its heads), atoll's
+# (bench/kernels/attention.cc, both block-row settings of its tensor-core kernels, and whether
+# they give the same bits) and PyTorch's scaled_dot_product_attention (bench/torch_attention_gpu.py,
+# each backend) in one run, then the bf16 step with each block-row setting; ATTENTION (default kernels_attention on PATH); OUT (when set, the table and the logs are also written there);
 # ATOLL (default: atoll on PATH); PY=python3 (with torch 2.x). A run that fails is reported (its
 # log's tail, "failed" in the table) and the rest goes on; the exit status is then 1.
 #
@@ -32,7 +36,7 @@ PARTS=${PARTS:-"table detectors profile copies"}
 status=0
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 for p in $PARTS; do
-  [[ $p =~ ^(table|detectors|profile|copies|ab)$ ]] || { echo "gpu_bench: unknown part $p" >&2; exit 2; }
+  [[ $p =~ ^(table|detectors|profile|copies|ab|attention)$ ]] || { echo "gpu_bench: unknown part $p" >&2; exit 2; }
 done
 [[ -n ${SHAPES// /} ]] || { echo "gpu_bench: SHAPES is empty (124m, 350m)" >&2; exit 2; }
 for s in $SHAPES; do
@@ -151,6 +155,29 @@ if part copies; then
     "$MODEL_STEP" --device cuda --precision bf16 --preset gpt2-124m --batch "$BATCH" --steps 10 \
       --warmup 3 --bf16-copies $copies | tail -1 | tee -a "$out/gpu_bench.md"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  done
+fi
+# The attention alone, atoll's and PyTorch's, at each shape's heads (forward and backward, bf16).
+if part attention; then
+  ATTENTION=${ATTENTION:-$(command -v kernels_attention || echo build/release/bench/kernels_attention)}
+  for s in $SHAPES; do
+    read -r L H C <<<"$(shape_args "$s")"
+    echo "attention, $s's heads (batch $BATCH, seq 1024), atoll then PyTorch:" | tee -a "$out/gpu_bench.md"
+    "$ATTENTION" --batch "$BATCH" --seq 1024 --heads "$H" --width "$C" | tee -a "$out/gpu_bench.md"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    "$PY" bench/torch_attention_gpu.py --batch "$BATCH" --seq 1024 --heads "$H" --width "$C" |
+      tee -a "$out/gpu_bench.md"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    echo | tee -a "$out/gpu_bench.md"
+  done
+  echo "the bf16 step (gpt2-124m, batch $BATCH) by the attention's block rows, alternately:" |
+    tee -a "$out/gpu_bench.md"
+  for i in 1 2; do
+    for rows in 64 128; do
+      line=$("$MODEL_STEP" --device cuda --precision bf16 --preset gpt2-124m --batch "$BATCH" \
+        --steps 10 --warmup 3 --attention-rows $rows | tail -1) || status=1
+      echo "  rows $rows: $line" | tee -a "$out/gpu_bench.md"
+    done
   done
 fi
 # Another revision's step against this one's (BASELINE): gpt2-124m bf16, forward + backward,

@@ -8,7 +8,8 @@
 #
 # Usage: scripts/gpu_pack.sh [--atoll] [--baseline FILE] [PROGRAM...]
 #   (default: every CUDA test program of build/release; --atoll adds build/release/atoll and
-#   the model-step benchmark, build/release/bench/kernels_model_step; --baseline adds FILE, a
+#   the model-step and attention benchmarks, build/release/bench/kernels_model_step and
+#   kernels_attention; --baseline adds FILE, a
 #   kernels_model_step built from another revision, as kernels_model_step_base, for
 #   bench/gpu_bench.sh's part ab)
 set -euo pipefail
@@ -17,8 +18,9 @@ progs=()
 baseline=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    --atoll) progs+=(build/release/atoll build/release/bench/kernels_model_step) ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --atoll) progs+=(build/release/atoll build/release/bench/kernels_model_step
+                     build/release/bench/kernels_attention) ;;
     --baseline)
       [[ -x "${2:-}" ]] || { echo "gpu_pack: --baseline needs a program" >&2; exit 2; }
       baseline=$2

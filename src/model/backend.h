@@ -82,6 +82,18 @@ inline uint64_t Bf16RoundedElements() {
 #endif
 }
 
+// The query rows of a block of the GPU's tensor-core attention, 64 or 128 (kernels/cuda/ops.h
+// SetAttentionBlockRows: the same bits, a question of speed); returns the previous value. 64
+// without CUDA, where nothing is set.
+inline int SetAttentionBlockRows(int rows) {
+#if ATOLL_HAVE_CUDA
+  return kernels::cuda::SetAttentionBlockRows(rows);
+#else
+  (void)rows;
+  return 64;
+#endif
+}
+
 // The bf16 elements the GPU's attention forward keeps for its backward at this shape now
 // (kernels/cuda/ops.h AttentionKeptElements; 0 without CUDA).
 inline size_t AttentionKeptElements(int B, int T, int C, int NH) {

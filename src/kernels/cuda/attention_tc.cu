@@ -25,6 +25,9 @@
 // The softmax runs in base 2 (the scale times log2 e folded into the scores; the backward's
 // exponentials by Exp2, mma.cuh).
 #include <cmath>
+#include <stdexcept>
+#include <string>
+#include <utility>
 
 #include "kernels/cuda/attention_tc.cuh"
 #include "kernels/cuda/common.cuh"
@@ -40,11 +43,16 @@ constexpr int kRows = 16 * kWarps;  // a block's own rows
 constexpr int kTile = kAttentionRows;
 static_assert(kRows == kTile, "a block's rows and the tiles align (the diagonal tile)");
 constexpr float kLn2 = 0.6931471805599453f;
-// Blocks an SM must hold at head size 64 (__launch_bounds__'s second argument).
-template <int D>
-constexpr int kForwardBlocks = D == 64 ? 4 : 1;
-template <int D>
-constexpr int kQueryBlocks = D == 64 ? 3 : 1;
+// Blocks an SM must hold at head size 64 (__launch_bounds__'s second argument), for kM row
+// tiles a warp (the forward's and dQ's 64 kM rows a block, SetAttentionBlockRows).
+template <int D, int kM>
+constexpr int kForwardBlocks = D != 64   ? 1
+                               : kM == 1 ? 4
+                                         : 2;
+template <int D, int kM>
+constexpr int kQueryBlocks = D != 64   ? 1
+                             : kM == 1 ? 3
+                                       : 2;
 
 // A tile in shared memory: 64 rows of D bf16, padded by 8 (16 bytes), 16-byte aligned.
 template <int D>
@@ -67,25 +75,36 @@ struct Lane {
         first(block_first + 16 * warp) {}
   __device__ int row(int i) const { return first + g + (i >= 2 ? 8 : 0); }  // of accumulator i
   __device__ int col(int i) const { return 2 * t + (i & 1); }               // in its 8 columns
+  // The same lane in the warp's row tile m (of 16 rows, 64 m rows below the first).
+  __device__ Lane InRowTile(int m) const {
+    Lane l = *this;
+    l.first += kTile * m;
+    return l;
+  }
 };
 
 // The block's head and rows: its operands' place in the [B * NH][Tp][D] copies, and the first of
-// its own 64 rows.
+// its own 64 kM rows (kM row tiles of 64, each warp 16 rows of each).
 struct Place {
   BlockPlace at;
   int Tp, first;
   int64_t base;  // the head's row 0 in a copy
-  template <int D>
+  template <int D, int kM = 1>
   __device__ static Place Of(int T, bool descending) {
     Place p;
-    const int row_blocks = (T + kRows - 1) / kRows;
-    p.at = PlaceBlock(row_blocks, descending);
-    p.Tp = row_blocks * kRows;
-    p.first = p.at.block * kRows;
+    p.at = PlaceBlock((T + kM * kRows - 1) / (kM * kRows), descending);
+    p.Tp = (T + kRows - 1) / kRows * kRows;
+    p.first = p.at.block * kM * kRows;
     p.base = int64_t(p.at.bh) * p.Tp * D;
     return p;
   }
   __device__ int tiles() const { return Tp / kTile; }
+  // The block's first row tile (of 64), and how many of its kM are rows of the head (< Tp).
+  __device__ int tile() const { return first / kTile; }
+  template <int kM>
+  __device__ int own() const {
+    return kM == 1 ? 1 : min(kM, tiles() - tile());
+  }
 };
 
 // Starts the copy of the 64 rows from src (rows D apart) into tile.
@@ -135,42 +154,66 @@ __device__ inline void LoadA(uint32_t (&a)[D / 16][4], const uint16_t* src, cons
   }
 }
 
-// acc[n] = A (the warp's 16 rows, D columns) times the tile's rows r0 + 8n .. r0 + 8n + 7,
-// transposed: kN accumulators of 8 columns. An ldmatrix gives two k steps' B fragments.
-template <int D, int kN>
-__device__ inline void TimesRows(float (&acc)[kN][4], const uint32_t (&a)[D / 16][4],
-                                 const Tile<D>& tile, int r0, const Lane& lane) {
+// The warp's row tiles mt of kM that take part in a product: those from `lo` (a row tile whose
+// rows see none of a tile's keys is left out). The same on every lane of a warp.
+template <int kM>
+struct Active {
+  int lo = 0, hi = kM;
+  __device__ bool operator()(int mt) const { return kM == 1 || (mt >= lo && mt < hi); }
+};
+
+// acc[mt][n] = A (row tile mt's 16 rows, D columns) times the tile's rows r0 + 8n .. r0 + 8n + 7,
+// transposed: kN accumulators of 8 columns, for each of the kM row tiles, which share each B
+// fragment read. An ldmatrix gives two k steps' B fragments. Each accumulator sums in k order
+// whatever kM is: the same bits.
+template <int D, int kN, int kM>
+__device__ inline void TimesRows(float (&acc)[kM][kN][4], const uint32_t (&a)[kM][D / 16][4],
+                                 const Tile<D>& tile, int r0, const Lane& lane,
+                                 Active<kM> active = {}) {
 #pragma unroll
   for (int n = 0; n < kN; ++n) {
-    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt)
+      acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.0f;
 #pragma unroll
     for (int k = 0; k < D / 16; k += 2) {
       uint32_t b[4];  // matrix m: rows r0 + 8n + (0..7), columns 16k + 8m ..
       LdMatrix4<false>(b, &tile.row[r0 + 8 * n + lane.lane % 8][16 * k + 8 * (lane.lane / 8)]);
       const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-      MmaBf16(acc[n], a[k], b0);
-      MmaBf16(acc[n], a[k + 1], b1);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+        if (!active(mt)) continue;
+        MmaBf16(acc[mt][n], a[mt][k], b0);
+        MmaBf16(acc[mt][n], a[mt][k + 1], b1);
+      }
     }
   }
 }
 
-// acc (16 x D, in D / 8 accumulators) += P (16 x 16 kK, the accumulators p) times the tile's
-// rows r0 .. r0 + 16 kK - 1 (D columns). An ldmatrix.trans gives two column blocks' B fragments.
-template <int D, int kK>
-__device__ inline void AddTimesTile(float (&acc)[D / 8][4], const float (&p)[2 * kK][4],
-                                    const Tile<D>& tile, int r0, const Lane& lane) {
+// acc[mt] (16 x D, in D / 8 accumulators) += P (16 x 16 kK, the accumulators p[mt]) times the
+// tile's rows r0 .. r0 + 16 kK - 1 (D columns), for each row tile mt. An ldmatrix.trans gives
+// two column blocks' B fragments.
+template <int D, int kK, int kM>
+__device__ inline void AddTimesTile(float (&acc)[kM][D / 8][4], const float (&p)[kM][2 * kK][4],
+                                    const Tile<D>& tile, int r0, const Lane& lane,
+                                    Active<kM> active = {}) {
   const int m = lane.lane / 8;  // matrix m: rows 16k + 8 (m & 1) + (0..7), columns 8 (n + m / 2)
 #pragma unroll
   for (int k = 0; k < kK; ++k) {
-    uint32_t a[4];
-    AFromAccumulators(a, p[2 * k], p[2 * k + 1]);
+    uint32_t a[kM][4];
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt) AFromAccumulators(a[mt], p[mt][2 * k], p[mt][2 * k + 1]);
 #pragma unroll
     for (int n = 0; n < D / 8; n += 2) {
       uint32_t b[4];
       LdMatrix4<true>(b, &tile.row[r0 + 16 * k + 8 * (m & 1) + lane.lane % 8][8 * (n + m / 2)]);
       const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-      MmaBf16(acc[n], a, b0);
-      MmaBf16(acc[n + 1], a, b1);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+        if (!active(mt)) continue;
+        MmaBf16(acc[mt][n], a[mt], b0);
+        MmaBf16(acc[mt][n + 1], a[mt], b1);
+      }
     }
   }
 }
@@ -216,128 +259,169 @@ __device__ inline int64_t HeadStart(int bh, int T, int NH, int hs, int64_t width
   return int64_t(bh / NH) * T * width + int64_t(bh % NH) * hs;
 }
 
-// grid: Grid (heads of Tp / 64 query blocks). out [B, T, C]; lse [B, NH, T].
-template <int D>
-__global__ void __launch_bounds__(kThreads, kForwardBlocks<D>)
+// grid: Grid<kM> (heads of Tp / (64 kM) query blocks). out [B, T, C]; lse [B, NH, T]. Each warp
+// has kM row tiles of 16 rows (its rows of each 64 of the block's), which share the B fragments
+// of K and V read from shared memory (kM = 2 reads half as many per product, and the block's
+// 128 rows take each K, V tile from memory once for 128 rows). Each row's arithmetic is the same
+// whatever kM is: the same bits.
+template <int D, int kM>
+__global__ void __launch_bounds__(kThreads, kForwardBlocks<D, kM>)
     TcForward(float* out, __nv_bfloat16* out16, float* lse, const uint16_t* q16,
               const uint16_t* k16, const uint16_t* v16, int T, int C, int NH, float scale_log2) {
   __shared__ Tile<D> ks[2], vs[2];
-  const Place place = Place::Of<D>(T, /*descending=*/true);
+  const Place place = Place::Of<D, kM>(T, /*descending=*/true);
   const Lane lane(place.first);
   const auto stage = [&](int j) {
     StageTiles<D>(ks, vs, k16 + place.base, v16 + place.base, j);
     CopyCommit();
   };
   stage(0);
-  uint32_t q[D / 16][4];
-  LoadA<D>(q, q16 + place.base, lane);
-  float o[D / 8][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g, g + 8; l: this lane's part
-  const int tiles = place.at.block + 1;                      // the keys up to the block's last row
+  const int f = place.tile(), own = place.own<kM>();  // row tile mt sees key tiles up to f + mt
+  uint32_t q[kM][D / 16][4];
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt)
+    if (mt < own) LoadA<D>(q[mt], q16 + place.base, lane.InRowTile(mt));
+  float o[kM][D / 8][4] = {};
+  // rows g, g + 8 of each row tile; l: this lane's part
+  float m[kM][2], l[kM][2] = {};
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) m[mt][0] = m[mt][1] = -INFINITY;
+  const int tiles = f + own;  // the keys up to the block's last row
   for (int j = 0; j < tiles; ++j) {
     AwaitTile(j, tiles, stage);
-    float s[kTile / 8][4];
-    TimesRows<D, kTile / 8>(s, q, ks[j & 1], 0, lane);
-    const bool diagonal = j == place.at.block;
-    float mx[2] = {m[0], m[1]};
+    const Active<kM> active{kM == 1 ? 0 : max(0, j - f), own};
+    float s[kM][kTile / 8][4];
+    TimesRows<D, kTile / 8>(s, q, ks[j & 1], 0, lane, active);
 #pragma unroll
-    for (int n = 0; n < kTile / 8; ++n)
+    for (int mt = 0; mt < kM; ++mt) {
+      if (!active(mt)) continue;
+      const bool diagonal = j == f + mt;
+      const Lane at = lane.InRowTile(mt);
+      float mx[2] = {m[mt][0], m[mt][1]};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = j * kTile + 8 * n + lane.col(i);
-        s[n][i] = diagonal && key > lane.row(i) ? -INFINITY : s[n][i] * scale_log2;
-        mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
+      for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int key = j * kTile + 8 * n + at.col(i);
+          s[mt][n][i] = diagonal && key > at.row(i) ? -INFINITY : s[mt][n][i] * scale_log2;
+          mx[i >> 1] = fmaxf(mx[i >> 1], s[mt][n][i]);
+        }
+      // exp2f here, not Exp2 (the backward's): under the 128-register bound, ptxas spills 8
+      // bytes with it, 28 with Exp2 (40 taking the maximum of the unscaled scores and one
+      // multiply-add).
+      float corr[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = RowMax(mx[h]);  // finite: key 0 is in every row's first tile
+        corr[h] = exp2f(m[mt][h] - m_new);
+        m[mt][h] = m_new;
+        l[mt][h] *= corr[h];
       }
-    // exp2f here, not Exp2 (the backward's): under the 128-register bound, ptxas spills 8 bytes
-    // with it, 28 with Exp2 (40 taking the maximum of the unscaled scores and one multiply-add).
-    float corr[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float m_new = RowMax(mx[h]);  // finite: key 0 is in every row's first tile
-      corr[h] = exp2f(m[h] - m_new);
-      m[h] = m_new;
-      l[h] *= corr[h];
+      for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          s[mt][n][i] = exp2f(s[mt][n][i] - m[mt][i >> 1]);
+          l[mt][i >> 1] += s[mt][n][i];
+        }
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[mt][n][i] *= corr[i >> 1];
     }
-#pragma unroll
-    for (int n = 0; n < kTile / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        s[n][i] = exp2f(s[n][i] - m[i >> 1]);
-        l[i >> 1] += s[n][i];
-      }
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) o[n][i] *= corr[i >> 1];
-    AddTimesTile<D, kTile / 16>(o, s, vs[j & 1], 0, lane);
+    AddTimesTile<D, kTile / 16>(o, s, vs[j & 1], 0, lane, active);
     __syncthreads();  // tile j is consumed before the next iteration copies over it
   }
   const int hs = C / NH;
-  const float sum[2] = {RowSum(l[0]), RowSum(l[1])};
-  const float inv[2] = {1.0f / sum[0], 1.0f / sum[1]};
   const int64_t bt = HeadStart(place.at.bh, T, NH, hs, C);
-  StoreRows<D>(out + bt, At(out16, bt), C, o, lane, T, hs, inv, /*add=*/false);
-  if (lane.t == 0)
-    for (int h = 0; h < 2; ++h) {
-      const int r = lane.first + lane.g + 8 * h;
-      if (r < T) lse[int64_t(place.at.bh) * T + r] = (m[h] + log2f(sum[h])) * kLn2;
-    }
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) {
+    if (mt >= own) continue;
+    const Lane at = lane.InRowTile(mt);
+    const float sum[2] = {RowSum(l[mt][0]), RowSum(l[mt][1])};
+    const float inv[2] = {1.0f / sum[0], 1.0f / sum[1]};
+    StoreRows<D>(out + bt, At(out16, bt), C, o[mt], at, T, hs, inv, /*add=*/false);
+    if (at.t == 0)
+      for (int h = 0; h < 2; ++h) {
+        const int r = at.first + at.g + 8 * h;
+        if (r < T) lse[int64_t(place.at.bh) * T + r] = (m[mt][h] + log2f(sum[h])) * kLn2;
+      }
+  }
 }
 
-// dq (+)= Σ_j ds_ij k_j over keys j ≤ i, ds_ij = p_ij (dO_i · v_j - D_i) scale. grid: Grid. kAdd:
-// dq is added to dqkv, else written over it (a template argument: as a run-time flag it costs the
-// dK/dV kernel registers it has not got). A 64-key tile is taken as two halves of 32, which
-// halves the scores' registers.
-template <int D, bool kAdd>
-__global__ void __launch_bounds__(kThreads, kQueryBlocks<D>)
+// dq (+)= Σ_j ds_ij k_j over keys j ≤ i, ds_ij = p_ij (dO_i · v_j - D_i) scale. grid: Grid<kM>,
+// kM row tiles a warp as the forward's. kAdd: dq is added to dqkv, else written over it (a
+// template argument: as a run-time flag it costs the dK/dV kernel registers it has not got). A
+// 64-key tile is taken in parts of 32 / kM keys, which bounds the scores' registers; dq sums
+// the parts' products in key order whatever kM is: the same bits.
+template <int D, bool kAdd, int kM>
+__global__ void __launch_bounds__(kThreads, kQueryBlocks<D, kM>)
     TcBackwardQuery(float* dqkv, __nv_bfloat16* dqkv16, const uint16_t* q16, const uint16_t* k16,
                     const uint16_t* v16, const uint16_t* do16, const float* dsum, const float* lse2,
                     int T, int C, int NH, float scale, float scale_log2) {
+  constexpr int kPart = 32 / kM;  // keys
   __shared__ Tile<D> ks[2], vs[2];
-  const Place place = Place::Of<D>(T, /*descending=*/true);
+  const Place place = Place::Of<D, kM>(T, /*descending=*/true);
   const Lane lane(place.first);
   const auto stage = [&](int j) {
     StageTiles<D>(ks, vs, k16 + place.base, v16 + place.base, j);
     CopyCommit();
   };
   stage(0);
-  uint32_t q[D / 16][4], dO[D / 16][4];
-  LoadA<D>(q, q16 + place.base, lane);
-  LoadA<D>(dO, do16 + place.base, lane);
-  float Di[2], row_lse[2];
+  const int f = place.tile(), own = place.own<kM>();
+  uint32_t q[kM][D / 16][4], dO[kM][D / 16][4];
+  float Di[kM][2] = {}, row_lse[kM][2] = {};
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t r = int64_t(place.at.bh) * place.Tp + lane.first + lane.g + 8 * h;
-    Di[h] = dsum[r];
-    row_lse[h] = lse2[r];
+  for (int mt = 0; mt < kM; ++mt) {
+    if (mt >= own) continue;
+    const Lane at = lane.InRowTile(mt);
+    LoadA<D>(q[mt], q16 + place.base, at);
+    LoadA<D>(dO[mt], do16 + place.base, at);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = int64_t(place.at.bh) * place.Tp + at.first + at.g + 8 * h;
+      Di[mt][h] = dsum[r];
+      row_lse[mt][h] = lse2[r];
+    }
   }
-  float dq[D / 8][4] = {};
-  const int tiles = place.at.block + 1;
+  float dq[kM][D / 8][4] = {};
+  const int tiles = f + own;
   for (int j = 0; j < tiles; ++j) {
     AwaitTile(j, tiles, stage);
-    const bool diagonal = j == place.at.block;
+    const Active<kM> active{kM == 1 ? 0 : max(0, j - f), own};
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r0 = 32 * half;
-      float s[4][4], dp[4][4];
-      TimesRows<D, 4>(s, q, ks[j & 1], r0, lane);
-      TimesRows<D, 4>(dp, dO, vs[j & 1], r0, lane);
+    for (int part = 0; part < kTile / kPart; ++part) {
+      const int r0 = kPart * part;
+      float s[kM][kPart / 8][4], dp[kM][kPart / 8][4];
+      TimesRows<D, kPart / 8>(s, q, ks[j & 1], r0, lane, active);
+      TimesRows<D, kPart / 8>(dp, dO, vs[j & 1], r0, lane, active);
 #pragma unroll
-      for (int n = 0; n < 4; ++n)
+      for (int mt = 0; mt < kM; ++mt) {
+        if (!active(mt)) continue;
+        const bool diagonal = j == f + mt;
+        const Lane at = lane.InRowTile(mt);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int key = j * kTile + r0 + 8 * n + lane.col(i), h = i >> 1;
-          const float p =
-              diagonal && key > lane.row(i) ? 0.0f : Exp2(fmaf(s[n][i], scale_log2, -row_lse[h]));
-          s[n][i] = p * (dp[n][i] - Di[h]) * scale;  // ds
-        }
-      AddTimesTile<D, 2>(dq, s, ks[j & 1], r0, lane);
+        for (int n = 0; n < kPart / 8; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int key = j * kTile + r0 + 8 * n + at.col(i), h = i >> 1;
+            const float p = diagonal && key > at.row(i)
+                                ? 0.0f
+                                : Exp2(fmaf(s[mt][n][i], scale_log2, -row_lse[mt][h]));
+            s[mt][n][i] = p * (dp[mt][n][i] - Di[mt][h]) * scale;  // ds
+          }
+      }
+      AddTimesTile<D, kPart / 16>(dq, s, ks[j & 1], r0, lane, active);
     }
     __syncthreads();
   }
   const float one[2] = {1.0f, 1.0f};
   const int64_t at = HeadStart(place.at.bh, T, NH, C / NH, 3 * int64_t(C));
-  StoreRows<D>(dqkv + at, At(dqkv16, at), 3 * int64_t(C), dq, lane, T, C / NH, one, kAdd);
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt)
+    if (mt < own)
+      StoreRows<D>(dqkv + at, At(dqkv16, at), 3 * int64_t(C), dq[mt], lane.InRowTile(mt), T, C / NH,
+                   one, kAdd);
 }
 
 // dk (+)= Σ_i ds_ij q_i and dv (+)= Σ_i p_ij dO_i over queries i ≥ j. grid: Grid, a block's
@@ -365,10 +449,10 @@ __global__ void __launch_bounds__(kThreads)
   };
   // Queries before the block's first key see none of its keys.
   stage(place.at.block);
-  uint32_t k[D / 16][4], v[D / 16][4];
-  LoadA<D>(k, k16 + place.base, lane);
-  LoadA<D>(v, v16 + place.base, lane);
-  float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+  uint32_t k[1][D / 16][4], v[1][D / 16][4];  // one row tile a warp
+  LoadA<D>(k[0], k16 + place.base, lane);
+  LoadA<D>(v[0], v16 + place.base, lane);
+  float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};
   const int tiles = place.tiles();
   for (int j = place.at.block; j < tiles; ++j) {
     AwaitTile(j, tiles, stage);
@@ -376,7 +460,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r0 = 32 * half;
-      float p[4][4], ds[4][4];
+      float p[1][4][4], ds[1][4][4];
       TimesRows<D, 4>(p, k, qs[j & 1], r0, lane);    // s, transposed
       TimesRows<D, 4>(ds, v, dos[j & 1], r0, lane);  // dp, transposed
 #pragma unroll
@@ -385,10 +469,10 @@ __global__ void __launch_bounds__(kThreads)
         for (int i = 0; i < 4; ++i) {
           const int c = r0 + 8 * n + lane.col(i), query = j * kTile + c;
           // A query past T has lse +infinity: p = 0.
-          p[n][i] = diagonal && query < lane.row(i)
-                        ? 0.0f
-                        : Exp2(fmaf(p[n][i], scale_log2, -stats[j & 1].lse2[c]));
-          ds[n][i] = p[n][i] * (ds[n][i] - stats[j & 1].dsum[c]) * scale;
+          p[0][n][i] = diagonal && query < lane.row(i)
+                           ? 0.0f
+                           : Exp2(fmaf(p[0][n][i], scale_log2, -stats[j & 1].lse2[c]));
+          ds[0][n][i] = p[0][n][i] * (ds[0][n][i] - stats[j & 1].dsum[c]) * scale;
         }
       AddTimesTile<D, 2>(dv, p, dos[j & 1], r0, lane);
       AddTimesTile<D, 2>(dk, ds, qs[j & 1], r0, lane);
@@ -398,29 +482,46 @@ __global__ void __launch_bounds__(kThreads)
   const float one[2] = {1.0f, 1.0f};
   const int hs = C / NH;
   const int64_t at = HeadStart(place.at.bh, T, NH, hs, 3 * int64_t(C));
-  StoreRows<D>(dqkv + at + C, At(dqkv16, at + C), 3 * int64_t(C), dk, lane, T, hs, one, kAdd);
-  StoreRows<D>(dqkv + at + 2 * C, At(dqkv16, at + 2 * C), 3 * int64_t(C), dv, lane, T, hs, one,
+  StoreRows<D>(dqkv + at + C, At(dqkv16, at + C), 3 * int64_t(C), dk[0], lane, T, hs, one, kAdd);
+  StoreRows<D>(dqkv + at + 2 * C, At(dqkv16, at + 2 * C), 3 * int64_t(C), dv[0], lane, T, hs, one,
                kAdd);
 }
 
-// B * NH heads of ceil(T / 64) blocks (HeadBlocks, attention_tc.cuh).
+// B * NH heads of ceil(T / (64 kM)) blocks (HeadBlocks, attention_tc.cuh).
+template <int kM = 1>
 dim3 Grid(int B, int T, int NH) {
   int row_blocks = 0;
-  return HeadBlocks(B, NH, T, kRows, &row_blocks);
+  return HeadBlocks(B, NH, T, kM * kRows, &row_blocks);
 }
 
-// The backward's two kernels for head size D, adding to dqkv or writing it (kAdd).
-template <int D, bool kAdd>
+// The forward for head size D, kM row tiles a warp.
+template <int D, int kM>
+void Forward(float* out, __nv_bfloat16* out16, float* lse, const Operands& ops, int B, int T, int C,
+             int NH, float scale) {
+  ATL_LAUNCH((TcForward<D, kM>), Grid<kM>(B, T, NH), kThreads, out, out16, lse, ops.q, ops.k, ops.v,
+             T, C, NH, scale * kLog2e);
+}
+
+// The backward's two kernels for head size D, adding to dqkv or writing it (kAdd); the dQ
+// kernel with kM row tiles a warp.
+template <int D, bool kAdd, int kM>
 void Backward(float* dqkv, __nv_bfloat16* dqkv16, const Operands& ops, int B, int T, int C, int NH,
               float scale) {
-  const dim3 grid = Grid(B, T, NH);
-  ATL_LAUNCH((TcBackwardQuery<D, kAdd>), grid, kThreads, dqkv, dqkv16, ops.q, ops.k, ops.v,
-             ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale * kLog2e);
-  ATL_LAUNCH((TcBackwardKeyValue<D, kAdd>), grid, kThreads, dqkv, dqkv16, ops.q, ops.k, ops.v,
-             ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale * kLog2e);
+  ATL_LAUNCH((TcBackwardQuery<D, kAdd, kM>), Grid<kM>(B, T, NH), kThreads, dqkv, dqkv16, ops.q,
+             ops.k, ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale * kLog2e);
+  ATL_LAUNCH((TcBackwardKeyValue<D, kAdd>), Grid(B, T, NH), kThreads, dqkv, dqkv16, ops.q, ops.k,
+             ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale * kLog2e);
 }
 
+int block_rows = kRows;  // SetAttentionBlockRows
+
 }  // namespace
+
+int SetAttentionBlockRows(int rows) {
+  if (rows != kRows && rows != 2 * kRows)
+    throw std::invalid_argument("attention block rows: " + std::to_string(rows) + " (64 or 128)");
+  return std::exchange(block_rows, rows);
+}
 
 bool TensorCoreAttention(int C, int NH) {
   static const bool has_mma = Probe().cc_major >= 8;  // mma.sync's bf16 shape: Ampere on
@@ -431,12 +532,10 @@ void TcAttentionForward(float* out, __nv_bfloat16* out16, float* lse, const floa
                         int T, int C, int NH, uint16_t* keep) {
   const float scale = 1.0f / std::sqrt(float(C / NH));
   const Operands ops = ForwardOperands(qkv, B, T, C, NH, keep);
-  if (ops.D == 32)
-    ATL_LAUNCH(TcForward<32>, Grid(B, T, NH), kThreads, out, out16, lse, ops.q, ops.k, ops.v, T, C,
-               NH, scale * kLog2e);
-  else
-    ATL_LAUNCH(TcForward<64>, Grid(B, T, NH), kThreads, out, out16, lse, ops.q, ops.k, ops.v, T, C,
-               NH, scale * kLog2e);
+  const bool two = block_rows == 2 * kRows;
+  auto* const launch = ops.D == 32 ? (two ? Forward<32, 2> : Forward<32, 1>)
+                                   : (two ? Forward<64, 2> : Forward<64, 1>);
+  launch(out, out16, lse, ops, B, T, C, NH, scale);
 }
 
 void TcAttentionBackward(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, const float* out,
@@ -444,9 +543,13 @@ void TcAttentionBackward(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, 
                          const uint16_t* kept) {
   const float scale = 1.0f / std::sqrt(float(C / NH));
   const Operands ops = BackwardOperands(dout, out, qkv, lse, B, T, C, NH, kept);
-  auto* const launch = ops.D == 32 ? (add ? Backward<32, true> : Backward<32, false>)
-                                   : (add ? Backward<64, true> : Backward<64, false>);
-  launch(dqkv, dqkv16, ops, B, T, C, NH, scale);
+  using Launch = void (*)(float*, __nv_bfloat16*, const Operands&, int, int, int, int, float);
+  // [D == 64][add][kM - 1]
+  static constexpr Launch kLaunch[2][2][2] = {{{Backward<32, false, 1>, Backward<32, false, 2>},
+                                               {Backward<32, true, 1>, Backward<32, true, 2>}},
+                                              {{Backward<64, false, 1>, Backward<64, false, 2>},
+                                               {Backward<64, true, 1>, Backward<64, true, 2>}}};
+  kLaunch[ops.D == 64][add][block_rows == 2 * kRows](dqkv, dqkv16, ops, B, T, C, NH, scale);
 }
 
 }  // namespace atl::kernels::cuda

@@ -209,10 +209,11 @@ inline AttentionReference CpuAttention(const AttentionCase& s, const std::vector
 // out_bf16 and dqkv_bf16 (device, or null) are passed on as the ops' bf16 copies. keep (or
 // null): the forward keeps its operands for the backward, in room for the shape *keep
 // (AttentionKeptElements of it); spoil_qkv: qkv is overwritten with NaNs between the forward and
-// the backward.
+// the backward; into: the backward's (kAdd: to dqkv0).
 inline std::vector<std::vector<float>> GpuAttention(
     const AttentionCase& s, const AttentionInputs& in, uint16_t* out_bf16 = nullptr,
-    uint16_t* dqkv_bf16 = nullptr, const AttentionCase* keep = nullptr, bool spoil_qkv = false) {
+    uint16_t* dqkv_bf16 = nullptr, const AttentionCase* keep = nullptr, bool spoil_qkv = false,
+    GradInto into = GradInto::kAdd) {
   auto g_qkv = ToDevice(in.qkv), g_dout = ToDevice(in.dout), g_dqkv = ToDevice(in.dqkv0);
   DeviceArray<float> g_out(s.x()), g_lse(size_t(s.B) * s.NH * s.T);
   // Where nothing is kept (AttentionKeptElements 0), still a room (of 8): the ops ignore it.
@@ -222,7 +223,7 @@ inline std::vector<std::vector<float>> GpuAttention(
   AttentionForward(g_out.data(), g_lse.data(), g_qkv.data(), s.B, s.T, s.C, s.NH, out_bf16, k);
   if (spoil_qkv) g_qkv.Upload(std::vector<float>(in.qkv.size(), NAN).data(), in.qkv.size());
   AttentionBackward(g_dqkv.data(), g_dout.data(), g_out.data(), g_qkv.data(), g_lse.data(), s.B,
-                    s.T, s.C, s.NH, dqkv_bf16, GradInto::kAdd, k);
+                    s.T, s.C, s.NH, dqkv_bf16, into, k);
   return {ToHost(g_out), ToHost(g_lse), ToHost(g_dqkv)};
 }
 

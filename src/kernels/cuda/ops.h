@@ -97,6 +97,13 @@ void AttentionBackward(float* dqkv, const float* dout, const float* out, const f
 // = T rounded up to 64 and D = 32 or 64; 0 when the attention would not run on the tensor cores.
 // Never more for a smaller B or T.
 size_t AttentionKeptElements(int B, int T, int C, int NH);
+// The query rows of a block of the tensor-core attention's forward and dQ kernels: 64 (the
+// default; each warp 16) or 128 (each warp 32, two row tiles that share every fragment of K and
+// V read from shared memory, and a K, V tile read from memory once for 128 queries). The same
+// bits either way (CudaOps.Bf16AttentionBlockRowsChangeNoBit); which is faster is measured on a
+// GPU (bench/kernels/attention.cc). Returns the previous value; throws std::invalid_argument for
+// another.
+int SetAttentionBlockRows(int rows);
 
 void GeluForward(float* out, const float* inp, size_t n, uint16_t* out_bf16 = nullptr);
 // dbias (or null): GELU's backward also adds the column sums of dinp (after the op), viewed as

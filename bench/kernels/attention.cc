@@ -1,0 +1,217 @@
+// Attention benchmark (issue 18): the GPU attention's forward and backward alone, at one shape,
+// for each block-row setting of the tensor-core kernels (kernels/cuda/ops.h
+// SetAttentionBlockRows), timed in one run; and whether the settings give the same bits (they
+// must: the exit status is 1 when not).
+//
+//   build/release/bench/kernels_attention [--batch 8] [--seq 1024] [--heads 12] [--width 768]
+//       [--steps 20] [--warmup 3] [--rows 64,128] [--precision bf16|fp32]
+//
+// A forward is AttentionForward as the model calls it (the pass that rounds Q, K, V into the
+// kernels' layout, kept for the backward, then the kernel; out's bf16 copy written); a backward
+// AttentionBackward with those kept operands (the pass over dO and out, then the dQ and the dK/dV
+// kernels; dqkv written with its bf16 copy). Each is called `steps` times back to back after
+// `warmup` calls, the GPU waited for once at the end: the time a call is the total over steps.
+// FLOPs as FlashAttention counts them for a causal attention: forward 4 B NH T² D / 2, backward
+// 2.5 times that (bench/torch_attention_gpu.py times PyTorch's scaled_dot_product_attention at
+// the same shape and counts the same way). --precision fp32 times the float kernels (no tensor
+// cores; --rows is then moot). Without a GPU it runs on nothing and says so (exit 2); its _emu
+// build runs on the CUDA emulator (exact bits, no speed).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
+
+namespace {
+
+namespace cuda = atl::kernels::cuda;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Shape {
+  int B = 8, T = 1024, NH = 12, C = 768;
+  size_t x() const { return size_t(B) * T * C; }
+};
+
+// What one setting computed: out, lse, dqkv and the bf16 copies of out and dqkv.
+struct Outputs {
+  std::vector<float> out, lse, dqkv;
+  std::vector<uint16_t> out16, dqkv16;
+  bool operator==(const Outputs& o) const {
+    auto same = [](const auto& a, const auto& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+    };
+    return same(out, o.out) && same(lse, o.lse) && same(dqkv, o.dqkv) && same(out16, o.out16) &&
+           same(dqkv16, o.dqkv16);
+  }
+};
+
+struct Timing {
+  double forward_s = 0, backward_s = 0;  // a call
+};
+
+// The forward and the backward `steps` times each after `warmup`, on the device arrays below.
+struct Bench {
+  Shape s;
+  cuda::DeviceArray<float> qkv, dout, out, lse, dqkv;
+  cuda::DeviceArray<uint16_t> out16, dqkv16, kept;
+
+  explicit Bench(const Shape& shape)
+      : s(shape),
+        qkv(3 * s.x()),
+        dout(s.x()),
+        out(s.x()),
+        lse(size_t(s.B) * s.NH * s.T),
+        dqkv(3 * s.x()),
+        out16(s.x()),
+        dqkv16(3 * s.x()),
+        kept(std::max<size_t>(8, cuda::AttentionKeptElements(s.B, s.T, s.C, s.NH))) {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> h(3 * s.x());
+    for (float& v : h) v = normal(rng);
+    qkv.Upload(h.data(), h.size());
+    h.resize(s.x());
+    for (float& v : h) v = 0.1f * normal(rng);
+    dout.Upload(h.data(), h.size());
+  }
+  void Forward() {
+    cuda::AttentionForward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH, out16.data(),
+                           kept.data());
+  }
+  void Backward() {
+    cuda::AttentionBackward(dqkv.data(), dout.data(), out.data(), qkv.data(), lse.data(), s.B, s.T,
+                            s.C, s.NH, dqkv16.data(), atl::kernels::GradInto::kWrite, kept.data());
+  }
+  Timing Time(int steps, int warmup) {
+    Timing t;
+    for (int i = 0; i < warmup; ++i) Forward(), Backward();
+    cuda::Synchronize();
+    double t0 = Now();
+    for (int i = 0; i < steps; ++i) Forward();
+    cuda::Synchronize();
+    t.forward_s = (Now() - t0) / steps;
+    t0 = Now();
+    for (int i = 0; i < steps; ++i) Backward();
+    cuda::Synchronize();
+    t.backward_s = (Now() - t0) / steps;
+    return t;
+  }
+  Outputs Results() {
+    Forward();
+    Backward();
+    return {cuda::ToHost(out), cuda::ToHost(lse), cuda::ToHost(dqkv), cuda::ToHost(out16),
+            cuda::ToHost(dqkv16)};
+  }
+};
+
+[[noreturn]] void Usage(const char* why) {
+  if (why != nullptr) std::fprintf(stderr, "kernels_attention: %s\n", why);
+  std::fprintf(why != nullptr ? stderr : stdout,
+               "usage: kernels_attention [--batch 8] [--seq 1024] [--heads 12] [--width 768] "
+               "[--steps 20] [--warmup 3] [--rows 64,128] [--precision bf16|fp32]\n");
+  std::exit(why != nullptr ? 2 : 0);
+}
+
+// v as an integer from `least` to 2^24; else the usage, exit 2.
+int Count(const char* flag, const char* v, int least = 1) {
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0' || n < least || n > (1 << 24))
+    Usage((std::string(flag) + ": an integer from " + std::to_string(least) + ", not '" + v + "'")
+              .c_str());
+  return int(n);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Shape s;
+  int steps = 20, warmup = 3;
+  std::vector<int> rows = {64, 128};
+  bool bf16 = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") Usage(nullptr);
+    if (i + 1 >= argc) Usage((a + " needs a value").c_str());
+    const char* v = argv[++i];
+    if (a == "--batch")
+      s.B = Count("--batch", v);
+    else if (a == "--seq")
+      s.T = Count("--seq", v);
+    else if (a == "--heads")
+      s.NH = Count("--heads", v);
+    else if (a == "--width")
+      s.C = Count("--width", v);
+    else if (a == "--steps")
+      steps = Count("--steps", v);
+    else if (a == "--warmup")
+      warmup = Count("--warmup", v, 0);
+    else if (a == "--rows") {
+      rows.clear();
+      for (const char* p = v; *p;) {
+        const int r = std::atoi(p);
+        if (r != 64 && r != 128) Usage("--rows: 64 and/or 128, comma-separated");
+        rows.push_back(r);
+        p = std::strchr(p, ',');
+        if (p == nullptr) break;
+        ++p;
+      }
+    } else if (a == "--precision") {
+      if (std::strcmp(v, "bf16") != 0 && std::strcmp(v, "fp32") != 0)
+        Usage("--precision: bf16 or fp32");
+      bf16 = std::strcmp(v, "bf16") == 0;
+    } else {
+      Usage(("unknown flag " + a).c_str());
+    }
+  }
+  if (s.C % s.NH != 0) Usage("--width must be a multiple of --heads");
+  if (rows.empty()) Usage("--rows: 64 and/or 128");
+  if (std::string why; !cuda::Available(&why)) {
+    std::fprintf(stderr, "kernels_attention: no usable GPU: %s\n", why.c_str());
+    return 2;
+  }
+  cuda::SetBf16Matmul(bf16);
+  if (!bf16) rows = {64};
+  const cuda::DeviceInfo info = cuda::Probe();
+  const int D = s.C / s.NH;
+  const double fwd_flop = 4.0 * s.B * s.NH * double(s.T) * s.T * D / 2.0;
+  std::printf(
+      "%s (%d SMs); attention B=%d T=%d NH=%d C=%d (head %d), %s, %s; a call: the mean of "
+      "%d after %d warm-up\n",
+      info.name.c_str(), info.sm_count, s.B, s.T, s.NH, s.C, D, bf16 ? "bf16 operands" : "fp32",
+      cuda::AttentionKeptElements(s.B, s.T, s.C, s.NH) > 0 ? "tensor cores" : "float kernels",
+      steps, warmup);
+  std::printf(
+      "| rows | forward ms | backward ms | forward TFLOP/s | backward TFLOP/s | "
+      "both TFLOP/s |\n|---|---:|---:|---:|---:|---:|\n");
+  Bench bench(s);
+  std::vector<Outputs> results;
+  for (const int r : rows) {
+    cuda::SetAttentionBlockRows(r);
+    const Timing t = bench.Time(steps, warmup);
+    results.push_back(bench.Results());
+    std::printf("| %d | %.3f | %.3f | %.1f | %.1f | %.1f |\n", r, 1e3 * t.forward_s,
+                1e3 * t.backward_s, fwd_flop / t.forward_s / 1e12,
+                2.5 * fwd_flop / t.backward_s / 1e12,
+                3.5 * fwd_flop / (t.forward_s + t.backward_s) / 1e12);
+    std::fflush(stdout);
+  }
+  cuda::SetAttentionBlockRows(64);
+  for (size_t i = 1; i < results.size(); ++i)
+    if (!(results[i] == results[0])) {
+      std::printf("rows %d and %d: different bits (they must be the same)\n", rows[0], rows[i]);
+      return 1;
+    }
+  if (results.size() > 1) std::printf("every setting gave the same bits\n");
+  return 0;
+}
