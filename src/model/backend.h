@@ -83,13 +83,14 @@ inline uint64_t Bf16RoundedElements() {
 }
 
 // The query rows of a block of the GPU's tensor-core attention, 64 or 128 (kernels/cuda/ops.h
-// SetAttentionBlockRows: the same bits, a question of speed); returns the previous value. 64
-// without CUDA, where nothing is set.
+// SetAttentionBlockRows: the same bits, a question of speed); returns the previous value.
+// Without CUDA nothing is set (64 returned), and another value is refused all the same.
 inline int SetAttentionBlockRows(int rows) {
 #if ATOLL_HAVE_CUDA
   return kernels::cuda::SetAttentionBlockRows(rows);
 #else
-  (void)rows;
+  if (rows != 64 && rows != 128)
+    throw std::invalid_argument("attention block rows: " + std::to_string(rows) + " (64 or 128)");
   return 64;
 #endif
 }

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/cuda/attention_tc.cuh"
@@ -154,26 +155,17 @@ __device__ inline void LoadA(uint32_t (&a)[D / 16][4], const uint16_t* src, cons
   }
 }
 
-// The warp's row tiles mt of kM that take part in a product: those from `lo` (a row tile whose
-// rows see none of a tile's keys is left out). The same on every lane of a warp.
-template <int kM>
-struct Active {
-  int lo = 0, hi = kM;
-  __device__ bool operator()(int mt) const { return kM == 1 || (mt >= lo && mt < hi); }
-};
-
 // acc[mt][n] = A (row tile mt's 16 rows, D columns) times the tile's rows r0 + 8n .. r0 + 8n + 7,
-// transposed: kN accumulators of 8 columns, for each of the kM row tiles, which share each B
-// fragment read. An ldmatrix gives two k steps' B fragments. Each accumulator sums in k order
-// whatever kM is: the same bits.
-template <int D, int kN, int kM>
+// transposed: kN accumulators of 8 columns, for the row tiles kLo <= mt < kM (those before kLo
+// see none of the tile's keys: left alone), which share each B fragment read. An ldmatrix gives
+// two k steps' B fragments. Each accumulator sums in k order whatever kM is: the same bits.
+template <int D, int kN, int kM, int kLo = 0>
 __device__ inline void TimesRows(float (&acc)[kM][kN][4], const uint32_t (&a)[kM][D / 16][4],
-                                 const Tile<D>& tile, int r0, const Lane& lane,
-                                 Active<kM> active = {}) {
+                                 const Tile<D>& tile, int r0, const Lane& lane) {
 #pragma unroll
   for (int n = 0; n < kN; ++n) {
 #pragma unroll
-    for (int mt = 0; mt < kM; ++mt)
+    for (int mt = kLo; mt < kM; ++mt)
       acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.0f;
 #pragma unroll
     for (int k = 0; k < D / 16; k += 2) {
@@ -181,8 +173,7 @@ __device__ inline void TimesRows(float (&acc)[kM][kN][4], const uint32_t (&a)[kM
       LdMatrix4<false>(b, &tile.row[r0 + 8 * n + lane.lane % 8][16 * k + 8 * (lane.lane / 8)]);
       const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
 #pragma unroll
-      for (int mt = 0; mt < kM; ++mt) {
-        if (!active(mt)) continue;
+      for (int mt = kLo; mt < kM; ++mt) {
         MmaBf16(acc[mt][n], a[mt][k], b0);
         MmaBf16(acc[mt][n], a[mt][k + 1], b1);
       }
@@ -191,26 +182,24 @@ __device__ inline void TimesRows(float (&acc)[kM][kN][4], const uint32_t (&a)[kM
 }
 
 // acc[mt] (16 x D, in D / 8 accumulators) += P (16 x 16 kK, the accumulators p[mt]) times the
-// tile's rows r0 .. r0 + 16 kK - 1 (D columns), for each row tile mt. An ldmatrix.trans gives
-// two column blocks' B fragments.
-template <int D, int kK, int kM>
+// tile's rows r0 .. r0 + 16 kK - 1 (D columns), for the row tiles kLo <= mt < kM. An
+// ldmatrix.trans gives two column blocks' B fragments.
+template <int D, int kK, int kM, int kLo = 0>
 __device__ inline void AddTimesTile(float (&acc)[kM][D / 8][4], const float (&p)[kM][2 * kK][4],
-                                    const Tile<D>& tile, int r0, const Lane& lane,
-                                    Active<kM> active = {}) {
+                                    const Tile<D>& tile, int r0, const Lane& lane) {
   const int m = lane.lane / 8;  // matrix m: rows 16k + 8 (m & 1) + (0..7), columns 8 (n + m / 2)
 #pragma unroll
   for (int k = 0; k < kK; ++k) {
     uint32_t a[kM][4];
 #pragma unroll
-    for (int mt = 0; mt < kM; ++mt) AFromAccumulators(a[mt], p[mt][2 * k], p[mt][2 * k + 1]);
+    for (int mt = kLo; mt < kM; ++mt) AFromAccumulators(a[mt], p[mt][2 * k], p[mt][2 * k + 1]);
 #pragma unroll
     for (int n = 0; n < D / 8; n += 2) {
       uint32_t b[4];
       LdMatrix4<true>(b, &tile.row[r0 + 16 * k + 8 * (m & 1) + lane.lane % 8][8 * (n + m / 2)]);
       const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
 #pragma unroll
-      for (int mt = 0; mt < kM; ++mt) {
-        if (!active(mt)) continue;
+      for (int mt = kLo; mt < kM; ++mt) {
         MmaBf16(acc[mt][n], a[mt], b0);
         MmaBf16(acc[mt][n + 1], a[mt], b1);
       }
@@ -277,7 +266,8 @@ __global__ void __launch_bounds__(kThreads, kForwardBlocks<D, kM>)
   };
   stage(0);
   const int f = place.tile(), own = place.own<kM>();  // row tile mt sees key tiles up to f + mt
-  uint32_t q[kM][D / 16][4];
+  // A row tile past the head's rows (mt >= own) multiplies zeros, and is not stored.
+  uint32_t q[kM][D / 16][4] = {};
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt)
     if (mt < own) LoadA<D>(q[mt], q16 + place.base, lane.InRowTile(mt));
@@ -287,14 +277,14 @@ __global__ void __launch_bounds__(kThreads, kForwardBlocks<D, kM>)
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt) m[mt][0] = m[mt][1] = -INFINITY;
   const int tiles = f + own;  // the keys up to the block's last row
-  for (int j = 0; j < tiles; ++j) {
+  // Key tile j for the row tiles from lo (a std::integral_constant: no branch in the products).
+  const auto step = [&](int j, auto lo) {
+    constexpr int kLo = decltype(lo)::value;
     AwaitTile(j, tiles, stage);
-    const Active<kM> active{kM == 1 ? 0 : max(0, j - f), own};
     float s[kM][kTile / 8][4];
-    TimesRows<D, kTile / 8>(s, q, ks[j & 1], 0, lane, active);
+    TimesRows<D, kTile / 8, kM, kLo>(s, q, ks[j & 1], 0, lane);
 #pragma unroll
-    for (int mt = 0; mt < kM; ++mt) {
-      if (!active(mt)) continue;
+    for (int mt = kLo; mt < kM; ++mt) {
       const bool diagonal = j == f + mt;
       const Lane at = lane.InRowTile(mt);
       float mx[2] = {m[mt][0], m[mt][1]};
@@ -329,9 +319,13 @@ __global__ void __launch_bounds__(kThreads, kForwardBlocks<D, kM>)
 #pragma unroll
         for (int i = 0; i < 4; ++i) o[mt][n][i] *= corr[i >> 1];
     }
-    AddTimesTile<D, kTile / 16>(o, s, vs[j & 1], 0, lane, active);
+    AddTimesTile<D, kTile / 16, kM, kLo>(o, s, vs[j & 1], 0, lane);
     __syncthreads();  // tile j is consumed before the next iteration copies over it
-  }
+  };
+  // Every row tile sees key tiles 0 .. f (row tile 0's diagonal is f); row tile 1 also f + 1.
+  for (int j = 0; j <= f; ++j) step(j, std::integral_constant<int, 0>());
+  if constexpr (kM == 2)
+    if (own == 2) step(f + 1, std::integral_constant<int, 1>());
   const int hs = C / NH;
   const int64_t bt = HeadStart(place.at.bh, T, NH, hs, C);
 #pragma unroll
@@ -369,12 +363,13 @@ __global__ void __launch_bounds__(kThreads, kQueryBlocks<D, kM>)
   };
   stage(0);
   const int f = place.tile(), own = place.own<kM>();
+  // A row tile past the head's rows (mt >= own) takes row tile 0's operands: its results, not
+  // finite maybe, are not stored.
   uint32_t q[kM][D / 16][4], dO[kM][D / 16][4];
-  float Di[kM][2] = {}, row_lse[kM][2] = {};
+  float Di[kM][2], row_lse[kM][2];
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt) {
-    if (mt >= own) continue;
-    const Lane at = lane.InRowTile(mt);
+    const Lane at = lane.InRowTile(mt < own ? mt : 0);
     LoadA<D>(q[mt], q16 + place.base, at);
     LoadA<D>(dO[mt], do16 + place.base, at);
 #pragma unroll
@@ -386,18 +381,18 @@ __global__ void __launch_bounds__(kThreads, kQueryBlocks<D, kM>)
   }
   float dq[kM][D / 8][4] = {};
   const int tiles = f + own;
-  for (int j = 0; j < tiles; ++j) {
+  // Key tile j for the row tiles from lo, as the forward's.
+  const auto step = [&](int j, auto lo) {
+    constexpr int kLo = decltype(lo)::value;
     AwaitTile(j, tiles, stage);
-    const Active<kM> active{kM == 1 ? 0 : max(0, j - f), own};
 #pragma unroll
     for (int part = 0; part < kTile / kPart; ++part) {
       const int r0 = kPart * part;
       float s[kM][kPart / 8][4], dp[kM][kPart / 8][4];
-      TimesRows<D, kPart / 8>(s, q, ks[j & 1], r0, lane, active);
-      TimesRows<D, kPart / 8>(dp, dO, vs[j & 1], r0, lane, active);
+      TimesRows<D, kPart / 8, kM, kLo>(s, q, ks[j & 1], r0, lane);
+      TimesRows<D, kPart / 8, kM, kLo>(dp, dO, vs[j & 1], r0, lane);
 #pragma unroll
-      for (int mt = 0; mt < kM; ++mt) {
-        if (!active(mt)) continue;
+      for (int mt = kLo; mt < kM; ++mt) {
         const bool diagonal = j == f + mt;
         const Lane at = lane.InRowTile(mt);
 #pragma unroll
@@ -411,10 +406,13 @@ __global__ void __launch_bounds__(kThreads, kQueryBlocks<D, kM>)
             s[mt][n][i] = p * (dp[mt][n][i] - Di[mt][h]) * scale;  // ds
           }
       }
-      AddTimesTile<D, kPart / 16>(dq, s, ks[j & 1], r0, lane, active);
+      AddTimesTile<D, kPart / 16, kM, kLo>(dq, s, ks[j & 1], r0, lane);
     }
     __syncthreads();
-  }
+  };
+  for (int j = 0; j <= f; ++j) step(j, std::integral_constant<int, 0>());
+  if constexpr (kM == 2)
+    if (own == 2) step(f + 1, std::integral_constant<int, 1>());
   const float one[2] = {1.0f, 1.0f};
   const int64_t at = HeadStart(place.at.bh, T, NH, C / NH, 3 * int64_t(C));
 #pragma unroll

@@ -215,7 +215,9 @@ inline std::vector<std::vector<float>> GpuAttention(
     uint16_t* dqkv_bf16 = nullptr, const AttentionCase* keep = nullptr, bool spoil_qkv = false,
     GradInto into = GradInto::kAdd) {
   auto g_qkv = ToDevice(in.qkv), g_dout = ToDevice(in.dout), g_dqkv = ToDevice(in.dqkv0);
-  DeviceArray<float> g_out(s.x()), g_lse(size_t(s.B) * s.NH * s.T);
+  // NaNs in the outputs (a new array may get an earlier one's memory, and its values).
+  auto g_out = ToDevice(std::vector<float>(s.x(), NAN));
+  auto g_lse = ToDevice(std::vector<float>(size_t(s.B) * s.NH * s.T, NAN));
   // Where nothing is kept (AttentionKeptElements 0), still a room (of 8): the ops ignore it.
   DeviceArray<uint16_t> kept(
       keep ? std::max<size_t>(8, AttentionKeptElements(keep->B, keep->T, keep->C, keep->NH)) : 0);
