@@ -110,6 +110,21 @@ TEST_F(CudaOps, StreamingOpsGiveTheSameBitsAtAnyAlignment) {
     ExpectSame(aligned, off);
     EXPECT_FALSE(SameBits(aligned.floats[1], db0));  // summed into
   }
+  // A linear layer's bias gradient (MatmulBackward's dbias, ColumnSumsAdd): four columns a
+  // thread where cols is a multiple of 4 and dout aligned, else one.
+  for (const Shape s : {Shape{1, 4}, Shape{130, 96}, Shape{70, 10}}) {
+    SCOPED_TRACE(testing::Message() << "bias: rows=" << s.rows << " cols=" << s.cols);
+    const auto g = Random(size_t(s.rows) * s.cols, 69), db0 = Random(size_t(s.cols), 70);
+    auto run = [&](int offset) {
+      const Placed<float> G(g, offset);
+      auto db = ToDevice(db0);
+      MatmulBackward(nullptr, nullptr, db.data(), G.p, nullptr, nullptr, s.rows, 1, s.cols);
+      return Results{{ToHost(db)}, {}};
+    };
+    const Results aligned = run(0), off = run(1);
+    ExpectSame(aligned, off);
+    EXPECT_FALSE(SameBits(aligned.floats[0], db0));  // summed into
+  }
 }
 
 }  // namespace

@@ -229,6 +229,13 @@ namespace {
 __global__ void ColumnChunkSums(float* partial, const float* m, int64_t rows, int cols) {
   SumColumnChunks(partial, rows, cols, [m](int64_t i) { return m[i]; });
 }
+// The same sums, four columns a thread by 16-byte loads (SumColumnQuads: cols a multiple of 4, m
+// and partial 16-byte aligned): the same bits.
+__global__ void ColumnChunkQuadSums(float* partial, const float* m, int64_t rows, int cols) {
+  SumColumnQuads(partial, rows, cols, [m](int64_t i, float(&v)[4]) {
+    LoadQuad(v, m, Quad{size_t(i), 4, true});
+  });
+}
 
 // out[c] += the sum over chunks k of partial[k * stride + c]; blockIdx.y = 1 does the same into
 // out1 from partial + cols (two column ranges of each chunk's row, one launch). A block takes 32
@@ -294,7 +301,10 @@ void AddColumnChunks(float* out, const float* partial, int64_t rows, int cols) {
 void ColumnSumsAdd(float* out, const float* m, int64_t rows, int cols) {
   if (rows <= 0 || cols <= 0) return;
   float* partial = ColumnChunkScratch(rows, cols);
-  ATL_LAUNCH(ColumnChunkSums, ColumnChunkGrid(rows, cols), 128, partial, m, rows, cols);
+  if (cols % 4 == 0 && QuadAligned({m, partial}))
+    ATL_LAUNCH(ColumnChunkQuadSums, ColumnQuadGrid(rows, cols), 128, partial, m, rows, cols);
+  else
+    ATL_LAUNCH(ColumnChunkSums, ColumnChunkGrid(rows, cols), 128, partial, m, rows, cols);
   AddColumnChunks(out, partial, rows, cols);
 }
 

@@ -389,6 +389,20 @@ TEST(CudaEmulator, StreamingOpsUseVectorAccessesWhereAligned) {
     EXPECT_EQ(::atl::cuda_emu::VectorAccesses() - before, offset == 0 ? 3 * (n / 4) : 0) << offset;
   }
   SetBf16Matmul(false);
+  // A bias gradient's column sums (MatmulBackward, ColumnSumsAdd): each quad of dout loaded, each
+  // chunk's quad of sums stored (130 rows: 3 chunks of 64), where dout is aligned.
+  const int rows = 130, cols = 96;
+  DeviceArray<float> dout(size_t(rows) * cols + 1), db(cols);
+  Zero(dout.data(), (size_t(rows) * cols + 1) * sizeof(float));
+  Zero(db.data(), cols * sizeof(float));
+  for (const int offset : {0, 1}) {
+    const uint64_t before = ::atl::cuda_emu::VectorAccesses();
+    MatmulBackward(nullptr, nullptr, db.data(), dout.data() + offset, nullptr, nullptr, rows, 1,
+                   cols);
+    EXPECT_EQ(::atl::cuda_emu::VectorAccesses() - before,
+              offset == 0 ? size_t(rows + 3) * (cols / 4) : 0)
+        << offset;
+  }
 }
 
 TEST(CudaEmulator, WarpsDriftApartBetweenBarriers) {
