@@ -127,6 +127,28 @@ __device__ inline void StageTiles(Tile<D> (&a)[2], Tile<D> (&b)[2], const uint16
   StageTile<D>(b[j & 1], bh + int64_t(j) * kTile * D);
 }
 
+// The stage of the kernels that walk key tiles (forward, dQ): starts the copies of tile j of a
+// head's K and V (from k and v) into buffer j & 1, one group.
+template <int D>
+__device__ inline auto KeyValueStage(Tile<D> (&ks)[2], Tile<D> (&vs)[2], const uint16_t* k,
+                                     const uint16_t* v) {
+  return [&ks, &vs, k, v](int j) {
+    StageTiles<D>(ks, vs, k, v, j);
+    CopyCommit();
+  };
+}
+
+// The key tiles a forward or dQ block walks, in order, by step(j, lo) (lo: a
+// std::integral_constant, the first of the kM row tiles that sees tile j): 0 .. f, row tile 0's
+// diagonal, with every row tile; then, with two row tiles both the head's (own == 2), f + 1 for
+// row tile 1 alone. So no branch sits around the products.
+template <int kM, class Step>
+__device__ inline void ForKeyTiles(int f, int own, const Step& step) {
+  for (int j = 0; j <= f; ++j) step(j, std::integral_constant<int, 0>());
+  if constexpr (kM == 2)
+    if (own == 2) step(f + 1, std::integral_constant<int, 1>());
+}
+
 // The head of a loop over tiles j < end: starts the copies of tile j + 1 (stage) when there is
 // one, then waits for tile j's, the thread's and (the barrier) every thread's.
 template <class Stage>
@@ -260,10 +282,7 @@ __global__ void __launch_bounds__(kThreads, kForwardBlocks<D, kM>)
   __shared__ Tile<D> ks[2], vs[2];
   const Place place = Place::Of<D, kM>(T, /*descending=*/true);
   const Lane lane(place.first);
-  const auto stage = [&](int j) {
-    StageTiles<D>(ks, vs, k16 + place.base, v16 + place.base, j);
-    CopyCommit();
-  };
+  const auto stage = KeyValueStage<D>(ks, vs, k16 + place.base, v16 + place.base);
   stage(0);
   const int f = place.tile(), own = place.own<kM>();  // row tile mt sees key tiles up to f + mt
   // A row tile past the head's rows (mt >= own) multiplies zeros, and is not stored.
@@ -322,10 +341,7 @@ __global__ void __launch_bounds__(kThreads, kForwardBlocks<D, kM>)
     AddTimesTile<D, kTile / 16, kM, kLo>(o, s, vs[j & 1], 0, lane);
     __syncthreads();  // tile j is consumed before the next iteration copies over it
   };
-  // Every row tile sees key tiles 0 .. f (row tile 0's diagonal is f); row tile 1 also f + 1.
-  for (int j = 0; j <= f; ++j) step(j, std::integral_constant<int, 0>());
-  if constexpr (kM == 2)
-    if (own == 2) step(f + 1, std::integral_constant<int, 1>());
+  ForKeyTiles<kM>(f, own, step);
   const int hs = C / NH;
   const int64_t bt = HeadStart(place.at.bh, T, NH, hs, C);
 #pragma unroll
@@ -357,10 +373,7 @@ __global__ void __launch_bounds__(kThreads, kQueryBlocks<D, kM>)
   __shared__ Tile<D> ks[2], vs[2];
   const Place place = Place::Of<D, kM>(T, /*descending=*/true);
   const Lane lane(place.first);
-  const auto stage = [&](int j) {
-    StageTiles<D>(ks, vs, k16 + place.base, v16 + place.base, j);
-    CopyCommit();
-  };
+  const auto stage = KeyValueStage<D>(ks, vs, k16 + place.base, v16 + place.base);
   stage(0);
   const int f = place.tile(), own = place.own<kM>();
   // A row tile past the head's rows (mt >= own) takes row tile 0's operands: its results, not
@@ -410,9 +423,7 @@ __global__ void __launch_bounds__(kThreads, kQueryBlocks<D, kM>)
     }
     __syncthreads();
   };
-  for (int j = 0; j <= f; ++j) step(j, std::integral_constant<int, 0>());
-  if constexpr (kM == 2)
-    if (own == 2) step(f + 1, std::integral_constant<int, 1>());
+  ForKeyTiles<kM>(f, own, step);
   const float one[2] = {1.0f, 1.0f};
   const int64_t at = HeadStart(place.at.bh, T, NH, C / NH, 3 * int64_t(C));
 #pragma unroll
