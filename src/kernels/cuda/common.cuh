@@ -82,49 +82,33 @@ void Launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, const
   ATL_LAUNCHED();
 }
 
-// 16 bytes at a 16-byte aligned p, one load (the emulator: memcpy, as its host compiler's
-// aliasing rules want, after cuda_emu::VectorAccess: a misaligned p fails the launch, as it
-// faults on a GPU), and the store of them.
-__device__ inline uint4 Load16(const void* p) {
+// sizeof(V) bytes (16, 8 or 4) at a p aligned to them, one load (the emulator: memcpy, as its
+// host compiler's aliasing rules want, after cuda_emu::VectorAccess: a misaligned p fails the
+// launch, as it faults on a GPU), and one store.
+template <class V>
+__device__ inline V LoadVector(const void* p) {
 #if defined(ATOLL_CUDA_EMULATED)
-  ::atl::cuda_emu::VectorAccess(p, 16);
-  uint4 v;
+  ::atl::cuda_emu::VectorAccess(p, sizeof(V));
+  V v;
   memcpy(&v, p, sizeof(v));
   return v;
 #else
-  return *reinterpret_cast<const uint4*>(p);
+  return *reinterpret_cast<const V*>(p);
 #endif
 }
-__device__ inline void Store16(void* p, uint4 v) {
+template <class V>
+__device__ inline void StoreVector(void* p, V v) {
 #if defined(ATOLL_CUDA_EMULATED)
-  ::atl::cuda_emu::VectorAccess(p, 16);
+  ::atl::cuda_emu::VectorAccess(p, sizeof(V));
   memcpy(p, &v, sizeof(v));
 #else
-  *reinterpret_cast<uint4*>(p) = v;
+  *reinterpret_cast<V*>(p) = v;
 #endif
 }
-
-// 4 bytes at a 4-byte aligned p, one load (memcpy on the emulator, as above).
-__device__ inline uint32_t Load4(const void* p) {
-#if defined(ATOLL_CUDA_EMULATED)
-  ::atl::cuda_emu::VectorAccess(p, 4);
-  uint32_t v;
-  memcpy(&v, p, sizeof(v));
-  return v;
-#else
-  return *reinterpret_cast<const uint32_t*>(p);
-#endif
-}
-
-// 8 bytes at an 8-byte aligned p, one store (memcpy on the emulator, as above).
-__device__ inline void Store8(void* p, uint2 v) {
-#if defined(ATOLL_CUDA_EMULATED)
-  ::atl::cuda_emu::VectorAccess(p, 8);
-  memcpy(p, &v, sizeof(v));
-#else
-  *reinterpret_cast<uint2*>(p) = v;
-#endif
-}
+__device__ inline uint4 Load16(const void* p) { return LoadVector<uint4>(p); }
+__device__ inline void Store16(void* p, uint4 v) { StoreVector(p, v); }
+__device__ inline uint32_t Load4(const void* p) { return LoadVector<uint32_t>(p); }
+__device__ inline void Store8(void* p, uint2 v) { StoreVector(p, v); }
 
 // The largest power of two (at most 256, at least 2) that divides the address: cuBLASLt must not
 // pick a kernel that needs more alignment than the operands have, nor a kernel a vector load.
