@@ -11,8 +11,8 @@
 # from another revision, default kernels_model_step_base on PATH, which `scripts/gpu_pack.sh
 # --baseline FILE` packs: the bf16 step of both, alternately, 3 times each, in one run); part
 # attention: the attention alone at each shape (batch, seq 1024, its heads), atoll's
-# (bench/kernels/attention.cc, both block-row settings of its tensor-core kernels, and whether
-# they give the same bits) and PyTorch's scaled_dot_product_attention (bench/torch_attention_gpu.py,
+# (bench/kernels/attention.cc, the block-row settings of its tensor-core kernels, query/key rows
+# 64/64, 128/64, 64/128 and 128/128, and whether they give the same bits) and PyTorch's scaled_dot_product_attention (bench/torch_attention_gpu.py,
 # each backend) in one run, then the bf16 step with each block-row setting; ATTENTION (default kernels_attention on PATH); OUT (when set, the table and the logs are also written there);
 # ATOLL (default: atoll on PATH); PY=python3 (with torch 2.x). A run that fails is reported (its
 # log's tail, "failed" in the table) and the rest goes on; the exit status is then 1.
@@ -173,7 +173,7 @@ if part attention; then
   echo "the bf16 step (gpt2-124m, batch $BATCH) by the attention's block rows, alternately:" |
     tee -a "$out/gpu_bench.md"
   for i in 1 2; do
-    for rows in 64 128; do
+    for rows in 64/64 128/64 64/128 128/128; do
       line=$("$MODEL_STEP" --device cuda --precision bf16 --preset gpt2-124m --batch "$BATCH" \
         --steps 10 --warmup 3 --attention-rows $rows | tail -1) || status=1
       echo "  rows $rows: $line" | tee -a "$out/gpu_bench.md"

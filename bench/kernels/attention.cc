@@ -1,10 +1,11 @@
 // Attention benchmark (issue 18): the GPU attention's forward and backward alone, at one shape,
-// for each block-row setting of the tensor-core kernels (kernels/cuda/ops.h
-// SetAttentionBlockRows), timed in one run; and whether the settings give the same bits (they
-// must: the exit status is 1 when not).
+// for each block-row setting of the tensor-core kernels (kernels/attention_blocks.h,
+// SetAttentionBlockRows: the forward's and dQ's query rows / the dK/dV kernel's key rows), timed
+// in one run; and whether the settings give the same bits (they must: the exit status is 1 when
+// not).
 //
 //   build/release/bench/kernels_attention [--batch 8] [--seq 1024] [--heads 12] [--width 768]
-//       [--steps 20] [--warmup 3] [--rows 64,128] [--precision bf16|fp32]
+//       [--steps 20] [--warmup 3] [--rows 64/64,128/64,64/128,128/128] [--precision bf16|fp32]
 //
 // A forward is AttentionForward as the model calls it (the pass that rounds Q, K, V into the
 // kernels' layout, kept for the backward, then the kernel; out's bf16 copy written); a backward
@@ -25,8 +26,10 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "kernels/attention_blocks.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 
@@ -128,7 +131,9 @@ struct Bench {
   if (why != nullptr) std::fprintf(stderr, "kernels_attention: %s\n", why);
   std::fprintf(why != nullptr ? stderr : stdout,
                "usage: kernels_attention [--batch 8] [--seq 1024] [--heads 12] [--width 768] "
-               "[--steps 20] [--warmup 3] [--rows 64,128] [--precision bf16|fp32]\n");
+               "[--steps 20] [--warmup 3] [--rows 64/64,128/64,64/128,128/128] "
+               "[--precision bf16|fp32]\n"
+               "  --rows: block-row settings, query/key rows (64 or 128; Q alone is Q/64)\n");
   std::exit(why != nullptr ? 2 : 0);
 }
 
@@ -147,7 +152,8 @@ int Count(const char* flag, const char* v, int least = 1) {
 int main(int argc, char** argv) {
   Shape s;
   int steps = 20, warmup = 3;
-  std::vector<int> rows = {64, 128};
+  using atl::kernels::AttentionBlockRows;
+  std::vector<AttentionBlockRows> rows = {{64, 64}, {128, 64}, {64, 128}, {128, 128}};
   bool bf16 = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -168,14 +174,14 @@ int main(int argc, char** argv) {
       warmup = Count("--warmup", v, 0);
     else if (a == "--rows") {
       rows.clear();
-      for (const char* p = v;;) {
-        char* end = nullptr;
-        const long r = std::strtol(p, &end, 10);
-        if (end == p || (r != 64 && r != 128) || (*end != ',' && *end != '\0'))
-          Usage("--rows: 64 and/or 128, comma-separated");
-        rows.push_back(int(r));
-        if (*end == '\0') break;
-        p = end + 1;
+      for (std::string_view rest = v;;) {
+        const size_t comma = rest.find(',');
+        AttentionBlockRows r;
+        if (!atl::kernels::ParseAttentionBlockRows(rest.substr(0, comma), &r))
+          Usage("--rows: settings Q/K (query and key rows, 64 or 128), comma-separated");
+        rows.push_back(r);
+        if (comma == std::string_view::npos) break;
+        rest.remove_prefix(comma + 1);
       }
     } else if (a == "--precision") {
       if (std::strcmp(v, "bf16") != 0 && std::strcmp(v, "fp32") != 0)
@@ -186,13 +192,13 @@ int main(int argc, char** argv) {
     }
   }
   if (s.C % s.NH != 0) Usage("--width must be a multiple of --heads");
-  if (rows.empty()) Usage("--rows: 64 and/or 128");
+  if (rows.empty()) Usage("--rows: at least one setting");
   if (std::string why; !cuda::Available(&why)) {
     std::fprintf(stderr, "kernels_attention: no usable GPU: %s\n", why.c_str());
     return 2;
   }
   cuda::SetBf16Matmul(bf16);
-  if (!bf16) rows = {64};
+  if (!bf16) rows = {AttentionBlockRows{}};
   const cuda::DeviceInfo info = cuda::Probe();
   const int D = s.C / s.NH;
   const double fwd_flop = 4.0 * s.B * s.NH * double(s.T) * s.T * D / 2.0;
@@ -203,7 +209,7 @@ int main(int argc, char** argv) {
       cuda::AttentionKeptElements(s.B, s.T, s.C, s.NH) > 0 ? "tensor cores" : "float kernels",
       steps, warmup);
   std::printf(
-      "| rows | forward ms | backward ms | forward TFLOP/s | backward TFLOP/s | "
+      "| rows (query/key) | forward ms | backward ms | forward TFLOP/s | backward TFLOP/s | "
       "both TFLOP/s |\n|---|---:|---:|---:|---:|---:|\n");
   Bench bench(s);
   std::vector<Timing> best(rows.size());
@@ -216,20 +222,20 @@ int main(int argc, char** argv) {
     }
   std::vector<Outputs> results;
   for (size_t i = 0; i < rows.size(); ++i) {
-    const int r = rows[i];
     const Timing& t = best[i];
-    cuda::SetAttentionBlockRows(r);
+    cuda::SetAttentionBlockRows(rows[i]);
     results.push_back(bench.Results());
-    std::printf("| %d | %.3f | %.3f | %.1f | %.1f | %.1f |\n", r, 1e3 * t.forward_s,
-                1e3 * t.backward_s, fwd_flop / t.forward_s / 1e12,
+    std::printf("| %s | %.3f | %.3f | %.1f | %.1f | %.1f |\n", ToString(rows[i]).c_str(),
+                1e3 * t.forward_s, 1e3 * t.backward_s, fwd_flop / t.forward_s / 1e12,
                 2.5 * fwd_flop / t.backward_s / 1e12,
                 3.5 * fwd_flop / (t.forward_s + t.backward_s) / 1e12);
     std::fflush(stdout);
   }
-  cuda::SetAttentionBlockRows(64);
+  cuda::SetAttentionBlockRows({});
   for (size_t i = 1; i < results.size(); ++i)
     if (!(results[i] == results[0])) {
-      std::printf("rows %d and %d: different bits (they must be the same)\n", rows[0], rows[i]);
+      std::printf("rows %s and %s: different bits (they must be the same)\n",
+                  ToString(rows[0]).c_str(), ToString(rows[i]).c_str());
       return 1;
     }
   if (results.size() > 1) std::printf("every setting gave the same bits\n");

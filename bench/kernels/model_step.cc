@@ -3,7 +3,7 @@
 //   build/.../bench/kernels_model_step [--preset tiny|small|gpt2-124m|gpt2-350m|all]
 //       [--threads 1,2] [--batch B] [--steps S] [--warmup W] [--profile] [--sgemm GFLOPS]
 //       [--device cpu|cuda] [--precision fp32|bf16] [--bf16-copies on|off]
-//       [--attention-rows 64|128]
+//       [--attention-rows Q/K]
 //
 // --device cuda runs the model on the GPU (float); MFU is then against --sgemm (default 67,000
 // GFLOP/s: an H100 SXM's dense fp32 rate), and --profile waits for the GPU after every op.
@@ -15,8 +15,9 @@
 // copy of the parameters made once a step (GPT::set_bf16_copies; the same bits, to time what the
 // copies save). Each step marks the parameters changed, as a training step's optimizer does. On
 // the GPU the line also gives the bytes set by zeroing passes per step (the gradients' ZeroGrad
-// among them). --attention-rows: the query rows of a block of the tensor-core attention's
-// forward and dQ kernels (SetAttentionBlockRows; the same bits), to time the step either way.
+// among them). --attention-rows Q/K: the rows of a block of the tensor-core attention's kernels,
+// the forward's and dQ's query rows and the dK/dV kernel's key rows, 64 or 128 each (Q alone:
+// Q/64; SetAttentionBlockRows, the same bits), to time the step either way.
 //
 // Shapes are those of configs/{tiny,small,gpt2-124m}.toml; the batch defaults to the preset's
 // micro_batch_size (gpt2-124m: 1, to fit beside other users' jobs).
@@ -188,7 +189,7 @@ int main(int argc, char** argv) {
   double sgemm = 0;
   atl::Device device = atl::Device::kCpu;
   bool bf16 = false, bf16_copies = true;
-  int attention_rows = 64;
+  atl::kernels::AttentionBlockRows attention_rows;
   for (int i = 1; i < argc; ++i) {
     auto next = [&] {
       if (i + 1 >= argc) {
@@ -224,9 +225,9 @@ int main(int argc, char** argv) {
       }
       bf16_copies = v == "on";
     } else if (!std::strcmp(argv[i], "--attention-rows")) {
-      attention_rows = std::atoi(next());
-      if (attention_rows != 64 && attention_rows != 128) {
-        std::fprintf(stderr, "kernels_model_step: --attention-rows: 64 or 128\n");
+      if (!atl::kernels::ParseAttentionBlockRows(next(), &attention_rows)) {
+        std::fprintf(stderr,
+                     "kernels_model_step: --attention-rows: Q/K, query and key rows 64 or 128\n");
         return 2;
       }
     } else if (!std::strcmp(argv[i], "--device")) {
@@ -246,7 +247,7 @@ int main(int argc, char** argv) {
                    "usage: kernels_model_step [--preset tiny|small|gpt2-124m|all] [--threads 1,2] "
                    "[--batch B] [--steps S] [--warmup W] [--profile] [--sgemm GFLOPS] "
                    "[--device cpu|cuda] [--precision fp32|bf16] [--bf16-copies on|off] "
-                   "[--attention-rows 64|128]\n");
+                   "[--attention-rows Q/K]\n");
       return 2;
     }
   }

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/attention_blocks.h"
 #include "kernels/grad_into.h"
 #include "kernels/ops.h"
 #if ATOLL_HAVE_CUDA
@@ -82,16 +83,16 @@ inline uint64_t Bf16RoundedElements() {
 #endif
 }
 
-// The query rows of a block of the GPU's tensor-core attention, 64 or 128 (kernels/cuda/ops.h
-// SetAttentionBlockRows: the same bits, a question of speed); returns the previous value.
-// Without CUDA nothing is set (64 returned), and another value is refused all the same.
-inline int SetAttentionBlockRows(int rows) {
+// The rows of a block of the GPU's tensor-core attention kernels (kernels/attention_blocks.h,
+// kernels/cuda/ops.h SetAttentionBlockRows: the same bits, a question of speed); returns the
+// previous setting. Without CUDA nothing is set (64/64 returned), and rows other than 64 or 128
+// are refused all the same.
+inline kernels::AttentionBlockRows SetAttentionBlockRows(kernels::AttentionBlockRows rows) {
 #if ATOLL_HAVE_CUDA
   return kernels::cuda::SetAttentionBlockRows(rows);
 #else
-  if (rows != 64 && rows != 128)
-    throw std::invalid_argument("attention block rows: " + std::to_string(rows) + " (64 or 128)");
-  return 64;
+  kernels::CheckAttentionBlockRows(rows);
+  return {};
 #endif
 }
 

@@ -108,23 +108,24 @@ struct Place {
   }
 };
 
-// Starts the copy of the 64 rows from src (rows D apart) into tile.
-template <int D>
+// Starts the copy of the 64 rows from src (rows D apart) into tile, by a block of kT threads.
+template <int D, int kT = kThreads>
 __device__ inline void StageTile(Tile<D>& tile, const uint16_t* src) {
   constexpr int kChunks = D / 8;  // 16 bytes each
+  static_assert(kTile * kChunks % kT == 0, "whole chunks a thread");
 #pragma unroll
-  for (int c = 0; c < kTile * kChunks / kThreads; ++c) {
-    const int i = c * kThreads + int(threadIdx.x), r = i / kChunks, x = i % kChunks;
+  for (int c = 0; c < kTile * kChunks / kT; ++c) {
+    const int i = c * kT + int(threadIdx.x), r = i / kChunks, x = i % kChunks;
     Copy16(&tile.row[r][8 * x], src + int64_t(r) * D + 8 * x);
   }
 }
 
 // Starts the copies of tile j of two operands (a head's rows from ah and bh) into buffer j & 1.
-template <int D>
+template <int D, int kT = kThreads>
 __device__ inline void StageTiles(Tile<D> (&a)[2], Tile<D> (&b)[2], const uint16_t* ah,
                                   const uint16_t* bh, int j) {
-  StageTile<D>(a[j & 1], ah + int64_t(j) * kTile * D);
-  StageTile<D>(b[j & 1], bh + int64_t(j) * kTile * D);
+  StageTile<D, kT>(a[j & 1], ah + int64_t(j) * kTile * D);
+  StageTile<D, kT>(b[j & 1], bh + int64_t(j) * kTile * D);
 }
 
 // The stage of the kernels that walk key tiles (forward, dQ): starts the copies of tile j of a
@@ -433,20 +434,24 @@ __global__ void __launch_bounds__(kThreads, kQueryBlocks<D, kM>)
                    one, kAdd);
 }
 
-// dk (+)= Σ_i ds_ij q_i and dv (+)= Σ_i p_ij dO_i over queries i ≥ j. grid: Grid, a block's
-// rows being keys. kAdd as above. Query tiles are taken in halves of 32 as above.
-template <int D, bool kAdd>
-__global__ void __launch_bounds__(kThreads)
+// dk (+)= Σ_i ds_ij q_i and dv (+)= Σ_i p_ij dO_i over queries i ≥ j. grid: Grid<kW / 4>, a
+// block's 16 kW rows being keys, kW warps of 16 (kW = 8: the block's two row tiles of 64 share
+// every Q, dO tile staged, read from memory once for 128 keys). kAdd as above. Query tiles are
+// taken in halves of 32 as above. A key row's sums are the same whatever kW is: the same bits.
+template <int D, bool kAdd, int kW>
+__global__ void __launch_bounds__(32 * kW)
     TcBackwardKeyValue(float* dqkv, __nv_bfloat16* dqkv16, const uint16_t* q16, const uint16_t* k16,
                        const uint16_t* v16, const uint16_t* do16, const float* dsum,
                        const float* lse2, int T, int C, int NH, float scale, float scale_log2) {
+  static_assert(kW == 4 || kW == 8, "one or two row tiles of 64 keys a block");
+  constexpr int kM = kW / 4;
   __shared__ Tile<D> qs[2], dos[2];
   __shared__ RowStats stats[2];
-  const Place place = Place::Of<D>(T, /*descending=*/false);
+  const Place place = Place::Of<D, kM>(T, /*descending=*/false);
   const Lane lane(place.first);
   const int64_t head_rows = int64_t(place.at.bh) * place.Tp;
   const auto stage = [&](int j) {
-    StageTiles<D>(qs, dos, q16 + place.base, do16 + place.base, j);
+    StageTiles<D, 32 * kW>(qs, dos, q16 + place.base, do16 + place.base, j);
     constexpr int kChunks = kTile / 4;  // of 4 floats
     const int i = int(threadIdx.x);
     if (i < kChunks)
@@ -457,37 +462,47 @@ __global__ void __launch_bounds__(kThreads)
     CopyCommit();
   };
   // Queries before the block's first key see none of its keys.
-  stage(place.at.block);
-  uint32_t k[1][D / 16][4], v[1][D / 16][4];  // one row tile a warp
-  LoadA<D>(k[0], k16 + place.base, lane);
-  LoadA<D>(v[0], v16 + place.base, lane);
+  const int f = place.tile();
+  stage(f);
+  // The warp's row tile: its keys' first query tile, its diagonal. A row tile past the head's
+  // rows (kW = 8, mt >= own) loads nothing, multiplies nothing and is not stored.
+  const int mt = kM == 1 ? 0 : lane.warp / 4, first = f + mt;
+  const bool mine = mt < place.own<kM>();
+  uint32_t k[1][D / 16][4] = {}, v[1][D / 16][4] = {};  // one row tile a warp
+  if (mine) {
+    LoadA<D>(k[0], k16 + place.base, lane);
+    LoadA<D>(v[0], v16 + place.base, lane);
+  }
   float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};
   const int tiles = place.tiles();
-  for (int j = place.at.block; j < tiles; ++j) {
+  for (int j = f; j < tiles; ++j) {
     AwaitTile(j, tiles, stage);
-    const bool diagonal = j == place.at.block;
+    if (mine && j >= first) {  // the same for a whole warp
+      const bool diagonal = j == first;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r0 = 32 * half;
-      float p[1][4][4], ds[1][4][4];
-      TimesRows<D, 4>(p, k, qs[j & 1], r0, lane);    // s, transposed
-      TimesRows<D, 4>(ds, v, dos[j & 1], r0, lane);  // dp, transposed
+      for (int half = 0; half < 2; ++half) {
+        const int r0 = 32 * half;
+        float p[1][4][4], ds[1][4][4];
+        TimesRows<D, 4>(p, k, qs[j & 1], r0, lane);    // s, transposed
+        TimesRows<D, 4>(ds, v, dos[j & 1], r0, lane);  // dp, transposed
 #pragma unroll
-      for (int n = 0; n < 4; ++n)
+        for (int n = 0; n < 4; ++n)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int c = r0 + 8 * n + lane.col(i), query = j * kTile + c;
-          // A query past T has lse +infinity: p = 0.
-          p[0][n][i] = diagonal && query < lane.row(i)
-                           ? 0.0f
-                           : Exp2(fmaf(p[0][n][i], scale_log2, -stats[j & 1].lse2[c]));
-          ds[0][n][i] = p[0][n][i] * (ds[0][n][i] - stats[j & 1].dsum[c]) * scale;
-        }
-      AddTimesTile<D, 2>(dv, p, dos[j & 1], r0, lane);
-      AddTimesTile<D, 2>(dk, ds, qs[j & 1], r0, lane);
+          for (int i = 0; i < 4; ++i) {
+            const int c = r0 + 8 * n + lane.col(i), query = j * kTile + c;
+            // A query past T has lse +infinity: p = 0.
+            p[0][n][i] = diagonal && query < lane.row(i)
+                             ? 0.0f
+                             : Exp2(fmaf(p[0][n][i], scale_log2, -stats[j & 1].lse2[c]));
+            ds[0][n][i] = p[0][n][i] * (ds[0][n][i] - stats[j & 1].dsum[c]) * scale;
+          }
+        AddTimesTile<D, 2>(dv, p, dos[j & 1], r0, lane);
+        AddTimesTile<D, 2>(dk, ds, qs[j & 1], r0, lane);
+      }
     }
     __syncthreads();
   }
+  if (!mine) return;
   const float one[2] = {1.0f, 1.0f};
   const int hs = C / NH;
   const int64_t at = HeadStart(place.at.bh, T, NH, hs, 3 * int64_t(C));
@@ -511,24 +526,32 @@ void Forward(float* out, __nv_bfloat16* out16, float* lse, const Operands& ops, 
              T, C, NH, scale * kLog2e);
 }
 
-// The backward's two kernels for head size D, adding to dqkv or writing it (kAdd); the dQ
-// kernel with kM row tiles a warp.
-template <int D, bool kAdd, int kM>
+AttentionBlockRows block_rows;  // SetAttentionBlockRows
+
+// The backward's two kernels for head size D, adding to dqkv or writing it (kAdd), with the
+// block rows set.
+template <int D, bool kAdd>
 void Backward(float* dqkv, __nv_bfloat16* dqkv16, const Operands& ops, int B, int T, int C, int NH,
               float scale) {
-  ATL_LAUNCH((TcBackwardQuery<D, kAdd, kM>), Grid<kM>(B, T, NH), kThreads, dqkv, dqkv16, ops.q,
-             ops.k, ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale * kLog2e);
-  ATL_LAUNCH((TcBackwardKeyValue<D, kAdd>), Grid(B, T, NH), kThreads, dqkv, dqkv16, ops.q, ops.k,
-             ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale * kLog2e);
+  const float scale_log2 = scale * kLog2e;
+  if (block_rows.query == 2 * kRows)
+    ATL_LAUNCH((TcBackwardQuery<D, kAdd, 2>), Grid<2>(B, T, NH), kThreads, dqkv, dqkv16, ops.q,
+               ops.k, ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale_log2);
+  else
+    ATL_LAUNCH((TcBackwardQuery<D, kAdd, 1>), Grid<1>(B, T, NH), kThreads, dqkv, dqkv16, ops.q,
+               ops.k, ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale_log2);
+  if (block_rows.key == 2 * kRows)
+    ATL_LAUNCH((TcBackwardKeyValue<D, kAdd, 8>), Grid<2>(B, T, NH), 2 * kThreads, dqkv, dqkv16,
+               ops.q, ops.k, ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale_log2);
+  else
+    ATL_LAUNCH((TcBackwardKeyValue<D, kAdd, 4>), Grid<1>(B, T, NH), kThreads, dqkv, dqkv16, ops.q,
+               ops.k, ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale_log2);
 }
-
-int block_rows = kRows;  // SetAttentionBlockRows
 
 }  // namespace
 
-int SetAttentionBlockRows(int rows) {
-  if (rows != kRows && rows != 2 * kRows)
-    throw std::invalid_argument("attention block rows: " + std::to_string(rows) + " (64 or 128)");
+AttentionBlockRows SetAttentionBlockRows(AttentionBlockRows rows) {
+  CheckAttentionBlockRows(rows);
   return std::exchange(block_rows, rows);
 }
 
@@ -541,7 +564,7 @@ void TcAttentionForward(float* out, __nv_bfloat16* out16, float* lse, const floa
                         int T, int C, int NH, uint16_t* keep) {
   const float scale = 1.0f / std::sqrt(float(C / NH));
   const Operands ops = ForwardOperands(qkv, B, T, C, NH, keep);
-  const bool two = block_rows == 2 * kRows;
+  const bool two = block_rows.query == 2 * kRows;
   auto* const launch = ops.D == 32 ? (two ? Forward<32, 2> : Forward<32, 1>)
                                    : (two ? Forward<64, 2> : Forward<64, 1>);
   launch(out, out16, lse, ops, B, T, C, NH, scale);
@@ -553,12 +576,10 @@ void TcAttentionBackward(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, 
   const float scale = 1.0f / std::sqrt(float(C / NH));
   const Operands ops = BackwardOperands(dout, out, qkv, lse, B, T, C, NH, kept);
   using Launch = void (*)(float*, __nv_bfloat16*, const Operands&, int, int, int, int, float);
-  // [D == 64][add][kM - 1]
-  static constexpr Launch kLaunch[2][2][2] = {{{Backward<32, false, 1>, Backward<32, false, 2>},
-                                               {Backward<32, true, 1>, Backward<32, true, 2>}},
-                                              {{Backward<64, false, 1>, Backward<64, false, 2>},
-                                               {Backward<64, true, 1>, Backward<64, true, 2>}}};
-  kLaunch[ops.D == 64][add][block_rows == 2 * kRows](dqkv, dqkv16, ops, B, T, C, NH, scale);
+  static constexpr Launch kLaunch[2][2] = {// [D == 64][add]
+                                           {Backward<32, false>, Backward<32, true>},
+                                           {Backward<64, false>, Backward<64, true>}};
+  kLaunch[ops.D == 64][add](dqkv, dqkv16, ops, B, T, C, NH, scale);
 }
 
 }  // namespace atl::kernels::cuda

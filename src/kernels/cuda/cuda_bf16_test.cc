@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <vector>
 
 #include "kernels/cuda/cuda_test_util.h"
@@ -201,20 +202,24 @@ TEST_F(CudaOps, Bf16AttentionKeepsItsOperandsForTheBackward) {
   }
 }
 
-// The forward's and dQ's blocks of 128 query rows (SetAttentionBlockRows: a warp's two row tiles
-// of 16 share every fragment of K and V it reads) give the bits of the blocks of 64: out, lse,
-// dqkv (added to and written) and their bf16 copies, every output filled with NaNs before each
-// run (so that one left unwritten differs). T under 64, a whole number of blocks, ending in the
-// first half of a 128-row block (a last block with one row tile of the head's: 130, 300, 520)
-// and in the second (100, 200, 250); head sizes padded to 32 (16, 24, 32) and to 64; the scores
-// spread (amp 3).
+// The blocks of 128 rows (SetAttentionBlockRows: the forward's and dQ's 128 queries, a warp's
+// two row tiles of 16 sharing every fragment of K and V it reads; the dK/dV kernel's 128 keys,
+// 8 warps sharing every Q, dO tile) give the bits of the blocks of 64: out, lse, dqkv (added to
+// and written) and their bf16 copies, every output filled with NaNs before each run (so that one
+// left unwritten differs). T under 64, a whole number of blocks, ending in the first half of a
+// 128-row block (a last block with one row tile of the head's: 130, 300, 520) and in the second
+// (100, 200, 250); head sizes padded to 32 (16, 24, 32) and to 64; the scores spread (amp 3).
 TEST_F(CudaOps, Bf16AttentionBlockRowsChangeNoBit) {
-  EXPECT_THROW(SetAttentionBlockRows(96), std::invalid_argument);
+  EXPECT_THROW(SetAttentionBlockRows({96, 64}), std::invalid_argument);
+  EXPECT_THROW(SetAttentionBlockRows({64, 32}), std::invalid_argument);
   const Bf16On on;
   struct Rows {  // puts the setting back, whatever happens
-    int before = SetAttentionBlockRows(64);
+    AttentionBlockRows before = SetAttentionBlockRows({});
     ~Rows() { SetAttentionBlockRows(before); }
   } restore;
+  // Against 64/64: both kernels' 128 rows at once, then each alone (which kernel a setting
+  // reaches cannot show in the bits: the bench times them).
+  const AttentionBlockRows settings[] = {{64, 64}, {128, 128}, {128, 64}, {64, 128}};
   for (const AttentionCase s : {AttentionCase{1, 1, 8, 2, 1}, AttentionCase{2, 40, 24, 1, 1},
                                 AttentionCase{1, 100, 64, 1, 3}, AttentionCase{1, 128, 64, 1, 1},
                                 AttentionCase{2, 130, 128, 2, 3}, AttentionCase{1, 200, 64, 2, 1},
@@ -223,21 +228,24 @@ TEST_F(CudaOps, Bf16AttentionBlockRowsChangeNoBit) {
     SCOPED_TRACE(testing::Message() << s);
     const AttentionInputs in = RandomAttentionInputs(s, 161);
     for (const GradInto into : {GradInto::kAdd, GradInto::kWrite}) {
-      std::vector<std::vector<float>> got[2];
-      std::vector<uint16_t> copies[2][2];
-      for (int two = 0; two < 2; ++two) {
-        SetAttentionBlockRows(two ? 128 : 64);
+      std::vector<std::vector<float>> got[std::size(settings)];
+      std::vector<uint16_t> copies[std::size(settings)][2];
+      for (size_t w = 0; w < std::size(settings); ++w) {
+        SetAttentionBlockRows(settings[w]);
         DeviceArray<uint16_t> out16(s.x()), dqkv16(3 * s.x());
         for (DeviceArray<uint16_t>* a : {&out16, &dqkv16}) {
           const std::vector<uint16_t> nan(a->size(), 0xffff);
           a->Upload(nan.data(), nan.size());
         }
-        got[two] = GpuAttention(s, in, out16.data(), dqkv16.data(), nullptr, false, into);
-        copies[two][0] = ToHost(out16);
-        copies[two][1] = ToHost(dqkv16);
+        got[w] = GpuAttention(s, in, out16.data(), dqkv16.data(), nullptr, false, into);
+        copies[w][0] = ToHost(out16);
+        copies[w][1] = ToHost(dqkv16);
       }
-      for (size_t i = 0; i < got[0].size(); ++i) EXPECT_TRUE(SameBits(got[0][i], got[1][i])) << i;
-      for (int i = 0; i < 2; ++i) EXPECT_EQ(copies[0][i], copies[1][i]) << i;
+      for (size_t k = 1; k < std::size(settings); ++k) {
+        SCOPED_TRACE(ToString(settings[k]));
+        for (size_t i = 0; i < got[0].size(); ++i) EXPECT_TRUE(SameBits(got[0][i], got[k][i])) << i;
+        for (int i = 0; i < 2; ++i) EXPECT_EQ(copies[0][i], copies[k][i]) << i;
+      }
     }
   }
 }

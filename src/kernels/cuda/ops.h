@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/attention_blocks.h"
 #include "kernels/grad_into.h"
 
 namespace atl::kernels::cuda {
@@ -97,13 +98,12 @@ void AttentionBackward(float* dqkv, const float* dout, const float* out, const f
 // = T rounded up to 64 and D = 32 or 64; 0 when the attention would not run on the tensor cores.
 // Never more for a smaller B or T.
 size_t AttentionKeptElements(int B, int T, int C, int NH);
-// The query rows of a block of the tensor-core attention's forward and dQ kernels: 64 (the
-// default; each warp 16) or 128 (each warp 32, two row tiles that share every fragment of K and
-// V read from shared memory, and a K, V tile read from memory once for 128 queries). The same
-// bits either way (CudaOps.Bf16AttentionBlockRowsChangeNoBit); which is faster is measured on a
-// GPU (bench/kernels/attention.cc). Returns the previous value; throws std::invalid_argument for
-// another.
-int SetAttentionBlockRows(int rows);
+// The rows of a block of the tensor-core attention's kernels (kernels/attention_blocks.h: the
+// forward's and dQ's query rows, the dK/dV kernel's key rows; 64/64 by default). The same bits in
+// every setting (CudaOps.Bf16AttentionBlockRowsChangeNoBit); which is faster is measured on a GPU
+// (bench/kernels/attention.cc). Returns the previous setting; throws std::invalid_argument for
+// rows other than 64 or 128.
+AttentionBlockRows SetAttentionBlockRows(AttentionBlockRows rows);
 
 void GeluForward(float* out, const float* inp, size_t n, uint16_t* out_bf16 = nullptr);
 // dbias (or null): GELU's backward also adds the column sums of dinp (after the op), viewed as

@@ -1,0 +1,58 @@
+// The rows of a block of the GPU's tensor-core attention kernels (kernels/cuda/attention_tc.cu),
+// a question of speed alone: every setting gives the same bits. Backend-neutral, so that a
+// build without CUDA parses and checks the same settings (model/backend.h); C++17, as the CUDA
+// sources are.
+#pragma once
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace atl::kernels {
+
+struct AttentionBlockRows {
+  // The forward's and dQ's query rows: 64 (16 a warp) or 128 (32 a warp, two row tiles that
+  // share every fragment of K and V read from shared memory, and a K, V tile read from memory
+  // once for 128 queries).
+  int query = 64;
+  // The dK/dV kernel's key rows: 64 (4 warps of 16) or 128 (8 warps of 16, which share every Q,
+  // dO tile staged: read from memory once for 128 keys).
+  int key = 64;
+};
+
+// "Q/K", as ParseAttentionBlockRows reads it.
+inline std::string ToString(AttentionBlockRows r) {
+  return std::to_string(r.query) + "/" + std::to_string(r.key);
+}
+
+inline bool ValidAttentionBlockRows(AttentionBlockRows r) {
+  return (r.query == 64 || r.query == 128) && (r.key == 64 || r.key == 128);
+}
+
+// Throws std::invalid_argument unless both are 64 or 128.
+inline void CheckAttentionBlockRows(AttentionBlockRows r) {
+  if (!ValidAttentionBlockRows(r))
+    throw std::invalid_argument("attention block rows " + ToString(r) +
+                                ": query and key rows 64 or 128");
+}
+
+// "Q/K" or "Q" (key rows 64), each 64 or 128, into *out; false (and *out unchanged) otherwise.
+inline bool ParseAttentionBlockRows(std::string_view s, AttentionBlockRows* out) {
+  auto number = [](std::string_view v, int* n) {
+    if (v.empty() || v.size() > 3) return false;
+    for (char c : v)
+      if (c < '0' || c > '9') return false;
+    *n = std::atoi(std::string(v).c_str());
+    return true;
+  };
+  AttentionBlockRows r;
+  const size_t slash = s.find('/');
+  if (!number(s.substr(0, slash), &r.query)) return false;
+  if (slash != std::string_view::npos && !number(s.substr(slash + 1), &r.key)) return false;
+  if (!ValidAttentionBlockRows(r)) return false;
+  *out = r;
+  return true;
+}
+
+}  // namespace atl::kernels
