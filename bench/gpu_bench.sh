@@ -6,14 +6,18 @@
 #   bench/gpu_bench.sh            (after `source scripts/gpu_env.sh`, or with atoll on PATH)
 #
 # Environment: BATCH=8 STEPS=12 WARMUP=3; SHAPES="124m 350m"; PARTS="table detectors profile
-# copies" (any of them, and `ab` and `attention`: the device tool runs a command for 10 minutes
+# copies" (any of them, and `ab`, `attention` and `kernels`: the device tool runs a command for 10 minutes
 # at most, so a session may run the parts as separate calls); BASELINE (part ab: a kernels_model_step built
 # from another revision, default kernels_model_step_base on PATH, which `scripts/gpu_pack.sh
 # --baseline FILE` packs: the bf16 step of both, alternately, 3 times each, in one run); part
 # attention: the attention alone at each shape (batch, seq 1024, its heads), atoll's
 # (bench/kernels/attention.cc, the block-row settings of its tensor-core kernels, query/key rows
 # 64/64, 128/64, 64/128 and 128/128, and whether they give the same bits) and PyTorch's scaled_dot_product_attention (bench/torch_attention_gpu.py,
-# each backend) in one run, then the bf16 step with each block-row setting; ATTENTION (default kernels_attention on PATH); OUT (when set, the table and the logs are also written there);
+# each backend) in one run, then the bf16 step with each block-row setting; part kernels: Nsight
+# Compute's time of every kernel (ncu, gpu__time_duration.sum; bench/ncu_table.py's tables), of
+# the attention alone at each shape and block-row setting and of one bf16 step of gpt2-124m at
+# 64/64 and 128/128, the raw CSVs kept in OUT (NCU, default ncu on PATH or in /usr/local/cuda/bin);
+# ATTENTION (default kernels_attention on PATH); OUT (when set, the table and the logs are also written there);
 # ATOLL (default: atoll on PATH); PY=python3 (with torch 2.x). A run that fails is reported (its
 # log's tail, "failed" in the table) and the rest goes on; the exit status is then 1.
 #
@@ -36,7 +40,7 @@ PARTS=${PARTS:-"table detectors profile copies"}
 status=0
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 for p in $PARTS; do
-  [[ $p =~ ^(table|detectors|profile|copies|ab|attention)$ ]] || { echo "gpu_bench: unknown part $p" >&2; exit 2; }
+  [[ $p =~ ^(table|detectors|profile|copies|ab|attention|kernels)$ ]] || { echo "gpu_bench: unknown part $p" >&2; exit 2; }
 done
 [[ -n ${SHAPES// /} ]] || { echo "gpu_bench: SHAPES is empty (124m, 350m)" >&2; exit 2; }
 for s in $SHAPES; do
@@ -179,6 +183,50 @@ if part attention; then
       echo "  rows $rows: $line" | tee -a "$out/gpu_bench.md"
     done
   done
+fi
+# Every kernel's GPU time by Nsight Compute (one pass a kernel, the clocks left alone): the
+# attention alone for each block-row setting (its 4 forward and 4 backward calls: 3 timed rounds
+# of one and the bits' run), then one bf16 step of gpt2-124m (after a warm-up step) at 64/64 and
+# 128/128, per step.
+if part kernels; then
+  ATTENTION=${ATTENTION:-$(command -v kernels_attention || echo build/release/bench/kernels_attention)}
+  NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
+  ncu_csv() {  # csv program args...: false (reported) when ncu or the program failed
+    local csv=$1
+    shift
+    "$NCU" --csv --print-units base --clock-control none --metrics gpu__time_duration.sum \
+      --log-file "$csv" "$@" >"$csv.stdout" 2>&1 && return 0
+    echo "gpu_bench: ncu $* failed:"
+    tail -20 "$csv.stdout" "$csv" 2>/dev/null
+    status=1
+    return 1
+  }
+  if [[ ! -x $NCU ]]; then
+    echo "gpu_bench: part kernels needs ncu (NCU=...)" >&2
+    status=1
+  else
+    for s in $SHAPES; do
+      read -r L H C <<<"$(shape_args "$s")"
+      for rows in 64/64 128/64 64/128 128/128; do
+        csv=$out/ncu-attention-$s-${rows/\//-}.csv
+        ncu_csv "$csv" "$ATTENTION" --batch "$BATCH" --seq 1024 --heads "$H" --width "$C" \
+          --rows "$rows" --steps 1 --warmup 0 &&
+          "$PY" bench/ncu_table.py "$csv" --per 4 \
+            --title "attention alone, $s's heads, rows $rows (a forward and a backward):" |
+          tee -a "$out/gpu_bench.md"
+      done
+    done
+    # Both steps profiled (a warm-up and a timed one), the table per step: the first step's
+    # one-time kernels (zeroing at allocation, the padded classifier weight) count half.
+    for rows in 64/64 128/128; do
+      csv=$out/ncu-step-124m-${rows/\//-}.csv
+      ncu_csv "$csv" "$MODEL_STEP" --device cuda --precision bf16 \
+        --preset gpt2-124m --batch "$BATCH" --steps 1 --warmup 1 --attention-rows "$rows" &&
+        "$PY" bench/ncu_table.py "$csv" --per 2 \
+          --title "gpt2-124m bf16 step, batch $BATCH, attention rows $rows (a step: the mean of 2):" |
+        tee -a "$out/gpu_bench.md"
+    done
+  fi
 fi
 # Another revision's step against this one's (BASELINE): gpt2-124m bf16, forward + backward,
 # alternately, so that both see the same GPU state; then the ratio of the medians.
