@@ -45,7 +45,10 @@ constexpr int kTile = kAttentionRows;
 static_assert(kRows == kTile, "a block's rows and the tiles align (the diagonal tile)");
 constexpr float kLn2 = 0.6931471805599453f;
 // Blocks an SM must hold at head size 64 (__launch_bounds__'s second argument), for kM row
-// tiles a warp (the forward's and dQ's 64 kM rows a block, SetAttentionBlockRows).
+// tiles a warp (the forward's and dQ's 64 kM rows a block, SetAttentionBlockRows). The forward
+// at kM = 1 fits 4 blocks' 128 registers by spilling 40 bytes (7 spill loads a key tile in its
+// SASS); at 3 blocks (168) it would spill none. 4 was the faster when last timed (an earlier
+// forward, the twelfth session).
 template <int D, int kM>
 constexpr int kForwardBlocks = D != 64   ? 1
                                : kM == 1 ? 4
@@ -307,23 +310,24 @@ __global__ void __launch_bounds__(kThreads, kForwardBlocks<D, kM>)
     for (int mt = kLo; mt < kM; ++mt) {
       const bool diagonal = j == f + mt;
       const Lane at = lane.InRowTile(mt);
-      float mx[2] = {m[mt][0], m[mt][1]};
+      // The maximum of the unscaled scores: times the scale (> 0) it is the maximum of the
+      // scaled ones, bit for bit (rounding is monotonic), and each probability is then one
+      // multiply-add and one ex2 (Exp2: the .ftz form, one instruction; exp2f's takes four).
+      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int key = j * kTile + 8 * n + at.col(i);
-          s[mt][n][i] = diagonal && key > at.row(i) ? -INFINITY : s[mt][n][i] * scale_log2;
+          if (diagonal && key > at.row(i)) s[mt][n][i] = -INFINITY;
           mx[i >> 1] = fmaxf(mx[i >> 1], s[mt][n][i]);
         }
-      // exp2f here, not Exp2 (the backward's): under the 128-register bound, ptxas spills 8
-      // bytes with it, 28 with Exp2 (40 taking the maximum of the unscaled scores and one
-      // multiply-add).
       float corr[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float m_new = RowMax(mx[h]);  // finite: key 0 is in every row's first tile
-        corr[h] = exp2f(m[mt][h] - m_new);
+        // finite: key 0 is in every row's first tile
+        const float m_new = fmaxf(m[mt][h], RowMax(mx[h]) * scale_log2);
+        corr[h] = Exp2(m[mt][h] - m_new);
         m[mt][h] = m_new;
         l[mt][h] *= corr[h];
       }
@@ -331,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, kForwardBlocks<D, kM>)
       for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          s[mt][n][i] = exp2f(s[mt][n][i] - m[mt][i >> 1]);
+          s[mt][n][i] = Exp2(fmaf(s[mt][n][i], scale_log2, -m[mt][i >> 1]));
           l[mt][i >> 1] += s[mt][n][i];
         }
 #pragma unroll
@@ -360,8 +364,10 @@ __global__ void __launch_bounds__(kThreads, kForwardBlocks<D, kM>)
   }
 }
 
-// dq (+)= Σ_j ds_ij k_j over keys j ≤ i, ds_ij = p_ij (dO_i · v_j - D_i) scale. grid: Grid<kM>,
-// kM row tiles a warp as the forward's. kAdd: dq is added to dqkv, else written over it (a
+// dq (+)= Σ_j ds_ij k_j over keys j ≤ i, ds_ij = p_ij (dO_i · v_j - D_i) scale, the scale taken
+// once, by the sum as it is stored (so, not by every ds: one multiply a score fewer; the same
+// bits at a power-of-two scale, head sizes 16 and 64). grid: Grid<kM>, kM row tiles a warp as
+// the forward's. kAdd: dq is added to dqkv, else written over it (a
 // template argument: as a run-time flag it costs the dK/dV kernel registers it has not got). A
 // 64-key tile is taken in parts of 32 / kM keys, which bounds the scores' registers; dq sums
 // the parts' products in key order whatever kM is: the same bits.
@@ -417,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, kQueryBlocks<D, kM>)
             const float p = diagonal && key > at.row(i)
                                 ? 0.0f
                                 : Exp2(fmaf(s[mt][n][i], scale_log2, -row_lse[mt][h]));
-            s[mt][n][i] = p * (dp[mt][n][i] - Di[mt][h]) * scale;  // ds
+            s[mt][n][i] = p * (dp[mt][n][i] - Di[mt][h]);  // ds / scale
           }
       }
       AddTimesTile<D, kPart / 16, kM, kLo>(dq, s, ks[j & 1], r0, lane);
@@ -425,16 +431,17 @@ __global__ void __launch_bounds__(kThreads, kQueryBlocks<D, kM>)
     __syncthreads();
   };
   ForKeyTiles<kM>(f, own, step);
-  const float one[2] = {1.0f, 1.0f};
+  const float scaled[2] = {scale, scale};
   const int64_t at = HeadStart(place.at.bh, T, NH, C / NH, 3 * int64_t(C));
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt)
     if (mt < own)
       StoreRows<D>(dqkv + at, At(dqkv16, at), 3 * int64_t(C), dq[mt], lane.InRowTile(mt), T, C / NH,
-                   one, kAdd);
+                   scaled, kAdd);
 }
 
-// dk (+)= Σ_i ds_ij q_i and dv (+)= Σ_i p_ij dO_i over queries i ≥ j. grid: Grid<kW / 4>, a
+// dk (+)= Σ_i ds_ij q_i (the scale taken by the sum, as dq's) and dv (+)= Σ_i p_ij dO_i over
+// queries i ≥ j. grid: Grid<kW / 4>, a
 // block's 16 kW rows being keys, kW warps of 16 (kW = 8: the block's two row tiles of 64 share
 // every Q, dO tile staged, read from memory once for 128 keys). kAdd as above. Query tiles are
 // taken in halves of 32 as above. A key row's sums are the same whatever kW is: the same bits.
@@ -494,7 +501,7 @@ __global__ void __launch_bounds__(32 * kW)
             p[0][n][i] = diagonal && query < lane.row(i)
                              ? 0.0f
                              : Exp2(fmaf(p[0][n][i], scale_log2, -stats[j & 1].lse2[c]));
-            ds[0][n][i] = p[0][n][i] * (ds[0][n][i] - stats[j & 1].dsum[c]) * scale;
+            ds[0][n][i] = p[0][n][i] * (ds[0][n][i] - stats[j & 1].dsum[c]);  // ds / scale
           }
         AddTimesTile<D, 2>(dv, p, dos[j & 1], r0, lane);
         AddTimesTile<D, 2>(dk, ds, qs[j & 1], r0, lane);
@@ -503,10 +510,10 @@ __global__ void __launch_bounds__(32 * kW)
     __syncthreads();
   }
   if (!mine) return;
-  const float one[2] = {1.0f, 1.0f};
+  const float one[2] = {1.0f, 1.0f}, scaled[2] = {scale, scale};
   const int hs = C / NH;
   const int64_t at = HeadStart(place.at.bh, T, NH, hs, 3 * int64_t(C));
-  StoreRows<D>(dqkv + at + C, At(dqkv16, at + C), 3 * int64_t(C), dk[0], lane, T, hs, one, kAdd);
+  StoreRows<D>(dqkv + at + C, At(dqkv16, at + C), 3 * int64_t(C), dk[0], lane, T, hs, scaled, kAdd);
   StoreRows<D>(dqkv + at + 2 * C, At(dqkv16, at + 2 * C), 3 * int64_t(C), dv[0], lane, T, hs, one,
                kAdd);
 }
