@@ -184,7 +184,8 @@ if part attention; then
     done
   done
 fi
-# Every kernel's GPU time by Nsight Compute (one pass a kernel, the clocks left alone): the
+# Every kernel's GPU time by Nsight Compute (one pass a kernel; the clocks and the caches left
+# alone, as a run leaves them: L2 is not flushed before each kernel): the
 # attention alone for each block-row setting (its 4 forward and 4 backward calls: 3 timed rounds
 # of one and the bits' run), then one bf16 step of gpt2-124m (after a warm-up step) at 64/64 and
 # 128/128, per step.
@@ -194,7 +195,8 @@ if part kernels; then
   ncu_csv() {  # csv program args...: false (reported) when ncu or the program failed
     local csv=$1
     shift
-    "$NCU" --csv --print-units base --clock-control none --metrics gpu__time_duration.sum \
+    "$NCU" --csv --print-units base --clock-control none --cache-control none \
+      --metrics gpu__time_duration.sum \
       --log-file "$csv" "$@" >"$csv.stdout" 2>&1 && return 0
     echo "gpu_bench: ncu $* failed:"
     tail -20 "$csv.stdout" "$csv" 2>/dev/null
@@ -214,6 +216,7 @@ if part kernels; then
           "$PY" bench/ncu_table.py "$csv" --per 4 \
             --title "attention alone, $s's heads, rows $rows (a forward and a backward):" |
           tee -a "$out/gpu_bench.md"
+        [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
       done
     done
     # Both steps profiled (a warm-up and a timed one), the table per step: the first step's
@@ -225,6 +228,7 @@ if part kernels; then
         "$PY" bench/ncu_table.py "$csv" --per 2 \
           --title "gpt2-124m bf16 step, batch $BATCH, attention rows $rows (a step: the mean of 2):" |
         tee -a "$out/gpu_bench.md"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     done
   fi
 fi

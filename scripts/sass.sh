@@ -31,15 +31,22 @@ tools=.cache/nvdisasm
 if [[ ! -x $tools/nvdisasm ]]; then
   echo "sass.sh: fetching nvdisasm (Debian's nvidia-cuda-toolkit, non-free) into $tools" >&2
   tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
   mkdir -p "$tmp/lists/partial" "$tmp/archives/partial" "$tools"
   echo "deb http://deb.debian.org/debian bookworm non-free" >"$tmp/sources.list"
   opts=(-o Dir::Etc::sourcelist="$tmp/sources.list" -o Dir::Etc::sourceparts=-
         -o Dir::State::Lists="$tmp/lists" -o Dir::Cache::archives="$tmp/archives")
-  apt-get "${opts[@]}" update >/dev/null 2>&1
-  (cd "$tmp" && apt-get "${opts[@]}" download nvidia-cuda-toolkit >/dev/null 2>&1)
-  dpkg-deb -x "$tmp"/nvidia-cuda-toolkit_*.deb "$tmp/x"
+  if ! { apt-get "${opts[@]}" update && (cd "$tmp" && apt-get "${opts[@]}" download \
+           nvidia-cuda-toolkit) && dpkg-deb -x "$tmp"/nvidia-cuda-toolkit_*.deb "$tmp/x"; } \
+         >"$tmp/apt.log" 2>&1; then
+    echo "sass.sh: could not fetch Debian's nvidia-cuda-toolkit (a Debian mirror and its key" \
+      "are needed):" >&2
+    tail -20 "$tmp/apt.log" >&2
+    exit 1
+  fi
   cp "$tmp/x/usr/bin/nvdisasm" "$tools/nvdisasm"
   rm -rf "$tmp"
+  trap - EXIT
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

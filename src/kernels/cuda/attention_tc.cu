@@ -535,24 +535,30 @@ void Forward(float* out, __nv_bfloat16* out16, float* lse, const Operands& ops, 
 
 AttentionBlockRows block_rows;  // SetAttentionBlockRows
 
+// The dQ kernel with kM row tiles a warp, and the dK/dV kernel with kW warps: their grids and
+// block sizes from the same template arguments as their bounds.
+template <int D, bool kAdd, int kM>
+void Query(float* dqkv, __nv_bfloat16* dqkv16, const Operands& ops, int B, int T, int C, int NH,
+           float scale) {
+  ATL_LAUNCH((TcBackwardQuery<D, kAdd, kM>), Grid<kM>(B, T, NH), kThreads, dqkv, dqkv16, ops.q,
+             ops.k, ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale * kLog2e);
+}
+template <int D, bool kAdd, int kW>
+void KeyValue(float* dqkv, __nv_bfloat16* dqkv16, const Operands& ops, int B, int T, int C, int NH,
+              float scale) {
+  ATL_LAUNCH((TcBackwardKeyValue<D, kAdd, kW>), Grid<kW / 4>(B, T, NH), 32 * kW, dqkv, dqkv16,
+             ops.q, ops.k, ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale * kLog2e);
+}
+
 // The backward's two kernels for head size D, adding to dqkv or writing it (kAdd), with the
 // block rows set.
 template <int D, bool kAdd>
 void Backward(float* dqkv, __nv_bfloat16* dqkv16, const Operands& ops, int B, int T, int C, int NH,
               float scale) {
-  const float scale_log2 = scale * kLog2e;
-  if (block_rows.query == 2 * kRows)
-    ATL_LAUNCH((TcBackwardQuery<D, kAdd, 2>), Grid<2>(B, T, NH), kThreads, dqkv, dqkv16, ops.q,
-               ops.k, ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale_log2);
-  else
-    ATL_LAUNCH((TcBackwardQuery<D, kAdd, 1>), Grid<1>(B, T, NH), kThreads, dqkv, dqkv16, ops.q,
-               ops.k, ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale_log2);
-  if (block_rows.key == 2 * kRows)
-    ATL_LAUNCH((TcBackwardKeyValue<D, kAdd, 8>), Grid<2>(B, T, NH), 2 * kThreads, dqkv, dqkv16,
-               ops.q, ops.k, ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale_log2);
-  else
-    ATL_LAUNCH((TcBackwardKeyValue<D, kAdd, 4>), Grid<1>(B, T, NH), kThreads, dqkv, dqkv16, ops.q,
-               ops.k, ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale_log2);
+  (block_rows.query == 2 * kRows ? Query<D, kAdd, 2> : Query<D, kAdd, 1>)(dqkv, dqkv16, ops, B, T,
+                                                                          C, NH, scale);
+  (block_rows.key == 2 * kRows ? KeyValue<D, kAdd, 8> : KeyValue<D, kAdd, 4>)(dqkv, dqkv16, ops, B,
+                                                                              T, C, NH, scale);
 }
 
 }  // namespace

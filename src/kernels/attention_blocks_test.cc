@@ -1,0 +1,41 @@
+// kernels/attention_blocks.h: the block-row settings the benchmarks and the GPU backend take.
+#include "kernels/attention_blocks.h"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+namespace atl::kernels {
+namespace {
+
+TEST(AttentionBlockRows, ParsesQueryAndKeyRows) {
+  AttentionBlockRows r;
+  ASSERT_TRUE(ParseAttentionBlockRows("128/64", &r));
+  EXPECT_EQ(r.query, 128);
+  EXPECT_EQ(r.key, 64);
+  ASSERT_TRUE(ParseAttentionBlockRows("64/128", &r));
+  EXPECT_EQ(r.query, 64);
+  EXPECT_EQ(r.key, 128);
+  ASSERT_TRUE(ParseAttentionBlockRows("128", &r));  // Q alone: key rows 64
+  EXPECT_EQ(r.query, 128);
+  EXPECT_EQ(r.key, 64);
+  EXPECT_EQ(ToString(r), "128/64");
+  const AttentionBlockRows defaults;
+  EXPECT_EQ(ToString(defaults), "64/64");
+}
+
+TEST(AttentionBlockRows, RefusesAnythingElseAndLeavesTheOutputAlone) {
+  for (const char* bad : {"", "/", "64/", "/64", "64/64/64", "96", "64/32", "256/64", "0128",
+                          "64 /64", "-64", "64/128x", "x"}) {
+    AttentionBlockRows r{128, 128};
+    EXPECT_FALSE(ParseAttentionBlockRows(bad, &r)) << "'" << bad << "'";
+    EXPECT_EQ(r.query, 128) << bad;
+    EXPECT_EQ(r.key, 128) << bad;
+  }
+  EXPECT_THROW(CheckAttentionBlockRows({96, 64}), std::invalid_argument);
+  EXPECT_THROW(CheckAttentionBlockRows({64, 0}), std::invalid_argument);
+  EXPECT_NO_THROW(CheckAttentionBlockRows({128, 128}));
+}
+
+}  // namespace
+}  // namespace atl::kernels
