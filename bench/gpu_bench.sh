@@ -144,6 +144,9 @@ if part detectors; then
   echo
 fi
 MODEL_STEP=${MODEL_STEP:-$(command -v kernels_model_step || echo build/release/bench/kernels_model_step)}
+ATTENTION=${ATTENTION:-$(command -v kernels_attention || echo build/release/bench/kernels_attention)}
+# The attention's block-row settings (query/key rows) parts attention and kernels time.
+ROWS_SETTINGS="64/64 128/64 64/128 128/128"
 for prec in fp32 bf16; do
   part profile || break
   echo "atoll's time per op, $prec (gpt2-124m, batch $BATCH, the GPU waited for after every op):"
@@ -163,7 +166,6 @@ if part copies; then
 fi
 # The attention alone, atoll's and PyTorch's, at each shape's heads (forward and backward, bf16).
 if part attention; then
-  ATTENTION=${ATTENTION:-$(command -v kernels_attention || echo build/release/bench/kernels_attention)}
   for s in $SHAPES; do
     read -r L H C <<<"$(shape_args "$s")"
     echo "attention, $s's heads (batch $BATCH, seq 1024), atoll then PyTorch:" | tee -a "$out/gpu_bench.md"
@@ -177,7 +179,7 @@ if part attention; then
   echo "the bf16 step (gpt2-124m, batch $BATCH) by the attention's block rows, alternately:" |
     tee -a "$out/gpu_bench.md"
   for i in 1 2; do
-    for rows in 64/64 128/64 64/128 128/128; do
+    for rows in $ROWS_SETTINGS; do
       line=$("$MODEL_STEP" --device cuda --precision bf16 --preset gpt2-124m --batch "$BATCH" \
         --steps 10 --warmup 3 --attention-rows $rows | tail -1) || status=1
       echo "  rows $rows: $line" | tee -a "$out/gpu_bench.md"
@@ -190,7 +192,6 @@ fi
 # of one and the bits' run), then one bf16 step of gpt2-124m (after a warm-up step) at 64/64 and
 # 128/128, per step.
 if part kernels; then
-  ATTENTION=${ATTENTION:-$(command -v kernels_attention || echo build/release/bench/kernels_attention)}
   NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
   ncu_csv() {  # csv program args...: false (reported) when ncu or the program failed
     local csv=$1
@@ -209,7 +210,7 @@ if part kernels; then
   else
     for s in $SHAPES; do
       read -r L H C <<<"$(shape_args "$s")"
-      for rows in 64/64 128/64 64/128 128/128; do
+      for rows in $ROWS_SETTINGS; do
         csv=$out/ncu-attention-$s-${rows/\//-}.csv
         ncu_csv "$csv" "$ATTENTION" --batch "$BATCH" --seq 1024 --heads "$H" --width "$C" \
           --rows "$rows" --steps 1 --warmup 0 &&

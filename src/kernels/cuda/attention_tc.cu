@@ -441,10 +441,10 @@ __global__ void __launch_bounds__(kThreads, kQueryBlocks<D, kM>)
 }
 
 // dk (+)= Σ_i ds_ij q_i (the scale taken by the sum, as dq's) and dv (+)= Σ_i p_ij dO_i over
-// queries i ≥ j. grid: Grid<kW / 4>, a
-// block's 16 kW rows being keys, kW warps of 16 (kW = 8: the block's two row tiles of 64 share
-// every Q, dO tile staged, read from memory once for 128 keys). kAdd as above. Query tiles are
-// taken in halves of 32 as above. A key row's sums are the same whatever kW is: the same bits.
+// queries i ≥ j. grid: Grid<kW / 4>, a block's 16 kW rows being keys, kW warps of 16 (kW = 8:
+// the block's two row tiles of 64 share every Q, dO tile staged, read from memory once for 128
+// keys). kAdd as above. Query tiles are taken in halves of 32 as above. A key row's sums are the
+// same whatever kW is: the same bits.
 template <int D, bool kAdd, int kW>
 __global__ void __launch_bounds__(32 * kW)
     TcBackwardKeyValue(float* dqkv, __nv_bfloat16* dqkv16, const uint16_t* q16, const uint16_t* k16,
