@@ -12,11 +12,12 @@
 # --baseline FILE` packs: the bf16 step of both, alternately, 3 times each, in one run); part
 # attention: the attention alone at each shape (batch, seq 1024, its heads), atoll's
 # (bench/kernels/attention.cc, the block-row settings of its tensor-core kernels, query/key rows
-# 64/64, 128/64, 64/128 and 128/128, and whether they give the same bits) and PyTorch's scaled_dot_product_attention (bench/torch_attention_gpu.py,
-# each backend) in one run, then the bf16 step with each block-row setting; part kernels: Nsight
+# 64/64, 128/64, 64/128 and 128/128, each with the split and the fused backward, and whether they
+# give the same bits) and PyTorch's scaled_dot_product_attention (bench/torch_attention_gpu.py,
+# each backend) in one run, then the bf16 step with each setting; part kernels: Nsight
 # Compute's time of every kernel (ncu, gpu__time_duration.sum; bench/ncu_table.py's tables), of
-# the attention alone at each shape and block-row setting and of one bf16 step of gpt2-124m at
-# 64/64 and 128/128, the raw CSVs kept in OUT (NCU, default ncu on PATH or in /usr/local/cuda/bin);
+# the attention alone at each shape and setting and of one bf16 step of gpt2-124m at
+# 64/64 and 128/128, split and fused, the raw CSVs kept in OUT (NCU, default ncu on PATH or in /usr/local/cuda/bin);
 # ATTENTION (default kernels_attention on PATH); OUT (when set, the table and the logs are also written there);
 # ATOLL (default: atoll on PATH); PY=python3 (with torch 2.x). A run that fails is reported (its
 # log's tail, "failed" in the table) and the rest goes on; the exit status is then 1.
@@ -145,8 +146,10 @@ if part detectors; then
 fi
 MODEL_STEP=${MODEL_STEP:-$(command -v kernels_model_step || echo build/release/bench/kernels_model_step)}
 ATTENTION=${ATTENTION:-$(command -v kernels_attention || echo build/release/bench/kernels_attention)}
-# The attention's block-row settings (query/key rows) parts attention and kernels time.
+# The attention's block-row settings (query/key rows) and backward kinds parts attention and
+# kernels time.
 ROWS_SETTINGS="64/64 128/64 64/128 128/128"
+BACKWARD_KINDS="split fused"
 for prec in fp32 bf16; do
   part profile || break
   echo "atoll's time per op, $prec (gpt2-124m, batch $BATCH, the GPU waited for after every op):"
@@ -176,21 +179,24 @@ if part attention; then
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     echo | tee -a "$out/gpu_bench.md"
   done
-  echo "the bf16 step (gpt2-124m, batch $BATCH) by the attention's block rows, alternately:" |
+  echo "the bf16 step (gpt2-124m, batch $BATCH) by the attention's block rows and backward, alternately:" |
     tee -a "$out/gpu_bench.md"
   for i in 1 2; do
-    for rows in $ROWS_SETTINGS; do
-      line=$("$MODEL_STEP" --device cuda --precision bf16 --preset gpt2-124m --batch "$BATCH" \
-        --steps 10 --warmup 3 --attention-rows $rows | tail -1) || status=1
-      echo "  rows $rows: $line" | tee -a "$out/gpu_bench.md"
+    for kind in $BACKWARD_KINDS; do
+      for rows in $ROWS_SETTINGS; do
+        line=$("$MODEL_STEP" --device cuda --precision bf16 --preset gpt2-124m --batch "$BATCH" \
+          --steps 10 --warmup 3 --attention-rows $rows --attention-backward $kind | tail -1) ||
+          status=1
+        echo "  rows $rows $kind: $line" | tee -a "$out/gpu_bench.md"
+      done
     done
   done
 fi
 # Every kernel's GPU time by Nsight Compute (one pass a kernel; the clocks and the caches left
 # alone, as a run leaves them: L2 is not flushed before each kernel): the
-# attention alone for each block-row setting (its 4 forward and 4 backward calls: 3 timed rounds
-# of one and the bits' run), then one bf16 step of gpt2-124m (after a warm-up step) at 64/64 and
-# 128/128, per step.
+# attention alone for each block-row setting and backward kind (its 4 forward and 4 backward
+# calls: 3 timed rounds of one and the bits' run), then one bf16 step of gpt2-124m (after a
+# warm-up step) at 64/64 and 128/128, split and fused, per step.
 if part kernels; then
   NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
   ncu_csv() {  # csv program args...: false (reported) when ncu or the program failed
@@ -210,26 +216,31 @@ if part kernels; then
   else
     for s in $SHAPES; do
       read -r L H C <<<"$(shape_args "$s")"
-      for rows in $ROWS_SETTINGS; do
-        csv=$out/ncu-attention-$s-${rows/\//-}.csv
-        ncu_csv "$csv" "$ATTENTION" --batch "$BATCH" --seq 1024 --heads "$H" --width "$C" \
-          --rows "$rows" --steps 1 --warmup 0 &&
-          "$PY" bench/ncu_table.py "$csv" --per 4 \
-            --title "attention alone, $s's heads, rows $rows (a forward and a backward):" |
-          tee -a "$out/gpu_bench.md"
-        [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+      for kind in $BACKWARD_KINDS; do
+        for rows in $ROWS_SETTINGS; do
+          csv=$out/ncu-attention-$s-${rows/\//-}-$kind.csv
+          ncu_csv "$csv" "$ATTENTION" --batch "$BATCH" --seq 1024 --heads "$H" --width "$C" \
+            --rows "$rows" --backward "$kind" --steps 1 --warmup 0 &&
+            "$PY" bench/ncu_table.py "$csv" --per 4 \
+              --title "attention alone, $s's heads, rows $rows, $kind (a forward and a backward):" |
+            tee -a "$out/gpu_bench.md"
+          [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+        done
       done
     done
     # Both steps profiled (a warm-up and a timed one), the table per step: the first step's
     # one-time kernels (zeroing at allocation, the padded classifier weight) count half.
-    for rows in 64/64 128/128; do
-      csv=$out/ncu-step-124m-${rows/\//-}.csv
-      ncu_csv "$csv" "$MODEL_STEP" --device cuda --precision bf16 \
-        --preset gpt2-124m --batch "$BATCH" --steps 1 --warmup 1 --attention-rows "$rows" &&
-        "$PY" bench/ncu_table.py "$csv" --per 2 \
-          --title "gpt2-124m bf16 step, batch $BATCH, attention rows $rows (a step: the mean of 2):" |
-        tee -a "$out/gpu_bench.md"
-      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    for kind in $BACKWARD_KINDS; do
+      for rows in 64/64 128/128; do
+        csv=$out/ncu-step-124m-${rows/\//-}-$kind.csv
+        ncu_csv "$csv" "$MODEL_STEP" --device cuda --precision bf16 --preset gpt2-124m \
+          --batch "$BATCH" --steps 1 --warmup 1 --attention-rows "$rows" \
+          --attention-backward "$kind" &&
+          "$PY" bench/ncu_table.py "$csv" --per 2 --title \
+            "gpt2-124m bf16 step, batch $BATCH, attention rows $rows, $kind (a step: the mean of 2):" |
+          tee -a "$out/gpu_bench.md"
+        [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+      done
     done
   fi
 fi

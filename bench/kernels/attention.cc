@@ -1,16 +1,20 @@
 // Attention benchmark (issue 18): the GPU attention's forward and backward alone, at one shape,
 // for each block-row setting of the tensor-core kernels (kernels/attention_blocks.h,
-// SetAttentionBlockRows: the forward's and dQ's query rows / the dK/dV kernel's key rows), timed
-// in one run; and whether the settings give the same bits (they must: the exit status is 1 when
-// not).
+// SetAttentionBlockRows: the forward's and dQ's query rows / the dK/dV kernel's key rows) and
+// each backward kind (SetAttentionBackwardKind: dQ by a kernel of its own, split, or from the
+// dK/dV kernel's partial sums, fused), timed in one run; and whether the settings give the same
+// bits (they must, but for dQ between the kinds, whose difference is printed: the exit status is
+// 1 when not).
 //
 //   build/release/bench/kernels_attention [--batch 8] [--seq 1024] [--heads 12] [--width 768]
-//       [--steps 20] [--warmup 3] [--rows 64/64,128/64,64/128,128/128] [--precision bf16|fp32]
+//       [--steps 20] [--warmup 3] [--rows 64/64,128/64,64/128,128/128] [--backward split,fused]
+//       [--precision bf16|fp32]
 //
 // A forward is AttentionForward as the model calls it (the pass that rounds Q, K, V into the
 // kernels' layout, kept for the backward, then the kernel; out's bf16 copy written); a backward
 // AttentionBackward with those kept operands (the pass over dO and out, then the dQ and the dK/dV
-// kernels; dqkv written with its bf16 copy). Each is called `steps` times back to back after
+// kernels, or the fused dK/dV kernel and the sum of its dQ partials; dqkv written with its bf16
+// copy). Each is called `steps` times back to back after
 // `warmup` calls, the GPU waited for once at the end (host clock): the time a call is the total
 // over steps. The settings take turns, three rounds; each gets its best round.
 // FLOPs as FlashAttention counts them for a causal attention: forward 4 B NH T² D / 2, backward
@@ -46,16 +50,47 @@ struct Shape {
   size_t x() const { return size_t(B) * T * C; }
 };
 
-// What one setting computed: out, lse, dqkv and the bf16 copies of out and dqkv.
+// What one setting computed: out, lse, dqkv ([B, T, 3C]: dq, dk, dv) and the bf16 copies of
+// out and dqkv.
 struct Outputs {
   std::vector<float> out, lse, dqkv;
   std::vector<uint16_t> out16, dqkv16;
-  bool operator==(const Outputs& o) const {
+  // The same bits as o, dq too or (with_dq false) all but dq (columns 0 .. C of dqkv's rows).
+  bool Same(const Outputs& o, size_t C, bool with_dq) const {
     auto same = [](const auto& a, const auto& b) {
       return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
     };
-    return same(out, o.out) && same(lse, o.lse) && same(dqkv, o.dqkv) && same(out16, o.out16) &&
-           same(dqkv16, o.dqkv16);
+    auto same_grad = [&](const auto& a, const auto& b) {
+      if (with_dq) return same(a, b);
+      if (a.size() != b.size()) return false;
+      for (size_t i = 0; i < a.size(); i += 3 * C)
+        if (std::memcmp(&a[i + C], &b[i + C], 2 * C * sizeof(a[0])) != 0) return false;
+      return true;
+    };
+    return same(out, o.out) && same(lse, o.lse) && same(out16, o.out16) &&
+           same_grad(dqkv, o.dqkv) && same_grad(dqkv16, o.dqkv16);
+  }
+  // dq's normalized difference from o's: sqrt(Σ (a - b)² / Σ b²).
+  double DqDifference(const Outputs& o, size_t C) const {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < dqkv.size(); ++i)
+      if (i % (3 * C) < C) {
+        const double d = double(dqkv[i]) - o.dqkv[i];
+        num += d * d;
+        den += double(o.dqkv[i]) * o.dqkv[i];
+      }
+    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  }
+};
+
+// A setting: block rows and backward kind.
+struct Setting {
+  atl::kernels::AttentionBlockRows rows;
+  atl::kernels::AttentionBackwardKind kind;
+  std::string Name() const { return ToString(rows) + " " + ToString(kind); }
+  void Set() const {
+    cuda::SetAttentionBlockRows(rows);
+    cuda::SetAttentionBackwardKind(kind);
   }
 };
 
@@ -132,8 +167,10 @@ struct Bench {
   std::fprintf(why != nullptr ? stderr : stdout,
                "usage: kernels_attention [--batch 8] [--seq 1024] [--heads 12] [--width 768] "
                "[--steps 20] [--warmup 3] [--rows 64/64,128/64,64/128,128/128] "
-               "[--precision bf16|fp32]\n"
-               "  --rows: block-row settings, query/key rows (64 or 128; Q alone is Q/64)\n");
+               "[--backward split,fused] [--precision bf16|fp32]\n"
+               "  --rows: block-row settings, query/key rows (64 or 128; Q alone is Q/64)\n"
+               "  --backward: how dQ is computed, by a kernel of its own (split) or from the "
+               "dK/dV kernel's partial sums (fused)\n");
   std::exit(why != nullptr ? 2 : 0);
 }
 
@@ -154,6 +191,9 @@ int main(int argc, char** argv) {
   int steps = 20, warmup = 3;
   using atl::kernels::AttentionBlockRows;
   std::vector<AttentionBlockRows> rows = {{64, 64}, {128, 64}, {64, 128}, {128, 128}};
+  using atl::kernels::AttentionBackwardKind;
+  std::vector<AttentionBackwardKind> kinds = {AttentionBackwardKind::kSplit,
+                                              AttentionBackwardKind::kFused};
   bool bf16 = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -183,6 +223,17 @@ int main(int argc, char** argv) {
         if (comma == std::string_view::npos) break;
         rest.remove_prefix(comma + 1);
       }
+    } else if (a == "--backward") {
+      kinds.clear();
+      for (std::string_view rest = v;;) {
+        const size_t comma = rest.find(',');
+        AttentionBackwardKind k;
+        if (!atl::kernels::ParseAttentionBackwardKind(rest.substr(0, comma), &k))
+          Usage("--backward: split or fused, comma-separated");
+        kinds.push_back(k);
+        if (comma == std::string_view::npos) break;
+        rest.remove_prefix(comma + 1);
+      }
     } else if (a == "--precision") {
       if (std::strcmp(v, "bf16") != 0 && std::strcmp(v, "fp32") != 0)
         Usage("--precision: bf16 or fp32");
@@ -193,12 +244,16 @@ int main(int argc, char** argv) {
   }
   if (s.C % s.NH != 0) Usage("--width must be a multiple of --heads");
   if (rows.empty()) Usage("--rows: at least one setting");
+  if (kinds.empty()) Usage("--backward: at least one kind");
   if (std::string why; !cuda::Available(&why)) {
     std::fprintf(stderr, "kernels_attention: no usable GPU: %s\n", why.c_str());
     return 2;
   }
   cuda::SetBf16Matmul(bf16);
-  if (!bf16) rows = {AttentionBlockRows{}};
+  if (!bf16) rows = {AttentionBlockRows{}}, kinds = {AttentionBackwardKind::kSplit};
+  std::vector<Setting> settings;
+  for (const AttentionBackwardKind k : kinds)
+    for (const AttentionBlockRows& r : rows) settings.push_back({r, k});
   const cuda::DeviceInfo info = cuda::Probe();
   const int D = s.C / s.NH;
   const double fwd_flop = 4.0 * s.B * s.NH * double(s.T) * s.T * D / 2.0;
@@ -209,35 +264,50 @@ int main(int argc, char** argv) {
       cuda::AttentionKeptElements(s.B, s.T, s.C, s.NH) > 0 ? "tensor cores" : "float kernels",
       steps, warmup);
   std::printf(
-      "| rows (query/key) | forward ms | backward ms | forward TFLOP/s | backward TFLOP/s | "
+      "| rows (query/key), backward | forward ms | backward ms | forward TFLOP/s | backward "
+      "TFLOP/s | "
       "both TFLOP/s |\n|---|---:|---:|---:|---:|---:|\n");
   Bench bench(s);
-  std::vector<Timing> best(rows.size());
+  std::vector<Timing> best(settings.size());
   for (int round = 0; round < 3; ++round)
-    for (size_t i = 0; i < rows.size(); ++i) {
-      cuda::SetAttentionBlockRows(rows[i]);
+    for (size_t i = 0; i < settings.size(); ++i) {
+      settings[i].Set();
       const Timing t = bench.Time(steps, warmup);
       if (round == 0 || t.forward_s < best[i].forward_s) best[i].forward_s = t.forward_s;
       if (round == 0 || t.backward_s < best[i].backward_s) best[i].backward_s = t.backward_s;
     }
   std::vector<Outputs> results;
-  for (size_t i = 0; i < rows.size(); ++i) {
+  for (size_t i = 0; i < settings.size(); ++i) {
     const Timing& t = best[i];
-    cuda::SetAttentionBlockRows(rows[i]);
+    settings[i].Set();
     results.push_back(bench.Results());
-    std::printf("| %s | %.3f | %.3f | %.1f | %.1f | %.1f |\n", ToString(rows[i]).c_str(),
+    std::printf("| %s | %.3f | %.3f | %.1f | %.1f | %.1f |\n", settings[i].Name().c_str(),
                 1e3 * t.forward_s, 1e3 * t.backward_s, fwd_flop / t.forward_s / 1e12,
                 2.5 * fwd_flop / t.backward_s / 1e12,
                 3.5 * fwd_flop / (t.forward_s + t.backward_s) / 1e12);
     std::fflush(stdout);
   }
   cuda::SetAttentionBlockRows({});
-  for (size_t i = 1; i < results.size(); ++i)
-    if (!(results[i] == results[0])) {
-      std::printf("rows %s and %s: different bits (they must be the same)\n",
-                  ToString(rows[0]).c_str(), ToString(rows[i]).c_str());
+  cuda::SetAttentionBackwardKind(AttentionBackwardKind::kSplit);
+  // Against the first setting, and dq against the first of the same kind.
+  const size_t C = size_t(s.C);
+  for (size_t i = 1; i < results.size(); ++i) {
+    size_t kin = 0;
+    while (settings[kin].kind != settings[i].kind) ++kin;
+    if (!results[i].Same(results[0], C, /*with_dq=*/false) ||
+        !results[i].Same(results[kin], C, /*with_dq=*/true)) {
+      std::printf("%s and %s: different bits (they must be the same%s)\n",
+                  settings[kin].Name().c_str(), settings[i].Name().c_str(),
+                  kin == 0 ? "" : ", or but for dq against the other kind");
       return 1;
     }
-  if (results.size() > 1) std::printf("every setting gave the same bits\n");
+    if (kin == i && kin != 0)
+      std::printf("dq, %s against %s: normalized difference %.2e (another order of sums)\n",
+                  settings[i].Name().c_str(), settings[0].Name().c_str(),
+                  results[i].DqDifference(results[0], C));
+  }
+  if (results.size() > 1)
+    std::printf("every setting gave the same bits%s\n",
+                kinds.size() > 1 ? " (but dq between the backward kinds)" : "");
   return 0;
 }

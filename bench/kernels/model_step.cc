@@ -3,7 +3,7 @@
 //   build/.../bench/kernels_model_step [--preset tiny|small|gpt2-124m|gpt2-350m|all]
 //       [--threads 1,2] [--batch B] [--steps S] [--warmup W] [--profile] [--sgemm GFLOPS]
 //       [--device cpu|cuda] [--precision fp32|bf16] [--bf16-copies on|off]
-//       [--attention-rows Q/K]
+//       [--attention-rows Q/K] [--attention-backward split|fused]
 //
 // --device cuda runs the model on the GPU (float); MFU is then against --sgemm (default 67,000
 // GFLOP/s: an H100 SXM's dense fp32 rate), and --profile waits for the GPU after every op.
@@ -17,7 +17,9 @@
 // the GPU the line also gives the bytes set by zeroing passes per step (the gradients' ZeroGrad
 // among them). --attention-rows Q/K: the rows of a block of the tensor-core attention's kernels,
 // the forward's and dQ's query rows and the dK/dV kernel's key rows, 64 or 128 each (Q alone:
-// Q/64; SetAttentionBlockRows, the same bits), to time the step either way.
+// Q/64; SetAttentionBlockRows, the same bits), to time the step either way;
+// --attention-backward fused: dQ from the dK/dV kernel's partial sums instead of a kernel of its
+// own (SetAttentionBackwardKind; dQ's bits change, by another order of sums).
 //
 // Shapes are those of configs/{tiny,small,gpt2-124m}.toml; the batch defaults to the preset's
 // micro_batch_size (gpt2-124m: 1, to fit beside other users' jobs).
@@ -190,6 +192,8 @@ int main(int argc, char** argv) {
   atl::Device device = atl::Device::kCpu;
   bool bf16 = false, bf16_copies = true;
   atl::kernels::AttentionBlockRows attention_rows;
+  atl::kernels::AttentionBackwardKind attention_backward =
+      atl::kernels::AttentionBackwardKind::kSplit;
   for (int i = 1; i < argc; ++i) {
     auto next = [&] {
       if (i + 1 >= argc) {
@@ -230,6 +234,11 @@ int main(int argc, char** argv) {
                      "kernels_model_step: --attention-rows: Q/K, query and key rows 64 or 128\n");
         return 2;
       }
+    } else if (!std::strcmp(argv[i], "--attention-backward")) {
+      if (!atl::kernels::ParseAttentionBackwardKind(next(), &attention_backward)) {
+        std::fprintf(stderr, "kernels_model_step: --attention-backward: split or fused\n");
+        return 2;
+      }
     } else if (!std::strcmp(argv[i], "--device")) {
       if (!atl::ParseDevice(next(), &device)) {
         std::fprintf(stderr, "kernels_model_step: --device: cpu or cuda\n");
@@ -247,7 +256,7 @@ int main(int argc, char** argv) {
                    "usage: kernels_model_step [--preset tiny|small|gpt2-124m|all] [--threads 1,2] "
                    "[--batch B] [--steps S] [--warmup W] [--profile] [--sgemm GFLOPS] "
                    "[--device cpu|cuda] [--precision fp32|bf16] [--bf16-copies on|off] "
-                   "[--attention-rows Q/K]\n");
+                   "[--attention-rows Q/K] [--attention-backward split|fused]\n");
       return 2;
     }
   }
@@ -271,6 +280,7 @@ int main(int argc, char** argv) {
     if (sgemm <= 0) sgemm = bf16 ? 989000 : 67000;
     atl::SetBf16Matmul(bf16);
     atl::SetAttentionBlockRows(attention_rows);
+    atl::SetAttentionBackwardKind(attention_backward);
   }
   const auto info = atl::kernels::InitBackend();
   double load[3] = {0, 0, 0};

@@ -1,5 +1,6 @@
 // The rows of a block of the GPU's tensor-core attention kernels (kernels/cuda/attention_tc.cu),
-// a question of speed alone: every setting gives the same bits. Backend-neutral, so that a
+// a question of speed alone: every setting gives the same bits; and how their backward computes
+// dQ (AttentionBackwardKind). Backend-neutral, so that a
 // build without CUDA parses and checks the same settings (model/backend.h); C++17, as the CUDA
 // sources are.
 #pragma once
@@ -52,6 +53,27 @@ inline bool ParseAttentionBlockRows(std::string_view s, AttentionBlockRows* out)
   if (slash != std::string_view::npos && !number(s.substr(slash + 1), &r.key)) return false;
   if (!ValidAttentionBlockRows(r)) return false;
   *out = r;
+  return true;
+}
+
+// How the tensor-core attention's backward computes dQ:
+//   kSplit: a kernel of its own over query blocks, which computes S and dP again before dS K
+//     (7 products of a score's size in the two kernels: S, dP and dS K; S, dP, P^T dO, dS^T Q);
+//   kFused: in the dK/dV kernel, from the dS it has (5 products): each key block of 64
+//     leaves its partial sum Σ_j ds_ij k_j for the queries that see it, which a second pass adds
+//     in key-block order (two runs the same bits, with no atomic; at 124M's attention, B 8 and T
+//     1024, 214 MB of partial sums). dQ's bits are not kSplit's (another order of sums), dK's and
+//     dV's are; every block-row setting gives kFused the same bits.
+enum class AttentionBackwardKind { kSplit, kFused };
+
+inline const char* ToString(AttentionBackwardKind b) {
+  return b == AttentionBackwardKind::kFused ? "fused" : "split";
+}
+
+// "split" or "fused" into *out; false (and *out unchanged) otherwise.
+inline bool ParseAttentionBackwardKind(std::string_view s, AttentionBackwardKind* out) {
+  if (s != "split" && s != "fused") return false;
+  *out = s == "fused" ? AttentionBackwardKind::kFused : AttentionBackwardKind::kSplit;
   return true;
 }
 

@@ -37,5 +37,20 @@ TEST(AttentionBlockRows, RefusesAnythingElseAndLeavesTheOutputAlone) {
   EXPECT_NO_THROW(CheckAttentionBlockRows({128, 128}));
 }
 
+TEST(AttentionBackwardKind, ParsesSplitAndFusedOnly) {
+  AttentionBackwardKind b = AttentionBackwardKind::kSplit;
+  ASSERT_TRUE(ParseAttentionBackwardKind("fused", &b));
+  EXPECT_EQ(b, AttentionBackwardKind::kFused);
+  EXPECT_STREQ(ToString(b), "fused");
+  ASSERT_TRUE(ParseAttentionBackwardKind("split", &b));
+  EXPECT_EQ(b, AttentionBackwardKind::kSplit);
+  EXPECT_STREQ(ToString(b), "split");
+  for (const char* bad : {"", "Fused", "fused ", "fuse", "single", "splitfused"}) {
+    AttentionBackwardKind out = AttentionBackwardKind::kFused;
+    EXPECT_FALSE(ParseAttentionBackwardKind(bad, &out)) << "'" << bad << "'";
+    EXPECT_EQ(out, AttentionBackwardKind::kFused) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace atl::kernels

@@ -96,6 +96,19 @@ inline kernels::AttentionBlockRows SetAttentionBlockRows(kernels::AttentionBlock
 #endif
 }
 
+// How the GPU's tensor-core attention computes dQ (kernels/attention_blocks.h, kernels/cuda/ops.h
+// SetAttentionBackwardKind); returns the previous setting. Without CUDA nothing is set (kSplit
+// returned).
+inline kernels::AttentionBackwardKind SetAttentionBackwardKind(
+    kernels::AttentionBackwardKind backward) {
+#if ATOLL_HAVE_CUDA
+  return kernels::cuda::SetAttentionBackwardKind(backward);
+#else
+  (void)backward;
+  return kernels::AttentionBackwardKind::kSplit;
+#endif
+}
+
 // The bf16 elements the GPU's attention forward keeps for its backward at this shape now
 // (kernels/cuda/ops.h AttentionKeptElements; 0 without CUDA).
 inline size_t AttentionKeptElements(int B, int T, int C, int NH) {

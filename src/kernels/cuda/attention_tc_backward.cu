@@ -2,6 +2,8 @@
 // kernel over query blocks, dK and dV by a kernel over key blocks, so that every gradient element
 // is one thread's sum in a fixed order and no atomic is needed.
 #include <cmath>
+#include <type_traits>
+#include <utility>
 
 #include "kernels/cuda/attention_tc.cuh"
 #include "kernels/cuda/attention_tc_tiles.cuh"
@@ -95,20 +97,95 @@ __global__ void __launch_bounds__(kThreads, kQueryBlocks<D, kM>)
                    scaled, kAdd);
 }
 
+// The fused backward's partial sums of dq (AttentionBackwardKind::kFused): for each head, for each
+// key block kb of 64 keys, rows 64 kb .. Tp - 1 (the queries that see its keys) of D floats, the
+// sums Σ_j ds_ij k_j / scale over its keys j; block kb's rows after the Σ_{i<kb} (Tp - 64 i) rows
+// of those before it. PartialRow(kb): where block kb's rows start in a head's; kb = Tp / 64: a
+// head's rows.
+__host__ __device__ inline int64_t PartialRow(int kb, int Tp) {
+  return int64_t(kb) * Tp - int64_t(kRows / 2) * kb * (kb - 1);
+}
+
+// The ds of a half tile, transposed (the block's 16 kW keys x 32 queries), bf16, for the fused
+// backward's dq products; rows padded by 8 (16 bytes), so that the 8 rows an 8x8 matrix reads
+// fall in 8 different bank groups.
+template <int kKeys>
+struct alignas(16) HalfTileDs {
+  uint16_t row[kKeys][32 + 8];
+};
+
+// The fused backward's B fragments of K for the dq products: the warp's D / 4 columns (D / 32
+// tiles of 8) of its row tile's 64 keys (4 k steps of 16), from `keys` (the row tile's K rows,
+// staged).
+template <int D>
+using KeyFragments = uint32_t[4][D / 32][2];
+template <int D>
+__device__ inline void LoadKeyFragments(KeyFragments<D>& kf, const Tile<D>& keys,
+                                        const Lane& lane) {
+  const int m = lane.lane / 8;  // matrix m: keys 16 kk + 8 (m & 1) + (0..7), columns 8 (n + m / 2)
+  const int n = D / 32 * (lane.warp % 4);  // at D = 32 the second tile (the next warp's) unused
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t b[4];
+    LdMatrix4<true>(b, &keys.row[16 * kk + 8 * (m & 1) + lane.lane % 8][8 * (n + m / 2)]);
+#pragma unroll
+    for (int nn = 0; nn < D / 32; ++nn) {
+      kf[kk][nn][0] = b[2 * nn];
+      kf[kk][nn][1] = b[2 * nn + 1];
+    }
+  }
+}
+
+// The warp's part of a half tile's dq partial sums: its row tile's ds (the 64 rows of HalfTileDs
+// from ds, the half's 32 queries: 2 row tiles of 16) times their K rows (kf: the warp's D / 4
+// columns), over the 64 keys in order, stored at `rows` (the partial row of the half's first
+// query; D floats a row).
+template <int D>
+__device__ inline void StoreQueryPartial(float* rows, const uint16_t (*ds)[32 + 8],
+                                         const KeyFragments<D>& kf, const Lane& lane) {
+  float acc[2][D / 32][4] = {};
+  const int m = lane.lane / 8;  // matrix m: keys 8 (m / 2) + (0..7), queries 8 (m & 1) ..
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int mq = 0; mq < 2; ++mq) {
+      uint32_t a[4];  // A = ds (queries x keys): the stored tile read transposed
+      LdMatrix4<true>(a, &ds[16 * kk + 8 * (m / 2) + lane.lane % 8][16 * mq + 8 * (m & 1)]);
+#pragma unroll
+      for (int nn = 0; nn < D / 32; ++nn) MmaBf16(acc[mq][nn], a, kf[kk][nn]);
+    }
+#pragma unroll
+  for (int mq = 0; mq < 2; ++mq)
+#pragma unroll
+    for (int nn = 0; nn < D / 32; ++nn)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int q = 16 * mq + lane.g + 8 * h, d = D / 4 * (lane.warp % 4) + 8 * nn + 2 * lane.t;
+        Store8(rows + int64_t(q) * D + d,
+               uint2{__float_as_uint(acc[mq][nn][2 * h]), __float_as_uint(acc[mq][nn][2 * h + 1])});
+      }
+}
+
 // dk (+)= Σ_i ds_ij q_i (the scale taken by the sum, as dq's) and dv (+)= Σ_i p_ij dO_i over
 // queries i ≥ j. grid: Grid<kW / 4>, a block's 16 kW rows being keys, kW warps of 16 (kW = 8:
 // the block's two row tiles of 64 share every Q, dO tile staged, read from memory once for 128
 // keys). kAdd as above. Query tiles are taken in halves of 32 as above. A key row's sums are the
 // same whatever kW is: the same bits.
-template <int D, bool kAdd, int kW>
+// kFused: the block also leaves dq's partial sums (PartialRow) in `partial`: each half tile's ds
+// goes through shared memory (bf16, as the products take it), where the 4 warps of a row tile
+// multiply it by the row tile's K, each warp a quarter of the columns, over the row tile's 64
+// keys: a row tile's sums are the same whatever kW is.
+template <int D, bool kAdd, int kW, bool kFused>
 __global__ void __launch_bounds__(32 * kW)
-    TcBackwardKeyValue(float* dqkv, __nv_bfloat16* dqkv16, const uint16_t* q16, const uint16_t* k16,
-                       const uint16_t* v16, const uint16_t* do16, const float* dsum,
-                       const float* lse2, int T, int C, int NH, float scale, float scale_log2) {
+    TcBackwardKeyValue(float* dqkv, __nv_bfloat16* dqkv16, float* partial, const uint16_t* q16,
+                       const uint16_t* k16, const uint16_t* v16, const uint16_t* do16,
+                       const float* dsum, const float* lse2, int T, int C, int NH, float scale,
+                       float scale_log2) {
   static_assert(kW == 4 || kW == 8, "one or two row tiles of 64 keys a block");
   constexpr int kM = kW / 4;
   __shared__ Tile<D> qs[2], dos[2];
   __shared__ RowStats stats[2];
+  __shared__ std::conditional_t<kFused, HalfTileDs<16 * kW>, char> half_ds;
   const Place place = Place::Of<D, kM>(T, /*descending=*/false);
   const Lane lane(place.first);
   const int64_t head_rows = int64_t(place.at.bh) * place.Tp;
@@ -124,26 +201,53 @@ __global__ void __launch_bounds__(32 * kW)
     CopyCommit();
   };
   // Queries before the block's first key see none of its keys.
-  const int f = place.tile();
-  stage(f);
+  const int f = place.tile(), own = place.own<kM>();
   // The warp's row tile: its keys' first query tile, its diagonal. A row tile past the head's
   // rows (kW = 8, mt >= own) loads nothing, multiplies nothing and is not stored.
   const int mt = kM == 1 ? 0 : lane.warp / 4, first = f + mt;
-  const bool mine = mt < place.own<kM>();
+  const bool mine = mt < own;
+  // kFused: the row tiles' K staged in the buffers of tile f + 1 (free until the loop's first
+  // step starts its copies, after the barrier below), each warp's fragments read from there.
+  const auto keys = [&](int r) -> Tile<D>& { return r == 0 ? qs[(f + 1) & 1] : dos[(f + 1) & 1]; };
+  if constexpr (kFused) {
+#pragma unroll
+    for (int r = 0; r < kM; ++r)
+      if (r < own) StageTile<D, 32 * kW>(keys(r), k16 + place.base + int64_t(f + r) * kTile * D);
+    CopyCommit();
+  }
+  stage(f);
   uint32_t k[1][D / 16][4] = {}, v[1][D / 16][4] = {};  // one row tile a warp
   if (mine) {
     LoadA<D>(k[0], k16 + place.base, lane);
     LoadA<D>(v[0], v16 + place.base, lane);
   }
+  KeyFragments<D> kf;
+  float* rows = nullptr;  // kFused: the row tile's partial rows
+  if constexpr (kFused) {
+    CopyWait<1>();
+    __syncthreads();
+    LoadKeyFragments<D>(kf, keys(mt), lane);
+    __syncthreads();
+    rows = partial + (int64_t(place.at.bh) * PartialRow(place.Tp / kRows, place.Tp) +
+                      PartialRow(first, place.Tp) - int64_t(kTile) * first) *
+                         D;
+  }
   float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};
   const int tiles = place.tiles();
   for (int j = f; j < tiles; ++j) {
     AwaitTile(j, tiles, stage);
-    if (mine && j >= first) {  // the same for a whole warp
-      const bool diagonal = j == first;
+    const bool active = mine && j >= first;  // the same for a whole warp (and row tile)
+    const bool diagonal = j == first;
+    // Split: the whole tile under one branch (its loop the shorter); fused: every warp to the
+    // barriers, the products under `active`.
+    if (!kFused && !active) {
+      __syncthreads();
+      continue;
+    }
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r0 = 32 * half;
+    for (int half = 0; half < 2; ++half) {
+      const int r0 = 32 * half;
+      if (!kFused || active) {
         float p[1][4][4], ds[1][4][4];
         TimesRows<D, 4>(p, k, qs[j & 1], r0, lane);    // s, transposed
         TimesRows<D, 4>(ds, v, dos[j & 1], r0, lane);  // dp, transposed
@@ -160,6 +264,21 @@ __global__ void __launch_bounds__(32 * kW)
           }
         AddTimesTile<D, 2>(dv, p, dos[j & 1], r0, lane);
         AddTimesTile<D, 2>(dk, ds, qs[j & 1], r0, lane);
+        if constexpr (kFused) {  // ds, as the dk product rounded it
+#pragma unroll
+          for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              StoreVector(&half_ds.row[16 * lane.warp + lane.g + 8 * h][8 * n + 2 * lane.t],
+                          PackBf16(ds[0][n][2 * h], ds[0][n][2 * h + 1]));
+        }
+      }
+      if constexpr (kFused) {
+        __syncthreads();  // the row tile's ds, every warp's, in half_ds
+        if (active)
+          StoreQueryPartial<D>(rows + (int64_t(j) * kTile + r0) * D, half_ds.row + kTile * mt, kf,
+                               lane);
+        if (half == 0) __syncthreads();  // read before half 1's over it (then: the loop's)
       }
     }
     __syncthreads();
@@ -173,36 +292,89 @@ __global__ void __launch_bounds__(32 * kW)
                kAdd);
 }
 
-// The dQ kernel with kM row tiles a warp, and the dK/dV kernel with kW warps: their grids and
-// block sizes from the same template arguments as their bounds.
+// dq (+)= scale Σ_kb partial_kb over the key blocks kb ≤ r / 64 of row r, added in kb order (the
+// fused backward's second pass), written with its bf16 copy as StoreRows writes. A thread takes
+// 4 columns of a row of a head's Tp. grid: B NH Tp (D / 4) / kThreads blocks.
+template <int D, bool kAdd>
+__global__ void __launch_bounds__(kThreads)
+    SumQueryPartials(float* dqkv, __nv_bfloat16* dqkv16, const float* partial, int T, int Tp, int C,
+                     int NH, float scale) {
+  constexpr int kQuads = D / 4;
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x, row = i / kQuads;
+  const int bh = int(row / Tp), r = int(row % Tp), d = 4 * int(i % kQuads), hs = C / NH;
+  if (r >= T || d >= hs) return;
+  const float* head = partial + int64_t(bh) * PartialRow(Tp / kRows, Tp) * D + d;
+  float sum[4] = {};
+  for (int kb = 0; kb <= r / kRows; ++kb) {
+    const float* p = head + (PartialRow(kb, Tp) + r - int64_t(kRows) * kb) * D;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) sum[c] += p[c];
+  }
+  const int64_t at = HeadStart(bh, T, NH, hs, 3 * int64_t(C)) + int64_t(r) * 3 * C + d;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    if (d + c >= hs) break;
+    const float v = sum[c] * scale;
+    const float stored = kAdd ? dqkv[at + c] + v : v;
+    dqkv[at + c] = stored;
+    if (dqkv16 != nullptr) dqkv16[at + c] = __float2bfloat16_rn(stored);
+  }
+}
+
+AttentionBackwardKind backward_kind = AttentionBackwardKind::kSplit;  // SetAttentionBackwardKind
+
+// The dQ kernel with kM row tiles a warp, and the dK/dV kernel with kW warps (fused or not):
+// their grids and block sizes from the same template arguments as their bounds.
 template <int D, bool kAdd, int kM>
 void Query(float* dqkv, __nv_bfloat16* dqkv16, const Operands& ops, int B, int T, int C, int NH,
            float scale) {
   ATL_LAUNCH((TcBackwardQuery<D, kAdd, kM>), Grid<kM>(B, T, NH), kThreads, dqkv, dqkv16, ops.q,
              ops.k, ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale * kLog2e);
 }
-template <int D, bool kAdd, int kW>
-void KeyValue(float* dqkv, __nv_bfloat16* dqkv16, const Operands& ops, int B, int T, int C, int NH,
-              float scale) {
-  ATL_LAUNCH((TcBackwardKeyValue<D, kAdd, kW>), Grid<kW / 4>(B, T, NH), 32 * kW, dqkv, dqkv16,
-             ops.q, ops.k, ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale, scale * kLog2e);
+template <int D, bool kAdd, int kW, bool kFused>
+void KeyValue(float* dqkv, __nv_bfloat16* dqkv16, float* partial, const Operands& ops, int B, int T,
+              int C, int NH, float scale) {
+  ATL_LAUNCH((TcBackwardKeyValue<D, kAdd, kW, kFused>), Grid<kW / 4>(B, T, NH), 32 * kW, dqkv,
+             dqkv16, partial, ops.q, ops.k, ops.v, ops.dout, ops.dsum, ops.lse2, T, C, NH, scale,
+             scale * kLog2e);
 }
 
-// The backward's two kernels for head size D, adding to dqkv or writing it (kAdd), with the
-// block rows set.
+// The backward's kernels for head size D, adding to dqkv or writing it (kAdd), with the block
+// rows and the backward set: the dQ kernel then the dK/dV kernel, or the fused dK/dV kernel then
+// the sum of its partials (in Scratch(kScratchReduce): nothing between the two launches takes
+// that slot).
 template <int D, bool kAdd>
 void Backward(float* dqkv, __nv_bfloat16* dqkv16, const Operands& ops, int B, int T, int C, int NH,
               float scale) {
-  (BlockRows().query == 2 * kRows ? Query<D, kAdd, 2> : Query<D, kAdd, 1>)(dqkv, dqkv16, ops, B, T,
-                                                                           C, NH, scale);
-  (BlockRows().key == 2 * kRows ? KeyValue<D, kAdd, 8> : KeyValue<D, kAdd, 4>)(dqkv, dqkv16, ops, B,
-                                                                               T, C, NH, scale);
+  const bool wide = BlockRows().key == 2 * kRows;
+  if (backward_kind == AttentionBackwardKind::kSplit) {
+    (BlockRows().query == 2 * kRows ? Query<D, kAdd, 2> : Query<D, kAdd, 1>)(dqkv, dqkv16, ops, B,
+                                                                             T, C, NH, scale);
+    (wide ? KeyValue<D, kAdd, 8, false> : KeyValue<D, kAdd, 4, false>)(dqkv, dqkv16, nullptr, ops,
+                                                                       B, T, C, NH, scale);
+    return;
+  }
+  const int64_t rows = int64_t(B) * NH * ops.Tp;  // of the heads' Tp
+  auto* partial = static_cast<float*>(
+      Scratch(kScratchReduce,
+              size_t(int64_t(B) * NH * PartialRow(ops.Tp / kRows, ops.Tp) * D) * sizeof(float)));
+  (wide ? KeyValue<D, kAdd, 8, true> : KeyValue<D, kAdd, 4, true>)(dqkv, dqkv16, partial, ops, B, T,
+                                                                   C, NH, scale);
+  const int64_t blocks = rows * (D / 4) / kThreads;  // rows: a multiple of 64
+  if (blocks > 0x7fffffff)
+    ThrowCuda("attention", __FILE__, __LINE__, "more than 2^31 - 1 blocks of dq partial sums");
+  ATL_LAUNCH((SumQueryPartials<D, kAdd>), dim3(unsigned(blocks)), kThreads, dqkv, dqkv16, partial,
+             T, ops.Tp, C, NH, scale);
 }
 
 }  // namespace
 }  // namespace atl::kernels::cuda::tc
 
 namespace atl::kernels::cuda {
+
+AttentionBackwardKind SetAttentionBackwardKind(AttentionBackwardKind backward) {
+  return std::exchange(tc::backward_kind, backward);
+}
 
 void TcAttentionBackward(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, const float* out,
                          const float* qkv, const float* lse, int B, int T, int C, int NH, bool add,

@@ -1,6 +1,6 @@
-// What the CUDA op tests share (cuda_ops_test.cc, cuda_bf16_test.cc): the fixture that skips
-// without a usable GPU, random inputs, the normalized error and its checks, bits compared, and
-// attention's cases, on the CPU and on the GPU.
+// What the CUDA op tests share (cuda_ops_test.cc, cuda_bf16_test.cc, cuda_attention_tc_test.cc):
+// the fixture that skips without a usable GPU, random inputs, the normalized error and its checks,
+// bits compared, and attention's cases, on the CPU and on the GPU.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -98,6 +98,18 @@ inline float RoundBf16(float x) {
   std::memcpy(&x, &u, sizeof(x));
   return x;
 }
+
+// v, each element rounded to bf16.
+inline std::vector<float> Rounded(std::vector<float> v) {
+  for (float& x : v) x = RoundBf16(x);
+  return v;
+}
+
+// bf16 products on (SetBf16Matmul) for a test's scope.
+struct Bf16On {
+  Bf16On() { SetBf16Matmul(true); }
+  ~Bf16On() { SetBf16Matmul(false); }
+};
 
 // A bf16's bits widened to float (exactly).
 inline float FromBf16Bits(uint16_t bits) {

@@ -104,6 +104,11 @@ size_t AttentionKeptElements(int B, int T, int C, int NH);
 // (bench/kernels/attention.cc). Returns the previous setting; throws std::invalid_argument for
 // rows other than 64 or 128.
 AttentionBlockRows SetAttentionBlockRows(AttentionBlockRows rows);
+// How the tensor-core attention's backward computes dQ (kernels/attention_blocks.h; kSplit by
+// default): by a kernel of its own, or fused into the dK/dV kernel as partial sums a second pass
+// adds (other bits for dQ, the same for dK and dV: CudaOps.Bf16AttentionFusedBackward). Returns
+// the previous setting.
+AttentionBackwardKind SetAttentionBackwardKind(AttentionBackwardKind backward);
 
 void GeluForward(float* out, const float* inp, size_t n, uint16_t* out_bf16 = nullptr);
 // dbias (or null): GELU's backward also adds the column sums of dinp (after the op), viewed as
