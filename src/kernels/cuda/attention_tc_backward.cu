@@ -240,48 +240,48 @@ __global__ void __launch_bounds__(32 * kW)
     const bool diagonal = j == first;
     // Split: the whole tile under one branch (its loop the shorter); fused: every warp to the
     // barriers, the products under `active`.
-    if (!kFused && !active) {
-      __syncthreads();
-      continue;
-    }
+    if (kFused || active) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r0 = 32 * half;
-      if (!kFused || active) {
-        float p[1][4][4], ds[1][4][4];
-        TimesRows<D, 4>(p, k, qs[j & 1], r0, lane);    // s, transposed
-        TimesRows<D, 4>(ds, v, dos[j & 1], r0, lane);  // dp, transposed
-#pragma unroll
-        for (int n = 0; n < 4; ++n)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int c = r0 + 8 * n + lane.col(i), query = j * kTile + c;
-            // A query past T has lse +infinity: p = 0.
-            p[0][n][i] = diagonal && query < lane.row(i)
-                             ? 0.0f
-                             : Exp2(fmaf(p[0][n][i], scale_log2, -stats[j & 1].lse2[c]));
-            ds[0][n][i] = p[0][n][i] * (ds[0][n][i] - stats[j & 1].dsum[c]);  // ds / scale
-          }
-        AddTimesTile<D, 2>(dv, p, dos[j & 1], r0, lane);
-        AddTimesTile<D, 2>(dk, ds, qs[j & 1], r0, lane);
-        if constexpr (kFused) {  // ds, as the dk product rounded it
+      for (int half = 0; half < 2; ++half) {
+        const int r0 = 32 * half;
+        if (!kFused || active) {
+          float p[1][4][4], ds[1][4][4];
+          TimesRows<D, 4>(p, k, qs[j & 1], r0, lane);    // s, transposed
+          TimesRows<D, 4>(ds, v, dos[j & 1], r0, lane);  // dp, transposed
 #pragma unroll
           for (int n = 0; n < 4; ++n)
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-              StoreVector(&half_ds.row[16 * lane.warp + lane.g + 8 * h][8 * n + 2 * lane.t],
-                          PackBf16(ds[0][n][2 * h], ds[0][n][2 * h + 1]));
+            for (int i = 0; i < 4; ++i) {
+              const int c = r0 + 8 * n + lane.col(i), query = j * kTile + c;
+              // A query past T has lse +infinity: p = 0.
+              p[0][n][i] = diagonal && query < lane.row(i)
+                               ? 0.0f
+                               : Exp2(fmaf(p[0][n][i], scale_log2, -stats[j & 1].lse2[c]));
+              ds[0][n][i] = p[0][n][i] * (ds[0][n][i] - stats[j & 1].dsum[c]);  // ds / scale
+            }
+          AddTimesTile<D, 2>(dv, p, dos[j & 1], r0, lane);
+          AddTimesTile<D, 2>(dk, ds, qs[j & 1], r0, lane);
+          if constexpr (kFused) {  // ds, as the dk product rounded it
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+                StoreVector(&half_ds.row[16 * lane.warp + lane.g + 8 * h][8 * n + 2 * lane.t],
+                            PackBf16(ds[0][n][2 * h], ds[0][n][2 * h + 1]));
+          }
+        }
+        if constexpr (kFused) {
+          __syncthreads();  // the row tile's ds, every warp's, in half_ds
+          if (active)
+            StoreQueryPartial<D>(rows + (int64_t(j) * kTile + r0) * D, half_ds.row + kTile * mt, kf,
+                                 lane);
+          // half_ds read before half 1 writes over it. After half 1's barrier every read of tile
+          // j's buffers is done: the next tile's barrier (AwaitTile's) is enough for half_ds.
+          if (half == 0) __syncthreads();
         }
       }
-      if constexpr (kFused) {
-        __syncthreads();  // the row tile's ds, every warp's, in half_ds
-        if (active)
-          StoreQueryPartial<D>(rows + (int64_t(j) * kTile + r0) * D, half_ds.row + kTile * mt, kf,
-                               lane);
-        if (half == 0) __syncthreads();  // read before half 1's over it (then: the loop's)
-      }
     }
-    __syncthreads();
+    if constexpr (!kFused) __syncthreads();  // tile j consumed before it is copied over
   }
   if (!mine) return;
   const float one[2] = {1.0f, 1.0f}, scaled[2] = {scale, scale};
@@ -306,9 +306,11 @@ __global__ void __launch_bounds__(kThreads)
   const float* head = partial + int64_t(bh) * PartialRow(Tp / kRows, Tp) * D + d;
   float sum[4] = {};
   for (int kb = 0; kb <= r / kRows; ++kb) {
-    const float* p = head + (PartialRow(kb, Tp) + r - int64_t(kRows) * kb) * D;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) sum[c] += p[c];
+    const uint4 p = Load16(head + (PartialRow(kb, Tp) + r - int64_t(kRows) * kb) * D);
+    sum[0] += __uint_as_float(p.x);
+    sum[1] += __uint_as_float(p.y);
+    sum[2] += __uint_as_float(p.z);
+    sum[3] += __uint_as_float(p.w);
   }
   const int64_t at = HeadStart(bh, T, NH, hs, 3 * int64_t(C)) + int64_t(r) * 3 * C + d;
 #pragma unroll
@@ -339,15 +341,21 @@ void KeyValue(float* dqkv, __nv_bfloat16* dqkv16, float* partial, const Operands
              scale * kLog2e);
 }
 
+// The fused backward's partial sums grow as B NH T² (214 MB at gpt2-124m's heads, B 8, T 1024;
+// 3.4 GB at T 4096): over this the backward is the split one.
+constexpr int64_t kMaxPartialBytes = int64_t(1) << 30;
+
 // The backward's kernels for head size D, adding to dqkv or writing it (kAdd), with the block
 // rows and the backward set: the dQ kernel then the dK/dV kernel, or the fused dK/dV kernel then
 // the sum of its partials (in Scratch(kScratchReduce): nothing between the two launches takes
-// that slot).
+// that slot), when they fit in kMaxPartialBytes.
 template <int D, bool kAdd>
 void Backward(float* dqkv, __nv_bfloat16* dqkv16, const Operands& ops, int B, int T, int C, int NH,
               float scale) {
   const bool wide = BlockRows().key == 2 * kRows;
-  if (backward_kind == AttentionBackwardKind::kSplit) {
+  const int64_t partial_bytes =
+      int64_t(B) * NH * PartialRow(ops.Tp / kRows, ops.Tp) * D * int64_t(sizeof(float));
+  if (backward_kind == AttentionBackwardKind::kSplit || partial_bytes > kMaxPartialBytes) {
     (BlockRows().query == 2 * kRows ? Query<D, kAdd, 2> : Query<D, kAdd, 1>)(dqkv, dqkv16, ops, B,
                                                                              T, C, NH, scale);
     (wide ? KeyValue<D, kAdd, 8, false> : KeyValue<D, kAdd, 4, false>)(dqkv, dqkv16, nullptr, ops,
@@ -355,9 +363,7 @@ void Backward(float* dqkv, __nv_bfloat16* dqkv16, const Operands& ops, int B, in
     return;
   }
   const int64_t rows = int64_t(B) * NH * ops.Tp;  // of the heads' Tp
-  auto* partial = static_cast<float*>(
-      Scratch(kScratchReduce,
-              size_t(int64_t(B) * NH * PartialRow(ops.Tp / kRows, ops.Tp) * D) * sizeof(float)));
+  auto* partial = static_cast<float*>(Scratch(kScratchReduce, size_t(partial_bytes)));
   (wide ? KeyValue<D, kAdd, 8, true> : KeyValue<D, kAdd, 4, true>)(dqkv, dqkv16, partial, ops, B, T,
                                                                    C, NH, scale);
   const int64_t blocks = rows * (D / 4) / kThreads;  // rows: a multiple of 64

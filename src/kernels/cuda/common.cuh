@@ -59,7 +59,9 @@ constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
 // Scratch device memory of at least `bytes` in one of a few slots, valid until the next Scratch
 // call for the same slot (kernels on the one stream run in order, so reusing a slot across calls
 // is safe). Grows, never shrinks. An op takes kScratchOp for its own buffers; the helpers below
-// that an op calls take kScratchReduce, so the two never overlap.
+// that an op calls take kScratchReduce, so the two never overlap (and the fused attention
+// backward, attention_tc_backward.cu, its dq partial sums, between two launches that call no
+// helper).
 // Gemm's bf16 operands take kScratchGemm.
 enum ScratchSlot { kScratchOp = 0, kScratchReduce = 1, kScratchGemm = 2, kScratchSlots = 3 };
 void* Scratch(ScratchSlot slot, size_t bytes);

@@ -221,6 +221,14 @@ void Zero(void* p, size_t bytes) {
 
 void Synchronize() { ATL_CUDA(cudaStreamSynchronize(Stream())); }
 
+void FillScratch(unsigned char byte) {
+  Context& c = Ready();
+  for (int slot = 0; slot < kScratchSlots; ++slot)
+    if (c.scratch[slot] != nullptr)
+      ATL_CUDA(cudaMemsetAsync(c.scratch[slot], byte, c.scratch_bytes[slot], c.stream));
+  ATL_CUDA(cudaStreamSynchronize(c.stream));
+}
+
 // ---- ColumnSumsAdd ---------------------------------------------------------------------------
 
 namespace {

@@ -64,6 +64,10 @@ void CopyToDevice(void* dst, const void* src, size_t bytes);
 void CopyToHost(void* dst, const void* src, size_t bytes);
 void CopyOnDevice(void* dst, const void* src, size_t bytes);
 void Zero(void* p, size_t bytes);
+// Every byte of the backend's scratch memory (every slot, as large as it has grown) set to
+// `byte`: for tests, so that a value an earlier call left there cannot pass for a result (0xff:
+// NaNs).
+void FillScratch(unsigned char byte);
 // Bytes CopyToDevice and CopyToHost have moved so far in this process (what a step costs in
 // transfers: tests and profiles compare two readings).
 struct CopyCounts {
