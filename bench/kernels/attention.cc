@@ -184,6 +184,21 @@ int Count(const char* flag, const char* v, int least = 1) {
   return int(n);
 }
 
+// v's comma-separated items, each read by parse (bool parse(std::string_view, T*)); else the usage
+// with `why`, exit 2.
+template <class T, class Parse>
+std::vector<T> List(std::string_view v, Parse parse, const char* why) {
+  std::vector<T> items;
+  for (;;) {
+    const size_t comma = v.find(',');
+    T item{};
+    if (!parse(v.substr(0, comma), &item)) Usage(why);
+    items.push_back(item);
+    if (comma == std::string_view::npos) return items;
+    v.remove_prefix(comma + 1);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -212,29 +227,14 @@ int main(int argc, char** argv) {
       steps = Count("--steps", v);
     else if (a == "--warmup")
       warmup = Count("--warmup", v, 0);
-    else if (a == "--rows") {
-      rows.clear();
-      for (std::string_view rest = v;;) {
-        const size_t comma = rest.find(',');
-        AttentionBlockRows r;
-        if (!atl::kernels::ParseAttentionBlockRows(rest.substr(0, comma), &r))
-          Usage("--rows: settings Q/K (query and key rows, 64 or 128), comma-separated");
-        rows.push_back(r);
-        if (comma == std::string_view::npos) break;
-        rest.remove_prefix(comma + 1);
-      }
-    } else if (a == "--backward") {
-      kinds.clear();
-      for (std::string_view rest = v;;) {
-        const size_t comma = rest.find(',');
-        AttentionBackwardKind k;
-        if (!atl::kernels::ParseAttentionBackwardKind(rest.substr(0, comma), &k))
-          Usage("--backward: split or fused, comma-separated");
-        kinds.push_back(k);
-        if (comma == std::string_view::npos) break;
-        rest.remove_prefix(comma + 1);
-      }
-    } else if (a == "--precision") {
+    else if (a == "--rows")
+      rows = List<AttentionBlockRows>(
+          v, atl::kernels::ParseAttentionBlockRows,
+          "--rows: settings Q/K (query and key rows, 64 or 128), comma-separated");
+    else if (a == "--backward")
+      kinds = List<AttentionBackwardKind>(v, atl::kernels::ParseAttentionBackwardKind,
+                                          "--backward: split or fused, comma-separated");
+    else if (a == "--precision") {
       if (std::strcmp(v, "bf16") != 0 && std::strcmp(v, "fp32") != 0)
         Usage("--precision: bf16 or fp32");
       bf16 = std::strcmp(v, "bf16") == 0;
