@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/cuda/common.cuh"
 
@@ -27,13 +28,17 @@ __device__ inline BlockPlace PlaceBlock(int row_blocks, bool descending) {
   const int i = int(blockIdx.x % unsigned(row_blocks));
   return {bh, descending ? row_blocks - 1 - i : i};
 }
-// The grid of B * NH heads of ceil(T / rows) blocks; throws when over CUDA's 2^31 - 1 blocks.
+// A one-dimensional grid of `blocks` (of `what`, for the error); throws when over CUDA's 2^31 - 1.
+inline dim3 AttentionGrid(int64_t blocks, const char* what) {
+  if (blocks > 0x7fffffff)
+    ThrowCuda("attention", __FILE__, __LINE__,
+              (std::string("more than 2^31 - 1 blocks of ") + what).c_str());
+  return dim3(unsigned(blocks));
+}
+// The grid of B * NH heads of ceil(T / rows) blocks.
 inline dim3 HeadBlocks(int B, int NH, int T, int rows, int* row_blocks) {
   *row_blocks = (T + rows - 1) / rows;
-  const int64_t blocks = int64_t(B) * NH * *row_blocks;
-  if (blocks > 0x7fffffff)
-    ThrowCuda("attention", __FILE__, __LINE__, "more than 2^31 - 1 blocks of rows");
-  return dim3(unsigned(blocks));
+  return AttentionGrid(int64_t(B) * NH * *row_blocks, "rows");
 }
 
 // bf16 products are on (SetBf16Matmul) and the head size C / NH is at most 64.

@@ -316,10 +316,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     if (d + c >= hs) break;
-    const float v = sum[c] * scale;
-    const float stored = kAdd ? dqkv[at + c] + v : v;
-    dqkv[at + c] = stored;
-    if (dqkv16 != nullptr) dqkv16[at + c] = __float2bfloat16_rn(stored);
+    StoreElement(dqkv, dqkv16, at + c, sum[c] * scale, kAdd);
   }
 }
 
@@ -362,15 +359,14 @@ void Backward(float* dqkv, __nv_bfloat16* dqkv16, const Operands& ops, int B, in
                                                                        B, T, C, NH, scale);
     return;
   }
-  const int64_t rows = int64_t(B) * NH * ops.Tp;  // of the heads' Tp
   auto* partial = static_cast<float*>(Scratch(kScratchReduce, size_t(partial_bytes)));
   (wide ? KeyValue<D, kAdd, 8, true> : KeyValue<D, kAdd, 4, true>)(dqkv, dqkv16, partial, ops, B, T,
                                                                    C, NH, scale);
-  const int64_t blocks = rows * (D / 4) / kThreads;  // rows: a multiple of 64
-  if (blocks > 0x7fffffff)
-    ThrowCuda("attention", __FILE__, __LINE__, "more than 2^31 - 1 blocks of dq partial sums");
-  ATL_LAUNCH((SumQueryPartials<D, kAdd>), dim3(unsigned(blocks)), kThreads, dqkv, dqkv16, partial,
-             T, ops.Tp, C, NH, scale);
+  // A thread 4 columns of each of the heads' Tp rows (a multiple of 64): whole blocks.
+  const int64_t rows = int64_t(B) * NH * ops.Tp;
+  ATL_LAUNCH((SumQueryPartials<D, kAdd>),
+             AttentionGrid(rows * (D / 4) / kThreads, "dq partial sums"), kThreads, dqkv, dqkv16,
+             partial, T, ops.Tp, C, NH, scale);
 }
 
 }  // namespace

@@ -109,12 +109,7 @@ __global__ void RoundDout(uint16_t* dst, float* dsum, float* lse2, const float* 
 
 // The grid of one thread per chunk of `rows` rows of D elements (a whole number of blocks: rows
 // is a multiple of 64).
-dim3 ChunkGrid(int64_t rows, int D) {
-  const int64_t blocks = rows * (D / 8) / kThreads;
-  if (blocks > 0x7fffffff)
-    ThrowCuda("attention", __FILE__, __LINE__, "more than 2^31 - 1 blocks of operands");
-  return dim3(unsigned(blocks));
-}
+dim3 ChunkGrid(int64_t rows, int D) { return AttentionGrid(rows * (D / 8) / kThreads, "operands"); }
 
 // The layout's sizes: D, Tp, and the elements of one operand's copy.
 Operands Sizes(int B, int T, int C, int NH, int64_t* n) {

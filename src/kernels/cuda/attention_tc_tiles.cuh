@@ -207,6 +207,14 @@ __device__ inline float RowMax(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
+// dst[at] (+)= v, and what it wrote rounded to bf16 at dst16[at] (when dst16 is not null).
+__device__ inline void StoreElement(float* dst, __nv_bfloat16* dst16, int64_t at, float v,
+                                    bool add) {
+  const float stored = add ? dst[at] + v : v;
+  dst[at] = stored;
+  if (dst16 != nullptr) dst16[at] = __float2bfloat16_rn(stored);
+}
+
 // dst[r][d] (+)= acc's elements (rows of the warp, r < T, d < hs), times row_scale[0 or 1], for
 // dst a head's [T, ·] rows `stride` apart; and what it wrote rounded to bf16 at the same place of
 // dst16 (when not null).
@@ -220,11 +228,7 @@ __device__ inline void StoreRows(float* dst, __nv_bfloat16* dst16, int64_t strid
     for (int i = 0; i < 4; ++i) {
       const int r = lane.row(i), d = 8 * n + lane.col(i);
       if (r >= T || d >= hs) continue;
-      const int64_t at = int64_t(r) * stride + d;
-      const float v = acc[n][i] * row_scale[i >> 1];
-      const float stored = add ? dst[at] + v : v;
-      dst[at] = stored;
-      if (dst16 != nullptr) dst16[at] = __float2bfloat16_rn(stored);
+      StoreElement(dst, dst16, int64_t(r) * stride + d, acc[n][i] * row_scale[i >> 1], add);
     }
 }
 
