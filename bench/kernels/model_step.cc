@@ -122,11 +122,12 @@ void Run(const Preset& p, int threads, int batch, int steps, int warmup, bool pr
   for (auto& x : tg) x = int32_t(gen() % uint32_t(c.vocab_size));
   double best = 1e30, total = 0, best_cpu = 1e30;
   float loss = 0;
-  uint64_t rounded = 0, zeroed = 0;
+  uint64_t rounded = 0, zeroed = 0, waits = 0;
   for (int s = 0; s < warmup + steps; ++s) {
     if (s == warmup) {
       rounded = atl::Bf16RoundedElements();
       zeroed = atl::DeviceZeroed();
+      waits = atl::DeviceWaits();
       if (profile) {
         model.reset_op_times();
         model.set_profiling(true);
@@ -153,6 +154,7 @@ void Run(const Preset& p, int threads, int batch, int steps, int warmup, bool pr
   const double tps = tokens / best;
   rounded = atl::Bf16RoundedElements() - rounded;
   zeroed = atl::DeviceZeroed() - zeroed;
+  waits = atl::DeviceWaits() - waits;
   std::printf(
       "%-10s L%-2d H%-2d C%-4d T%-5d V%-6d B%-2d threads %d | %8.1f ms/step (mean %.1f) "
       "| %9.0f tokens/s | %6.1f GFLOP/s | MFU %5.1f%% of %.0f | cpu %.1f ms | loss %.4f",
@@ -160,7 +162,8 @@ void Run(const Preset& p, int threads, int batch, int steps, int warmup, bool pr
       total / steps * 1e3, tps, flops_tok * tps / 1e9, 100 * flops_tok * tps / (sgemm_gflops * 1e9),
       sgemm_gflops, best_cpu * 1e3, loss);
   if (device == atl::Device::kCuda)
-    std::printf(" | zeroed %.1f MB/step", double(zeroed) / steps / 1e6);
+    std::printf(" | zeroed %.1f MB/step | host waits %.1f/step", double(zeroed) / steps / 1e6,
+                double(waits) / steps);
   if (device == atl::Device::kCuda && atl::Bf16Matmul())
     std::printf(" | bf16 rounding %.1f M elements/step (copies %s)", double(rounded) / steps / 1e6,
                 bf16_copies ? "on" : "off");

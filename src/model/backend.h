@@ -218,6 +218,16 @@ inline uint64_t DeviceZeroed() {
 #endif
 }
 
+// Times the host has waited for the GPU so far in this process (0 without CUDA): each one idles
+// the GPU until the host issues more work.
+inline uint64_t DeviceWaits() {
+#if ATOLL_HAVE_CUDA
+  return kernels::cuda::Copied().waits;
+#else
+  return 0;
+#endif
+}
+
 // Waits for the GPU's queued work (nothing on the CPU, or without CUDA).
 inline void SynchronizeDevice() {
 #if ATOLL_HAVE_CUDA

@@ -229,7 +229,7 @@ void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t*
       packed.insert(packed.end(), offsets.begin(), offsets.end());
       packed.insert(packed.end(), order.begin(), order.end());
       auto* dev = static_cast<int32_t*>(Scratch(kScratchOp, packed.size() * sizeof(int32_t)));
-      CopyToDevice(dev, packed.data(), packed.size() * sizeof(int32_t));
+      CopyToDeviceQueued(dev, packed.data(), packed.size() * sizeof(int32_t));
       const int U = int(rows.size());
       const dim3 grid(unsigned(U), Blocks(size_t(C), 256));
       ATL_LAUNCH(TokenGradKernel, grid, 256, dwte, dout, dev, dev + U, dev + 2 * U + 1, C);

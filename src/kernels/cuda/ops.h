@@ -5,7 +5,8 @@
 // Differences from the CPU backend, all deliberate:
 // - Pointers are device pointers, except: ClassifierForward returns the mean loss to the host;
 //   EncoderBackward also takes the token ids on the host (it groups repeated tokens there, so the
-//   gradient rows are summed in (b,t) order without atomics).
+//   gradient rows are summed in (b,t) order without atomics; the groups go up by a queued copy,
+//   so the host does not wait for the GPU).
 // - Attention keeps no probabilities: it saves each row's log-sum-exp instead (see below).
 // - A backward may write its input gradient instead of adding to it (GradInto::kWrite,
 //   kernels/grad_into.h: the last argument of LayerNormBackward, MatmulBackward,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -23,6 +24,10 @@ struct Context {
   void* blas_workspace = nullptr;
   void* scratch[kScratchSlots] = {};
   size_t scratch_bytes[kScratchSlots] = {};
+  // CopyToDeviceQueued's pinned staging buffer, and the event that marks its last copy done.
+  void* staging = nullptr;
+  size_t staging_bytes = 0;
+  cudaEvent_t staged = nullptr;
 };
 
 Context& Ctx() {
@@ -38,6 +43,14 @@ Context& Ready() {
         "CUDA: a second thread used the GPU; one thread per process drives it (in-process ranks "
         "or sites cannot share a GPU: run them as processes, e.g. under mpirun)");
   return c;
+}
+
+std::atomic<uint64_t> copied_to_device{0}, copied_to_host{0}, zeroed{0}, waits{0};
+
+// The host waits for every kernel and copy issued so far (counted: Copied().waits).
+void Wait(cudaStream_t stream) {
+  ++waits;
+  ATL_CUDA(cudaStreamSynchronize(stream));
 }
 
 int EnvInt(const char* name) {
@@ -164,7 +177,7 @@ void* Scratch(ScratchSlot slot, size_t bytes) {
   Context& c = Ready();
   if (bytes > c.scratch_bytes[slot]) {
     // The kernels still using the old buffer finish first.
-    ATL_CUDA(cudaStreamSynchronize(c.stream));
+    Wait(c.stream);
     if (c.scratch[slot] != nullptr) ATL_CUDA(cudaFree(c.scratch[slot]));
     c.scratch[slot] = nullptr;
     c.scratch_bytes[slot] = 0;
@@ -187,25 +200,42 @@ void Free(void* p) {
   if (p != nullptr) cudaFree(p);  // never throws: called from destructors
 }
 
-namespace {
-std::atomic<uint64_t> copied_to_device{0}, copied_to_host{0}, zeroed{0};
-}  // namespace
-
-CopyCounts Copied() { return {copied_to_device.load(), copied_to_host.load()}; }
+CopyCounts Copied() { return {copied_to_device.load(), copied_to_host.load(), waits.load()}; }
 uint64_t Zeroed() { return zeroed.load(); }
 
 void CopyToDevice(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   copied_to_device += bytes;
   ATL_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, Stream()));
-  ATL_CUDA(cudaStreamSynchronize(Stream()));
+  Wait(Stream());
+}
+
+void CopyToDeviceQueued(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  Context& c = Ready();
+  copied_to_device += bytes;
+  if (c.staged == nullptr) ATL_CUDA(cudaEventCreateWithFlags(&c.staged, cudaEventDisableTiming));
+  // The last queued copy may still be reading the staging buffer (it is long done when a step's
+  // other waits came between).
+  ATL_CUDA(cudaEventSynchronize(c.staged));
+  if (bytes > c.staging_bytes) {
+    if (c.staging != nullptr) ATL_CUDA(cudaFreeHost(c.staging));
+    c.staging = nullptr;
+    c.staging_bytes = 0;
+    const size_t grown = bytes + bytes / 4;
+    ATL_CUDA(cudaMallocHost(&c.staging, grown));
+    c.staging_bytes = grown;
+  }
+  std::memcpy(c.staging, src, bytes);
+  ATL_CUDA(cudaMemcpyAsync(dst, c.staging, bytes, cudaMemcpyHostToDevice, c.stream));
+  ATL_CUDA(cudaEventRecord(c.staged, c.stream));
 }
 
 void CopyToHost(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   copied_to_host += bytes;
   ATL_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, Stream()));
-  ATL_CUDA(cudaStreamSynchronize(Stream()));
+  Wait(Stream());
 }
 
 void CopyOnDevice(void* dst, const void* src, size_t bytes) {
@@ -219,14 +249,14 @@ void Zero(void* p, size_t bytes) {
   ATL_CUDA(cudaMemsetAsync(p, 0, bytes, Stream()));
 }
 
-void Synchronize() { ATL_CUDA(cudaStreamSynchronize(Stream())); }
+void Synchronize() { Wait(Stream()); }
 
 void FillScratch(unsigned char byte) {
   Context& c = Ready();
   for (int slot = 0; slot < kScratchSlots; ++slot)
     if (c.scratch[slot] != nullptr)
       ATL_CUDA(cudaMemsetAsync(c.scratch[slot], byte, c.scratch_bytes[slot], c.stream));
-  ATL_CUDA(cudaStreamSynchronize(c.stream));
+  Wait(c.stream);
 }
 
 // ---- ColumnSumsAdd ---------------------------------------------------------------------------

@@ -6,8 +6,8 @@
 //
 // Streams: every kernel of kernels/cuda/ runs on one stream per process (Stream() in
 // common.cuh), in the order called, so results never depend on timing. CopyToDevice and
-// CopyToHost are synchronous (when they return, the data is where it was sent); CopyOnDevice and
-// Zero are queued on the stream, in order with the kernels.
+// CopyToHost are synchronous (when they return, the data is where it was sent); CopyOnDevice,
+// Zero and CopyToDeviceQueued are queued on the stream, in order with the kernels.
 //
 // Thread-safety: one thread per process drives the GPU: the first that uses it. The stream,
 // scratch and cuBLASLt plans are the process's, so a second thread (in-process ranks, say) gets
@@ -62,16 +62,22 @@ void* Malloc(size_t bytes);
 void Free(void* p);
 void CopyToDevice(void* dst, const void* src, size_t bytes);
 void CopyToHost(void* dst, const void* src, size_t bytes);
+// A host -> device copy queued on the stream (the host does not wait for the GPU): src is staged
+// in pinned host memory at once, so the caller may reuse it when this returns. For the small
+// uploads inside a step (EncoderBackward's token groups), where a wait would idle the GPU.
+void CopyToDeviceQueued(void* dst, const void* src, size_t bytes);
 void CopyOnDevice(void* dst, const void* src, size_t bytes);
 void Zero(void* p, size_t bytes);
 // Every byte of the backend's scratch memory (every slot, as large as it has grown) set to
 // `byte`: for tests, so that a value an earlier call left there cannot pass for a result (0xff:
 // NaNs).
 void FillScratch(unsigned char byte);
-// Bytes CopyToDevice and CopyToHost have moved so far in this process (what a step costs in
-// transfers: tests and profiles compare two readings).
+// Bytes CopyToDevice(Queued) and CopyToHost have moved so far in this process, and the times the
+// host waited for the GPU (synchronous copies, Synchronize, scratch growth): what a step costs in
+// transfers and waits (tests and profiles compare two readings).
 struct CopyCounts {
   uint64_t to_device = 0, to_host = 0;
+  uint64_t waits = 0;
 };
 CopyCounts Copied();
 // Bytes Zero has set so far in this process (a step's zeroing passes: profiles compare two

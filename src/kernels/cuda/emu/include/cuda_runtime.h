@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdlib>
 
 #include "kernels/cuda/emu/device.h"
 
@@ -81,6 +82,29 @@ inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemc
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes,
                                    cudaStream_t stream = nullptr) {
   return atl::cuda_emu::MemsetAsync(p, value, bytes, stream);
+}
+// Pinned host memory is plain host memory here, and an event is done once recorded (work runs
+// when it is issued).
+struct CUevent_emu {};
+using cudaEvent_t = CUevent_emu*;
+constexpr unsigned cudaEventDisableTiming = 2;
+inline cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  *p = std::malloc(bytes);
+  return *p != nullptr || bytes == 0 ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+inline cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
+  *event = new CUevent_emu;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = nullptr) { return cudaSuccess; }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
 }
 inline cudaError_t cudaGetLastError() { return atl::cuda_emu::GetLastError(); }
 inline const char* cudaGetErrorString(cudaError_t err) {
