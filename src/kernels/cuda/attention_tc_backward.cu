@@ -1,6 +1,7 @@
 // The tensor-core attention's backward (the data path of attention_tc.cu's comment): dQ by a
 // kernel over query blocks, dK and dV by a kernel over key blocks, so that every gradient element
 // is one thread's sum in a fixed order and no atomic is needed.
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <utility>
@@ -338,35 +339,56 @@ void KeyValue(float* dqkv, __nv_bfloat16* dqkv16, float* partial, const Operands
              scale * kLog2e);
 }
 
-// The fused backward's partial sums grow as B NH T² (214 MB at gpt2-124m's heads, B 8, T 1024;
-// 3.4 GB at T 4096): over this the backward is the split one.
-constexpr int64_t kMaxPartialBytes = int64_t(1) << 30;
+// The fused backward's partial sums of one batch row's heads (they grow as NH T²: 27 MB at
+// gpt2-124m's heads and T 1024, 430 MB at T 4096).
+int64_t RowPartialBytes(int NH, int Tp, int D) {
+  return int64_t(NH) * PartialRow(Tp / kRows, Tp) * D * int64_t(sizeof(float));
+}
+size_t partial_limit = size_t(1) << 30;  // SetAttentionPartialLimit
+
+// The operands of batch rows b.. (their heads' rows follow those of the rows before).
+Operands RowsFrom(const Operands& ops, int b, int NH) {
+  const int64_t heads = int64_t(b) * NH, rows = heads * ops.Tp, elements = rows * ops.D;
+  Operands part = ops;
+  for (uint16_t** p : {&part.q, &part.k, &part.v, &part.dout}) *p += elements;
+  part.dsum += rows;
+  part.lse2 += rows;
+  return part;
+}
 
 // The backward's kernels for head size D, adding to dqkv or writing it (kAdd), with the block
-// rows and the backward set: the dQ kernel then the dK/dV kernel, or the fused dK/dV kernel then
-// the sum of its partials (in Scratch(kScratchReduce): nothing between the two launches takes
-// that slot), when they fit in kMaxPartialBytes.
+// rows and the backward set: the dQ kernel then the dK/dV kernel; or, for as many batch rows at
+// a time as their partial sums fit in partial_limit, the fused dK/dV kernel then the sum of its
+// partials (in Scratch(kScratchReduce): nothing between the two launches takes that slot); the
+// split kernels when not one row's fit.
 template <int D, bool kAdd>
 void Backward(float* dqkv, __nv_bfloat16* dqkv16, const Operands& ops, int B, int T, int C, int NH,
               float scale) {
   const bool wide = BlockRows().key == 2 * kRows;
-  const int64_t partial_bytes =
-      int64_t(B) * NH * PartialRow(ops.Tp / kRows, ops.Tp) * D * int64_t(sizeof(float));
-  if (backward_kind == AttentionBackwardKind::kSplit || partial_bytes > kMaxPartialBytes) {
+  const int64_t row_bytes = RowPartialBytes(NH, ops.Tp, D);
+  const int rows_a_part = int(std::min<int64_t>(B, int64_t(partial_limit) / row_bytes));
+  if (backward_kind == AttentionBackwardKind::kSplit || rows_a_part == 0) {
     (BlockRows().query == 2 * kRows ? Query<D, kAdd, 2> : Query<D, kAdd, 1>)(dqkv, dqkv16, ops, B,
                                                                              T, C, NH, scale);
     (wide ? KeyValue<D, kAdd, 8, false> : KeyValue<D, kAdd, 4, false>)(dqkv, dqkv16, nullptr, ops,
                                                                        B, T, C, NH, scale);
     return;
   }
-  auto* partial = static_cast<float*>(Scratch(kScratchReduce, size_t(partial_bytes)));
-  (wide ? KeyValue<D, kAdd, 8, true> : KeyValue<D, kAdd, 4, true>)(dqkv, dqkv16, partial, ops, B, T,
-                                                                   C, NH, scale);
-  // A thread 4 columns of each of the heads' Tp rows (a multiple of 64): whole blocks.
-  const int64_t rows = int64_t(B) * NH * ops.Tp;
-  ATL_LAUNCH((SumQueryPartials<D, kAdd>),
-             AttentionGrid(rows * (D / 4) / kThreads, "dq partial sums"), kThreads, dqkv, dqkv16,
-             partial, T, ops.Tp, C, NH, scale);
+  auto* partial = static_cast<float*>(Scratch(kScratchReduce, size_t(rows_a_part * row_bytes)));
+  for (int b = 0; b < B; b += rows_a_part) {
+    const int n = std::min(rows_a_part, B - b);
+    const Operands part = RowsFrom(ops, b, NH);
+    const int64_t first = int64_t(b) * T * 3 * C;  // batch row b's in dqkv
+    float* dq = dqkv + first;
+    __nv_bfloat16* dq16 = dqkv16 != nullptr ? dqkv16 + first : nullptr;
+    (wide ? KeyValue<D, kAdd, 8, true> : KeyValue<D, kAdd, 4, true>)(dq, dq16, partial, part, n, T,
+                                                                     C, NH, scale);
+    // A thread 4 columns of each of the heads' Tp rows (a multiple of 64): whole blocks.
+    const int64_t rows = int64_t(n) * NH * ops.Tp;
+    ATL_LAUNCH((SumQueryPartials<D, kAdd>),
+               AttentionGrid(rows * (D / 4) / kThreads, "dq partial sums"), kThreads, dq, dq16,
+               partial, T, ops.Tp, C, NH, scale);
+  }
 }
 
 }  // namespace
@@ -376,6 +398,14 @@ namespace atl::kernels::cuda {
 
 AttentionBackwardKind SetAttentionBackwardKind(AttentionBackwardKind backward) {
   return std::exchange(tc::backward_kind, backward);
+}
+
+size_t SetAttentionPartialLimit(size_t bytes) { return std::exchange(tc::partial_limit, bytes); }
+
+size_t AttentionPartialBytes(int B, int T, int C, int NH) {
+  if (B <= 0 || T <= 0 || NH <= 0) return 0;
+  const int Tp = (T + tc::kRows - 1) / tc::kRows * tc::kRows;
+  return size_t(B) * size_t(tc::RowPartialBytes(NH, Tp, C / NH <= 32 ? 32 : 64));
 }
 
 void TcAttentionBackward(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, const float* out,

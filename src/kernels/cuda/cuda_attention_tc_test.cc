@@ -17,13 +17,15 @@
 namespace atl::kernels::cuda {
 namespace {
 
-// Puts the block rows and the backward kind back, whatever happens.
+// Puts the block rows, the backward kind and its partial sums' limit back, whatever happens.
 struct AttentionSettings {
   AttentionBlockRows rows = SetAttentionBlockRows({});
   AttentionBackwardKind kind = SetAttentionBackwardKind(AttentionBackwardKind::kSplit);
+  size_t limit = SetAttentionPartialLimit(size_t(1) << 30);
   ~AttentionSettings() {
     SetAttentionBlockRows(rows);
     SetAttentionBackwardKind(kind);
+    SetAttentionPartialLimit(limit);
   }
 };
 
@@ -211,6 +213,38 @@ TEST_F(CudaOps, Bf16AttentionFusedBackward) {
         if (s.T > 64) {
           EXPECT_FALSE(SameBits(dq_split, dq_fused));  // the fused sums ran
         }
+      }
+    }
+}
+
+// The fused backward over a batch too large for its partial sums' limit runs in parts of whole
+// batch rows: the bits of one part, whatever the parts (3 rows as 1 + 1 + 1 and 2 + 1, at both
+// key-row settings); under one row's partial sums, the split backward's bits.
+TEST_F(CudaOps, Bf16AttentionFusedBackwardInParts) {
+  const Bf16On on;
+  const AttentionSettings restore;
+  for (const AttentionBlockRows rows : {AttentionBlockRows{64, 64}, AttentionBlockRows{64, 128}})
+    for (const AttentionCase s :
+         {AttentionCase{3, 130, 128, 2, 3}, AttentionCase{3, 70, 48, 2, 1}}) {
+      SCOPED_TRACE(testing::Message() << s << " " << ToString(rows));
+      SetAttentionBlockRows(rows);
+      const AttentionInputs in = RandomAttentionInputs(s, 181);
+      const size_t row = AttentionPartialBytes(1, s.T, s.C, s.NH);
+      EXPECT_EQ(AttentionPartialBytes(s.B, s.T, s.C, s.NH), s.B * row);
+      for (const GradInto into : {GradInto::kAdd, GradInto::kWrite}) {
+        SetAttentionBackwardKind(AttentionBackwardKind::kSplit);
+        const AttentionRun split = RunAttention(s, in, into);
+        SetAttentionBackwardKind(AttentionBackwardKind::kFused);
+        SetAttentionPartialLimit(s.B * row);
+        const AttentionRun whole = RunAttention(s, in, into);
+        EXPECT_FALSE(SameBits(split.got[2], whole.got[2]));  // the fused sums ran
+        for (const size_t limit : {row, 2 * row + row / 2}) {
+          SCOPED_TRACE(limit / row);
+          SetAttentionPartialLimit(limit);
+          ExpectSameBits(whole, RunAttention(s, in, into));
+        }
+        SetAttentionPartialLimit(row - 1);
+        ExpectSameBits(split, RunAttention(s, in, into));
       }
     }
 }

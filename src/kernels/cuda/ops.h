@@ -110,6 +110,12 @@ AttentionBlockRows SetAttentionBlockRows(AttentionBlockRows rows);
 // adds (other bits for dQ, the same for dK and dV: CudaOps.Bf16AttentionFusedBackward). Returns
 // the previous setting.
 AttentionBackwardKind SetAttentionBackwardKind(AttentionBackwardKind backward);
+// The fused backward's partial sums of dQ in scratch: AttentionPartialBytes for B batch rows
+// (they grow as B NH T²: 214 MB for gpt2-124m's heads at B 8, T 1024). The backward takes as
+// many batch rows at a time as fit in the limit (1 GiB by default), the same bits in any number
+// of parts; the split backward when not one row's fit. Returns the previous limit.
+size_t SetAttentionPartialLimit(size_t bytes);
+size_t AttentionPartialBytes(int B, int T, int C, int NH);
 
 void GeluForward(float* out, const float* inp, size_t n, uint16_t* out_bf16 = nullptr);
 // dbias (or null): GELU's backward also adds the column sums of dinp (after the op), viewed as
