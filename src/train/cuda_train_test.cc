@@ -193,6 +193,36 @@ TEST_F(CudaTrainTest, Bf16FollowsFp32AndRepeatsItself) {
   EXPECT_LT(mb.back()["loss"].get<double>(), mb.front()["loss"].get<double>() - 0.5);
 }
 
+// The fused attention backward (dQ's partial sums from the dK/dV kernel) in training, at T = 80:
+// two key blocks, so its dq is the split's products summed in another order. Its run repeats
+// itself bit for bit, is not the split's bits (the sums ran), and follows the split's loss curve
+// within float rounding's growth over the steps (not bf16's).
+TEST_F(CudaTrainTest, Bf16FusedAttentionBackwardTrainsAsTheSplit) {
+  RunConfig bf = gpu_;
+  bf.train.precision = "bf16";
+  bf.model.seq_len = 80;
+  bf.train.steps = 8;
+  struct Reset {  // the process's settings back, whatever happens here
+    ~Reset() {
+      SetBf16Matmul(false);
+      SetAttentionBackwardKind(kernels::AttentionBackwardKind::kSplit);
+    }
+  } reset;
+  SetAttentionBackwardKind(kernels::AttentionBackwardKind::kSplit);
+  const std::string split = Run(bf, "split");
+  SetAttentionBackwardKind(kernels::AttentionBackwardKind::kFused);
+  const std::string a = Run(bf, "fused_a"), b = Run(bf, "fused_b");
+  EXPECT_EQ(LossColumns(a), LossColumns(b));
+  EXPECT_EQ(FinalState(a), FinalState(b));
+  EXPECT_NE(FinalState(a), FinalState(split));
+  const auto ms = Metrics(split), mf = Metrics(a);
+  ASSERT_EQ(ms.size(), mf.size());
+  for (size_t i = 0; i < ms.size(); ++i) {
+    const double x = mf[i]["loss"].get<double>(), y = ms[i]["loss"].get<double>();
+    EXPECT_NEAR(x, y, 1e-4 * std::abs(y)) << "step " << i + 1;
+  }
+}
+
 // bf16 copies (GPT::set_bf16_copies): a forward and backward give the same loss and gradients,
 // bit for bit, with them as without, and round fewer elements: each block's four product inputs
 // (ln1, atty, ln2, fch_gelu: N (2 C + C / tp + 4 C / tp)) and lnf's (N C), once in the forward
