@@ -8,7 +8,13 @@
 #   hf     the Hugging Face check: a checkpoint trained on the GPU loads in transformers'
 #          GPT2LMHeadModel.from_pretrained and gives atoll eval's loss and logits (hf_check.py);
 #   bench  the speed table against PyTorch and the profiles (bench/gpu_bench.sh), unless
-#          NO_BENCH=1.
+#          NO_BENCH=1;
+#   sanitize  (not in the default) compute-sanitizer's racecheck, then memcheck, over the
+#          tensor-core attention's tests (CudaOps.Bf16Attention*: every block-row setting and
+#          backward kind): shared-memory races and out-of-bounds accesses that the emulator's
+#          tests cannot show. Needs the toolkit's compute-sanitizer on the machine (PATH or
+#          /usr/local/cuda/bin; the part fails saying so when it is missing); each tool is stopped
+#          after SANITIZE_S seconds (240).
 # e.g. "scripts/gpu_check.sh tests hf", then "SHAPES=124m PARTS='table profile'
 # scripts/gpu_check.sh bench". Logs and tables go to $OUT when set. Exits non-zero if a part
 # failed (the others still run); 2 for an unknown part.
@@ -21,7 +27,7 @@ fi
 args=("$@")
 [[ ${#args[@]} -gt 0 ]] || args=(tests hf bench)
 for p in "${args[@]}"; do
-  [[ $p == tests || $p == hf || $p == bench ]] || { echo "gpu_check: unknown part $p" >&2; exit 2; }
+  [[ $p =~ ^(tests|hf|bench|sanitize)$ ]] || { echo "gpu_check: unknown part $p" >&2; exit 2; }
 done
 parts=" ${args[*]} "
 source scripts/gpu_env.sh || exit 2
@@ -49,6 +55,28 @@ else
   echo "gpu_check: training or eval for the HF check failed:"; tail -20 "$out"/hf_*.log
   status=1
 fi
+fi
+if [[ $parts == *" sanitize "* ]]; then
+  echo "== compute-sanitizer over the tensor-core attention's tests"
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  if [[ ! -x $sanitizer ]]; then
+    echo "gpu_check: no compute-sanitizer on this machine (PATH, /usr/local/cuda/bin)"
+    status=1
+  else
+    for tool in racecheck memcheck; do
+      echo "-- $tool"
+      timeout "${SANITIZE_S:-240}" "$sanitizer" --tool "$tool" --error-exitcode 3 \
+        /tmp/atoll-gpu/bin/cuda_ops_test --gtest_filter='CudaOps.Bf16Attention*' --gtest_brief=1 \
+        >"$out/sanitize_$tool.log" 2>&1
+      rc=$?
+      tail -15 "$out/sanitize_$tool.log"
+      case $rc in
+        0) echo "$tool: clean" ;;
+        124) echo "$tool: stopped after ${SANITIZE_S:-240} s (not a finding; raise SANITIZE_S)"; status=1 ;;
+        *) echo "$tool: exit $rc (3: the tool found errors; the log is in $out)"; status=1 ;;
+      esac
+    done
+  fi
 fi
 if [[ $parts == *" bench "* && -z "${NO_BENCH:-}" ]]; then
   echo "== 3. speed against PyTorch"
