@@ -2,19 +2,20 @@
 # Everything of issue 18 that needs a GPU, for the device tool:
 #   here:     scripts/gpu_pack.sh --atoll
 #   device:   run(command="scripts/gpu_check.sh [PART...]", carry=[".gpu", ".cache/data/sotu"])
-# PARTs (default: all three, in this order; the device tool stops a command after 10 minutes, so
-# run them as separate calls, and bench/gpu_bench.sh's own PARTS and SHAPES split it further):
+# PARTs (default: tests, hf, bench; they run in the order below; the device tool stops a command
+# after 10 minutes, so run them as separate calls, and bench/gpu_bench.sh's own PARTS and SHAPES
+# split it further):
 #   tests  the CUDA tests (scripts/gpu_test.sh: every op against the CPU, the GPU training tests);
 #   hf     the Hugging Face check: a checkpoint trained on the GPU loads in transformers'
 #          GPT2LMHeadModel.from_pretrained and gives atoll eval's loss and logits (hf_check.py);
-#   bench  the speed table against PyTorch and the profiles (bench/gpu_bench.sh), unless
-#          NO_BENCH=1;
 #   sanitize  (not in the default) compute-sanitizer's racecheck, then memcheck, over the
 #          tensor-core attention's tests (CudaOps.Bf16Attention*: every block-row setting and
 #          backward kind): shared-memory races and out-of-bounds accesses that the emulator's
 #          tests cannot show. Needs the toolkit's compute-sanitizer on the machine (PATH or
 #          /usr/local/cuda/bin; the part fails saying so when it is missing); each tool is stopped
-#          after SANITIZE_S seconds (240).
+#          after SANITIZE_S seconds (240: up to 8 minutes for the part, so a call of its own);
+#   bench  the speed table against PyTorch and the profiles (bench/gpu_bench.sh), unless
+#          NO_BENCH=1.
 # e.g. "scripts/gpu_check.sh tests hf", then "SHAPES=124m PARTS='table profile'
 # scripts/gpu_check.sh bench". Logs and tables go to $OUT when set. Exits non-zero if a part
 # failed (the others still run); 2 for an unknown part.
@@ -30,6 +31,7 @@ for p in "${args[@]}"; do
   [[ $p =~ ^(tests|hf|bench|sanitize)$ ]] || { echo "gpu_check: unknown part $p" >&2; exit 2; }
 done
 parts=" ${args[*]} "
+[[ ${SANITIZE_S:-240} =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check: SANITIZE_S is not a number of seconds" >&2; exit 2; }
 source scripts/gpu_env.sh || exit 2
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 out=${OUT:-$(mktemp -d)}
@@ -65,7 +67,7 @@ if [[ $parts == *" sanitize "* ]]; then
   else
     for tool in racecheck memcheck; do
       echo "-- $tool"
-      timeout "${SANITIZE_S:-240}" "$sanitizer" --tool "$tool" --error-exitcode 3 \
+      timeout -k 30 "${SANITIZE_S:-240}" "$sanitizer" --tool "$tool" --error-exitcode 3 \
         /tmp/atoll-gpu/bin/cuda_ops_test --gtest_filter='CudaOps.Bf16Attention*' --gtest_brief=1 \
         >"$out/sanitize_$tool.log" 2>&1
       rc=$?

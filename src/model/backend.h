@@ -154,6 +154,13 @@ class Buffer {
     return device_ == Device::kCuda ? const_cast<Buffer*>(this)->DevicePtr() : host_.data();
   }
   size_t size() const { return device_ == Device::kCuda ? DeviceSize() : host_.size(); }
+  // Every element 0 (on the GPU: queued).
+  void SetZero() {
+#if ATOLL_HAVE_CUDA
+    if (device_ == Device::kCuda) return dev_.SetZero();
+#endif
+    std::fill(host_.begin(), host_.end(), T(0));
+  }
   // Host buffers only.
   T& operator[](size_t i) { return host_[i]; }
   const T& operator[](size_t i) const { return host_[i]; }
@@ -188,14 +195,15 @@ void CopyOut(Device device, T* host_dst, const T* src, size_t n) {
   std::copy(src, src + n, host_dst);
 }
 
-// The largest |x_i| of n floats in GPU memory (infinity when one is not finite), read there: the
-// step guard's activation signal (train/sdc/monitor.h) without a download.
-inline float DeviceMaxAbs(const float* x, size_t n) {
+// *slot = max(*slot, the largest |x_i| of n floats), all in GPU memory (infinity when one is not
+// finite), queued: the step guard's activation signal (train/sdc/monitor.h), read there and
+// downloaded once a step.
+inline void DeviceMaxAbsInto(float* slot, const float* x, size_t n) {
 #if ATOLL_HAVE_CUDA
-  return kernels::cuda::MaxAbs(x, n);
+  kernels::cuda::MaxAbsInto(slot, x, n);
 #else
-  (void)x, (void)n;
-  throw std::logic_error("DeviceMaxAbs in an atoll built without CUDA");
+  (void)slot, (void)x, (void)n;
+  throw std::logic_error("DeviceMaxAbsInto in an atoll built without CUDA");
 #endif
 }
 

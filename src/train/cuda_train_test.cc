@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,7 @@
 #include "train/optimizer.h"
 #include "train/sdc/fingerprint.h"
 #include "train/sdc/memory.h"
+#include "train/sdc/monitor.h"
 #include "train/test_util.h"
 
 namespace atl {
@@ -171,6 +174,49 @@ TEST(CudaSdc, TheMemoryChecksSeeAFlipInGpuMemory) {
 }
 #endif
 
+#if ATOLL_HAVE_CUDA
+// The step guard's activation signal on the GPU: each block's max |output| over the step's
+// micro-batches kept there (no wait a block output) and read at once, the same as the host's
+// from the same outputs, a non-finite one making it infinity; the next step starts from zero.
+TEST(CudaSdc, TheGuardKeepsTheStepsActivationMaximaOnTheGpu) {
+  std::string why;
+  if (!DeviceUsable(Device::kCuda, &why)) GTEST_SKIP() << "no GPU here (" << why << ")";
+  SdcOptions o;
+  o.fingerprints = o.memory = false;
+  SdcMonitor gpu(o, {}, 0, 0, 0, nullptr, {}, false), host(o, {}, 0, 0, 0, nullptr, {}, false);
+  std::mt19937 gen(3);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<std::vector<float>> outs(6, std::vector<float>(70000));
+  for (auto& x : outs)
+    for (float& v : x) v = dist(gen);
+  outs[4][123] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<kernels::cuda::DeviceArray<float>> on_gpu;
+  for (const auto& x : outs) on_gpu.push_back(kernels::cuda::ToDevice(x));
+  // Two micro-batches of blocks 0, 1 and 3 (block 2 unseen); the NaN in block 1's second.
+  const int layer[] = {0, 1, 3, 0, 1, 3};
+  gpu.OnActivation(3, on_gpu[0].data(), outs[0].size(), true);  // buffer and scratch allocated
+  host.OnActivation(3, outs[0].data(), outs[0].size());
+  const uint64_t waits = DeviceWaits();
+  for (size_t i = 0; i < outs.size(); ++i) {
+    gpu.OnActivation(layer[i], on_gpu[i].data(), outs[i].size(), true);
+    host.OnActivation(layer[i], outs[i].data(), outs[i].size());
+  }
+  EXPECT_EQ(DeviceWaits(), waits);
+  const std::vector<double> want = host.activation_maxima();
+  ASSERT_EQ(want.size(), 4u);
+  EXPECT_EQ(want[2], 0.0);
+  EXPECT_EQ(want[1], std::numeric_limits<double>::infinity());
+  EXPECT_GT(want[0], 5.0);
+  EXPECT_EQ(gpu.activation_maxima(), want);
+  // AfterStep reads and clears them.
+  ASSERT_TRUE(gpu.AfterStep(0, 1.0, 1.0, 0.0, nullptr, nullptr, nullptr).ok());
+  gpu.OnActivation(0, on_gpu[2].data(), outs[2].size(), true);
+  float m = 0;
+  for (float v : outs[2]) m = std::max(m, std::abs(v));
+  EXPECT_EQ(gpu.activation_maxima(), (std::vector<double>{double(m), 0.0, 0.0, 0.0}));
+}
+#endif
+
 // bf16 products (train.precision = bf16): the loss curve near the fp32 GPU run's (within bf16's
 // rounding), falling as much; two bf16 runs give the same bits; and not fp32's bits (the setting
 // takes effect, and the fp32 run after it resets it).
@@ -203,12 +249,13 @@ TEST_F(CudaTrainTest, Bf16FusedAttentionBackwardTrainsAsTheSplit) {
   bf.model.seq_len = 80;
   bf.train.steps = 8;
   struct Reset {  // the process's settings back, whatever happens here
+    kernels::AttentionBackwardKind kind =
+        SetAttentionBackwardKind(kernels::AttentionBackwardKind::kSplit);
     ~Reset() {
       SetBf16Matmul(false);
-      SetAttentionBackwardKind(kernels::AttentionBackwardKind::kSplit);
+      SetAttentionBackwardKind(kind);
     }
   } reset;
-  SetAttentionBackwardKind(kernels::AttentionBackwardKind::kSplit);
   const std::string split = Run(bf, "split");
   SetAttentionBackwardKind(kernels::AttentionBackwardKind::kFused);
   const std::string a = Run(bf, "fused_a"), b = Run(bf, "fused_b");

@@ -340,7 +340,7 @@ void KeyValue(float* dqkv, __nv_bfloat16* dqkv16, float* partial, const Operands
 }
 
 // The fused backward's partial sums of one batch row's heads (they grow as NH T²: 27 MB at
-// gpt2-124m's heads and T 1024, 430 MB at T 4096).
+// gpt2-124m's heads and T 1024, 409 MB at T 4096).
 int64_t RowPartialBytes(int NH, int Tp, int D) {
   return int64_t(NH) * PartialRow(Tp / kRows, Tp) * D * int64_t(sizeof(float));
 }
@@ -366,7 +366,7 @@ void Backward(float* dqkv, __nv_bfloat16* dqkv16, const Operands& ops, int B, in
               float scale) {
   const bool wide = BlockRows().key == 2 * kRows;
   const int64_t row_bytes = RowPartialBytes(NH, ops.Tp, D);
-  const int rows_a_part = int(std::min<int64_t>(B, int64_t(partial_limit) / row_bytes));
+  const int rows_a_part = int(std::min<uint64_t>(B, partial_limit / uint64_t(row_bytes)));
   if (backward_kind == AttentionBackwardKind::kSplit || rows_a_part == 0) {
     (BlockRows().query == 2 * kRows ? Query<D, kAdd, 2> : Query<D, kAdd, 1>)(dqkv, dqkv16, ops, B,
                                                                              T, C, NH, scale);

@@ -134,5 +134,27 @@ TEST_F(CudaChecks, MaxAbs) {
   EXPECT_EQ(MaxAbs(nullptr, 0), 0.0f);
 }
 
+// MaxAbsInto keeps the largest over its calls in a device slot, without a wait: the larger of the
+// slot's and the array's, a non-finite element making it infinity from then on.
+TEST_F(CudaChecks, MaxAbsIntoKeepsTheLargestWithoutAWait) {
+  const std::vector<float> small = {1.0f, -3.0f, 2.0f}, large(70000, -5.5f);
+  std::vector<float> bad = small;
+  bad[1] = std::numeric_limits<float>::quiet_NaN();
+  auto g_small = ToDevice(small), g_large = ToDevice(large), g_bad = ToDevice(bad);
+  auto slots = ToDevice(std::vector<float>{0.0f, 4.0f});
+  MaxAbsInto(slots.data(), g_small.data(), small.size());
+  MaxAbsInto(slots.data() + 1, g_small.data(), small.size());
+  EXPECT_EQ(ToHost(slots), (std::vector<float>{3.0f, 4.0f}));
+  MaxAbsInto(slots.data(), g_large.data(), large.size());  // 2 chunks: the scratch has grown
+  EXPECT_EQ(ToHost(slots), (std::vector<float>{5.5f, 4.0f}));
+  const uint64_t waits = Copied().waits;
+  MaxAbsInto(slots.data(), g_small.data(), small.size());
+  MaxAbsInto(slots.data() + 1, g_small.data(), 0);  // nothing
+  MaxAbsInto(slots.data() + 1, g_bad.data(), bad.size());
+  MaxAbsInto(slots.data() + 1, g_large.data(), large.size());
+  EXPECT_EQ(Copied().waits, waits);
+  EXPECT_EQ(ToHost(slots), (std::vector<float>{5.5f, INFINITY}));
+}
+
 }  // namespace
 }  // namespace atl::kernels::cuda

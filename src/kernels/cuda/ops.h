@@ -113,7 +113,8 @@ AttentionBackwardKind SetAttentionBackwardKind(AttentionBackwardKind backward);
 // The fused backward's partial sums of dQ in scratch: AttentionPartialBytes for B batch rows
 // (they grow as B NH T²: 214 MB for gpt2-124m's heads at B 8, T 1024). The backward takes as
 // many batch rows at a time as fit in the limit (1 GiB by default), the same bits in any number
-// of parts; the split backward when not one row's fit. Returns the previous limit.
+// of parts; the split backward when not one row's fit. (The scratch slot they use grows to 1.25
+// times a request and is kept: up to 1.25 times the limit.) Returns the previous limit.
 size_t SetAttentionPartialLimit(size_t bytes);
 size_t AttentionPartialBytes(int B, int T, int C, int NH);
 
@@ -222,6 +223,9 @@ void RangeHashes(uint64_t* host_out, const void* data, const HashRange* host_ran
                  int num_ranges);
 // The largest |x_i| (device; infinity when any is not finite; 0 when n is 0), to the host.
 float MaxAbs(const float* x, size_t n);
+// The same into *slot (device): *slot = max(*slot, MaxAbs(x, n)), queued (the host does not
+// wait): the step guard keeps a step's maxima on the GPU and reads them once.
+void MaxAbsInto(float* slot, const float* x, size_t n);
 
 #if defined(__CUDACC__)
 #define ATL_HOST_DEVICE __host__ __device__

@@ -216,7 +216,8 @@ void CopyToDeviceQueued(void* dst, const void* src, size_t bytes) {
   copied_to_device += bytes;
   if (c.staged == nullptr) ATL_CUDA(cudaEventCreateWithFlags(&c.staged, cudaEventDisableTiming));
   // The last queued copy may still be reading the staging buffer (it is long done when a step's
-  // other waits came between).
+  // other waits came between; a wait when not).
+  if (cudaEventQuery(c.staged) == cudaErrorNotReady) ++waits;
   ATL_CUDA(cudaEventSynchronize(c.staged));
   if (bytes > c.staging_bytes) {
     if (c.staging != nullptr) ATL_CUDA(cudaFreeHost(c.staging));

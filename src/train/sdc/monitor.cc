@@ -184,21 +184,42 @@ Status SdcMonitor::CompareSites(int64_t s, const std::vector<Hashed>& buffers,
 void SdcMonitor::OnActivation(int layer, const float* out, size_t n, bool on_device) {
   if (!o_.guard) return;
   const SdcTimer timer(&cost_.guard);
+  if (on_device) {
+    if (act_max_gpu_.size() <= size_t(layer)) {
+      activation_maxima();  // what the smaller buffer holds (the first step only)
+      act_max_gpu_.Allocate(Device::kCuda, std::max(size_t(layer) + 1, 2 * act_max_gpu_.size()));
+    }
+    DeviceMaxAbsInto(act_max_gpu_.data() + layer, out, n);  // infinity when one is not finite
+    act_max_on_gpu_ = true;
+    return;
+  }
   if (act_max_.size() <= size_t(layer)) act_max_.resize(size_t(layer) + 1, 0.0);
   float mx = 0;
   bool finite = true;
-  if (on_device) {
-    mx = DeviceMaxAbs(out, n);  // infinity when one is not finite
-    finite = std::isfinite(mx);
-  } else {
-    for (size_t i = 0; i < n; ++i) {
-      const float a = std::abs(out[i]);
-      finite &= std::isfinite(a);
-      mx = std::max(mx, a);
-    }
+  for (size_t i = 0; i < n; ++i) {
+    const float a = std::abs(out[i]);
+    finite &= std::isfinite(a);
+    mx = std::max(mx, a);
   }
   act_max_[size_t(layer)] = finite ? std::max(act_max_[size_t(layer)], double(mx))
                                    : std::numeric_limits<double>::infinity();
+}
+
+const std::vector<double>& SdcMonitor::activation_maxima() {
+  if (!act_max_on_gpu_) return act_max_;
+  std::vector<float> gpu(act_max_gpu_.size());
+  CopyOut(Device::kCuda, gpu.data(), act_max_gpu_.data(), gpu.size());
+  act_max_gpu_.SetZero();
+  act_max_on_gpu_ = false;
+  if (act_max_.size() < gpu.size()) act_max_.resize(gpu.size(), 0.0);
+  for (size_t l = 0; l < gpu.size(); ++l) act_max_[l] = std::max(act_max_[l], double(gpu[l]));
+  return act_max_;
+}
+
+void SdcMonitor::ClearActivationMaxima() {
+  std::fill(act_max_.begin(), act_max_.end(), 0.0);
+  if (act_max_on_gpu_) act_max_gpu_.SetZero();
+  act_max_on_gpu_ = false;
 }
 
 void SdcMonitor::OnGemm(FaultKind kind, int layer, int gemm, const float* c, const float* a,
@@ -346,8 +367,9 @@ StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, do
           signals.push_back({"update_rms." + ShortTensorName(layout_[t].name),
                              std::sqrt(update_sq_[t] / double(update_numel_[t])) / lr});
     }
-    for (size_t l = 0; l < act_max_.size(); ++l)
-      if (act_max_[l] > 0) signals.push_back({fmt::format("act_max.{}", l), act_max_[l]});
+    const std::vector<double>& act_max = activation_maxima();
+    for (size_t l = 0; l < act_max.size(); ++l)
+      if (act_max[l] > 0) signals.push_back({fmt::format("act_max.{}", l), act_max[l]});
     flagged_.clear();
     for (const StepGuard::Outlier& o : guard_.Check(signals)) {
       flagged_.push_back({o.name, o.value});
@@ -362,7 +384,7 @@ StatusOr<std::vector<SdcEvent>> SdcMonitor::AfterStep(int64_t s, double loss, do
       e.deviations = o.deviations;
       out.push_back(e);
     }
-    std::fill(act_max_.begin(), act_max_.end(), 0.0);
+    ClearActivationMaxima();
   }
   if (checksum_.count > 0) {
     checksum_.step = s + 1;

@@ -161,8 +161,12 @@ class SdcMonitor {
   }
 
   // The model's op hook, activations only (kind 2): the max |x| of each block's output (on_device:
-  // `out` is GPU memory, read there).
+  // `out` is GPU memory, read there; the step's maxima stay on the GPU until AfterStep reads them
+  // at once, so no block output makes the host wait).
   void OnActivation(int layer, const float* out, size_t n, bool on_device = false);
+  // Each block's max |output| so far this step (infinity where one was not finite; 0 for a block
+  // not seen), the GPU's included.
+  const std::vector<double>& activation_maxima();
   // The micro-batch the next GEMMs belong to (its index in the whole batch).
   void At(int64_t micro) { micro_ = micro; }
   // The model's op hook, GEMMs (checksums on): checks c = a·w (+ bias), or a·wᵀ for kind
@@ -207,7 +211,7 @@ class SdcMonitor {
   void SaveState() { saved_guard_ = guard_; }
   void RestoreState() {
     guard_ = saved_guard_;
-    std::fill(act_max_.begin(), act_max_.end(), 0.0);
+    ClearActivationMaxima();
     checksum_ = {};
   }
   void AcceptFlagged() { guard_.Accept(flagged_); }
@@ -240,6 +244,9 @@ class SdcMonitor {
   std::vector<size_t> update_numel_;
   std::vector<SdcEvent> pending_;  // found before the update (ZeRO)
   std::vector<double> act_max_;    // per block, this step
+  Buffer<float> act_max_gpu_;      // ... and on the GPU, since act_max_ last took them
+  bool act_max_on_gpu_ = false;    // whether act_max_gpu_ holds any
+  void ClearActivationMaxima();
   int64_t micro_ = -1;
   // A failed checksum of block `layer`'s op: the step's first names the place, the others count.
   void Mismatch(const ChecksumMismatch& mm, int layer, std::string op);
