@@ -72,6 +72,8 @@ struct Operands {
   uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
   float *dsum = nullptr, *lse2 = nullptr;
 };
+// The layout's D and Tp for T and the head size C / NH (no pointers).
+Operands OperandShape(int T, int C, int NH);
 // The elements of the Q, K, V copies together (3 B NH Tp D), for T and the head size C / NH.
 size_t OperandElements(int B, int T, int C, int NH);
 // keep (or null): the Q, K, V copies go there (OperandElements, 16-byte aligned), not to scratch,

@@ -404,8 +404,8 @@ size_t SetAttentionPartialLimit(size_t bytes) { return std::exchange(tc::partial
 
 size_t AttentionPartialBytes(int B, int T, int C, int NH) {
   if (B <= 0 || T <= 0 || NH <= 0) return 0;
-  const int Tp = (T + tc::kRows - 1) / tc::kRows * tc::kRows;
-  return size_t(B) * size_t(tc::RowPartialBytes(NH, Tp, C / NH <= 32 ? 32 : 64));
+  const Operands shape = OperandShape(T, C, NH);
+  return size_t(B) * size_t(tc::RowPartialBytes(NH, shape.Tp, shape.D));
 }
 
 void TcAttentionBackward(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, const float* out,

@@ -111,11 +111,9 @@ __global__ void RoundDout(uint16_t* dst, float* dsum, float* lse2, const float* 
 // is a multiple of 64).
 dim3 ChunkGrid(int64_t rows, int D) { return AttentionGrid(rows * (D / 8) / kThreads, "operands"); }
 
-// The layout's sizes: D, Tp, and the elements of one operand's copy.
+// The layout's sizes: D, Tp (OperandShape), and the elements of one operand's copy.
 Operands Sizes(int B, int T, int C, int NH, int64_t* n) {
-  Operands ops;
-  ops.D = C / NH <= 32 ? 32 : 64;
-  ops.Tp = (T + kAttentionRows - 1) / kAttentionRows * kAttentionRows;
+  Operands ops = OperandShape(T, C, NH);
   *n = int64_t(B) * NH * ops.Tp * ops.D;
   return ops;
 }
@@ -152,6 +150,13 @@ void LaunchRoundQkv(const Operands& ops, const float* qkv, int B, int T, int C, 
 }
 
 }  // namespace
+
+Operands OperandShape(int T, int C, int NH) {
+  Operands ops;
+  ops.D = C / NH <= 32 ? 32 : 64;
+  ops.Tp = (T + kAttentionRows - 1) / kAttentionRows * kAttentionRows;
+  return ops;
+}
 
 size_t OperandElements(int B, int T, int C, int NH) {
   int64_t n = 0;
