@@ -76,23 +76,13 @@ __global__ void MaxAbsKernel(float* partial, const float* x, int64_t n) {
   if (threadIdx.x == 0) partial[blockIdx.x] = m;
 }
 
-// *out = the largest of partial's, or of them and *out (kInto).
-template <bool kInto>
-__global__ void MaxKernel(float* out, const float* partial, int64_t count) {
+// *out = the largest of *out and partial's.
+__global__ void MaxIntoKernel(float* out, const float* partial, int64_t count) {
   __shared__ float shared[32];
   float m = 0.0f;
   for (int64_t i = threadIdx.x; i < count; i += blockDim.x) m = fmaxf(m, partial[i]);
   m = BlockMax(m, shared);
-  if (threadIdx.x == 0) *out = kInto ? fmaxf(*out, m) : m;
-}
-
-// The chunks' maxima in Scratch(kScratchReduce), then their largest into *out (or with it).
-template <bool kInto>
-void QueueMaxAbs(float* out, const float* x, size_t n) {
-  const int64_t chunks = (int64_t(n) + kMaxChunk - 1) / kMaxChunk;
-  auto* partial = static_cast<float*>(Scratch(kScratchReduce, size_t(chunks) * sizeof(float)));
-  ATL_LAUNCH(MaxAbsKernel, unsigned(chunks), kThreads, partial, x, int64_t(n));
-  ATL_LAUNCH(MaxKernel<kInto>, 1, 1024, out, static_cast<const float*>(partial), chunks);
+  if (threadIdx.x == 0) *out = fmaxf(*out, m);
 }
 
 // The range tables uploaded so far, on the device: the checks hash the same few layouts (a
@@ -173,17 +163,12 @@ void RangeHashes(uint64_t* host_out, const void* data, const HashRange* host_ran
   CopyToHost(host_out, out, R * sizeof(uint64_t));
 }
 
-float MaxAbs(const float* x, size_t n) {
-  if (n == 0) return 0.0f;
-  auto* out = static_cast<float*>(Scratch(kScratchOp, sizeof(float)));
-  QueueMaxAbs<false>(out, x, n);
-  float m = 0.0f;
-  CopyToHost(&m, out, sizeof(float));
-  return m;
-}
-
 void MaxAbsInto(float* slot, const float* x, size_t n) {
-  if (n > 0) QueueMaxAbs<true>(slot, x, n);
+  if (n == 0) return;
+  const int64_t chunks = (int64_t(n) + kMaxChunk - 1) / kMaxChunk;
+  auto* partial = static_cast<float*>(Scratch(kScratchReduce, size_t(chunks) * sizeof(float)));
+  ATL_LAUNCH(MaxAbsKernel, unsigned(chunks), kThreads, partial, x, int64_t(n));
+  ATL_LAUNCH(MaxIntoKernel, 1, 1024, slot, static_cast<const float*>(partial), chunks);
 }
 
 }  // namespace atl::kernels::cuda

@@ -1,6 +1,6 @@
 // The corruption checks' reads on the GPU (checks.cu): RangeHashes against the function its
 // comment defines, computed here on the host; every changed word found in its own range and no
-// other; MaxAbs against the host's, non-finite values included. Skipped without a usable GPU.
+// other; MaxAbsInto against the host's, non-finite values included. Skipped without a usable GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -113,6 +113,13 @@ TEST_F(CudaChecks, EveryFlippedBitIsFoundInItsRange) {
       EXPECT_EQ(got[r] != clean[r], inside) << "word " << w << " bit " << bit << " range " << r;
     }
   }
+}
+
+// The largest |x_i| by MaxAbsInto into a slot of 0.
+float MaxAbs(const float* x, size_t n) {
+  auto slot = ToDevice(std::vector<float>{0.0f});
+  MaxAbsInto(slot.data(), x, n);
+  return ToHost(slot)[0];
 }
 
 TEST_F(CudaChecks, MaxAbs) {

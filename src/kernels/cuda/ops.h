@@ -221,10 +221,9 @@ struct HashRange {
 // the range's is HashMix(length + kHashSeed) combined with its chunks' in order. Deterministic.
 void RangeHashes(uint64_t* host_out, const void* data, const HashRange* host_ranges,
                  int num_ranges);
-// The largest |x_i| (device; infinity when any is not finite; 0 when n is 0), to the host.
-float MaxAbs(const float* x, size_t n);
-// The same into *slot (device): *slot = max(*slot, MaxAbs(x, n)), queued (the host does not
-// wait): the step guard keeps a step's maxima on the GPU and reads them once.
+// *slot = max(*slot, the largest |x_i|) (device; infinity when any x_i is not finite; *slot
+// unchanged when n is 0), queued (the host does not wait): the step guard keeps a step's maxima
+// on the GPU and reads them once.
 void MaxAbsInto(float* slot, const float* x, size_t n);
 
 #if defined(__CUDACC__)

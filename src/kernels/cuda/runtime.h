@@ -73,8 +73,9 @@ void Zero(void* p, size_t bytes);
 // NaNs).
 void FillScratch(unsigned char byte);
 // Bytes CopyToDevice(Queued) and CopyToHost have moved so far in this process, and the times the
-// host waited for the GPU (synchronous copies, Synchronize, scratch growth): what a step costs in
-// transfers and waits (tests and profiles compare two readings).
+// host waited for the GPU (synchronous copies, Synchronize, scratch growth, a queued copy whose
+// staging buffer the last one still held): what a step costs in transfers and waits (tests and
+// profiles compare two readings).
 struct CopyCounts {
   uint64_t to_device = 0, to_host = 0;
   uint64_t waits = 0;
