@@ -37,6 +37,15 @@ class CudaTrainTest : public TrainerTest {
     gpu_ = cfg_;
     gpu_.train.device = "cuda";
   }
+  // The training loss of run `got` within rel (relative) of run `want`'s, step by step.
+  static void ExpectLossesNear(const std::string& got, const std::string& want, double rel) {
+    const auto g = Metrics(got), w = Metrics(want);
+    ASSERT_EQ(g.size(), w.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double x = g[i]["loss"].get<double>(), y = w[i]["loss"].get<double>();
+      EXPECT_NEAR(x, y, rel * std::abs(y)) << "step " << i + 1;
+    }
+  }
   RunConfig gpu_;
 };
 
@@ -230,12 +239,8 @@ TEST_F(CudaTrainTest, Bf16FollowsFp32AndRepeatsItself) {
   EXPECT_EQ(LossColumns(a), LossColumns(b));
   EXPECT_EQ(FinalState(a), FinalState(b));
   EXPECT_NE(LossColumns(a), LossColumns(f));
-  const auto mb = Metrics(a), mf = Metrics(f);
-  ASSERT_EQ(mb.size(), mf.size());
-  for (size_t i = 0; i < mb.size(); ++i) {
-    const double x = mb[i]["loss"].get<double>(), y = mf[i]["loss"].get<double>();
-    EXPECT_NEAR(x, y, 2e-2 * std::abs(y)) << "step " << i + 1;
-  }
+  ExpectLossesNear(a, f, 2e-2);
+  const auto mb = Metrics(a);
   EXPECT_LT(mb.back()["loss"].get<double>(), mb.front()["loss"].get<double>() - 0.5);
 }
 
@@ -262,12 +267,7 @@ TEST_F(CudaTrainTest, Bf16FusedAttentionBackwardTrainsAsTheSplit) {
   EXPECT_EQ(LossColumns(a), LossColumns(b));
   EXPECT_EQ(FinalState(a), FinalState(b));
   EXPECT_NE(FinalState(a), FinalState(split));
-  const auto ms = Metrics(split), mf = Metrics(a);
-  ASSERT_EQ(ms.size(), mf.size());
-  for (size_t i = 0; i < ms.size(); ++i) {
-    const double x = mf[i]["loss"].get<double>(), y = ms[i]["loss"].get<double>();
-    EXPECT_NEAR(x, y, 1e-4 * std::abs(y)) << "step " << i + 1;
-  }
+  ExpectLossesNear(a, split, 1e-4);
 }
 
 // bf16 copies (GPT::set_bf16_copies): a forward and backward give the same loss and gradients,
