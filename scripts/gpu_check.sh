@@ -31,7 +31,8 @@ for p in "${args[@]}"; do
   [[ $p =~ ^(tests|hf|bench|sanitize)$ ]] || { echo "gpu_check: unknown part $p" >&2; exit 2; }
 done
 parts=" ${args[*]} "
-[[ ${SANITIZE_S:-240} =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check: SANITIZE_S is not a number of seconds" >&2; exit 2; }
+sanitize_s=${SANITIZE_S:-240}
+[[ $sanitize_s =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check: SANITIZE_S is not a number of seconds" >&2; exit 2; }
 source scripts/gpu_env.sh || exit 2
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 out=${OUT:-$(mktemp -d)}
@@ -67,14 +68,14 @@ if [[ $parts == *" sanitize "* ]]; then
   else
     for tool in racecheck memcheck; do
       echo "-- $tool"
-      timeout -k 30 "${SANITIZE_S:-240}" "$sanitizer" --tool "$tool" --error-exitcode 3 \
+      timeout -k 30 "$sanitize_s" "$sanitizer" --tool "$tool" --error-exitcode 3 \
         /tmp/atoll-gpu/bin/cuda_ops_test --gtest_filter='CudaOps.Bf16Attention*' --gtest_brief=1 \
         >"$out/sanitize_$tool.log" 2>&1
       rc=$?
       tail -15 "$out/sanitize_$tool.log"
       case $rc in
         0) echo "$tool: clean" ;;
-        124) echo "$tool: stopped after ${SANITIZE_S:-240} s (not a finding; raise SANITIZE_S)"; status=1 ;;
+        124) echo "$tool: stopped after $sanitize_s s (not a finding; raise SANITIZE_S)"; status=1 ;;
         *) echo "$tool: exit $rc (3: the tool found errors; the log is in $out)"; status=1 ;;
       esac
     done
