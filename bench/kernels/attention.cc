@@ -23,17 +23,17 @@
 // cores; --rows is then moot). Without a GPU it runs on nothing and says so (exit 2); its _emu
 // build runs on the CUDA emulator (exact bits, no speed).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "kernels/attention_blocks.h"
+#include "kernels/cuda/attention_tune.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 
@@ -41,13 +41,8 @@ namespace {
 
 namespace cuda = atl::kernels::cuda;
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 struct Shape {
   int B = 8, T = 1024, NH = 12, C = 768;
-  size_t x() const { return size_t(B) * T * C; }
 };
 
 // What one setting computed: out, lse, dqkv ([B, T, 3C]: dq, dk, dv) and the bf16 copies of
@@ -94,9 +89,7 @@ struct Setting {
   }
 };
 
-struct Timing {
-  double forward_s = 0, backward_s = 0;  // a call
-};
+using Timing = cuda::AttentionWork::Timing;
 
 // Every byte of a set to 0xff (a float NaN, a bf16 NaN).
 template <class T>
@@ -105,62 +98,14 @@ void Fill(cuda::DeviceArray<T>& a) {
   cuda::CopyToDevice(a.data(), ones.data(), ones.size());
 }
 
-// The forward and the backward `steps` times each after `warmup`, on the device arrays below.
-struct Bench {
-  Shape s;
-  cuda::DeviceArray<float> qkv, dout, out, lse, dqkv;
-  cuda::DeviceArray<uint16_t> out16, dqkv16, kept;
-
-  explicit Bench(const Shape& shape)
-      : s(shape),
-        qkv(3 * s.x()),
-        dout(s.x()),
-        out(s.x()),
-        lse(size_t(s.B) * s.NH * s.T),
-        dqkv(3 * s.x()),
-        out16(s.x()),
-        dqkv16(3 * s.x()),
-        kept(std::max<size_t>(8, cuda::AttentionKeptElements(s.B, s.T, s.C, s.NH))) {
-    std::mt19937 rng(7);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> h(3 * s.x());
-    for (float& v : h) v = normal(rng);
-    qkv.Upload(h.data(), h.size());
-    h.resize(s.x());
-    for (float& v : h) v = 0.1f * normal(rng);
-    dout.Upload(h.data(), h.size());
-  }
-  void Forward() {
-    cuda::AttentionForward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH, out16.data(),
-                           kept.data());
-  }
-  void Backward() {
-    cuda::AttentionBackward(dqkv.data(), dout.data(), out.data(), qkv.data(), lse.data(), s.B, s.T,
-                            s.C, s.NH, dqkv16.data(), atl::kernels::GradInto::kWrite, kept.data());
-  }
-  Timing Time(int steps, int warmup) {
-    Timing t;
-    for (int i = 0; i < warmup; ++i) Forward(), Backward();
-    cuda::Synchronize();
-    double t0 = Now();
-    for (int i = 0; i < steps; ++i) Forward();
-    cuda::Synchronize();
-    t.forward_s = (Now() - t0) / steps;
-    t0 = Now();
-    for (int i = 0; i < steps; ++i) Backward();
-    cuda::Synchronize();
-    t.backward_s = (Now() - t0) / steps;
-    return t;
-  }
-  // One forward and backward, every output filled with NaNs first (one left unwritten differs).
-  Outputs Results() {
-    Fill(out), Fill(lse), Fill(dqkv), Fill(out16), Fill(dqkv16);
-    Forward();
-    Backward();
-    return {cuda::ToHost(out), cuda::ToHost(lse), cuda::ToHost(dqkv), cuda::ToHost(out16),
-            cuda::ToHost(dqkv16)};
-  }
-};
+// One forward and backward, every output filled with NaNs first (one left unwritten differs).
+Outputs Results(cuda::AttentionWork& w) {
+  Fill(w.out), Fill(w.lse), Fill(w.dqkv), Fill(w.out16), Fill(w.dqkv16);
+  w.Forward();
+  w.Backward();
+  return {cuda::ToHost(w.out), cuda::ToHost(w.lse), cuda::ToHost(w.dqkv), cuda::ToHost(w.out16),
+          cuda::ToHost(w.dqkv16)};
+}
 
 [[noreturn]] void Usage(const char* why) {
   if (why != nullptr) std::fprintf(stderr, "kernels_attention: %s\n", why);
@@ -205,7 +150,8 @@ int main(int argc, char** argv) {
   Shape s;
   int steps = 20, warmup = 3;
   using atl::kernels::AttentionBlockRows;
-  std::vector<AttentionBlockRows> rows = {{64, 64}, {128, 64}, {64, 128}, {128, 128}};
+  std::vector<AttentionBlockRows> rows(std::begin(atl::kernels::kAttentionBlockRowsAll),
+                                       std::end(atl::kernels::kAttentionBlockRowsAll));
   using atl::kernels::AttentionBackwardKind;
   std::vector<AttentionBackwardKind> kinds = {AttentionBackwardKind::kSplit,
                                               AttentionBackwardKind::kFused};
@@ -267,7 +213,7 @@ int main(int argc, char** argv) {
       "| rows (query/key), backward | forward ms | backward ms | forward TFLOP/s | backward "
       "TFLOP/s | "
       "both TFLOP/s |\n|---|---:|---:|---:|---:|---:|\n");
-  Bench bench(s);
+  cuda::AttentionWork bench(s.B, s.T, s.C, s.NH);
   std::vector<Timing> best(settings.size());
   for (int round = 0; round < 3; ++round)
     for (size_t i = 0; i < settings.size(); ++i) {
@@ -280,7 +226,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < settings.size(); ++i) {
     const Timing& t = best[i];
     settings[i].Set();
-    results.push_back(bench.Results());
+    results.push_back(Results(bench));
     std::printf("| %s | %.3f | %.3f | %.1f | %.1f | %.1f |\n", settings[i].Name().c_str(),
                 1e3 * t.forward_s, 1e3 * t.backward_s, fwd_flop / t.forward_s / 1e12,
                 2.5 * fwd_flop / t.backward_s / 1e12,

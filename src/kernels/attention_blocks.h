@@ -22,6 +22,10 @@ struct AttentionBlockRows {
   int key = 64;
 };
 
+// Every valid setting, the default first.
+inline constexpr AttentionBlockRows kAttentionBlockRowsAll[] = {
+    {64, 64}, {128, 64}, {64, 128}, {128, 128}};
+
 // "Q/K", as ParseAttentionBlockRows reads it.
 inline std::string ToString(AttentionBlockRows r) {
   return std::to_string(r.query) + "/" + std::to_string(r.key);

@@ -22,6 +22,7 @@
 #include "kernels/grad_into.h"
 #include "kernels/ops.h"
 #if ATOLL_HAVE_CUDA
+#include "kernels/cuda/attention_tune.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 #endif
@@ -106,6 +107,26 @@ inline kernels::AttentionBackwardKind SetAttentionBackwardKind(
 #else
   (void)backward;
   return kernels::AttentionBackwardKind::kSplit;
+#endif
+}
+
+// Sets the GPU's tensor-core attention block rows to the fastest at this shape, timed on this
+// GPU now under the precision and backward kind set (kernels/cuda/attention_tune.h: every setting
+// gives the same bits), and says what it timed and chose; where the attention at this shape
+// does not run on the tensor cores, times nothing and leaves the setting. On the CUDA emulator,
+// whose times say nothing of a GPU's, nor without CUDA, nothing is timed or set.
+inline std::string TuneAttentionBlockRows(int B, int T, int C, int NH) {
+#if ATOLL_HAVE_CUDA
+  if (kernels::cuda::Emulated()) {
+    const kernels::AttentionBlockRows rows = kernels::cuda::SetAttentionBlockRows({});
+    kernels::cuda::SetAttentionBlockRows(rows);
+    return kernels::ToString(rows) +
+           " (not timed: on the CUDA emulator, whose times say nothing of a GPU's)";
+  }
+  return kernels::cuda::TuneAttentionBlockRows(B, T, C, NH).Describe();
+#else
+  (void)B, (void)T, (void)C, (void)NH;
+  return "64/64 (not timed: this atoll was built without CUDA)";
 #endif
 }
 

@@ -167,6 +167,12 @@ std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
       {"train", "device", &c.train.device, "cpu or cuda (a rank's GPU: local rank modulo GPUs)"},
       {"train", "precision", &c.train.precision,
        "fp32, or bf16 on cuda: matrix products on bf16 operands, float sums and state"},
+      {"train", "attention_rows", &c.train.attention_rows,
+       "cuda, bf16: the tensor-core attention's block rows, auto (the fastest, timed at start) or "
+       "Q/K (64 or 128 each); the same bits in every setting"},
+      {"train", "attention_backward", &c.train.attention_backward,
+       "cuda, bf16: dQ by a kernel of its own (split) or from the dK/dV kernel (fused: other "
+       "bits)"},
       {"data", "dir", &c.data.dir, "directory with train.bin and val.bin"},
       {"parallel", "dp", &c.parallel.dp, "data-parallel replicas (dp * tp * pp = MPI ranks)"},
       {"parallel", "tp", &c.parallel.tp, "tensor-parallel ranks (divides model.n_head)"},
@@ -461,10 +467,12 @@ StatusOr<RunConfig> RunConfigFromJson(const nlohmann::json& j) {
   for (const auto& k : keys) {
     const std::string s(k.section), n(k.name);
     // Keys added to [parallel], [world], [faults] and [sdc] after manifests were first written take
-    // defaults.
-    if ((s == "parallel" || s == "world" || s == "faults" || s == "sdc") &&
-        (!j.contains(s) || !j[s].contains(n)))
-      continue;
+    // defaults, as do [train]'s added since (a manifest without them was written by a run that
+    // trained with their defaults: on the CPU, which has none of the GPU's settings).
+    const bool late = s == "parallel" || s == "world" || s == "faults" || s == "sdc" ||
+                      (s == "train" && (n == "device" || n == "precision" ||
+                                        n == "attention_rows" || n == "attention_backward"));
+    if (late && (!j.contains(s) || !j[s].contains(n))) continue;
     if (!j.contains(s) || !j[s].contains(n))
       return Status::InvalidArgument(fmt::format("config: missing key {}", k.path()));
     const nlohmann::json& v = j[s][n];

@@ -56,6 +56,14 @@ struct TrainConfig {
   // accumulated and written in float; parameters, gradients, activations and the optimizer's
   // state stay float (kernels/cuda/ops.h SetBf16Matmul).
   std::string precision = "fp32";
+  // The GPU's tensor-core attention (bf16, heads up to 64; kernels/attention_blocks.h), a question
+  // of speed alone: "auto" (each rank times the block-row settings at the run's shape when it
+  // starts and takes the fastest) or "Q/K", the forward's and dQ's query rows and the dK/dV
+  // kernel's key rows, 64 or 128 each. Every setting gives the same bits.
+  std::string attention_rows = "auto";
+  // How that attention's backward computes dQ: "split" (a kernel of its own) or "fused" (from the
+  // dK/dV kernel's partial sums, added in a fixed order: dQ's bits are another order of sums).
+  std::string attention_backward = "split";
 
   int64_t accumulation_steps() const { return batch_size / micro_batch_size; }
   bool operator==(const TrainConfig&) const = default;

@@ -68,6 +68,16 @@ Status ValidateRunConfig(const RunConfig& c) {
     return bad("train.precision",
                "bf16 needs train.device = cuda (the CPU computes in fp32; bf16 products are the "
                "GPU's tensor cores)");
+  if (kernels::AttentionBlockRows rows;
+      t.attention_rows != "auto" && !kernels::ParseAttentionBlockRows(t.attention_rows, &rows))
+    return bad("train.attention_rows",
+               fmt::format("must be auto or Q/K with query and key rows 64 or 128 (64/64, "
+                           "128/64, 64/128, 128/128), got \"{}\"",
+                           t.attention_rows));
+  if (kernels::AttentionBackwardKind kind;
+      !kernels::ParseAttentionBackwardKind(t.attention_backward, &kind))
+    return bad("train.attention_backward",
+               fmt::format("must be split or fused, got \"{}\"", t.attention_backward));
   if (t.device == "cuda" && c.model.n_head > 0 && c.model.n_embd / c.model.n_head > 128)
     return bad("train.device",
                fmt::format("the GPU's attention takes head sizes up to 128; model.n_embd / "

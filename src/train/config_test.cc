@@ -132,6 +132,10 @@ TEST(RunConfig, BadValuesAreErrorsNamingTheKey) {
       {"[train]\nseed = -3\n", "train.seed"},
       {"[train]\nlr = nan\n", "train.lr"},
       {"[data]\ndir = \"\"\n", "data.dir"},
+      {"[train]\nattention_rows = \"96/64\"\n", "train.attention_rows"},
+      {"[train]\nattention_rows = \"64/\"\n", "train.attention_rows"},
+      {"[train]\nattention_rows = \"fastest\"\n", "train.attention_rows"},
+      {"[train]\nattention_backward = \"both\"\n", "train.attention_backward"},
   };
   for (const auto& c : cases) {
     const std::string e = ErrorOf(c.toml);
@@ -213,6 +217,31 @@ TEST(RunConfig, ManifestsWithoutParallelReadAsDefaults) {
   back = RunConfigFromJson(j);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->parallel, ParallelConfig{});
+}
+
+// The GPU attention's keys: auto by default (the block rows timed at start), any Q/K of 64 and
+// 128, split or fused; a manifest written before they existed reads as their defaults (and so
+// does one without train.device and precision: a run on the CPU).
+TEST(RunConfig, AttentionKeysDefaultsSettingsAndOldManifests) {
+  auto cfg = Load("");
+  ASSERT_TRUE(cfg.ok());
+  EXPECT_EQ(cfg->train.attention_rows, "auto");
+  EXPECT_EQ(cfg->train.attention_backward, "split");
+  for (const char* rows : {"64/64", "128/64", "64/128", "128/128", "128"}) {
+    cfg = Load("", {std::string("train.attention_rows=") + rows, "train.attention_backward=fused"});
+    ASSERT_TRUE(cfg.ok()) << rows << ": " << cfg.status().ToString();
+    EXPECT_EQ(cfg->train.attention_rows, rows);
+    EXPECT_EQ(cfg->train.attention_backward, "fused");
+  }
+  auto j = RunConfigToJson(*cfg);
+  for (const char* late : {"attention_rows", "attention_backward", "device", "precision"})
+    j["train"].erase(late);
+  auto back = RunConfigFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->train.attention_rows, "auto");
+  EXPECT_EQ(back->train.attention_backward, "split");
+  EXPECT_EQ(back->train.device, "cpu");
+  EXPECT_EQ(back->train.precision, "fp32");
 }
 
 TEST(RunConfig, TomlAndJsonRoundTripBitForBit) {

@@ -27,6 +27,19 @@
 namespace atl {
 namespace {
 
+// The process's GPU settings that a run sets (bf16 products, the attention's block rows and
+// backward kind) back as they were, whatever happens.
+struct AttentionSettingsBack {
+  kernels::AttentionBlockRows rows = SetAttentionBlockRows({});
+  kernels::AttentionBackwardKind kind =
+      SetAttentionBackwardKind(kernels::AttentionBackwardKind::kSplit);
+  ~AttentionSettingsBack() {
+    SetBf16Matmul(false);
+    SetAttentionBlockRows(rows);
+    SetAttentionBackwardKind(kind);
+  }
+};
+
 class CudaTrainTest : public TrainerTest {
  protected:
   void SetUp() override {
@@ -248,26 +261,58 @@ TEST_F(CudaTrainTest, Bf16FollowsFp32AndRepeatsItself) {
 // two key blocks, so its dq is the split's products summed in another order. Its run repeats
 // itself bit for bit, is not the split's bits (the sums ran), and follows the split's loss curve
 // within float rounding's growth over the steps (not bf16's).
+// (train.attention_backward = fused.) Each run sets the process's kind from its config, the
+// split run between the fused ones too.
 TEST_F(CudaTrainTest, Bf16FusedAttentionBackwardTrainsAsTheSplit) {
   RunConfig bf = gpu_;
   bf.train.precision = "bf16";
   bf.model.seq_len = 80;
   bf.train.steps = 8;
-  struct Reset {  // the process's settings back, whatever happens here
-    kernels::AttentionBackwardKind kind =
+  const AttentionSettingsBack reset;
+  RunConfig fused = bf;
+  fused.train.attention_backward = "fused";
+  auto kind_in_force = [] {
+    const kernels::AttentionBackwardKind k =
         SetAttentionBackwardKind(kernels::AttentionBackwardKind::kSplit);
-    ~Reset() {
-      SetBf16Matmul(false);
-      SetAttentionBackwardKind(kind);
-    }
-  } reset;
+    SetAttentionBackwardKind(k);
+    return std::string(ToString(k));
+  };
+  const std::string a = Run(fused, "fused_a");
+  EXPECT_EQ(kind_in_force(), "fused");
   const std::string split = Run(bf, "split");
-  SetAttentionBackwardKind(kernels::AttentionBackwardKind::kFused);
-  const std::string a = Run(bf, "fused_a"), b = Run(bf, "fused_b");
+  EXPECT_EQ(kind_in_force(), "split");
+  const std::string b = Run(fused, "fused_b");
   EXPECT_EQ(LossColumns(a), LossColumns(b));
   EXPECT_EQ(FinalState(a), FinalState(b));
   EXPECT_NE(FinalState(a), FinalState(split));
   ExpectLossesNear(a, split, 1e-4);
+}
+
+// train.attention_rows: auto (the block rows timed when the run starts, the fastest taken; on
+// the emulator not timed, the default kept) and each fixed setting give the same bits, and the
+// setting in force after a run is the one it asked for (auto: one of the four).
+TEST_F(CudaTrainTest, Bf16AttentionRowsAutoOrFixedGiveTheSameBits) {
+  RunConfig bf = gpu_;
+  bf.train.precision = "bf16";
+  bf.model.seq_len = 80;
+  bf.train.steps = 3;
+  bf.train.eval_batches = 0;
+  const AttentionSettingsBack reset;
+  const std::string want = FinalState(Run(bf, "auto"));
+  const std::string chosen = ToString(SetAttentionBlockRows({}));
+  bool listed = false;
+  for (const kernels::AttentionBlockRows r : kernels::kAttentionBlockRowsAll)
+    listed |= ToString(r) == chosen;
+  EXPECT_TRUE(listed) << chosen;
+  for (const char* rows : {"128/128", "64/64", "64/128"}) {
+    RunConfig fixed = bf;
+    fixed.train.attention_rows = rows;
+    std::string name = std::string("rows_") + rows;
+    std::replace(name.begin(), name.end(), '/', '_');
+    const std::string dir = Run(fixed, name);
+    EXPECT_EQ(ToString(SetAttentionBlockRows({})), rows);
+    EXPECT_EQ(FinalState(dir), want) << rows;
+  }
 }
 
 // bf16 copies (GPT::set_bf16_copies): a forward and backward give the same loss and gradients,

@@ -132,6 +132,14 @@ DeviceInfo Probe() {
 
 int RuntimeVersion() { return CUDART_VERSION; }
 
+bool Emulated() {
+#if defined(ATOLL_CUDA_EMULATED)
+  return true;
+#else
+  return false;
+#endif
+}
+
 bool Available(std::string* why) {
   const DeviceInfo info = Probe();
   if (info.count > 0) return true;

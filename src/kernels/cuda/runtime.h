@@ -45,6 +45,10 @@ DeviceInfo Probe();
 // CUDART_VERSION of the runtime atoll was built with (e.g. 13000).
 int RuntimeVersion();
 
+// Whether this build runs the kernels on atoll's CUDA emulator (the *_emu tests and programs): the
+// same results as a GPU's, but no time it measures says anything of a GPU's.
+bool Emulated();
+
 // Whether a GPU is usable here; when not, *why (if given) says why, in words for a user.
 bool Available(std::string* why = nullptr);
 
