@@ -5,12 +5,14 @@
 #
 #   bench/gpu_bench.sh            (after `source scripts/gpu_env.sh`, or with atoll on PATH)
 #
-# Environment: BATCH=8 STEPS=12 WARMUP=3; SHAPES="124m 350m"; PARTS="table detectors profile
+# Environment: BATCH=8 STEPS=12 WARMUP=3 SEQ=1024; SHAPES="124m 350m" (or LxHxC: layers, heads,
+# width); PRECISIONS="fp32 bf16" (the table's); ATOLL_ARGS (more arguments for atoll train, e.g.
+# "--set train.attention_backward=fused"); PARTS="table detectors profile
 # copies" (any of them, and `ab`, `attention` and `kernels`: the device tool runs a command for 10 minutes
 # at most, so a session may run the parts as separate calls); BASELINE (part ab: a kernels_model_step built
 # from another revision, default kernels_model_step_base on PATH, which `scripts/gpu_pack.sh
 # --baseline FILE` packs: the bf16 step of both, alternately, 3 times each, in one run); part
-# attention: the attention alone at each shape (batch, seq 1024, its heads), atoll's
+# attention: the attention alone at each shape (batch, seq SEQ, its heads), atoll's
 # (bench/kernels/attention.cc, the block-row settings of its tensor-core kernels, query/key rows
 # 64/64, 128/64, 64/128 and 128/128, each with the split and the fused backward, and whether they
 # give the same bits) and PyTorch's scaled_dot_product_attention (bench/torch_attention_gpu.py,
@@ -37,16 +39,23 @@ if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
   exit 0
 fi
 BATCH=${BATCH:-8} STEPS=${STEPS:-12} WARMUP=${WARMUP:-3} SHAPES=${SHAPES:-"124m 350m"}
+SEQ=${SEQ:-1024} PRECISIONS=${PRECISIONS:-"fp32 bf16"}
+read -r -a atoll_args <<<"${ATOLL_ARGS:-}"
 PARTS=${PARTS:-"table detectors profile copies"}
 status=0
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 for p in $PARTS; do
   [[ $p =~ ^(table|detectors|profile|copies|ab|attention|kernels)$ ]] || { echo "gpu_bench: unknown part $p" >&2; exit 2; }
 done
-[[ -n ${SHAPES// /} ]] || { echo "gpu_bench: SHAPES is empty (124m, 350m)" >&2; exit 2; }
+[[ -n ${SHAPES// /} ]] || { echo "gpu_bench: SHAPES is empty (124m, 350m, LxHxC)" >&2; exit 2; }
 for s in $SHAPES; do
-  [[ $s == 124m || $s == 350m ]] || { echo "gpu_bench: unknown shape $s (124m, 350m)" >&2; exit 2; }
+  [[ $s == 124m || $s == 350m || $s =~ ^[1-9][0-9]*x[1-9][0-9]*x[1-9][0-9]*$ ]] ||
+    { echo "gpu_bench: unknown shape $s (124m, 350m, LxHxC)" >&2; exit 2; }
 done
+for p in $PRECISIONS; do
+  [[ $p == fp32 || $p == bf16 ]] || { echo "gpu_bench: unknown precision $p (fp32, bf16)" >&2; exit 2; }
+done
+[[ $SEQ =~ ^[1-9][0-9]*$ ]] || { echo "gpu_bench: SEQ is not a length" >&2; exit 2; }
 PEAK_FP32=${PEAK_FP32:-67} PEAK_BF16=${PEAK_BF16:-989}
 ATOLL=${ATOLL:-$(command -v atoll || echo build/release/atoll)}
 PY=${PY:-python3}
@@ -60,7 +69,7 @@ shape_args() {  # L H C
   case $1 in
     124m) echo "12 12 768" ;;
     350m) echo "24 16 1024" ;;
-    *) echo "gpu_bench: unknown shape $1" >&2; exit 2 ;;
+    *) echo "${1//x/ }" ;;
   esac
 }
 median_tps() {  # metrics.jsonl -> median tokens_per_s of the steps after WARMUP (0: no run)
@@ -74,11 +83,11 @@ atoll_run() {  # name L H C precision [--set ...]: atoll trains the shape; false
   local name=$1 L=$2 H=$3 C=$4 prec=$5
   shift 5
   "$ATOLL" train --config configs/gpt2-124m.toml -q --out "$work/atoll-$name" \
-    --set model.n_layer=$L --set model.n_head=$H --set model.n_embd=$C \
+    --set model.n_layer=$L --set model.n_head=$H --set model.n_embd=$C --set model.seq_len=$SEQ \
     --set train.device=cuda --set train.precision=$prec --set train.steps=$STEPS \
     --set train.batch_size=$BATCH --set train.micro_batch_size=$BATCH \
     --set train.eval_batches=0 --set train.checkpoint_every=0 --set train.warmup_steps=1 \
-    "$@" >"$out/atoll-$name.log" 2>&1 && return 0
+    "${atoll_args[@]}" "$@" >"$out/atoll-$name.log" 2>&1 && return 0
   echo "gpu_bench: atoll $name failed:"
   tail -20 "$out/atoll-$name.log"
   status=1
@@ -87,7 +96,8 @@ atoll_run() {  # name L H C precision [--set ...]: atoll trains the shape; false
 torch_run() {  # L H C dtype shape -> PyTorch's JSON line, or {} (reported)
   local line
   line=$("$PY" bench/torch_gpt_gpu.py --n-layer "$1" --n-head "$2" --n-embd "$3" --batch $BATCH \
-    --dtype "$4" --steps $STEPS --warmup $WARMUP --json 2>"$out/torch-$4-$5.log" | tail -1)
+    --seq-len $SEQ --dtype "$4" --steps $STEPS --warmup $WARMUP --json 2>"$out/torch-$4-$5.log" |
+    tail -1)
   if [[ $line == "{"* ]]; then echo "$line"; return; fi
   echo "gpu_bench: PyTorch $4 $5 failed:" >&2
   tail -20 "$out/torch-$4-$5.log" >&2
@@ -102,25 +112,34 @@ table+=$'\n'"|---|---|---|---|---|---|---|---|---|---|---|"
 for s in $SHAPES; do
   read -r L H C <<<"$(shape_args "$s")"
   N=$((L * 12 * C * C + 50257 * C))
-  FTOK=$((6 * N + 12 * L * 1024 * C))
-  for prec in fp32 bf16; do
+  FTOK=$((6 * N + 12 * L * SEQ * C))
+  a=0 a16=0 p32="{}" p16="{}"
+  for prec in $PRECISIONS; do
     atoll_run "$prec-$s" "$L" "$H" "$C" "$prec" --set sdc.guard=false --set sdc.memory=false
   done
-  a=$(median_tps "$work/atoll-fp32-$s/metrics.jsonl")
-  a16=$(median_tps "$work/atoll-bf16-$s/metrics.jsonl")
-  p32=$(torch_run "$L" "$H" "$C" fp32 "$s") || status=1
-  p16=$(torch_run "$L" "$H" "$C" bf16 "$s") || status=1
-  row=$("$PY" - "$a" "$p32" "$p16" "$FTOK" "$PEAK_FP32" "$PEAK_BF16" "$s" "$a16" <<'PYEOF'
+  if [[ " $PRECISIONS " == *" fp32 "* ]]; then
+    a=$(median_tps "$work/atoll-fp32-$s/metrics.jsonl")
+    p32=$(torch_run "$L" "$H" "$C" fp32 "$s") || status=1
+  fi
+  if [[ " $PRECISIONS " == *" bf16 "* ]]; then
+    a16=$(median_tps "$work/atoll-bf16-$s/metrics.jsonl")
+    p16=$(torch_run "$L" "$H" "$C" bf16 "$s") || status=1
+    # What train.attention_rows = auto chose, with its timings (atoll's log).
+    grep -ho "train.attention_rows = auto: .*" "$out/atoll-bf16-$s.log" | sed "s/^/$s bf16: /" |
+      tee -a "$out/gpu_bench.md"
+  fi
+  row=$("$PY" - "$a" "$p32" "$p16" "$FTOK" "$PEAK_FP32" "$PEAK_BF16" "$s" "$a16" "$PRECISIONS" <<'PYEOF'
 import json, sys
 a, p32, p16 = float(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 ftok, peak32, peak16, s = float(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6]), sys.argv[7]
-a16 = float(sys.argv[8])
+a16, ran = float(sys.argv[8]), sys.argv[9].split()
 t32, t16 = p32.get("tokens_per_s", 0.0), p16.get("tokens_per_s", 0.0)
-tps = lambda t: f"{t:,.0f}" if t > 0 else "failed"
+tps = lambda t, prec: (f"{t:,.0f}" if t > 0 else "failed") if prec in ran else "not run"
 mfu = lambda t, peak: f"{100 * t * ftok / (peak * 1e12):.1f}%" if t > 0 else "-"
 ratio = lambda x, y: f"{x / y:.2f}x" if x > 0 and y > 0 else "-"
-print(f"| {s} | {tps(a)} | {mfu(a, peak32)} | {tps(t32)} | {mfu(t32, peak32)} | {ratio(a, t32)} "
-      f"| {tps(a16)} | {mfu(a16, peak16)} | {tps(t16)} | {mfu(t16, peak16)} | {ratio(a16, t16)} |")
+print(f"| {s} | {tps(a, 'fp32')} | {mfu(a, peak32)} | {tps(t32, 'fp32')} | {mfu(t32, peak32)} "
+      f"| {ratio(a, t32)} | {tps(a16, 'bf16')} | {mfu(a16, peak16)} | {tps(t16, 'bf16')} "
+      f"| {mfu(t16, peak16)} | {ratio(a16, t16)} |")
 PYEOF
   ) || { status=1; row="| $s | failed (the row's numbers: see the logs) |"; }
   table+=$'\n'"$row"
@@ -171,10 +190,10 @@ fi
 if part attention; then
   for s in $SHAPES; do
     read -r L H C <<<"$(shape_args "$s")"
-    echo "attention, $s's heads (batch $BATCH, seq 1024), atoll then PyTorch:" | tee -a "$out/gpu_bench.md"
-    "$ATTENTION" --batch "$BATCH" --seq 1024 --heads "$H" --width "$C" | tee -a "$out/gpu_bench.md"
+    echo "attention, $s's heads (batch $BATCH, seq $SEQ), atoll then PyTorch:" | tee -a "$out/gpu_bench.md"
+    "$ATTENTION" --batch "$BATCH" --seq "$SEQ" --heads "$H" --width "$C" | tee -a "$out/gpu_bench.md"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-    "$PY" bench/torch_attention_gpu.py --batch "$BATCH" --seq 1024 --heads "$H" --width "$C" |
+    "$PY" bench/torch_attention_gpu.py --batch "$BATCH" --seq "$SEQ" --heads "$H" --width "$C" |
       tee -a "$out/gpu_bench.md"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     echo | tee -a "$out/gpu_bench.md"
@@ -219,7 +238,7 @@ if part kernels; then
       for kind in $BACKWARD_KINDS; do
         for rows in $ROWS_SETTINGS; do
           csv=$out/ncu-attention-$s-${rows/\//-}-$kind.csv
-          ncu_csv "$csv" "$ATTENTION" --batch "$BATCH" --seq 1024 --heads "$H" --width "$C" \
+          ncu_csv "$csv" "$ATTENTION" --batch "$BATCH" --seq "$SEQ" --heads "$H" --width "$C" \
             --rows "$rows" --backward "$kind" --steps 1 --warmup 0 &&
             "$PY" bench/ncu_table.py "$csv" --per 4 \
               --title "attention alone, $s's heads, rows $rows, $kind (a forward and a backward):" |
