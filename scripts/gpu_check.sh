@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Everything of issue 18 that needs a GPU, for the device tool:
+# Everything of issue 18 that needs a GPU, part by part, for the device tool (a lease of 15
+# minutes runs scripts/gpu_session.sh instead: these parts and more in one call, on a budget):
 #   here:     scripts/gpu_pack.sh --atoll
-#   device:   run(command="scripts/gpu_check.sh [PART...]", carry=[".gpu", ".cache/data/sotu"])
+#   device:   run(command="scripts/gpu_check.sh [PART...]",
+#                 carry=[".gpu/pack.tar.xz", ".cache/data/sotu"])
 # PARTs (default: tests, hf, bench; they run in the order below; the device tool stops a command
 # after 10 minutes, so run them as separate calls, and bench/gpu_bench.sh's own PARTS and SHAPES
 # split it further):
@@ -33,7 +35,10 @@ done
 parts=" ${args[*]} "
 sanitize_s=${SANITIZE_S:-240}
 [[ $sanitize_s =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check: SANITIZE_S is not a number of seconds" >&2; exit 2; }
-source scripts/gpu_env.sh || exit 2
+# ATOLL (a program) and PY (python3 with transformers) given: the caller has set up the
+# environment (scripts/gpu_session.sh, and its rehearsal on the emulator).
+if [[ -z ${ATOLL:-} ]]; then source scripts/gpu_env.sh || exit 2; fi
+ATOLL=${ATOLL:-atoll} PY=${PY:-python3}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
@@ -45,12 +50,12 @@ fi
 if [[ $parts == *" hf "* ]]; then
 echo "== 2. Hugging Face transformers check"
 w=$(mktemp -d)
-if atoll train --config configs/tiny.toml -q --out "$w/run" --set train.device=cuda \
+if "$ATOLL" train --config configs/tiny.toml -q --out "$w/run" --set train.device=cuda \
      --set train.steps=20 >"$out/hf_train.log" 2>&1 &&
-   atoll eval --checkpoint "$w/run/checkpoint" --tokens .cache/data/sotu/val.bin --max-windows 16 \
+   "$ATOLL" eval --checkpoint "$w/run/checkpoint" --tokens .cache/data/sotu/val.bin --max-windows 16 \
      --logits-out "$w/logits.safetensors" >"$w/eval.json" 2>"$out/hf_eval.log"; then
-  loss=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["loss"])' "$w/eval.json")
-  python3 scripts/hf_check.py --checkpoint "$w/run/checkpoint" --tokens .cache/data/sotu/val.bin \
+  loss=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["loss"])' "$w/eval.json")
+  "$PY" scripts/hf_check.py --checkpoint "$w/run/checkpoint" --tokens .cache/data/sotu/val.bin \
     --atoll-loss "$loss" --atoll-logits "$w/logits.safetensors" --max-windows 16 |
     tee "$out/hf_check.json"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1

@@ -1,13 +1,17 @@
 # Sourced on a GPU machine (bash): unpacks .gpu/pack.tar.xz (scripts/gpu_pack.sh) into
-# /tmp/atoll-gpu once, and puts its programs on PATH and its libraries, with the machine's own
-# CUDA libraries (the toolkit's, or the ones PyTorch's wheels bring), on LD_LIBRARY_PATH.
+# /tmp/atoll-gpu (again whenever the pack differs from the one unpacked there: a warm machine
+# keeps /tmp between calls), and puts its programs on PATH and its libraries, with the machine's
+# own CUDA libraries (the toolkit's, or the ones PyTorch's wheels bring), on LD_LIBRARY_PATH.
 _atoll_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [[ ! -f "$_atoll_root/.gpu/pack.tar.xz" ]]; then
   echo "gpu_env: no .gpu/pack.tar.xz (run scripts/gpu_pack.sh here first, then carry .gpu)" >&2
   return 2
 fi
-if [[ ! -d /tmp/atoll-gpu/bin ]]; then
-  mkdir -p /tmp/atoll-gpu && xz -dc "$_atoll_root/.gpu/pack.tar.xz" | tar -C /tmp/atoll-gpu -xf -
+_sum=$(cksum <"$_atoll_root/.gpu/pack.tar.xz")
+if [[ ! -d /tmp/atoll-gpu/bin || "$(cat /tmp/atoll-gpu/.pack 2>/dev/null)" != "$_sum" ]]; then
+  rm -rf /tmp/atoll-gpu && mkdir -p /tmp/atoll-gpu &&
+    xz -dc "$_atoll_root/.gpu/pack.tar.xz" | tar -C /tmp/atoll-gpu -xf - &&
+    echo "$_sum" >/tmp/atoll-gpu/.pack
 fi
 _libs=/tmp/atoll-gpu/lib
 for _d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
@@ -20,4 +24,4 @@ _nccl=$(find /usr/local /opt /usr/lib -name 'libnccl.so.2*' 2>/dev/null | head -
 [[ -n "$_nccl" ]] && _libs+=":$(dirname "$_nccl")"
 export LD_LIBRARY_PATH="$_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="/tmp/atoll-gpu/bin:$PATH"
-unset _atoll_root _libs _d _cublas _nccl
+unset _atoll_root _libs _d _cublas _nccl _sum

@@ -52,7 +52,10 @@ for p in "${progs[@]}"; do
     grep -v -E '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|/libcu|/libnv|/libnccl' |
     while read -r lib; do cp -L -n "$lib" "$stage/lib/"; done
 done
+# The revision packed, for the GPU session's summary (scripts/gpu_session.sh).
+echo "$(git describe --always --dirty 2>/dev/null || echo unknown), packed $(date -u '+%F %H:%M') UTC" \
+  >"$stage/rev"
 mkdir -p .gpu
-tar -C "$stage" -cf - bin lib | xz -T2 -6 > .gpu/pack.tar.xz
+tar -C "$stage" -cf - bin lib rev | xz -T2 -6 > .gpu/pack.tar.xz
 echo "gpu_pack: $(ls "$stage/bin" | wc -l) programs, $(ls "$stage/lib" | wc -l) libraries:" \
   "$(du -sh .gpu/pack.tar.xz | cut -f1) in .gpu/pack.tar.xz"

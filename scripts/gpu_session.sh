@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# Issue 18's GPU checks in ONE call of the device tool, sized to its lease (15 minutes of device
+# time a session, the machine's start included; 10 minutes a call):
+#   here:    scripts/gpu_pack.sh --atoll
+#   device:  run(command="scripts/gpu_session.sh", timeout_s=600,
+#                carry=[".gpu/pack.tar.xz", ".cache/data/sotu"])
+# The parts, most valuable first. Each starts only when what is left of BUDGET_S (counted from the
+# start) covers the least it needs, and is stopped when the budget runs out:
+#   tests      every CUDA test program (scripts/gpu_test.sh's), each stopped after TESTS_S;
+#   attention  the attention alone at each shape's heads: atoll's four block-row settings with the
+#              split and the fused backward (bench/kernels/attention.cc: their bits compared),
+#              then PyTorch's scaled_dot_product_attention; the backward kind faster at the first
+#              shape is the one the table and the profile run;
+#   table      bf16 tokens/s and MFU of atoll (train.attention_rows = auto: its choice and timings
+#              are shown) against PyTorch 2.x (torch.compile, fused AdamW, SDPA), shape by shape
+#              (bench/gpu_bench.sh's table);
+#   profile    atoll's bf16 time per op at the first shape (kernels_model_step --profile);
+#   hf         the Hugging Face check (scripts/gpu_check.sh hf);
+#   sanitize   compute-sanitizer over the tensor-core attention's tests, with the time left.
+# Writes $OUT/summary.md, each part's outcome and tables as the part ends (a call stopped at its
+# limit still returns what was done), and $OUT/logs.tar.gz, every log: 2 files (the tool returns
+# at most 8). Prints the summary last. Exit 0 when every part that ran passed, 1 otherwise, 2 for
+# bad arguments.
+#
+#   --rehearse  the same parts here, without a GPU: the CUDA emulator's builds in BUILD
+#               (build/release: atoll-emu, kernels_*_emu, cuda_*_emu_test filtered by
+#               TEST_FILTER), a tiny shape, PyTorch's GPU peers answered by a stand-in
+#               (tests/gpu_rehearsal_python.sh) and transformers by tests/hf_shim: it proves the
+#               script before a GPU session spends its minutes on it, not the GPU
+#               (tests/gpu_session_rehearsal.sh runs it).
+#
+# Environment: BUDGET_S=420 (rehearsal 300) TESTS_S=150 SHAPES="124m 350m" (rehearsal 2x2x64;
+# LxHxC: layers, heads, width) BATCH=8 (2) STEPS=12 (4) WARMUP=3 (1) SEQ=1024 (64)
+# PARTS="tests attention table profile hf sanitize" (rehearsal without sanitize) TEST_FILTER
+# (a gtest filter for every test program) OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; }
+rehearse=0
+for a in "$@"; do
+  case $a in
+    -h|--help) usage; exit 0 ;;
+    --rehearse) rehearse=1 ;;
+    *) echo "gpu_session: unknown argument $a (--rehearse, --help)" >&2; exit 2 ;;
+  esac
+done
+if ((rehearse)); then
+  BUDGET_S=${BUDGET_S:-300} SHAPES=${SHAPES:-2x2x64} BATCH=${BATCH:-2} STEPS=${STEPS:-4}
+  WARMUP=${WARMUP:-1} SEQ=${SEQ:-64} PARTS=${PARTS:-"tests attention table profile hf"}
+  TEST_FILTER=${TEST_FILTER:-"*TuneAttention*:*AutoOrFixed*:*WithoutAGpu*"}
+  BUILD=${BUILD:-build/release}
+  export ATOLL=$BUILD/atoll-emu PY=$PWD/tests/gpu_rehearsal_python.sh
+  MODEL_STEP=$BUILD/bench/kernels_model_step_emu
+  ATTENTION=$BUILD/bench/kernels_attention_emu
+  attention_steps=(--steps 1 --warmup 0)
+  mapfile -t test_programs < <(find "$BUILD" -type f -name 'cuda_*_emu_test' -perm -u+x | sort)
+else
+  BUDGET_S=${BUDGET_S:-420} SHAPES=${SHAPES:-"124m 350m"} BATCH=${BATCH:-8} STEPS=${STEPS:-12}
+  WARMUP=${WARMUP:-3} SEQ=${SEQ:-1024} PARTS=${PARTS:-"tests attention table profile hf sanitize"}
+  source scripts/gpu_env.sh || exit 2
+  export ATOLL=/tmp/atoll-gpu/bin/atoll PY=${PY:-python3}
+  MODEL_STEP=/tmp/atoll-gpu/bin/kernels_model_step
+  ATTENTION=/tmp/atoll-gpu/bin/kernels_attention
+  attention_steps=()
+  mapfile -t test_programs < <(ls /tmp/atoll-gpu/bin/cuda_*_test 2>/dev/null)
+fi
+TESTS_S=${TESTS_S:-150} TEST_FILTER=${TEST_FILTER:-}
+for v in BUDGET_S TESTS_S BATCH STEPS WARMUP SEQ; do
+  [[ ${!v} =~ ^[0-9]+$ ]] || { echo "gpu_session: $v is not a whole number" >&2; exit 2; }
+done
+for p in $PARTS; do
+  [[ $p =~ ^(tests|attention|table|profile|hf|sanitize)$ ]] ||
+    { echo "gpu_session: unknown part $p" >&2; exit 2; }
+done
+for s in $SHAPES; do
+  [[ $s == 124m || $s == 350m || $s =~ ^[1-9][0-9]*x[1-9][0-9]*x[1-9][0-9]*$ ]] ||
+    { echo "gpu_session: unknown shape $s (124m, 350m, LxHxC)" >&2; exit 2; }
+done
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+out=${OUT:-$(mktemp -d)}
+logs=$(mktemp -d)
+mkdir -p "$out"
+summary=$out/summary.md
+status=0
+
+left() { echo $((BUDGET_S - SECONDS)); }
+say() { printf '%s\n' "$*" | tee -a "$summary"; }
+# The logs as they are now, into OUT (after every part: a call stopped at its limit keeps them).
+keep_logs() { tar -C "$logs" -czf "$out/logs.tar.gz" . 2>/dev/null; }
+# part NAME LEAST: whether NAME is asked for and LEAST seconds are left for it (else says why not).
+part() {
+  [[ " $PARTS " == *" $1 "* ]] || return 1
+  if (($(left) < $2)); then
+    say "## $1: skipped ($(left) s of the budget left, it needs at least $2)"
+    return 1
+  fi
+  say "## $1"
+  part_start=$SECONDS
+  return 0
+}
+done_part() {  # NAME OK|FAILED
+  [[ $2 == ok ]] || status=1
+  say "$1: $2 ($((SECONDS - part_start)) s)"
+  say ""
+  keep_logs
+}
+# run CAP_S COMMAND...: the command, stopped after CAP_S or what is left of the budget (the
+# least), 10 s kept back for the summary.
+run() {
+  local cap=$1 t
+  shift
+  t=$(($(left) - 10))
+  ((t < cap)) || t=$cap
+  ((t > 0)) || t=1
+  timeout -k 10 "$t" "$@"
+}
+# test_names LOG FAILED|SKIPPED: gtest's tests of that outcome, each once (gtest names a failed
+# or skipped test again in its closing list).
+test_names() {
+  grep -E "^\\[  $2 +\\] [A-Za-z]" "$1" | sed 's/^[^]]*\] //; s/ (.*//' | sort -u
+}
+shape_args() {  # shape -> L H C
+  case $1 in
+    124m) echo "12 12 768" ;;
+    350m) echo "24 16 1024" ;;
+    *) echo "${1//x/ }" ;;
+  esac
+}
+
+: >"$summary"
+rev=$( (cat /tmp/atoll-gpu/rev 2>/dev/null || git describe --always --dirty 2>/dev/null) | head -1)
+say "# atoll GPU session$( ((rehearse)) && echo ' (rehearsal on the CUDA emulator: no speed, a stand-in for PyTorch)'), $(date -u '+%F %H:%M') UTC, ${rev:-revision unknown}"
+say "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
+say "budget ${BUDGET_S} s; shapes $SHAPES; batch $BATCH, seq $SEQ; parts: $PARTS"
+say ""
+
+# 1. Tests: each program's passed, failed and skipped tests (counted from gtest's lines, so that
+# a program stopped at its time still says how far it got).
+if part tests 40; then
+  ok=ok
+  filter=()
+  [[ -z $TEST_FILTER ]] || filter=(--gtest_filter="$TEST_FILTER")
+  ((${#test_programs[@]})) || { say "no CUDA test programs"; ok=FAILED; }
+  for p in "${test_programs[@]}"; do
+    name=$(basename "$p")
+    run "$TESTS_S" "$p" "${filter[@]}" >"$logs/$name.log" 2>&1
+    rc=$?
+    n_ok=$(grep -c '^\[       OK \] ' "$logs/$name.log")
+    mapfile -t failed < <(test_names "$logs/$name.log" FAILED)
+    line="- $name: $n_ok passed, ${#failed[@]} failed,"
+    line+=" $(test_names "$logs/$name.log" SKIPPED | wc -l) skipped"
+    last=$(grep '^\[ RUN ' "$logs/$name.log" | tail -1 | sed 's/^[^]]*\] //')
+    case $rc in
+      0) say "$line" ;;
+      124|137) say "$line; stopped after ${TESTS_S} s (or the budget) in $last"; ok=FAILED ;;
+      *) say "$line; exit $rc, the last test started: $last"; ok=FAILED ;;
+    esac
+    for f in "${failed[@]:0:20}"; do say "  FAILED $f"; done
+  done
+  done_part tests $ok
+fi
+
+# 2. The attention alone; the faster backward kind (at the first shape) for what follows.
+kind=split
+if part attention 30; then
+  ok=ok
+  first=1
+  for s in $SHAPES; do
+    read -r L H C <<<"$(shape_args "$s")"
+    say "attention at $s's heads (batch $BATCH, seq $SEQ):"
+    run 120 "$ATTENTION" --batch "$BATCH" --seq "$SEQ" --heads "$H" --width "$C" \
+      "${attention_steps[@]}" >"$logs/attention-$s.log" 2>&1 || ok=FAILED
+    grep -vE '^(OpenBLAS|$)' "$logs/attention-$s.log" | tee -a "$summary"
+    if ((first)); then
+      # The least forward + backward of each kind: | rows kind | fwd ms | bwd ms | ...
+      faster=$(awk -F'|' '$2 ~ /(split|fused) *$/ { split($2, w, " "); t = $3 + $4;
+                 if (!(w[2] in best) || t < best[w[2]]) best[w[2]] = t }
+               END { if (("split" in best) && ("fused" in best))
+                       print (best["fused"] < best["split"] ? "fused" : "split") }' \
+               "$logs/attention-$s.log")
+      if grep -q 'every setting gave the same bits' "$logs/attention-$s.log" && [[ -n $faster ]]; then
+        kind=$faster
+        say "the faster backward at $s: $kind (the table and the profile run it)"
+      else
+        say "no backward kind chosen (a setting failed or differed): split"
+      fi
+      first=0
+    fi
+    run 90 "$PY" bench/torch_attention_gpu.py --batch "$BATCH" --seq "$SEQ" --heads "$H" \
+      --width "$C" >"$logs/torch-attention-$s.log" 2>&1 || ok=FAILED
+    tee -a "$summary" <"$logs/torch-attention-$s.log"
+    say ""
+  done
+  done_part attention $ok
+fi
+
+# 3. The table, shape by shape: each shape needs an atoll run and PyTorch's compile and run.
+if part table 60; then
+  ok=ok
+  header_said=0
+  for s in $SHAPES; do
+    if (($(left) < 60)); then say "$s: skipped ($(left) s left)"; ok=FAILED; continue; fi
+    OUT=$logs/table-$s SHAPES=$s PRECISIONS=bf16 PARTS=table BATCH=$BATCH STEPS=$STEPS \
+      WARMUP=$WARMUP SEQ=$SEQ ATOLL_ARGS="--set train.attention_backward=$kind" \
+      run 300 bench/gpu_bench.sh >"$logs/table-$s.log" 2>&1 || ok=FAILED
+    if ((!header_said)); then
+      grep -m2 '^|' "$logs/table-$s/gpu_bench.md" 2>/dev/null | tee -a "$summary"
+      header_said=1
+    fi
+    grep -h "^| $s |" "$logs/table-$s/gpu_bench.md" 2>/dev/null | tee -a "$summary" ||
+      say "| $s | no row (see logs.tar.gz: table-$s.log) |"
+    grep -h 'attention_rows = auto' "$logs/table-$s/gpu_bench.md" 2>/dev/null >>"$logs/auto-rows"
+  done
+  say ""
+  sed 's/^/atoll /' "$logs/auto-rows" 2>/dev/null | tee -a "$summary"
+  say "(atoll with train.attention_backward = $kind; fp32 not run: PRECISIONS=fp32 bench/gpu_bench.sh)"
+  done_part table $ok
+fi
+
+# 4. Where atoll's bf16 step goes, at the first shape, with the rows auto chose there.
+if part profile 30; then
+  s=${SHAPES%% *}
+  case $s in 124m) preset=gpt2-124m ;; 350m) preset=gpt2-350m ;; *) preset=tiny ;; esac
+  rows=$(grep -m1 -oE 'auto: [0-9]+/[0-9]+' "$logs/auto-rows" 2>/dev/null | cut -d' ' -f2)
+  say "bf16 time per op, $preset, batch $BATCH, attention ${rows:-64/64} $kind (the GPU waited for after every op):"
+  if run 90 "$MODEL_STEP" --device cuda --precision bf16 --preset "$preset" --batch "$BATCH" \
+       --steps 3 --warmup 1 --profile --attention-rows "${rows:-64/64}" \
+       --attention-backward "$kind" >"$logs/profile.log" 2>&1; then
+    grep -vE '^(OpenBLAS|SGEMM)' "$logs/profile.log" | tee -a "$summary"
+    done_part profile ok
+  else
+    tail -5 "$logs/profile.log" | tee -a "$summary"
+    done_part profile FAILED
+  fi
+fi
+
+# 5. The Hugging Face check.
+if part hf 45; then
+  if OUT=$logs/hf run 120 scripts/gpu_check.sh hf >"$logs/hf.log" 2>&1; then r=ok; else r=FAILED; fi
+  tail -3 "$logs/hf.log" | tee -a "$summary"
+  done_part hf $r
+fi
+
+# 6. compute-sanitizer with what is left (each of its two tools half of it).
+if part sanitize 120; then
+  if OUT=$logs/sanitize SANITIZE_S=$((($(left) - 40) / 2)) scripts/gpu_check.sh sanitize \
+       >"$logs/sanitize.log" 2>&1; then r=ok; else r=FAILED; fi
+  grep -E '^(racecheck|memcheck):|gpu_check:' "$logs/sanitize.log" | tee -a "$summary"
+  done_part sanitize $r
+fi
+
+say "session: $( ((status)) && echo 'a part FAILED or was stopped' || echo 'every part that ran passed'), $SECONDS s of the ${BUDGET_S} s budget"
+keep_logs
+echo
+echo "== summary ($summary; logs in $out/logs.tar.gz)"
+cat "$summary"
+exit $status
