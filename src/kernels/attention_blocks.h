@@ -5,10 +5,13 @@
 // sources are.
 #pragma once
 
+#include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace atl::kernels {
 
@@ -29,6 +32,31 @@ inline constexpr AttentionBlockRows kAttentionBlockRowsAll[] = {
 // "Q/K", as ParseAttentionBlockRows reads it.
 inline std::string ToString(AttentionBlockRows r) {
   return std::to_string(r.query) + "/" + std::to_string(r.key);
+}
+
+// The setting to run, from each setting's time (a forward and a backward, in
+// kAttentionBlockRowsAll's order; sums over ranks do as well): the fastest, unless the default's
+// is within 2% of it, and then the default, so that the noise between runs does not flip the
+// choice. The default when `seconds` is not one time per setting.
+inline AttentionBlockRows ChooseAttentionBlockRows(const std::vector<double>& seconds) {
+  constexpr size_t n = std::size(kAttentionBlockRowsAll);
+  if (seconds.size() != n) return {};
+  size_t fastest = 0;
+  for (size_t i = 1; i < n; ++i)
+    if (seconds[i] < seconds[fastest]) fastest = i;
+  return seconds[0] <= 1.02 * seconds[fastest] ? kAttentionBlockRowsAll[0]
+                                               : kAttentionBlockRowsAll[fastest];
+}
+
+// "64/64 1.210, 128/64 1.023, ...": each setting's milliseconds, from seconds as above.
+inline std::string DescribeAttentionTimes(const std::vector<double>& seconds) {
+  std::string s;
+  for (size_t i = 0; i < seconds.size() && i < std::size(kAttentionBlockRowsAll); ++i) {
+    char ms[32];
+    std::snprintf(ms, sizeof(ms), " %.3f", 1e3 * seconds[i]);
+    s += (i > 0 ? ", " : "") + ToString(kAttentionBlockRowsAll[i]) + ms;
+  }
+  return s;
 }
 
 inline bool ValidAttentionBlockRows(AttentionBlockRows r) {

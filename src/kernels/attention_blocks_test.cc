@@ -37,6 +37,21 @@ TEST(AttentionBlockRows, RefusesAnythingElseAndLeavesTheOutputAlone) {
   EXPECT_NO_THROW(CheckAttentionBlockRows({128, 128}));
 }
 
+// train.attention_rows = auto's choice from the settings' times (kAttentionBlockRowsAll's order:
+// 64/64, 128/64, 64/128, 128/128): the fastest when it beats the default by over 2%, the default
+// otherwise (and when the times are not one a setting).
+TEST(AttentionBlockRows, ChoosesTheFastestUnlessTheDefaultIsWithinTwoPercent) {
+  EXPECT_EQ(ToString(ChooseAttentionBlockRows({1.0, 0.9, 0.95, 0.97})), "128/64");
+  EXPECT_EQ(ToString(ChooseAttentionBlockRows({1.0, 0.99, 0.95, 0.90})), "128/128");
+  EXPECT_EQ(ToString(ChooseAttentionBlockRows({1.0, 1.1, 0.97, 1.2})), "64/128");
+  EXPECT_EQ(ToString(ChooseAttentionBlockRows({1.0, 0.985, 0.99, 1.2})), "64/64");  // noise
+  EXPECT_EQ(ToString(ChooseAttentionBlockRows({0.5, 0.9, 0.95, 0.97})), "64/64");
+  EXPECT_EQ(ToString(ChooseAttentionBlockRows({})), "64/64");
+  EXPECT_EQ(ToString(ChooseAttentionBlockRows({1.0, 0.5})), "64/64");
+  EXPECT_EQ(DescribeAttentionTimes({1e-3, 2.5e-4, 0.0123, 1}),
+            "64/64 1.000, 128/64 0.250, 64/128 12.300, 128/128 1000.000");
+}
+
 TEST(AttentionBackwardKind, ParsesSplitAndFusedOnly) {
   AttentionBackwardKind b = AttentionBackwardKind::kSplit;
   ASSERT_TRUE(ParseAttentionBackwardKind("fused", &b));

@@ -65,6 +65,15 @@ inline void SetBf16Matmul(bool on) {
 #endif
 }
 
+// Whether the GPU is atoll's CUDA emulator (kernels/cuda/runtime.h Emulated; false without CUDA).
+inline bool GpuEmulated() {
+#if ATOLL_HAVE_CUDA
+  return kernels::cuda::Emulated();
+#else
+  return false;
+#endif
+}
+
 // Whether the GPU's products are on bf16 operands now (false without CUDA).
 inline bool Bf16Matmul() {
 #if ATOLL_HAVE_CUDA
@@ -110,23 +119,25 @@ inline kernels::AttentionBackwardKind SetAttentionBackwardKind(
 #endif
 }
 
-// Sets the GPU's tensor-core attention block rows to the fastest at this shape, timed on this
-// GPU now under the precision and backward kind set (kernels/cuda/attention_tune.h: every setting
-// gives the same bits), and says what it timed and chose; where the attention at this shape
-// does not run on the tensor cores, times nothing and leaves the setting. On the CUDA emulator,
-// whose times say nothing of a GPU's, nor without CUDA, nothing is timed or set.
-inline std::string TuneAttentionBlockRows(int B, int T, int C, int NH) {
+// Each block-row setting's forward + backward seconds at this shape (kAttentionBlockRowsAll's
+// order; kernels/attention_blocks.h ChooseAttentionBlockRows picks from them), timed on this GPU
+// now under the precision and backward kind set (kernels/cuda/attention_tune.h), the setting left
+// as it was. Empty, with *why_not, where nothing is timed: the attention at this shape off the
+// tensor cores, the CUDA emulator (whose times say nothing of a GPU's), a build without CUDA.
+inline std::vector<double> TimeAttentionBlockRows(int B, int T, int C, int NH,
+                                                  std::string* why_not) {
 #if ATOLL_HAVE_CUDA
-  if (kernels::cuda::Emulated()) {
-    const kernels::AttentionBlockRows rows = kernels::cuda::SetAttentionBlockRows({});
-    kernels::cuda::SetAttentionBlockRows(rows);
-    return kernels::ToString(rows) +
-           " (not timed: on the CUDA emulator, whose times say nothing of a GPU's)";
+  if (GpuEmulated()) {
+    *why_not = "on the CUDA emulator, whose times say nothing of a GPU's";
+    return {};
   }
-  return kernels::cuda::TuneAttentionBlockRows(B, T, C, NH).Describe();
+  const kernels::cuda::AttentionTimings t = kernels::cuda::TimeAttentionBlockRows(B, T, C, NH);
+  *why_not = t.why_not;
+  return t.Totals();
 #else
   (void)B, (void)T, (void)C, (void)NH;
-  return "64/64 (not timed: this atoll was built without CUDA)";
+  *why_not = "this atoll was built without CUDA";
+  return {};
 #endif
 }
 

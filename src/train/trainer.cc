@@ -28,6 +28,7 @@
 #include "parallel/grad_norm.h"
 #include "parallel/mesh.h"
 #include "parallel/pipeline.h"
+#include "train/gpu_setup.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/predict.h"
@@ -62,24 +63,6 @@ StatusOr<std::unique_ptr<Communicator>> NcclOver(Communicator& group) {
 #endif
 }
 
-// The GPU attention's settings (train.attention_backward, attention_rows; checked with the
-// config), the process's: every run sets them (tests train several in one process). "auto"
-// rows: timed at this rank's shape of the attention (micro-batch, seq_len, its heads under tp).
-void SetUpAttention(const RunConfig& cfg, const Mesh& me) {
-  const TrainConfig& tc = cfg.train;
-  kernels::AttentionBackwardKind kind{};
-  kernels::ParseAttentionBackwardKind(tc.attention_backward, &kind);
-  SetAttentionBackwardKind(kind);
-  kernels::AttentionBlockRows rows;  // auto starts from the default
-  kernels::ParseAttentionBlockRows(tc.attention_rows, &rows);
-  SetAttentionBlockRows(rows);
-  if (tc.attention_rows != "auto") return;
-  const std::string tuned =
-      TuneAttentionBlockRows(int(tc.micro_batch_size), cfg.model.seq_len,
-                             cfg.model.n_embd / me.tp(), cfg.model.n_head / me.tp());
-  if (me.rank() == 0) LogInfo("train.attention_rows = auto: {}", tuned);
-}
-
 // The rank's state for the run: the mesh, the model shard, the reducer and the optimizer, the
 // parameters initialized or resumed. Returns the step the run starts from.
 StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& run) {
@@ -103,11 +86,8 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
         fmt::format("train.device = {}, but this rank cannot use it: {}", tc.device, why));
   run.model = std::make_unique<GPT<float>>(cfg.model, int(tc.micro_batch_size), shard,
                                            SlotsUsed(run.schedule), device);
-  // The process's setting: every run sets it (tests train several in one process).
-  if (device == Device::kCuda) {
-    SetBf16Matmul(tc.precision == "bf16");
-    SetUpAttention(cfg, me);
-  }
+  // The process's settings: every run sets them (tests train several in one process).
+  if (device == Device::kCuda) ATOLL_RETURN_IF_ERROR(SetUpGpu(cfg, me));
   if (Communicator* tp = me.tp_group()) {
     // parallel.comm = nccl: the GPU's tensors are all-reduced where they are, over NCCL (made
     // from the MPI group; the host's, the vocabulary loss's statistics, stay on MPI).

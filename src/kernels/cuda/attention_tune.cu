@@ -1,11 +1,10 @@
-// The attention at one shape as the model runs it, timed; and the block rows chosen by those
-// timings (attention_tune.h). Host code only: it calls the backend's ops.
-#include <fmt/format.h>
-
+// The attention at one shape as the model runs it, and the block-row settings timed on it
+// (attention_tune.h). Host code only: it calls the backend's ops.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <iterator>
 #include <random>
-#include <utility>
 
 #include "kernels/cuda/attention_tune.h"
 #include "kernels/cuda/ops.h"
@@ -15,6 +14,16 @@ namespace {
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// a filled with scale times normal draws of rng: a block of up to 2^20, repeated.
+void FillNormal(DeviceArray<float>& a, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> block(std::min<size_t>(a.size(), size_t(1) << 20));
+  for (float& v : block) v = normal(rng);
+  for (size_t at = 0; at < a.size(); at += block.size())
+    CopyToDevice(a.data() + at, block.data(),
+                 std::min(block.size(), a.size() - at) * sizeof(float));
 }
 
 }  // namespace
@@ -34,13 +43,8 @@ AttentionWork::AttentionWork(int B, int T, int C, int NH, uint32_t seed)
       // At least 8: a pointer the ops may take, where nothing is kept.
       kept(std::max<size_t>(8, AttentionKeptElements(B, T, C, NH))) {
   std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> h(qkv.size());
-  for (float& v : h) v = normal(rng);
-  qkv.Upload(h.data(), h.size());
-  h.resize(dout.size());
-  for (float& v : h) v = 0.1f * normal(rng);
-  dout.Upload(h.data(), h.size());
+  FillNormal(qkv, rng, 1.0f);
+  FillNormal(dout, rng, 0.1f);
 }
 
 void AttentionWork::Forward() {
@@ -67,43 +71,51 @@ AttentionWork::Timing AttentionWork::Time(int steps, int warmup) {
   return t;
 }
 
-std::string AttentionTuning::Describe() const {
-  if (timed.empty()) return fmt::format("{} (not timed: {})", ToString(rows), why_not);
-  std::string times;
-  for (const Candidate& c : timed)
-    times += fmt::format("{}{} {:.3f}", times.empty() ? "" : ", ", ToString(c.rows),
-                         1e3 * (c.best.forward_s + c.best.backward_s));
-  return fmt::format("{}, the fastest of {} (forward + backward ms: {})", ToString(rows),
-                     timed.size(), times);
+std::vector<double> AttentionTimings::Totals() const {
+  std::vector<double> totals;
+  for (const Candidate& c : timed) totals.push_back(c.best.total());
+  return totals;
 }
 
-AttentionTuning TuneAttentionBlockRows(int B, int T, int C, int NH, int steps, int warmup,
-                                       int rounds) {
-  AttentionTuning tuning;
-  tuning.rows = SetAttentionBlockRows({});
-  SetAttentionBlockRows(tuning.rows);
+AttentionTimings TimeAttentionBlockRows(int B, int T, int C, int NH,
+                                        const AttentionTimingOptions& options) {
+  AttentionTimings timings;
   if (AttentionKeptElements(B, T, C, NH) == 0) {
-    tuning.why_not =
-        "this attention does not run on the tensor cores (float products, heads "
-        "over 64 or a GPU before sm_80), where block rows do not apply";
-    return tuning;
+    timings.why_not =
+        "this attention does not run on the tensor cores (float products, heads over 64 or a GPU "
+        "before sm_80), where block rows do not apply";
+    return timings;
   }
+  const AttentionBlockRows before = SetAttentionBlockRows({});
+  struct Restore {
+    AttentionBlockRows rows;
+    ~Restore() { SetAttentionBlockRows(rows); }
+  } restore{before};
   AttentionWork work(B, T, C, NH);
-  for (const AttentionBlockRows& rows : kAttentionBlockRowsAll) tuning.timed.push_back({rows, {}});
-  for (int round = 0; round < rounds; ++round)
-    for (AttentionTuning::Candidate& c : tuning.timed) {
+  // The warm-up, at the default setting: its pace sizes the measurements.
+  Synchronize();
+  const double t0 = Now();
+  int calls = 0;
+  do {
+    work.Forward();
+    work.Backward();
+    Synchronize();
+    ++calls;
+  } while (Now() - t0 < options.warmup_s && calls < 200);
+  const double call_s = (Now() - t0) / calls;
+  const int steps = int(std::clamp(std::ceil(options.target_s / std::max(call_s, 1e-9)),
+                                   double(options.min_steps), 64.0));
+  const size_t n = std::size(kAttentionBlockRowsAll);
+  for (const AttentionBlockRows& rows : kAttentionBlockRowsAll) timings.timed.push_back({rows, {}});
+  for (int round = 0; round < options.rounds; ++round)
+    for (size_t k = 0; k < n; ++k) {
+      AttentionTimings::Candidate& c = timings.timed[(k + size_t(round)) % n];
       SetAttentionBlockRows(c.rows);
-      const AttentionWork::Timing t = work.Time(steps, warmup);
+      const AttentionWork::Timing t = work.Time(steps, /*warmup=*/1);
       if (round == 0 || t.forward_s < c.best.forward_s) c.best.forward_s = t.forward_s;
       if (round == 0 || t.backward_s < c.best.backward_s) c.best.backward_s = t.backward_s;
     }
-  const auto fastest =
-      std::min_element(tuning.timed.begin(), tuning.timed.end(), [](const auto& a, const auto& b) {
-        return a.best.forward_s + a.best.backward_s < b.best.forward_s + b.best.backward_s;
-      });
-  tuning.rows = fastest->rows;
-  SetAttentionBlockRows(tuning.rows);
-  return tuning;
+  return timings;
 }
 
 }  // namespace atl::kernels::cuda

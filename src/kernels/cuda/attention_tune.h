@@ -1,8 +1,8 @@
-// The tensor-core attention's block rows chosen by timing them on this GPU, at the shape a run
-// uses (kernels/attention_blocks.h: every setting gives the same bits, so the choice changes how
-// fast a run goes and nothing else, and a choice made by a timing cannot make two runs differ);
-// and the attention's forward and backward at one shape as the model calls them, which the tuner
-// and bench/kernels/attention.cc time.
+// The tensor-core attention's block rows timed on this GPU at the shape a run uses
+// (kernels/attention_blocks.h: every setting gives the same bits, so which one runs changes how
+// fast a run goes and nothing else, and a choice made by a timing cannot make two runs differ;
+// ChooseAttentionBlockRows there picks from the times); and the attention's forward and backward
+// at one shape as the model calls them, which the timing and bench/kernels/attention.cc run.
 //
 // Plain C++ (no CUDA headers). Thread-safety: the process's GPU thread only (runtime.h).
 #pragma once
@@ -17,8 +17,9 @@
 namespace atl::kernels::cuda {
 
 // One attention's arrays on the GPU at B, T, C, NH (qkv [B, T, 3C] of normal draws, dout [B, T,
-// C] of 0.1 times normal draws, from `seed`; the outputs uninitialized), and its forward and
-// backward as GPT runs them.
+// C] of 0.1 times normal draws, from `seed`: a block of up to 2^20 draws, repeated, so that large
+// shapes cost no more host time; the outputs uninitialized), and its forward and backward as GPT
+// runs them.
 class AttentionWork {
  public:
   AttentionWork(int B, int T, int C, int NH, uint32_t seed = 7);
@@ -31,6 +32,7 @@ class AttentionWork {
 
   struct Timing {
     double forward_s = 0, backward_s = 0;  // a call
+    double total() const { return forward_s + backward_s; }
   };
   // `warmup` forwards and backwards, then `steps` forwards back to back and `steps` backwards,
   // the GPU waited for before and after each run of calls (host clock): a call's mean.
@@ -41,29 +43,41 @@ class AttentionWork {
   DeviceArray<uint16_t> out16, dqkv16, kept;
 };
 
-// What TuneAttentionBlockRows did.
-struct AttentionTuning {
-  struct Candidate {
-    AttentionBlockRows rows;
-    AttentionWork::Timing best;  // the setting's fastest forward and fastest backward
-  };
-  AttentionBlockRows rows;       // the setting in force after the call
-  std::vector<Candidate> timed;  // in kAttentionBlockRowsAll's order; empty when none was timed
-  std::string why_not;           // why none was, when none was
-  // One line: "128/64, the fastest of 4 (forward + backward ms: 64/64 1.210, ...)", or "64/64
-  // (not timed: <why_not>)".
-  std::string Describe() const;
+// How TimeAttentionBlockRows times.
+struct AttentionTimingOptions {
+  // First, forwards and backwards until this long has passed (at least one, at most 200 calls):
+  // the GPU's clocks up from idle, so that the first setting timed is not the slowest for it.
+  double warmup_s = 0.05;
+  // Calls a measurement, at least this many, and more while a run of forwards and backwards
+  // takes under target_s (from the warm-up's pace, at most 64): host clock and waits stay a small
+  // part of what is measured.
+  int min_steps = 2;
+  double target_s = 0.003;
+  // Rounds, each timing every setting once, starting one setting later each round (no setting
+  // always first); each setting keeps its fastest forward and its fastest backward.
+  int rounds = 3;
 };
 
-// Sets the block rows to the setting of kAttentionBlockRowsAll whose forward + backward at this
-// shape is fastest (each setting's best forward and best backward over `rounds` rounds, the
-// settings taken in turn within a round, each round `steps` calls after `warmup`), under the
-// precision and backward kind set now, and says what it timed. Where the attention at this shape
-// would not run on the tensor cores (AttentionKeptElements 0: float products, heads over 64, a
-// GPU before sm_80), the block rows do not apply: nothing is timed and the setting is left as it
-// is. The arrays it times on are freed before it returns.
-// REQUIRES: B, T, NH > 0, C a multiple of NH; steps, rounds >= 1, warmup >= 0.
-AttentionTuning TuneAttentionBlockRows(int B, int T, int C, int NH, int steps = 2, int warmup = 1,
-                                       int rounds = 3);
+// What TimeAttentionBlockRows measured.
+struct AttentionTimings {
+  struct Candidate {
+    AttentionBlockRows rows;
+    AttentionWork::Timing best;
+  };
+  std::vector<Candidate> timed;  // in kAttentionBlockRowsAll's order; empty when none was timed
+  std::string why_not;           // why none was, when none was
+  // Forward + backward seconds of each, in kAttentionBlockRowsAll's order
+  // (ChooseAttentionBlockRows).
+  std::vector<double> Totals() const;
+};
+
+// Times a forward and a backward at this shape under each setting of kAttentionBlockRowsAll,
+// with the precision and backward kind set now, and leaves the block rows as it found them.
+// Where the attention at this shape would not run on the tensor cores (AttentionKeptElements 0:
+// float products, heads over 64, a GPU before sm_80) the rows do not apply: nothing is timed.
+// The arrays it times on are freed before it returns.
+// REQUIRES: B, T, NH > 0, C a multiple of NH; options' counts >= 1.
+AttentionTimings TimeAttentionBlockRows(int B, int T, int C, int NH,
+                                        const AttentionTimingOptions& options = {});
 
 }  // namespace atl::kernels::cuda
