@@ -408,7 +408,8 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
     if (Status left = link.coordinator->Leave(); !left.ok())
       LogWarning("site {}: leaving the world: {}", options.world.site, left.ToString());
   }
-  if (leader) {  // every site's leader: the world's checkpoint (the lowest live site wrote it)
+  if (leader && !path.empty()) {  // every site's leader: the world's checkpoint (the lowest live
+                                  // site wrote it; none with train.checkpoint_every = -1)
     std::printf("%s\n", path.c_str());
     std::fflush(stdout);
   }

@@ -44,11 +44,13 @@ struct TrainConfig {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double grad_clip = 1.0;        // global-norm clipping threshold; 0 disables
-  int64_t eval_every = 100;      // validation loss every N steps (and at the end); 0: only at end
-  int64_t eval_batches = 8;      // validation batches of micro_batch_size windows; 0: no eval
-  int64_t checkpoint_every = 0;  // also write DIR/checkpoint-<step> every N steps; 0: final only
-  int64_t threads = 0;           // OpenMP threads; 0: OMP_NUM_THREADS if set, else all cores
+  double grad_clip = 1.0;    // global-norm clipping threshold; 0 disables
+  int64_t eval_every = 100;  // validation loss every N steps (and at the end); 0: only at end
+  int64_t eval_batches = 8;  // validation batches of micro_batch_size windows; 0: no eval
+  // also write DIR/checkpoint-<step> every N steps; 0: the final one only; -1: none at all
+  // (benchmarks, throwaway runs)
+  int64_t checkpoint_every = 0;
+  int64_t threads = 0;  // OpenMP threads; 0: OMP_NUM_THREADS if set, else all cores
   // "cpu" or "cuda": where each rank's model runs. A CUDA rank uses the GPU of ordinal (local
   // rank modulo the GPUs it sees): OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or LOCAL_RANK.
   std::string device = "cpu";

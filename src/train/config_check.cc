@@ -55,8 +55,10 @@ Status ValidateRunConfig(const RunConfig& c) {
     return bad("train.eval_every", fmt::format("must be >= 0, got {}", t.eval_every));
   if (t.eval_batches < 0)
     return bad("train.eval_batches", fmt::format("must be >= 0, got {}", t.eval_batches));
-  if (t.checkpoint_every < 0)
-    return bad("train.checkpoint_every", fmt::format("must be >= 0, got {}", t.checkpoint_every));
+  if (t.checkpoint_every < -1)
+    return bad(
+        "train.checkpoint_every",
+        fmt::format("must be >= -1 (-1: none, 0: at the end only), got {}", t.checkpoint_every));
   if (t.threads < 0 || t.threads > 4096)
     return bad("train.threads", fmt::format("must be in [0, 4096], got {}", t.threads));
   if (c.data.dir.empty()) return bad("data.dir", "must not be empty");

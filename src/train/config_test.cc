@@ -132,6 +132,7 @@ TEST(RunConfig, BadValuesAreErrorsNamingTheKey) {
       {"[train]\nseed = -3\n", "train.seed"},
       {"[train]\nlr = nan\n", "train.lr"},
       {"[data]\ndir = \"\"\n", "data.dir"},
+      {"[train]\ncheckpoint_every = -2\n", "train.checkpoint_every"},
       {"[train]\nattention_rows = \"96/64\"\n", "train.attention_rows"},
       {"[train]\nattention_rows = \"64/\"\n", "train.attention_rows"},
       {"[train]\nattention_rows = \"fastest\"\n", "train.attention_rows"},

@@ -166,7 +166,8 @@ Status ResumeRun(const Checkpoint& ck, const std::string& path, Run& run) {
   if (run.mesh.rank() == 0 &&
       (a.seed != b.seed || a.batch_size != b.batch_size || a.lr != b.lr || a.min_lr != b.min_lr ||
        a.warmup_steps != b.warmup_steps || a.steps != b.steps || a.weight_decay != b.weight_decay ||
-       a.beta1 != b.beta1 || a.beta2 != b.beta2 || a.eps != b.eps || a.grad_clip != b.grad_clip))
+       a.beta1 != b.beta1 || a.beta2 != b.beta2 || a.eps != b.eps || a.grad_clip != b.grad_clip ||
+       a.precision != b.precision || a.attention_backward != b.attention_backward))
     LogWarning(
         "--resume {}: [train] differs from the checkpoint's; the continuation is not the "
         "run the checkpoint came from",

@@ -531,6 +531,7 @@ StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options) {
   }
   const std::string final_dir = ck_dir + "/checkpoint";
   ATOLL_RETURN_IF_ERROR(check_at_rest());
+  if (tc.checkpoint_every < 0) return std::string();  // none asked for (benchmarks)
   ATOLL_RETURN_IF_ERROR(SaveOnLeadSite(run, *strategy, final_dir, tc.steps));
   return final_dir;
 }

@@ -107,7 +107,8 @@ struct TrainOptions {
   bool die_returns = false;
 };
 
-// Trains and returns the final checkpoint's directory. Bad config or data: kInvalidArgument /
+// Trains and returns the final checkpoint's directory ("" with train.checkpoint_every = -1: none
+// written). Bad config or data: kInvalidArgument /
 // kNotFound / kCorruption (exit 2); divergence or I/O failure: runtime errors (exit 1).
 StatusOr<std::string> Train(const RunConfig& cfg, const TrainOptions& options);
 

@@ -90,6 +90,20 @@ TEST_F(TrainerTest, ResumingGivesTheSameBitsAsNotStopping) {
   EXPECT_EQ(LossColumns(full), before);
 }
 
+// train.checkpoint_every = -1 (benchmarks): no checkpoint at all, not even the final one, and
+// Train says so with an empty path; the metrics are written as ever.
+TEST_F(TrainerTest, CheckpointEveryMinusOneWritesNone) {
+  RunConfig none = cfg_;
+  none.train.checkpoint_every = -1;
+  auto r = TryRun(none, "none");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, "");
+  EXPECT_FALSE(FileExists(root_ + "/none/checkpoint"));
+  EXPECT_EQ(LossColumns(root_ + "/none").size(), size_t(none.train.steps));
+  EXPECT_EQ(LossColumns(root_ + "/none"), LossColumns(Run(cfg_, "final")));
+  EXPECT_TRUE(FileExists(root_ + "/final/checkpoint/manifest.json"));
+}
+
 TEST_F(TrainerTest, ResumeRefusesADifferentModelOrChangedData) {
   const std::string out = Run(cfg_, "run");
   auto ck = LoadCheckpoint(out + "/checkpoint", true);
