@@ -61,6 +61,8 @@ ATOLL=${ATOLL:-$(command -v atoll || echo build/release/atoll)}
 PY=${PY:-python3}
 work=$(mktemp -d)
 out=${OUT:-$work}
+# The runs' directories go (and the logs with them when OUT is not given): a bench is not kept.
+trap 'rm -rf "$work"' EXIT
 mkdir -p "$out"
 data=.cache/data/sotu
 [[ -f $data/train.bin ]] || { echo "gpu_bench: no $data/train.bin (carry .cache/data/sotu)" >&2; exit 2; }
@@ -86,7 +88,7 @@ atoll_run() {  # name L H C precision [--set ...]: atoll trains the shape; false
     --set model.n_layer=$L --set model.n_head=$H --set model.n_embd=$C --set model.seq_len=$SEQ \
     --set train.device=cuda --set train.precision=$prec --set train.steps=$STEPS \
     --set train.batch_size=$BATCH --set train.micro_batch_size=$BATCH \
-    --set train.eval_batches=0 --set train.checkpoint_every=0 --set train.warmup_steps=1 \
+    --set train.eval_batches=0 --set train.checkpoint_every=-1 --set train.warmup_steps=1 \
     "${atoll_args[@]}" "$@" >"$out/atoll-$name.log" 2>&1 && return 0
   echo "gpu_bench: atoll $name failed:"
   tail -20 "$out/atoll-$name.log"

@@ -35,9 +35,9 @@ done
 parts=" ${args[*]} "
 sanitize_s=${SANITIZE_S:-240}
 [[ $sanitize_s =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check: SANITIZE_S is not a number of seconds" >&2; exit 2; }
-# ATOLL (a program) and PY (python3 with transformers) given: the caller has set up the
-# environment (scripts/gpu_session.sh, and its rehearsal on the emulator).
-if [[ -z ${ATOLL:-} ]]; then source scripts/gpu_env.sh || exit 2; fi
+# ATOLL_GPU_ENV set: the caller has set up the environment (gpu_env.sh, or the rehearsal of
+# scripts/gpu_session.sh on the emulator, which gives ATOLL and PY).
+if [[ -z ${ATOLL_GPU_ENV:-} ]]; then source scripts/gpu_env.sh || exit 2; fi
 ATOLL=${ATOLL:-atoll} PY=${PY:-python3}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 out=${OUT:-$(mktemp -d)}
@@ -50,6 +50,7 @@ fi
 if [[ $parts == *" hf "* ]]; then
 echo "== 2. Hugging Face transformers check"
 w=$(mktemp -d)
+trap 'rm -rf "$w"' EXIT
 if "$ATOLL" train --config configs/tiny.toml -q --out "$w/run" --set train.device=cuda \
      --set train.steps=20 >"$out/hf_train.log" 2>&1 &&
    "$ATOLL" eval --checkpoint "$w/run/checkpoint" --tokens .cache/data/sotu/val.bin --max-windows 16 \

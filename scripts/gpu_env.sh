@@ -9,9 +9,13 @@ if [[ ! -f "$_atoll_root/.gpu/pack.tar.xz" ]]; then
 fi
 _sum=$(cksum <"$_atoll_root/.gpu/pack.tar.xz")
 if [[ ! -d /tmp/atoll-gpu/bin || "$(cat /tmp/atoll-gpu/.pack 2>/dev/null)" != "$_sum" ]]; then
-  rm -rf /tmp/atoll-gpu && mkdir -p /tmp/atoll-gpu &&
-    xz -dc "$_atoll_root/.gpu/pack.tar.xz" | tar -C /tmp/atoll-gpu -xf - &&
-    echo "$_sum" >/tmp/atoll-gpu/.pack
+  rm -rf /tmp/atoll-gpu
+  if ! { mkdir -p /tmp/atoll-gpu && xz -dc "$_atoll_root/.gpu/pack.tar.xz" |
+           tar -C /tmp/atoll-gpu -xf - && echo "$_sum" >/tmp/atoll-gpu/.pack; }; then
+    echo "gpu_env: unpacking $_atoll_root/.gpu/pack.tar.xz into /tmp/atoll-gpu failed" >&2
+    rm -rf /tmp/atoll-gpu
+    return 2
+  fi
 fi
 _libs=/tmp/atoll-gpu/lib
 for _d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
@@ -24,4 +28,5 @@ _nccl=$(find /usr/local /opt /usr/lib -name 'libnccl.so.2*' 2>/dev/null | head -
 [[ -n "$_nccl" ]] && _libs+=":$(dirname "$_nccl")"
 export LD_LIBRARY_PATH="$_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="/tmp/atoll-gpu/bin:$PATH"
+export ATOLL_GPU_ENV=1  # what gpu_check.sh and gpu_test.sh look for before sourcing this again
 unset _atoll_root _libs _d _cublas _nccl _sum
