@@ -398,7 +398,8 @@ StatusOr<int> Launch(const LaunchArgs& a) {
   if (coord_out >= 0) ::close(coord_out);
   if (coord_extra >= 0) ::close(coord_extra);
   const std::string checkpoint = dir + "/checkpoint";
-  if (!FileExists(checkpoint)) {
+  const bool checkpointed = cfg.train.checkpoint_every >= 0;  // -1: none asked for
+  if (checkpointed && !FileExists(checkpoint)) {
     std::fprintf(stderr, "launch: the sites finished but %s was not written; site 0's log:\n%s",
                  checkpoint.c_str(), TailLines(site_children.front().log, 20).c_str());
     return 1;
@@ -410,8 +411,10 @@ StatusOr<int> Launch(const LaunchArgs& a) {
                  lost.size() == 1 ? "" : "s", names.c_str());
   }
   ReportOnStderr(dir);
-  std::printf("%s\n", checkpoint.c_str());
-  std::fflush(stdout);
+  if (checkpointed) {
+    std::printf("%s\n", checkpoint.c_str());
+    std::fflush(stdout);
+  }
   return 0;
 }
 
@@ -448,7 +451,8 @@ void AddLaunchCommand(CLI::App& app) {
       "  DIR/site-N/metrics.jsonl     site N's steps (with \"site\", \"wan_ms\", "
       "\"wan_bytes_sent\")\n"
       "  DIR/site-N/train.log         site N's mpirun output\n"
-      "  DIR/checkpoint               the final checkpoint (the lowest live site's)\n"
+      "  DIR/checkpoint               the final checkpoint (the lowest live site's; none\n"
+      "                               with train.checkpoint_every = -1)\n"
       "Environment: mpirun from PATH (or ATOLL_MPIRUN); OMP_NUM_THREADS defaults to\n"
       "cores / (sites * ranks_per_site); OpenMPI runs as root, oversubscribed, over shared "
       "memory.\n"

@@ -423,8 +423,9 @@ void AddTrainCommand(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("train", "Train a GPT on this machine");
   cmd->footer(
       "Writes OUT/metrics.jsonl (one JSON object per step), OUT/config.toml (the effective\n"
-      "config), OUT/checkpoint (the final checkpoint; its path is printed on stdout) and, with\n"
-      "train.checkpoint_every > 0, OUT/checkpoint-<step>. A progress bar goes to stderr.\n"
+      "config), OUT/checkpoint (the final checkpoint; its path is printed on stdout; none with\n"
+      "train.checkpoint_every = -1) and, with train.checkpoint_every > 0,\n"
+      "OUT/checkpoint-<step>. A progress bar goes to stderr.\n"
       "Silent-data-corruption findings ([sdc]) are also appended to OUT/events.jsonl, one line\n"
       "each, and the injected flips ([faults], --inject) to OUT/faults.jsonl.\n"
       "Config keys (section.key, all optional; see configs/*.toml):\n"

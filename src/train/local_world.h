@@ -10,7 +10,7 @@
 // as a crashed site would, and the others go on without it.
 //
 // Output: DIR/site-N/ (each site's metrics.jsonl, events.jsonl, faults logs) and DIR/checkpoint
-// (written by the lowest live site). One site: DIR is the run's directory, as `atoll train --out
+// (written by the lowest live site; none with train.checkpoint_every = -1). One site: DIR is the run's directory, as `atoll train --out
 // DIR`.
 //
 // Thread-safety: uses the process (threads, loopback ports, the directory tree).

@@ -206,7 +206,13 @@ StatusOr<ReplayReport> Replay(const ReplayOptions& options) {
           fmt::format("replay: the run was resumed from {} ({}/resumed_from)", from_path, dir));
     from = std::move(*loaded);
   }
-  ATOLL_ASSIGN_OR_RETURN(Checkpoint ck, LoadCheckpoint(dir + "/checkpoint", false));
+  auto final_ck = LoadCheckpoint(dir + "/checkpoint", false);
+  if (!final_ck.ok())
+    return final_ck.status().WithContext(
+        fmt::format("replay: {}/checkpoint, the final state a replay is compared with (a run with "
+                    "train.checkpoint_every = -1 writes none)",
+                    dir));
+  Checkpoint ck = std::move(*final_ck);
   if (ck.params.size() != log.count)
     return Status::InvalidArgument(
         fmt::format("replay: {}/checkpoint holds {} parameters, the op log {}", dir,

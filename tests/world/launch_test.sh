@@ -6,8 +6,9 @@
 # "site"; DIR/checkpoint/model.safetensors exists; site 0's loss and validation curve is the
 # single-process one (same batch and micro-batch) within 1e-5 relative, and site 1 reports the same
 # losses; a bad config exits 2, and world.sites = 1 is refused with a pointer to `atoll train`.
-# Also: each site's mpirun has its own Open MPI session directory, and a site that dies before it
-# joins the world fails the launch at once.
+# Also: each site's mpirun has its own Open MPI session directory, a site that dies before it
+# joins the world fails the launch at once, and train.checkpoint_every = -1 (no checkpoint) is no
+# failure.
 # Usage: launch_test.sh ATOLL MPIEXEC
 set -euo pipefail
 MPIEXEC=${2:?usage: $0 ATOLL MPIEXEC}
@@ -81,9 +82,17 @@ s0=$(cat "$T/session.0") s1=$(cat "$T/session.1")
   fail "the sites' mpiruns share or leave the session base: '$s0' and '$s1'"
 [[ -z $(ls -A "$T/ompi") ]] || fail "launch left $(ls -A "$T/ompi") in the session base"
 # A session base that does not exist: launch goes on under TMPDIR (and mpirun makes its own).
+# And train.checkpoint_every = -1: no checkpoint, which launch does not take for a failure (and
+# prints no path for).
 expect_exit 0 env OMPI_MCA_orte_tmpdir_base="$T/missing/ompi" \
-  timeout 100 "$ATOLL" launch "${W[@]}" --insecure -q --out "$T/nobase"
-check_world "$T/nobase"
+  timeout 100 "$ATOLL" launch "${W[@]}" --set train.checkpoint_every=-1 --insecure -q \
+  --out "$T/nobase"
+[[ ! -s $T/out && ! -e $T/nobase/checkpoint ]] ||
+  fail "checkpoint_every = -1: launch printed '$(cat "$T/out")' or wrote a checkpoint"
+for s in 0 1; do
+  [[ $(grep -c "\"site\":$s" "$T/nobase/site-$s/metrics.jsonl") == 6 ]] ||
+    fail "checkpoint_every = -1: site $s did not log its 6 steps"
+done
 start=$SECONDS
 expect_exit 1 env ATOLL_MPIRUN="$T/mpirun" FAIL_SITE0=1 \
   timeout 100 "$ATOLL" launch "${W[@]}" --insecure -q --out "$T/dies"

@@ -379,6 +379,10 @@ StatusOr<CampaignResult> RunCampaign(const CampaignOptions& o) {
   if (base.train.eval_batches < 1)
     return Status::InvalidArgument(
         "sdc campaign: train.eval_batches must be positive (harm is measured on validation)");
+  if (base.train.checkpoint_every < 0)
+    return Status::InvalidArgument(
+        "sdc campaign: train.checkpoint_every = -1 writes no final model, which the campaign "
+        "compares (use 0)");
   if (!base.faults.inject.empty())
     return Status::InvalidArgument("sdc campaign: the config already injects faults");
   ATOLL_RETURN_IF_ERROR(ValidateRunConfig(base));

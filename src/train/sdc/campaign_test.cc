@@ -242,6 +242,11 @@ TEST(CampaignOptionsTest, RefusesBadSitesBitsAndSteps) {
   o.first_step = 2;
   o.cfg.sdc.on_alarm = "stop";
   EXPECT_EQ(RunCampaign(o).status().code(), StatusCode::kInvalidArgument);
+  o.cfg.sdc.on_alarm = "warn";
+  o.cfg.train.checkpoint_every = -1;  // no final model to compare
+  const Status none = RunCampaign(o).status();
+  EXPECT_EQ(none.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(none.message().find("train.checkpoint_every"), std::string::npos) << none.ToString();
 }
 
 }  // namespace
