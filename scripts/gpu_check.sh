@@ -81,7 +81,7 @@ if [[ $parts == *" sanitize "* ]]; then
       tail -15 "$out/sanitize_$tool.log"
       case $rc in
         0) echo "$tool: clean" ;;
-        124) echo "$tool: stopped after $sanitize_s s (not a finding; raise SANITIZE_S)"; status=1 ;;
+        124|137) echo "$tool: stopped after $sanitize_s s (not a finding; raise SANITIZE_S)"; status=1 ;;
         *) echo "$tool: exit $rc (3: the tool found errors; the log is in $out)"; status=1 ;;
       esac
     done

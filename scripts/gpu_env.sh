@@ -28,5 +28,5 @@ _nccl=$(find /usr/local /opt /usr/lib -name 'libnccl.so.2*' 2>/dev/null | head -
 [[ -n "$_nccl" ]] && _libs+=":$(dirname "$_nccl")"
 export LD_LIBRARY_PATH="$_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="/tmp/atoll-gpu/bin:$PATH"
-export ATOLL_GPU_ENV=1  # what gpu_check.sh and gpu_test.sh look for before sourcing this again
+export ATOLL_GPU_ENV=1  # what gpu_check.sh looks for before sourcing this again
 unset _atoll_root _libs _d _cublas _nccl _sum

@@ -40,8 +40,12 @@ fi
 # What is packed is what the sources say now: build/release brought up to date first.
 [[ -f build/release/build.ninja ]] ||
   { echo "gpu_pack: no build/release (run scripts/setup.sh first)" >&2; exit 2; }
-cmake --build build/release -j "$(nproc)" >/dev/null ||
-  { echo "gpu_pack: building build/release failed (cmake --build build/release)" >&2; exit 1; }
+mkdir -p .gpu
+if ! cmake --build build/release -j "$(nproc)" >.gpu/build.log 2>&1; then
+  tail -30 .gpu/build.log >&2
+  echo "gpu_pack: building build/release failed (cmake --build build/release; .gpu/build.log)" >&2
+  exit 1
+fi
 mapfile -t tests < <(find build/release -type f -name 'cuda_*_test' -not -name '*emu*' -perm -u+x | sort)
 if [[ ${#tests[@]} -eq 0 ]]; then
   echo "gpu_pack: no CUDA test programs in build/release (is nvcc installed? run scripts/setup.sh)" >&2
@@ -61,8 +65,9 @@ done
 # The revision packed, for the GPU session's summary (scripts/gpu_session.sh): the commit, and
 # a hash of the uncommitted change when there is one.
 rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
-  rev+=" + uncommitted change $(git diff HEAD | sha1sum | cut -c1-10)"
+if [[ -n "$(git status --porcelain 2>/dev/null)" ]]; then
+  rev+=" + uncommitted change $( (git diff HEAD; git ls-files --others --exclude-standard |
+    xargs -r cat) | sha1sum | cut -c1-10)"
 fi
 echo "$rev, packed $(date -u '+%F %H:%M') UTC" >"$stage/rev"
 mkdir -p .gpu

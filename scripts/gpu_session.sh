@@ -98,13 +98,28 @@ say() { printf '%s\n' "$*" | tee -a "$summary"; }
 # The logs as they are now, into OUT (after every part: a call stopped at its limit keeps them),
 # whole or not at all (written beside, then renamed).
 keep_logs() {
-  tar -C "$logs" -czf "$out/logs.tar.gz.part" . 2>/dev/null && mv -f "$out/logs.tar.gz.part" "$out/logs.tar.gz"
+  if tar -C "$logs" -czf "$out/logs.tar.gz.part" . 2>/dev/null; then
+    mv -f "$out/logs.tar.gz.part" "$out/logs.tar.gz"
+  else
+    rm -f "$out/logs.tar.gz.part"
+  fi
 }
 trap 'rm -rf "$logs"' EXIT
-# Stopped (TERM, INT): the command running stopped too, a closing line, the logs kept.
+# Stopped (TERM, INT, HUP): the command running stopped too (and waited for: timeout kills it
+# within 10 s), a closing line, the logs kept; exit 128 + the signal's number.
 child=""
-trap '[[ -z $child ]] || kill -TERM "$child" 2>/dev/null
-      say "session: stopped by a signal in part $now_part, $SECONDS s in"; keep_logs; exit 143' TERM INT
+stopped() {
+  if [[ -n $child ]]; then
+    kill -TERM "$child" 2>/dev/null
+    wait "$child" 2>/dev/null
+  fi
+  say "session: stopped by a signal in part $now_part, $SECONDS s in"
+  keep_logs
+  exit "$1"
+}
+trap 'stopped 143' TERM
+trap 'stopped 130' INT
+trap 'stopped 129' HUP
 # part NAME LEAST: whether NAME is asked for and LEAST seconds are left for it (else says why
 # not, and counts it as incomplete).
 part() {
@@ -115,8 +130,8 @@ part() {
     incomplete+=("$1")
     return 1
   fi
-  say "## $1"
   now_part=$1
+  say "## $1"
   part_start=$SECONDS
   return 0
 }
@@ -141,6 +156,21 @@ run() {
   rc=$?
   child=""
   return $rc
+}
+# outcome RC: what a command's exit status makes of its part: ok, incomplete (stopped for want of
+# time: timeout's 124, or 137 after its kill) or FAILED.
+outcome() {
+  case $1 in
+    0) echo ok ;;
+    124|137) echo incomplete ;;
+    *) echo FAILED ;;
+  esac
+}
+# worse A B: the worse of two outcomes (FAILED over incomplete over ok).
+worse() {
+  if [[ $1 == FAILED || $2 == FAILED ]]; then echo FAILED
+  elif [[ $1 == incomplete || $2 == incomplete ]]; then echo incomplete
+  else echo ok; fi
 }
 # test_names LOG FAILED|SKIPPED: gtest's tests of that outcome, each once (gtest names a failed
 # or skipped test again in its closing list).
@@ -173,7 +203,7 @@ if part tests 40; then
     name=$(basename "$p")
     if (($(left) < 40)); then
       say "- $name: skipped ($(left) s of the budget left)"
-      [[ $r == FAILED ]] || r=incomplete
+      r=$(worse "$r" incomplete)
       continue
     fi
     run "$TESTS_S" "$p" "${filter[@]}" >"$logs/$name.log" 2>&1
@@ -186,7 +216,7 @@ if part tests 40; then
     case $rc in
       0) say "$line" ;;
       124|137) say "$line; stopped after ${TESTS_S} s (or the budget) in ${last:-its start}"
-         [[ $r == FAILED ]] || r=incomplete ;;
+         r=$(worse "$r" incomplete) ;;
       *) say "$line; exit $rc, the last test started: ${last:-none}"; r=FAILED ;;
     esac
     ((${#failures[@]} == 0)) || r=FAILED
@@ -204,12 +234,13 @@ if part attention 30; then
     read -r L H C <<<"$(shape_args "$s")"
     if (($(left) < 30)); then
       say "attention at $s's heads: skipped ($(left) s of the budget left)"
-      [[ $r == FAILED ]] || r=incomplete
+      r=$(worse "$r" incomplete)
       continue
     fi
     say "attention at $s's heads (batch $BATCH, seq $SEQ):"
     run 120 "$ATTENTION" --batch "$BATCH" --seq "$SEQ" --heads "$H" --width "$C" \
-      "${attention_steps[@]}" >"$logs/attention-$s.log" 2>&1 || r=FAILED
+      "${attention_steps[@]}" >"$logs/attention-$s.log" 2>&1
+    r=$(worse "$r" "$(outcome $?)")
     grep -vE '^(OpenBLAS|$)' "$logs/attention-$s.log" | tee -a "$summary"
     if ((first)); then
       # The least forward + backward of each kind: | rows kind | fwd ms | bwd ms | ...
@@ -227,7 +258,8 @@ if part attention 30; then
       first=0
     fi
     run 90 "$PY" bench/torch_attention_gpu.py --batch "$BATCH" --seq "$SEQ" --heads "$H" \
-      --width "$C" >"$logs/torch-attention-$s.log" 2>&1 || r=FAILED
+      --width "$C" >"$logs/torch-attention-$s.log" 2>&1
+    r=$(worse "$r" "$(outcome $?)")
     tee -a "$summary" <"$logs/torch-attention-$s.log"
     say ""
   done
@@ -242,12 +274,13 @@ if part table 60; then
   for s in $SHAPES; do
     if (($(left) < 60)); then
       say "| $s | skipped ($(left) s of the budget left) |"
-      [[ $r == FAILED ]] || r=incomplete
+      r=$(worse "$r" incomplete)
       continue
     fi
     OUT=$logs/table-$s SHAPES=$s PRECISIONS=bf16 PARTS=table BATCH=$BATCH STEPS=$STEPS \
       WARMUP=$WARMUP SEQ=$SEQ ATOLL_ARGS="--set train.attention_backward=$kind" \
-      run 300 bench/gpu_bench.sh >"$logs/table-$s.log" 2>&1 || r=FAILED
+      run 300 bench/gpu_bench.sh >"$logs/table-$s.log" 2>&1
+    r=$(worse "$r" "$(outcome $?)")
     if ((!header_said)) && grep -m2 '^|' "$logs/table-$s/gpu_bench.md" 2>/dev/null | tee -a "$summary" |
          grep -q .; then
       header_said=1
@@ -269,28 +302,30 @@ if part profile 30; then
   rows=$(grep -m1 "^$s bf16: " "$logs/auto-rows" 2>/dev/null | grep -oE 'auto: [0-9]+/[0-9]+' |
          cut -d' ' -f2)
   say "bf16 time per op, preset $preset, batch $BATCH, attention ${rows:-64/64} $kind (the GPU waited for after every op):"
-  if run 90 "$MODEL_STEP" --device cuda --precision bf16 --preset "$preset" --batch "$BATCH" \
-       --steps 3 --warmup 1 --profile --attention-rows "${rows:-64/64}" \
-       --attention-backward "$kind" >"$logs/profile.log" 2>&1; then
+  run 90 "$MODEL_STEP" --device cuda --precision bf16 --preset "$preset" --batch "$BATCH" \
+    --steps 3 --warmup 1 --profile --attention-rows "${rows:-64/64}" \
+    --attention-backward "$kind" >"$logs/profile.log" 2>&1
+  r=$(outcome $?)
+  if [[ $r == ok ]]; then
     grep -vE '^(OpenBLAS|SGEMM)' "$logs/profile.log" | tee -a "$summary"
-    done_part profile ok
   else
     tail -5 "$logs/profile.log" | tee -a "$summary"
-    done_part profile FAILED
   fi
+  done_part profile $r
 fi
 
 # 5. The Hugging Face check.
 if part hf 45; then
-  if OUT=$logs/hf run 120 scripts/gpu_check.sh hf >"$logs/hf.log" 2>&1; then r=ok; else r=FAILED; fi
+  OUT=$logs/hf run 120 scripts/gpu_check.sh hf >"$logs/hf.log" 2>&1
+  r=$(outcome $?)
   tail -3 "$logs/hf.log" | tee -a "$summary"
   done_part hf $r
 fi
 
 # 6. compute-sanitizer with what is left: each of its two tools a half, less timeout's kill (30 s).
 if part sanitize 120; then
-  OUT=$logs/sanitize SANITIZE_S=$((($(left) - 100) / 2)) scripts/gpu_check.sh sanitize \
-    >"$logs/sanitize.log" 2>&1
+  OUT=$logs/sanitize SANITIZE_S=$((($(left) - 100) / 2)) run "$(left)" scripts/gpu_check.sh \
+    sanitize >"$logs/sanitize.log" 2>&1
   grep -E '^(racecheck|memcheck):|gpu_check:' "$logs/sanitize.log" | tee -a "$summary"
   if [[ $(grep -cE '^(racecheck|memcheck): clean' "$logs/sanitize.log") -eq 2 ]]; then r=ok
   elif grep -qE '^(racecheck|memcheck): exit|^gpu_check: (SANITIZE_S|unknown)' "$logs/sanitize.log"
