@@ -34,19 +34,19 @@ std::vector<double> SiteTimes(const RunConfig& cfg, const Mesh& me, std::string*
   if (site == nullptr || site->size() == 1) return seconds;
   // [the settings' sums, the ranks that have none]: every rank the same choice.
   const size_t n = std::size(kernels::kAttentionBlockRowsAll);
-  std::vector<float> sums(n + 1, 0.0f);
+  std::vector<double> sums(n + 1, 0.0);
   if (seconds.size() == n)
     std::copy(seconds.begin(), seconds.end(), sums.begin());
   else
     sums[n] = 1;
-  if (*status = site->AllReduce(std::span<float>(sums)); !status->ok()) return {};
+  if (*status = site->AllReduce(std::span<double>(sums)); !status->ok()) return {};
   if (sums[n] > 0) {
     if (why_not->empty())
       *why_not =
           fmt::format("{} of the site's {} ranks could not time", int(sums[n]), site->size());
     return {};
   }
-  for (size_t i = 0; i < n; ++i) seconds[i] = double(sums[i]) / site->size();  // the mean
+  for (size_t i = 0; i < n; ++i) seconds[i] = sums[i] / site->size();  // the mean
   return seconds;
 }
 

@@ -103,8 +103,8 @@ AttentionTimings TimeAttentionBlockRows(int B, int T, int C, int NH,
     ++calls;
   } while (Now() - t0 < options.warmup_s && calls < 200);
   const double call_s = (Now() - t0) / calls;
-  const int steps = int(std::clamp(std::ceil(options.target_s / std::max(call_s, 1e-9)),
-                                   double(options.min_steps), 64.0));
+  const int steps = std::max(
+      options.min_steps, int(std::min(std::ceil(options.target_s / std::max(call_s, 1e-9)), 64.0)));
   const size_t n = std::size(kAttentionBlockRowsAll);
   for (const AttentionBlockRows& rows : kAttentionBlockRowsAll) timings.timed.push_back({rows, {}});
   for (int round = 0; round < options.rounds; ++round)

@@ -48,9 +48,8 @@ struct AttentionTimingOptions {
   // First, forwards and backwards until this long has passed (at least one, at most 200 calls):
   // the GPU's clocks up from idle, so that the first setting timed is not the slowest for it.
   double warmup_s = 0.05;
-  // Calls a measurement, at least this many, and more while a run of forwards and backwards
-  // takes under target_s (from the warm-up's pace, at most 64): host clock and waits stay a small
-  // part of what is measured.
+  // Calls a measurement: at least this many, and as many as make target_s at the warm-up's pace
+  // (up to 64): host clock and waits stay a small part of what is measured.
   int min_steps = 2;
   double target_s = 0.003;
   // Rounds, each timing every setting once, starting one setting later each round (no setting
