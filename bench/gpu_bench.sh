@@ -47,11 +47,8 @@ part() { [[ " $PARTS " == *" $1 "* ]]; }
 for p in $PARTS; do
   [[ $p =~ ^(table|detectors|profile|copies|ab|attention|kernels)$ ]] || { echo "gpu_bench: unknown part $p" >&2; exit 2; }
 done
-[[ -n ${SHAPES// /} ]] || { echo "gpu_bench: SHAPES is empty (124m, 350m, LxHxC)" >&2; exit 2; }
-for s in $SHAPES; do
-  [[ $s == 124m || $s == 350m || $s =~ ^[1-9][0-9]*x[1-9][0-9]*x[1-9][0-9]*$ ]] ||
-    { echo "gpu_bench: unknown shape $s (124m, 350m, LxHxC)" >&2; exit 2; }
-done
+source bench/gpu_shapes.sh
+check_shapes gpu_bench "$SHAPES"
 for p in $PRECISIONS; do
   [[ $p == fp32 || $p == bf16 ]] || { echo "gpu_bench: unknown precision $p (fp32, bf16)" >&2; exit 2; }
 done
@@ -67,13 +64,6 @@ mkdir -p "$out"
 data=.cache/data/sotu
 [[ -f $data/train.bin ]] || { echo "gpu_bench: no $data/train.bin (carry .cache/data/sotu)" >&2; exit 2; }
 
-shape_args() {  # L H C
-  case $1 in
-    124m) echo "12 12 768" ;;
-    350m) echo "24 16 1024" ;;
-    *) echo "${1//x/ }" ;;
-  esac
-}
 median_tps() {  # metrics.jsonl -> median tokens_per_s of the steps after WARMUP (0: no run)
   "$PY" - "$1" "$WARMUP" <<'PYEOF' 2>/dev/null || echo 0
 import json, statistics, sys

@@ -80,11 +80,8 @@ for p in $PARTS; do
   [[ $p =~ ^(tests|attention|table|profile|hf|sanitize)$ ]] ||
     { echo "gpu_session: unknown part $p" >&2; exit 2; }
 done
-[[ -n ${SHAPES// /} ]] || { echo "gpu_session: SHAPES is empty" >&2; exit 2; }
-for s in $SHAPES; do
-  [[ $s == 124m || $s == 350m || $s =~ ^[1-9][0-9]*x[1-9][0-9]*x[1-9][0-9]*$ ]] ||
-    { echo "gpu_session: unknown shape $s (124m, 350m, LxHxC)" >&2; exit 2; }
-done
+source bench/gpu_shapes.sh
+check_shapes gpu_session "$SHAPES"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8} PYTHONUNBUFFERED=1
 out=${OUT:-$(mktemp -d)}
 logs=$(mktemp -d)
@@ -176,13 +173,6 @@ worse() {
 # or skipped test again in its closing list).
 test_names() {
   grep -E "^\\[  $2 +\\] [A-Za-z]" "$1" | sed 's/^[^]]*\] //; s/ (.*//' | sort -u
-}
-shape_args() {  # shape -> L H C
-  case $1 in
-    124m) echo "12 12 768" ;;
-    350m) echo "24 16 1024" ;;
-    *) echo "${1//x/ }" ;;
-  esac
 }
 
 : >"$summary"
