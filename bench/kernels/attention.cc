@@ -219,8 +219,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < settings.size(); ++i) {
       settings[i].Set();
       const Timing t = bench.Time(steps, warmup);
-      if (round == 0 || t.forward_s < best[i].forward_s) best[i].forward_s = t.forward_s;
-      if (round == 0 || t.backward_s < best[i].backward_s) best[i].backward_s = t.backward_s;
+      best[i] = round == 0 ? t : Timing::Fastest(best[i], t);
     }
   std::vector<Outputs> results;
   for (size_t i = 0; i < settings.size(); ++i) {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/attention_blocks.h"
 #include "model/config.h"
 #include "world/link.h"
 
@@ -192,6 +193,12 @@ Status ApplyConfigOverride(RunConfig* cfg, std::string_view assignment);
 
 // Checks types' ranges and the relations between keys; the error names the key.
 Status ValidateRunConfig(const RunConfig& cfg);
+
+// train.attention_rows and train.attention_backward read into *rows (the default for "auto",
+// with *automatic true) and *kind; InvalidArgument naming the key when one does not parse.
+// ValidateRunConfig checks them with this, and the GPU's setup (train/gpu_setup.cc) reads them.
+Status ParseAttentionSettings(const TrainConfig& t, kernels::AttentionBlockRows* rows,
+                              bool* automatic, kernels::AttentionBackwardKind* kind);
 
 // A site pair "A-B" (A < B, the name of a [world.link."A-B"] table); false if `text` is not one.
 bool ParseSitePair(std::string_view text, int* a, int* b);

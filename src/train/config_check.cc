@@ -11,6 +11,21 @@
 
 namespace atl {
 
+Status ParseAttentionSettings(const TrainConfig& t, kernels::AttentionBlockRows* rows,
+                              bool* automatic, kernels::AttentionBackwardKind* kind) {
+  *automatic = t.attention_rows == "auto";
+  *rows = {};
+  if (!*automatic && !kernels::ParseAttentionBlockRows(t.attention_rows, rows))
+    return Status::InvalidArgument(
+        fmt::format("train.attention_rows: must be auto or Q/K with query and key rows 64 or 128 "
+                    "(64/64, 128/64, 64/128, 128/128), got \"{}\"",
+                    t.attention_rows));
+  if (!kernels::ParseAttentionBackwardKind(t.attention_backward, kind))
+    return Status::InvalidArgument(fmt::format(
+        "train.attention_backward: must be split or fused, got \"{}\"", t.attention_backward));
+  return Status::Ok();
+}
+
 Status ValidateRunConfig(const RunConfig& c) {
   auto bad = [](std::string_view key, const std::string& why) {
     return Status::InvalidArgument(fmt::format("{}: {}", key, why));
@@ -70,16 +85,12 @@ Status ValidateRunConfig(const RunConfig& c) {
     return bad("train.precision",
                "bf16 needs train.device = cuda (the CPU computes in fp32; bf16 products are the "
                "GPU's tensor cores)");
-  if (kernels::AttentionBlockRows rows;
-      t.attention_rows != "auto" && !kernels::ParseAttentionBlockRows(t.attention_rows, &rows))
-    return bad("train.attention_rows",
-               fmt::format("must be auto or Q/K with query and key rows 64 or 128 (64/64, "
-                           "128/64, 64/128, 128/128), got \"{}\"",
-                           t.attention_rows));
-  if (kernels::AttentionBackwardKind kind;
-      !kernels::ParseAttentionBackwardKind(t.attention_backward, &kind))
-    return bad("train.attention_backward",
-               fmt::format("must be split or fused, got \"{}\"", t.attention_backward));
+  {
+    kernels::AttentionBlockRows rows;
+    bool automatic = false;
+    kernels::AttentionBackwardKind kind{};
+    ATOLL_RETURN_IF_ERROR(ParseAttentionSettings(t, &rows, &automatic, &kind));
+  }
   if (t.device == "cuda" && c.model.n_head > 0 && c.model.n_embd / c.model.n_head > 128)
     return bad("train.device",
                fmt::format("the GPU's attention takes head sizes up to 128; model.n_embd / "

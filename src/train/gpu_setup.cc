@@ -55,16 +55,11 @@ std::vector<double> SiteTimes(const RunConfig& cfg, const Mesh& me, std::string*
 Status SetUpGpu(const RunConfig& cfg, const Mesh& me) {
   const TrainConfig& tc = cfg.train;
   SetBf16Matmul(tc.precision == "bf16");
-  kernels::AttentionBackwardKind kind{};
-  if (!kernels::ParseAttentionBackwardKind(tc.attention_backward, &kind))
-    return Status::InvalidArgument(
-        fmt::format("train.attention_backward: split or fused, not \"{}\"", tc.attention_backward));
-  SetAttentionBackwardKind(kind);
-  const bool automatic = tc.attention_rows == "auto";
   kernels::AttentionBlockRows rows;  // auto starts from the default
-  if (!automatic && !kernels::ParseAttentionBlockRows(tc.attention_rows, &rows))
-    return Status::InvalidArgument(fmt::format(
-        "train.attention_rows: auto or Q/K (64 or 128 each), not \"{}\"", tc.attention_rows));
+  bool automatic = false;
+  kernels::AttentionBackwardKind kind{};
+  ATOLL_RETURN_IF_ERROR(ParseAttentionSettings(tc, &rows, &automatic, &kind));
+  SetAttentionBackwardKind(kind);
   SetAttentionBlockRows(rows);
   if (!automatic) return Status::Ok();
   std::string why_not;

@@ -112,8 +112,7 @@ AttentionTimings TimeAttentionBlockRows(int B, int T, int C, int NH,
       AttentionTimings::Candidate& c = timings.timed[(k + size_t(round)) % n];
       SetAttentionBlockRows(c.rows);
       const AttentionWork::Timing t = work.Time(steps, /*warmup=*/1);
-      if (round == 0 || t.forward_s < c.best.forward_s) c.best.forward_s = t.forward_s;
-      if (round == 0 || t.backward_s < c.best.backward_s) c.best.backward_s = t.backward_s;
+      c.best = round == 0 ? t : AttentionWork::Timing::Fastest(c.best, t);
     }
   return timings;
 }

@@ -7,6 +7,7 @@
 // Plain C++ (no CUDA headers). Thread-safety: the process's GPU thread only (runtime.h).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -33,6 +34,10 @@ class AttentionWork {
   struct Timing {
     double forward_s = 0, backward_s = 0;  // a call
     double total() const { return forward_s + backward_s; }
+    // The faster forward and the faster backward of a and b (each setting's best over rounds).
+    static Timing Fastest(const Timing& a, const Timing& b) {
+      return {std::min(a.forward_s, b.forward_s), std::min(a.backward_s, b.backward_s)};
+    }
   };
   // `warmup` forwards and backwards, then `steps` forwards back to back and `steps` backwards,
   // the GPU waited for before and after each run of calls (host clock): a call's mean.
