@@ -21,7 +21,10 @@ using state_bytes::Put;
 
 std::string EncodeLowCommState(const LowCommState& st) {
   const size_t n = st.global.size();
-  const bool resume = !st.residual.empty();
+  // A resume's state (version 2) has the error feedback, or at n = 0 (no parameters: only the
+  // fuzzer's) its update count alone; without it a decoded one would encode as a rejoin's (version
+  // 1) and lose adam_steps.
+  const bool resume = !st.residual.empty() || st.adam_steps != 0;
   std::string out;
   out.reserve(kStateHeader + (resume ? 6 : 3) * n * sizeof(float) + 8);
   out.append(kStateMagic, 4);
