@@ -15,12 +15,12 @@
 // next product without a shuffle: AFromAccumulators).
 //
 // On the CUDA emulator (emu/device.h) the warp gathers its lanes' registers and every lane
-// computes its elements from the whole tiles by this same map, in float, k in order; so a kernel
-// that holds the map wrongly fails against the CPU there as it would on a GPU, unless the map
-// itself is wrong, which kernels/cuda/cuda_bf16_test.cc checks on a GPU against plain products
-// (TensorCoreFragmentsHoldTheirElements). mma.sync with bf16 needs sm_80 or later: built for an
-// older GPU, MmaBf16, LdMatrix4 and the copies trap (TensorCoreAttention asks for compute
-// capability 8 first).
+// computes its elements from the rows of A and columns of B it needs, found by this same map, in
+// float, k in order; so a kernel that holds the map wrongly fails against the CPU there as it
+// would on a GPU, unless the map itself is wrong, which kernels/cuda/cuda_bf16_test.cc checks on
+// a GPU against plain products (TensorCoreFragmentsHoldTheirElements). mma.sync with bf16 needs
+// sm_80 or later: built for an older GPU, MmaBf16, LdMatrix4 and the copies trap
+// (TensorCoreAttention asks for compute capability 8 first).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -45,32 +45,31 @@ __device__ inline void MmaBf16(float (&d)[4], const uint32_t (&a)[4], const uint
 #if defined(ATOLL_CUDA_EMULATED)
   struct Regs {
     uint32_t a[4], b[2];
-    float d[4];
   };
-  Regs mine{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}, {d[0], d[1], d[2], d[3]}};
-  Regs all[32];
-  ::atl::cuda_emu::WarpGather(&mine, all, sizeof(Regs));
-  float A[16][16], B[16][8], C[16][8];
-  for (int l = 0; l < 32; ++l) {
-    const int g = l / 4, t = l % 4;
-    const Regs& r = all[l];
-    for (int h = 0; h < 2; ++h) {  // the register's low (h = 0) and high element
-      const auto el = [h](uint32_t p) { return h == 0 ? Bf16Lo(p) : Bf16Hi(p); };
-      A[g][2 * t + h] = el(r.a[0]);
-      A[g + 8][2 * t + h] = el(r.a[1]);
-      A[g][2 * t + 8 + h] = el(r.a[2]);
-      A[g + 8][2 * t + 8 + h] = el(r.a[3]);
-      B[2 * t + h][g] = el(r.b[0]);
-      B[2 * t + 8 + h][g] = el(r.b[1]);
-      C[g][2 * t + h] = r.d[h];
-      C[g + 8][2 * t + h] = r.d[2 + h];
-    }
-  }
+  // This lane's elements only: rows g and g + 8 of A, columns 2t and 2t + 1 of B (held by lanes
+  // 4 (2t) + u and 4 (2t + 1) + u), its own accumulators; the sums as the whole tiles' would be.
   const int lane = ::atl::cuda_emu::Lane(), g = lane / 4, t = lane % 4;
+  float A[2][16], B[2][16];
+  ::atl::cuda_emu::WarpGather(Regs{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}}, [&](auto at) {
+    for (int u = 0; u < 4; ++u) {
+      const Regs ra = at(4 * g + u), rb[2] = {at(4 * (2 * t) + u), at(4 * (2 * t + 1) + u)};
+      for (int h = 0; h < 2; ++h) {  // the register's low (h = 0) and high element
+        const auto el = [h](uint32_t p) { return h == 0 ? Bf16Lo(p) : Bf16Hi(p); };
+        A[0][2 * u + h] = el(ra.a[0]);
+        A[1][2 * u + h] = el(ra.a[1]);
+        A[0][2 * u + 8 + h] = el(ra.a[2]);
+        A[1][2 * u + 8 + h] = el(ra.a[3]);
+        for (int j = 0; j < 2; ++j) {
+          B[j][2 * u + h] = el(rb[j].b[0]);
+          B[j][2 * u + 8 + h] = el(rb[j].b[1]);
+        }
+      }
+    }
+  });
   for (int i = 0; i < 4; ++i) {
-    const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
-    float s = C[row][col];
-    for (int k = 0; k < 16; ++k) s += A[row][k] * B[k][col];
+    const int r = i >= 2 ? 1 : 0, j = i & 1;
+    float s = d[i];
+    for (int k = 0; k < 16; ++k) s += A[r][k] * B[j][k];
     d[i] = s;
   }
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -93,15 +92,15 @@ __device__ inline void LdMatrix4(uint32_t (&r)[4], const void* row) {
 #if defined(ATOLL_CUDA_EMULATED)
   if (reinterpret_cast<uintptr_t>(row) % 16 != 0 || ::atl::cuda_emu::IsDevice(row))
     throw std::runtime_error("ldmatrix: a row address not 16-byte aligned shared memory");
-  const void* rows[32];
-  ::atl::cuda_emu::WarpGather(&row, rows, sizeof(row));
   const int lane = ::atl::cuda_emu::Lane(), g = lane / 4, t = lane % 4;
-  const auto at = [&](int m, int i, int j) {  // matrix m's element (i, j)
-    return uint32_t(static_cast<const uint16_t*>(rows[8 * m + i])[j]);
-  };
-  for (int m = 0; m < 4; ++m)
-    r[m] = kTrans ? at(m, 2 * t, g) | at(m, 2 * t + 1, g) << 16
-                  : at(m, g, 2 * t) | at(m, g, 2 * t + 1) << 16;
+  ::atl::cuda_emu::WarpGather(row, [&](auto rows) {
+    const auto at = [&](int m, int i, int j) {  // matrix m's element (i, j)
+      return uint32_t(static_cast<const uint16_t*>(rows(8 * m + i))[j]);
+    };
+    for (int m = 0; m < 4; ++m)
+      r[m] = kTrans ? at(m, 2 * t, g) | at(m, 2 * t + 1, g) << 16
+                    : at(m, g, 2 * t) | at(m, g, 2 * t + 1) << 16;
+  });
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();
 #else

@@ -110,6 +110,10 @@ uint32_t BiasAlignment(const void* p) {
 }  // namespace
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  // One host thread for the products, as the CPU backend's BLAS (kernels/cpu/backend.cc): the
+  // emulated GPU runs on the calling thread, and OpenBLAS's workers would spin between calls on
+  // cores other processes need (ctest -j2, the ranks of an MPI test).
+  openblas_set_num_threads(1);
   *handle = new cublasLtContext;
   return CUBLAS_STATUS_SUCCESS;
 }

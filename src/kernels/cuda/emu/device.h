@@ -88,9 +88,23 @@ void SyncThreads();
 // is outside the warp's lanes, as the hardware's shuffles do at the edges).
 void WarpExchange(unsigned mask, const void* value, void* out, size_t bytes, int src);
 int Lane();
-// A warp-wide gather (mma.sync's stand-in): every lane of the warp, all 32 running, gives `bytes`
-// (at most 64) of value; each gets all 32 lanes' in lane order in `all` (32 * bytes).
-void WarpGather(const void* value, void* all, size_t bytes);
+// A warp-wide gather (mma.sync's and ldmatrix's stand-in): every lane of the warp, all 32 running,
+// gives `bytes` (at most kWarpSlotBytes) of value; WarpGatherBegin returns when all have, with
+// the gather's slots: lane l's value at slots + l * kWarpSlotBytes, unchanged until the lane's
+// next warp operation (a lane reads only the lanes it needs; nothing is copied for it).
+// WarpGather<T>(mine, use) calls use(at) on them, at(l) being lane l's T.
+constexpr size_t kWarpSlotBytes = 64;
+const unsigned char* WarpGatherBegin(const void* value, size_t bytes);
+template <class T, class Use>
+void WarpGather(const T& mine, Use&& use) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= kWarpSlotBytes);
+  const unsigned char* slots = WarpGatherBegin(&mine, sizeof(T));
+  use([slots](int lane) {
+    T v;
+    std::memcpy(&v, slots + size_t(lane) * kWarpSlotBytes, sizeof(T));
+    return v;
+  });
+}
 
 // cp.async's stand-ins (inside a kernel). AsyncCopy starts a copy of `bytes` into dst (shared
 // memory): src_bytes from src, zeros after them. AsyncCommit closes the thread's copies started

@@ -166,15 +166,17 @@ struct Thread {
   }
 };
 
-constexpr size_t kWarpSlotBytes = 64;  // WarpGather's most per lane
-
 struct Warp {
   unsigned live = 0;         // lanes present and not returned
   unsigned mask = 0;         // of the barrier being gathered
   const char* op = nullptr;  // and its kind: a shuffle's exchange, a product's gather
   int arrived = 0;
   uint64_t gen = 0;
-  unsigned char slot[32][kWarpSlotBytes] = {};
+  unsigned char slot[32][kWarpSlotBytes] = {};  // a shuffle's
+  // WarpGatherBegin's, in turn: gather k in gathered[k % 2], which lanes read until their next
+  // warp operation; the barrier of gather k + 1 waits for every lane, so for its reads of k.
+  alignas(16) unsigned char gathered[2][32][kWarpSlotBytes] = {};
+  uint64_t gathers = 0;  // gathers released
 };
 
 struct Block {
@@ -456,7 +458,7 @@ void WarpExchange(unsigned mask, const void* value, void* out, size_t bytes, int
   WarpBarrier(b, w, mask, "a shuffle");  // every lane has read
 }
 
-void WarpGather(const void* value, void* all, size_t bytes) {
+const unsigned char* WarpGatherBegin(const void* value, size_t bytes) {
   Block& b = Current();
   const unsigned lane = b.running->linear % 32;
   Warp& w = b.warps[b.running->linear / 32];
@@ -467,11 +469,11 @@ void WarpGather(const void* value, void* all, size_t bytes) {
     Fail(b, fmt::format("{}: a warp-wide operation with lanes {:#x} of 32 running (the hardware "
                         "needs the whole warp)",
                         Where(b), w.live));
-  std::memcpy(w.slot[lane], value, bytes);
+  auto& slots = w.gathered[w.gathers % 2];
+  std::memcpy(slots[lane], value, bytes);
+  if (w.arrived + 1 == 32) ++w.gathers;  // this lane releases it
   WarpBarrier(b, w, 0xffffffffu, "a tensor-core product");
-  for (int l = 0; l < 32; ++l)
-    std::memcpy(static_cast<unsigned char*>(all) + size_t(l) * bytes, w.slot[l], bytes);
-  WarpBarrier(b, w, 0xffffffffu, "a tensor-core product");
+  return &slots[0][0];
 }
 
 }  // namespace atl::cuda_emu
