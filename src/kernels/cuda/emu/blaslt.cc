@@ -112,7 +112,9 @@ uint32_t BiasAlignment(const void* p) {
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
   // One host thread for the products, as the CPU backend's BLAS (kernels/cpu/backend.cc): the
   // emulated GPU runs on the calling thread, and OpenBLAS's workers would spin between calls on
-  // cores other processes need (ctest -j2, the ranks of an MPI test).
+  // cores other processes need (ctest -j2, the ranks of an MPI test). (With an OpenMP build of
+  // OpenBLAS this would also set the calling thread's OpenMP threads to 1; setup.sh installs the
+  // pthread one.)
   openblas_set_num_threads(1);
   *handle = new cublasLtContext;
   return CUBLAS_STATUS_SUCCESS;

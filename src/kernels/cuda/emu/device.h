@@ -91,7 +91,7 @@ int Lane();
 // A warp-wide gather (mma.sync's and ldmatrix's stand-in): every lane of the warp, all 32 running,
 // gives `bytes` (at most kWarpSlotBytes) of value; WarpGatherBegin returns when all have, with
 // the gather's slots: lane l's value at slots + l * kWarpSlotBytes, unchanged until the lane's
-// next warp operation (a lane reads only the lanes it needs; nothing is copied for it).
+// next warp operation (a lane reads only the lanes it needs, not a copy of all 32).
 // WarpGather<T>(mine, use) calls use(at) on them, at(l) being lane l's T.
 constexpr size_t kWarpSlotBytes = 64;
 const unsigned char* WarpGatherBegin(const void* value, size_t bytes);

@@ -94,9 +94,10 @@ __global__ void SplitBarrierKernel(float* out) {
   }
 }
 
-// A tensor-core product (mma.sync: the whole warp together) after lane 5 has returned.
-__global__ void PartialWarpMmaKernel(float* out) {
-  if (threadIdx.x % 32 == 5) return;
+// A tensor-core product (mma.sync: the whole warp together) after lane `gone` has returned, or
+// while it returns (lane 31 of block 0: lanes run in order, so 0-30 already wait).
+__global__ void PartialWarpMmaKernel(float* out, int gone) {
+  if (threadIdx.x % 32 == unsigned(gone)) return;
   float d[4] = {};
   const uint32_t a[4] = {}, b[2] = {};
   MmaBf16(d, a, b);
@@ -120,9 +121,11 @@ TEST(CudaEmulator, WhatHangsAGpuFailsTheLaunch) {
   std::string e = ErrorOf([&] { ATL_LAUNCH(MissingLaneKernel, 1, 64, out.data()); });
   EXPECT_NE(e.find("MissingLaneKernel"), std::string::npos) << e;
   EXPECT_NE(e.find("reads lane 0, which has returned"), std::string::npos) << e;
-  e = ErrorOf([&] { ATL_LAUNCH(PartialWarpMmaKernel, 1, 64, out.data()); });
-  EXPECT_NE(e.find("PartialWarpMmaKernel"), std::string::npos) << e;
-  EXPECT_NE(e.find("the hardware needs the whole warp"), std::string::npos) << e;
+  for (const int gone : {5, 31}) {
+    e = ErrorOf([&] { ATL_LAUNCH(PartialWarpMmaKernel, 1, 64, out.data(), gone); });
+    EXPECT_NE(e.find("PartialWarpMmaKernel"), std::string::npos) << e;
+    EXPECT_NE(e.find("the hardware needs the whole warp"), std::string::npos) << e;
+  }
   e = ErrorOf([&] { ATL_LAUNCH(MixedWarpOpsKernel, 1, 64, out.data()); });
   EXPECT_NE(e.find("MixedWarpOpsKernel"), std::string::npos) << e;
   EXPECT_NE(e.find("different warp operations"), std::string::npos) << e;

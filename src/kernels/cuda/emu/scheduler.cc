@@ -166,17 +166,27 @@ struct Thread {
   }
 };
 
+constexpr const char* kGatherOp = "a tensor-core product";
+
 struct Warp {
   unsigned live = 0;         // lanes present and not returned
   unsigned mask = 0;         // of the barrier being gathered
-  const char* op = nullptr;  // and its kind: a shuffle's exchange, a product's gather
+  const char* op = nullptr;  // and its kind: a shuffle's exchange, a gather (kGatherOp)
   int arrived = 0;
   uint64_t gen = 0;
-  unsigned char slot[32][kWarpSlotBytes] = {};  // a shuffle's
-  // WarpGatherBegin's, in turn: gather k in gathered[k % 2], which lanes read until their next
-  // warp operation; the barrier of gather k + 1 waits for every lane, so for its reads of k.
-  alignas(16) unsigned char gathered[2][32][kWarpSlotBytes] = {};
   uint64_t gathers = 0;  // gathers released
+  // The slots, written before they are read (not cleared for each block): a shuffle's, and
+  // WarpGatherBegin's in turn, gather k in gathered[k % 2], which lanes read until their next
+  // warp operation; the barrier of gather k + 1 waits for every lane, so for its reads of k.
+  unsigned char slot[32][kWarpSlotBytes];
+  unsigned char gathered[2][32][kWarpSlotBytes];
+  void Reset(unsigned lanes) {
+    live = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+    mask = 0;
+    op = nullptr;
+    arrived = 0;
+    gen = gathers = 0;
+  }
 };
 
 struct Block {
@@ -241,6 +251,11 @@ void Entry(void* arg) {
   Warp& w = b.warps[t->linear / 32];
   const unsigned bit = 1u << (t->linear % 32);
   w.live &= ~bit;
+  // Lanes waiting at a gather wait for the whole warp, which now never comes: on a GPU, a hang.
+  if (w.arrived > 0 && w.op == kGatherOp)
+    Fail(b, fmt::format("{} returned while the other lanes of its warp wait at a warp-wide "
+                        "operation (the hardware needs the whole warp)",
+                        Where(b)));
   // A shuffle waiting for this lane now waits only for the others.
   if (w.arrived > 0 && w.arrived == std::popcount(w.mask & w.live)) {
     w.arrived = 0;
@@ -269,8 +284,7 @@ bool RunBlock(Block& b) {
   }
   for (unsigned w = 0; w < b.warps.size(); ++w) {
     const unsigned lanes = std::min(32u, n - w * 32);
-    b.warps[w] = Warp{};
-    b.warps[w].live = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+    b.warps[w].Reset(lanes);
   }
   b.alive = n;
   b.sync_arrived = 0;
@@ -472,7 +486,7 @@ const unsigned char* WarpGatherBegin(const void* value, size_t bytes) {
   auto& slots = w.gathered[w.gathers % 2];
   std::memcpy(slots[lane], value, bytes);
   if (w.arrived + 1 == 32) ++w.gathers;  // this lane releases it
-  WarpBarrier(b, w, 0xffffffffu, "a tensor-core product");
+  WarpBarrier(b, w, 0xffffffffu, kGatherOp);
   return &slots[0][0];
 }
 
