@@ -21,6 +21,7 @@ set -euo pipefail
 MPIEXEC=${2:?usage: $0 ATOLL MPIEXEC [lowcomm|async|restarts]}
 PART=${3:-all}
 case $PART in lowcomm | async | restarts | all) ;; *) echo "unknown part: $PART" >&2 && exit 2 ;; esac
+runs() { [[ $PART == all || $PART == "$1" ]]; }  # whether this run has part $1
 source "$(dirname "$0")/../e2e_lib.sh"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 
@@ -44,7 +45,7 @@ expect_no_memory_events() {
   done
 }
 
-if [[ $PART == all || $PART == lowcomm ]]; then
+if runs lowcomm; then
   # 1. DiLoCo survives the death of site 0, whose duties move to site 1.
   rc=0
   "$ATOLL" launch "${W[@]}" --set world.strategy=diloco --set world.diloco.inner_steps=5 \
@@ -127,7 +128,7 @@ if [[ $PART == all || $PART == lowcomm ]]; then
   expect_no_memory_events d r s
 fi
 
-if [[ $PART == all || $PART == async ]]; then
+if runs async; then
   # 3. Async, then replay.
   rc=0
   "$ATOLL" launch "${W[@]}" --set world.strategy=async --set world.diloco.inner_steps=4 \
@@ -200,7 +201,7 @@ PY
   expect_no_memory_events a ar
 fi
 
-if [[ $PART == all || $PART == restarts ]]; then
+if runs restarts; then
   # 3c. Async with the coordinator killed (-9) after step 20 of site 1: launch starts it again; the
   # parameter server's state comes back from its snapshot and op log, no site exits, and the run
   # replays bitwise.

@@ -430,8 +430,8 @@ void AsyncWait(int pending) { Current().running->MakeCopies(size_t(std::max(pend
 namespace {
 
 // The barrier of the running lane's warp for `mask`: returns when every lane of the mask still
-// running has arrived.
-void WarpBarrier(Block& b, Warp& w, unsigned mask, const char* op) {
+// running has arrived; true in the lane whose arrival released it (before any other resumes).
+bool WarpBarrier(Block& b, Warp& w, unsigned mask, const char* op) {
   if (w.arrived == 0) {
     w.mask = mask;
     w.op = op;
@@ -447,9 +447,10 @@ void WarpBarrier(Block& b, Warp& w, unsigned mask, const char* op) {
     w.arrived = 0;
     ++w.gen;
     ++b.progress;
-    return;
+    return true;
   }
   while (w.gen == gen) Yield(b);
+  return false;
 }
 
 }  // namespace
@@ -485,8 +486,7 @@ const unsigned char* WarpGatherBegin(const void* value, size_t bytes) {
                         Where(b), w.live));
   auto& slots = w.gathered[w.gathers % 2];
   std::memcpy(slots[lane], value, bytes);
-  if (w.arrived + 1 == 32) ++w.gathers;  // this lane releases it
-  WarpBarrier(b, w, 0xffffffffu, kGatherOp);
+  if (WarpBarrier(b, w, 0xffffffffu, kGatherOp)) ++w.gathers;
   return &slots[0][0];
 }
 
