@@ -15,7 +15,8 @@
 namespace atl::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;  // a power of two, at least 64 (ChunkHashKernel's tree)
+static_assert(kThreads >= 64 && (kThreads & (kThreads - 1)) == 0);
 constexpr uint64_t kWordsPerThread = kHashChunkWords / kThreads;
 static_assert(kHashChunkWords % kThreads == 0);
 
@@ -43,12 +44,18 @@ __global__ void ChunkHashKernel(uint64_t* partial, const uint32_t* words, const 
   }
   tree[threadIdx.x] = h;
   __syncthreads();
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
+  for (int s = kThreads / 2; s >= 32; s >>= 1) {
     if (int(threadIdx.x) < s)
       tree[threadIdx.x] = HashCombine(tree[threadIdx.x], tree[threadIdx.x + s]);
     __syncthreads();
   }
-  if (threadIdx.x == 0) partial[c] = tree[0];
+  // The tree's last 5 levels in warp 0, by shuffles: lane t takes lane t + s's value, as tree[t]
+  // took tree[t + s] (the lanes above s compute what nobody reads).
+  if (threadIdx.x < 32) {
+    uint64_t v = tree[threadIdx.x];
+    for (int s = 16; s > 0; s >>= 1) v = HashCombine(v, __shfl_down_sync(0xffffffffu, v, s));
+    if (threadIdx.x == 0) partial[c] = v;
+  }
 }
 
 // Thread r: range r's hash, its length's then its chunks' in order.

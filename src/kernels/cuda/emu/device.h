@@ -3,8 +3,9 @@
 // kernel and every op of the backend run, and be tested, on a machine without a GPU.
 //
 // Execution model, as the hardware's as far as a correct kernel can tell:
-//   - a launch runs its blocks one after another, and each block's threads as fibers (each its
-//     own stack) on the calling thread; a thread runs until it finishes or waits at a barrier;
+//   - a launch runs its blocks one after another, and each block's threads as fibers on the
+//     calling thread; a thread runs until it finishes or waits at a barrier (a thread that waits
+//     has a stack of its own; one that starts after a thread that returned runs on its stack);
 //   - __syncthreads releases the block when every thread still running has arrived (threads that
 //     returned count as arrived, as on Volta and later);
 //   - a warp shuffle is a barrier of the lanes of its mask still running, which then read each
@@ -65,7 +66,7 @@ struct Indices {
   uint3 thread, block;
   dim3 block_dim, grid_dim;
 };
-extern thread_local const Indices* current;
+extern constinit thread_local const Indices* current;
 
 // Runs body once per thread of the grid, as the file's comment says. pointers[i] is the kernel's
 // argument i when that is a pointer (null otherwise): each must be null or device memory (a host
@@ -123,6 +124,11 @@ void AsyncWait(int pending);
 void VectorAccess(const void* p, size_t bytes);
 // The vector accesses so far, by the process (for tests: which path a kernel took).
 uint64_t VectorAccesses();
+
+// The threads so far, by the process, that ran on a fiber of their own (for tests): a block's
+// first thread, and each that starts right after the thread that ran before it waited at a
+// barrier; a thread that starts right after one that returned runs on its stack, no switch.
+uint64_t FibersStarted();
 
 // Whether [p, p + bytes) lies in one live allocation of device memory.
 bool IsDevice(const void* p, size_t bytes = 1);

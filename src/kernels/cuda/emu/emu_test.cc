@@ -30,7 +30,7 @@ std::string ErrorOf(F fn) {
 
 // out[t] = in[n - 1 - t] through shared memory: right only if the barrier waits for every write.
 __global__ void ReverseKernel(float* out, const float* in) {
-  __shared__ float s[256];
+  __shared__ float s[1024];
   const unsigned t = threadIdx.x, n = blockDim.x;
   s[t] = in[blockIdx.x * n + t];
   __syncthreads();
@@ -412,6 +412,73 @@ TEST(CudaEmulator, WarpsDriftApartBetweenBarriers) {
   DeviceArray<int> seen(2);
   ATL_LAUNCH(DriftKernel, 2, 64, seen.data());
   EXPECT_EQ(ToHost(seen), (std::vector<int>{1, 0}));
+}
+
+// Block b's log (129 ints from log + 129 b: a count, then entries): each thread's index as it
+// starts and, for the two in three that wait at the barrier (the others return, which counts
+// as arriving), 100 + its index as it goes on. A GPU promises no order; the emulator's is
+// device.h's, which this pins.
+__global__ void OrderKernel(int* log) {
+  int* at = log + 129 * blockIdx.x;
+  const int t = int(threadIdx.x);
+  at[1 + at[0]++] = t;
+  if (t % 3 == 0) return;
+  __syncthreads();
+  at[1 + at[0]++] = 100 + t;
+}
+
+TEST(CudaEmulator, ThreadsRunInTheDocumentedOrder) {
+  DeviceArray<int> log(2 * 129);
+  Zero(log.data(), 2 * 129 * sizeof(int));
+  const uint64_t before = ::atl::cuda_emu::FibersStarted();
+  ATL_LAUNCH(OrderKernel, 2, 64, log.data());
+  const uint64_t fibers = ::atl::cuda_emu::FibersStarted() - before;
+  const auto got = ToHost(log);
+  // Even blocks: threads 0-63 start in turn; when the last arrives (63 returns), warp 1, the one
+  // running, goes on first (32-62), then warp 0 in the block's next round. Odd blocks: the same
+  // in reverse.
+  std::vector<int> even, odd;
+  for (int t = 0; t < 64; ++t) even.push_back(t);
+  for (int t = 32; t < 64; ++t)
+    if (t % 3 != 0) even.push_back(100 + t);
+  for (int t = 0; t < 32; ++t)
+    if (t % 3 != 0) even.push_back(100 + t);
+  for (int t = 63; t >= 0; --t) odd.push_back(t);
+  for (int t = 31; t >= 0; --t)
+    if (t % 3 != 0) odd.push_back(100 + t);
+  for (int t = 63; t >= 32; --t)
+    if (t % 3 != 0) odd.push_back(100 + t);
+  for (int b = 0; b < 2; ++b) {
+    const auto& want = b == 0 ? even : odd;
+    ASSERT_EQ(got[129 * b], int(want.size())) << b;
+    EXPECT_EQ(std::vector<int>(got.begin() + 129 * b + 1, got.begin() + 129 * b + 1 + want.size()),
+              want)
+        << b;
+  }
+  // A thread has a fiber of its own where the one before it waited: the first of the block, and
+  // the one after each of the 42 that wait (43 a block).
+  int own = 2;  // each block's first
+  for (int t = 1; t < 64; ++t) own += (t - 1) % 3 != 0 ? 1 : 0;  // even: after t - 1
+  for (int t = 62; t >= 0; --t) own += (t + 1) % 3 != 0 ? 1 : 0;  // odd: after t + 1
+  EXPECT_EQ(fibers, uint64_t(own));
+  // A kernel that never waits: one fiber a block, however many threads.
+  std::vector<float> in(1000, 3.0f);
+  auto din = ToDevice(in);
+  DeviceArray<float> dout(1000);
+  const uint64_t copy_before = ::atl::cuda_emu::FibersStarted();
+  ATL_LAUNCH(CopyKernel, 4, 256, dout.data(), din.data(), 1000);
+  EXPECT_EQ(::atl::cuda_emu::FibersStarted() - copy_before, 4u);
+  EXPECT_EQ(ToHost(dout), in);
+  // Every thread of a 1024-thread block waiting at once: 1024 stacks.
+  std::vector<float> big(1024);
+  std::iota(big.begin(), big.end(), 0.0f);
+  auto dbig = ToDevice(big);
+  DeviceArray<float> rev(1024);
+  const uint64_t rev_before = ::atl::cuda_emu::FibersStarted();
+  ATL_LAUNCH(ReverseKernel, 1, 1024, rev.data(), dbig.data());
+  EXPECT_EQ(::atl::cuda_emu::FibersStarted() - rev_before, 1024u);
+  const auto r = ToHost(rev);
+  for (int t = 0; t < 1024; ++t) ASSERT_EQ(r[t], big[1023 - t]) << t;
 }
 
 }  // namespace

@@ -24,7 +24,7 @@
 
 namespace atl::cuda_emu {
 
-thread_local const Indices* current = nullptr;
+constinit thread_local const Indices* current = nullptr;
 
 namespace {
 
@@ -149,9 +149,9 @@ struct PendingCopy {
 
 struct Thread {
   Indices idx{};
-  Context ctx;
+  Context ctx;  // where it resumes: set by StartFiber, and each time it waits
   unsigned linear = 0;
-  bool done = false;
+  bool started = false, done = false;
   std::vector<PendingCopy> open;                // not yet committed
   std::deque<std::vector<PendingCopy>> groups;  // committed, oldest first
   void Commit() {                               // the open copies become the newest group
@@ -189,13 +189,25 @@ struct Warp {
   }
 };
 
+// Where the block's schedule is (RunBlock's order, kept as state so that a fiber can take the
+// next thread itself): warp wk of the round, lane k of the pass; a pass repeats while it moves its
+// warp on, a round while it moves the block on.
+struct Cursor {
+  unsigned wk = 0, k = 0;
+  uint64_t warp_gen = 0, pass = 0, round = 0;  // the warp's gen and the progress at their starts
+};
+
 struct Block {
   const char* kernel = nullptr;
   const std::function<void()>* body = nullptr;
   std::vector<Thread> threads;
   std::vector<Warp> warps;
   Context scheduler;
+  Context finished;  // where a fiber whose thread returned saves itself as it leaves for good
   Thread* running = nullptr;
+  Cursor at;
+  bool reverse = false;              // the block's threads and warps in reverse order
+  std::vector<unsigned> free_stacks;  // StackOf's, not held by a started thread
   unsigned alive = 0;
   unsigned sync_arrived = 0;
   uint64_t sync_gen = 0;
@@ -210,12 +222,32 @@ Block& Current() {
   return *g_block;
 }
 
-void Yield(Block& b) { Switch(&b.running->ctx, &b.scheduler); }
+Thread* Next(Block& b);
+void Resume(Block& b, Thread& t, Context* from);
+void StartFiber(Block& b, Thread& t);
+
+// The running thread waits (at a barrier, whose condition its caller checks again on return):
+// the next thread runs, switched to directly (started on a fiber of its own if it has not
+// started), or none (a deadlock) and the scheduler ends the launch. No switch when the next is
+// this thread.
+void Yield(Block& b) {
+  Thread& self = *b.running;
+  Thread* next = Next(b);
+  if (next == &self) return;
+  if (next == nullptr) {
+    b.running = nullptr;
+    current = nullptr;
+    Switch(&self.ctx, &b.scheduler);
+    std::abort();  // never resumed
+  }
+  if (!next->started) StartFiber(b, *next);
+  Resume(b, *next, &self.ctx);
+}
 
 // Ends the launch with `message`: this fiber is abandoned (its stack is reused by the next block).
 [[noreturn]] void Fail(Block& b, const std::string& message) {
   if (b.error.empty()) b.error = message;
-  for (;;) Yield(b);
+  for (;;) Switch(&b.finished, &b.scheduler);
 }
 
 std::string Where(const Block& b) {
@@ -230,9 +262,9 @@ void ReleaseSync(Block& b) {
   ++b.progress;
 }
 
-void Entry(void* arg) {
-  auto* t = static_cast<Thread*>(arg);
-  Block& b = *g_block;
+// The thread's body, then what its return means to the block (a thread whose body throws, or
+// whose return hangs its warp, fails the launch: Fail does not return).
+void RunThread(Block& b, Thread& t) {
   std::string thrown;
   try {
     (*b.body)();
@@ -243,13 +275,15 @@ void Entry(void* arg) {
   }
   if (!thrown.empty()) Fail(b, fmt::format("{}: {}", Where(b), thrown));
   // The hardware finishes a returned thread's copies.
-  t->Commit();
-  t->MakeCopies(0);
-  t->done = true;
+  if (!t.open.empty() || !t.groups.empty()) {
+    t.Commit();
+    t.MakeCopies(0);
+  }
+  t.done = true;
   --b.alive;
   ++b.progress;
-  Warp& w = b.warps[t->linear / 32];
-  const unsigned bit = 1u << (t->linear % 32);
+  Warp& w = b.warps[t.linear / 32];
+  const unsigned bit = 1u << (t.linear % 32);
   w.live &= ~bit;
   // Lanes waiting at a gather wait for the whole warp, which now never comes: on a GPU, a hang.
   if (w.arrived > 0 && w.op == kGatherOp)
@@ -262,7 +296,79 @@ void Entry(void* arg) {
     ++w.gen;
   }
   if (b.sync_arrived > 0 && b.sync_arrived == b.alive) ReleaseSync(b);
-  for (;;) Yield(b);  // never resumed
+}
+
+// The next thread to run, in the order of the file's comment (device.h): a warp at a time, its
+// lanes in turn, the warp again while that moved it on (a lane released or returned), the next
+// warp; the block's round again while it moved the block on. Null when every thread has returned,
+// or when a round moved nothing (a deadlock: b.error says so).
+Thread* Next(Block& b) {
+  const unsigned n = unsigned(b.threads.size()), warps = unsigned(b.warps.size());
+  Cursor& c = b.at;
+  for (;;) {
+    if (b.alive == 0) return nullptr;
+    const unsigned w = b.reverse ? warps - 1 - c.wk : c.wk;
+    const unsigned lo = 32 * w, lanes = std::min(32u, n - lo);
+    while (c.k < lanes) {
+      Thread& t = b.threads[lo + (b.reverse ? lanes - 1 - c.k : c.k)];
+      ++c.k;
+      if (!t.done) return &t;
+    }
+    c.k = 0;
+    if (b.warps[w].gen == c.warp_gen && b.progress == c.pass) {  // the warp went as far as it goes
+      if (++c.wk == warps) {
+        if (b.progress == c.round) {
+          unsigned waiting = 0;
+          for (const Thread& t : b.threads) waiting += t.done ? 0 : 1;
+          b.error = fmt::format(
+              "kernel {} deadlocked in block ({},{},{}): {} threads wait at barriers that can "
+              "never be released (__syncthreads and a warp shuffle at once, or a shuffle whose "
+              "lanes took different paths)",
+              b.kernel, b.threads[0].idx.block.x, b.threads[0].idx.block.y,
+              b.threads[0].idx.block.z, waiting);
+          return nullptr;
+        }
+        c.wk = 0;
+        c.round = b.progress;
+      }
+    }
+    c.warp_gen = b.warps[b.reverse ? warps - 1 - c.wk : c.wk].gen;
+    c.pass = b.progress;
+  }
+}
+
+void Resume(Block& b, Thread& t, Context* from) {
+  b.running = &t;
+  current = &t.idx;
+  Switch(from, &t.ctx);
+}
+
+// A fiber: runs the thread it was started for, and after it returns, the threads that come next
+// and have not started, on the same stack and without a switch (a thread that never waits costs
+// no switch: most of an elementwise kernel's), until the next has started (it waits at a barrier,
+// on a stack of its own: resumed there) or there is none. A thread that waits keeps the fiber.
+void Fiber(void* stack_index) {
+  Block& b = *g_block;
+  Thread* next = nullptr;
+  for (;;) {
+    RunThread(b, *b.running);
+    next = Next(b);
+    if (next == nullptr || next->started) break;
+    next->started = true;
+    b.running = next;
+    current = &next->idx;
+  }
+  // This stack is free for the next fiber started: it is left for good, for the thread that
+  // waits on its own stack, or the scheduler when there is none (the block ended or deadlocked).
+  b.free_stacks.push_back(unsigned(reinterpret_cast<uintptr_t>(stack_index)));
+  if (next != nullptr) {
+    Resume(b, *next, &b.finished);
+  } else {
+    b.running = nullptr;
+    current = nullptr;
+    Switch(&b.finished, &b.scheduler);
+  }
+  std::abort();  // never resumed
 }
 
 bool ValidShape(dim3 grid, dim3 block) {
@@ -272,60 +378,47 @@ bool ValidShape(dim3 grid, dim3 block) {
          grid.x <= 0x7fffffffu && grid.y <= 65535 && grid.z <= 65535;
 }
 
-// Runs one block to the end; false (b.error says why) when it failed.
+std::atomic<uint64_t> fibers_started{0};
+
+// Starts t on a fiber with a free stack (Fiber), to be resumed.
+void StartFiber(Block& b, Thread& t) {
+  fibers_started.fetch_add(1, std::memory_order_relaxed);
+  t.started = true;
+  const unsigned stack = b.free_stacks.back();
+  b.free_stacks.pop_back();
+  Start(&t.ctx, StackOf(stack), kStackBytes, &Fiber, reinterpret_cast<void*>(uintptr_t(stack)));
+}
+
+// Runs one block to the end; false (b.error says why) when it failed. The threads switch to each
+// other (Yield, Fiber); the scheduler is switched back to when the block has ended, failed or
+// deadlocked.
 bool RunBlock(Block& b) {
   const unsigned n = unsigned(b.threads.size());
-  for (unsigned i = 0; i < n; ++i) {
-    Thread& t = b.threads[i];
-    t.done = false;
+  for (Thread& t : b.threads) {
+    t.started = t.done = false;
     t.open.clear();
     t.groups.clear();
-    Start(&t.ctx, StackOf(i), kStackBytes, &Entry, &t);
   }
   for (unsigned w = 0; w < b.warps.size(); ++w) {
     const unsigned lanes = std::min(32u, n - w * 32);
     b.warps[w].Reset(lanes);
   }
+  b.free_stacks.clear();
+  for (unsigned i = n; i-- > 0;) b.free_stacks.push_back(i);  // stack 0 first
   b.alive = n;
   b.sync_arrived = 0;
   const Indices& first = b.threads[0].idx;
-  const bool reverse = (first.block.x + first.block.y + first.block.z) % 2 == 1;
-  const unsigned warps = unsigned(b.warps.size());
-  while (b.alive > 0) {
-    const uint64_t before = b.progress;
-    // A warp at a time, as far as it goes (until each of its lanes waits at __syncthreads or
-    // has returned): warps drift apart between the block's barriers as they may on a GPU.
-    for (unsigned wk = 0; wk < warps; ++wk) {
-      const unsigned w = reverse ? warps - 1 - wk : wk;
-      const unsigned lo = 32 * w, lanes = std::min(32u, n - lo);
-      for (;;) {
-        const uint64_t warp_gen = b.warps[w].gen, progress = b.progress;
-        for (unsigned k = 0; k < lanes; ++k) {
-          Thread& t = b.threads[lo + (reverse ? lanes - 1 - k : k)];
-          if (t.done) continue;
-          b.running = &t;
-          current = &t.idx;
-          Switch(&b.scheduler, &t.ctx);
-          b.running = nullptr;
-          current = nullptr;
-          if (!b.error.empty()) return false;
-        }
-        if (b.warps[w].gen == warp_gen && b.progress == progress) break;
-      }
-    }
-    if (b.progress == before) {
-      unsigned waiting = 0;
-      for (const Thread& t : b.threads) waiting += t.done ? 0 : 1;
-      b.error = fmt::format(
-          "kernel {} deadlocked in block ({},{},{}): {} threads wait at barriers that can never "
-          "be released (__syncthreads and a warp shuffle at once, or a shuffle whose lanes took "
-          "different paths)",
-          b.kernel, b.threads[0].idx.block.x, b.threads[0].idx.block.y, b.threads[0].idx.block.z,
-          waiting);
-      return false;
-    }
-  }
-  return true;
+  b.reverse = (first.block.x + first.block.y + first.block.z) % 2 == 1;
+  b.at = Cursor{};
+  b.at.warp_gen = b.warps[b.reverse ? b.warps.size() - 1 : 0].gen;
+  b.at.pass = b.at.round = b.progress;
+  Thread* t = Next(b);
+  StartFiber(b, *t);
+  Resume(b, *t, &b.scheduler);
+  b.running = nullptr;
+  current = nullptr;
+  if (b.error.empty() && b.alive > 0) b.error = "CUDA emulator: a block's scheduler resumed early";
+  return b.error.empty();
 }
 
 }  // namespace
@@ -400,6 +493,8 @@ void VectorAccess(const void* p, size_t bytes) {
 }
 
 uint64_t VectorAccesses() { return vector_accesses.load(std::memory_order_relaxed); }
+
+uint64_t FibersStarted() { return fibers_started.load(std::memory_order_relaxed); }
 
 void AsyncCopy(void* dst, const void* src, size_t bytes, size_t src_bytes) {
   Block& b = Current();
