@@ -167,18 +167,26 @@ struct Thread {
 };
 
 constexpr const char* kGatherOp = "a tensor-core product";
+constexpr const char* kShuffleOp = "a shuffle";
 
 struct Warp {
   unsigned live = 0;         // lanes present and not returned
   unsigned mask = 0;         // of the barrier being gathered
-  const char* op = nullptr;  // and its kind: a shuffle's exchange, a gather (kGatherOp)
+  const char* op = nullptr;  // and its kind: kShuffleOp, kGatherOp
   int arrived = 0;
   uint64_t gen = 0;
   uint64_t gathers = 0;  // gathers released
-  // The slots, written before they are read (not cleared for each block): a shuffle's, and
+  // The slots, written before they are read (not cleared for each block): a shuffle's, with
+  // what each lane reads (delivered by the lane that releases the barrier: Release), and
   // WarpGatherBegin's in turn, gather k in gathered[k % 2], which lanes read until their next
   // warp operation; the barrier of gather k + 1 waits for every lane, so for its reads of k.
+  struct Read {
+    void* out;
+    size_t bytes;
+    int src;
+  };
   unsigned char slot[32][kWarpSlotBytes];
+  Read reads[32];
   unsigned char gathered[2][32][kWarpSlotBytes];
   void Reset(unsigned lanes) {
     live = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
@@ -250,10 +258,31 @@ void Yield(Block& b) {
   for (;;) Switch(&b.finished, &b.scheduler);
 }
 
-std::string Where(const Block& b) {
-  const Indices& i = b.running->idx;
+std::string Where(const Block& b, const Thread& t) {
+  const Indices& i = t.idx;
   return fmt::format("kernel {}, block ({},{},{}), thread ({},{},{})", b.kernel, i.block.x,
                      i.block.y, i.block.z, i.thread.x, i.thread.y, i.thread.z);
+}
+std::string Where(const Block& b) { return Where(b, *b.running); }
+
+// Releases warp w's barrier, every lane of its mask still running having arrived. A shuffle's
+// lanes get what they read now, all written and none yet resumed: no second barrier for the
+// reads (a lane writes its slot again only after it has resumed).
+void Release(Block& b, Warp& w) {
+  if (w.op == kShuffleOp) {
+    const unsigned base = unsigned(&w - b.warps.data()) * 32;
+    for (unsigned lanes = w.mask & w.live; lanes != 0; lanes &= lanes - 1) {
+      const int lane = std::countr_zero(lanes);
+      const Warp::Read& r = w.reads[lane];
+      if ((w.live >> r.src & 1u) == 0)
+        Fail(b, fmt::format("{} reads lane {}, which has returned or does not exist: undefined "
+                            "on a GPU",
+                            Where(b, b.threads[base + unsigned(lane)]), r.src));
+      std::memcpy(r.out, w.slot[r.src], r.bytes);
+    }
+  }
+  w.arrived = 0;
+  ++w.gen;
 }
 
 void ReleaseSync(Block& b) {
@@ -291,10 +320,7 @@ void RunThread(Block& b, Thread& t) {
                         "operation (the hardware needs the whole warp)",
                         Where(b)));
   // A shuffle waiting for this lane now waits only for the others.
-  if (w.arrived > 0 && w.arrived == std::popcount(w.mask & w.live)) {
-    w.arrived = 0;
-    ++w.gen;
-  }
+  if (w.arrived > 0 && w.arrived == std::popcount(w.mask & w.live)) Release(b, w);
   if (b.sync_arrived > 0 && b.sync_arrived == b.alive) ReleaseSync(b);
 }
 
@@ -539,8 +565,7 @@ bool WarpBarrier(Block& b, Warp& w, unsigned mask, const char* op) {
   }
   const uint64_t gen = w.gen;
   if (++w.arrived == std::popcount(mask & w.live)) {
-    w.arrived = 0;
-    ++w.gen;
+    Release(b, w);
     ++b.progress;
     return true;
   }
@@ -559,13 +584,8 @@ void WarpExchange(unsigned mask, const void* value, void* out, size_t bytes, int
   if (src < 0 || src >= 32 || (mask >> src & 1u) == 0)
     Fail(b, fmt::format("{} reads lane {}, outside the shuffle's mask {:#x}", Where(b), src, mask));
   std::memcpy(w.slot[lane], value, bytes);
-  WarpBarrier(b, w, mask, "a shuffle");  // every lane still running has written
-  if ((w.live >> src & 1u) == 0)
-    Fail(b,
-         fmt::format("{} reads lane {}, which has returned or does not exist: undefined on a GPU",
-                     Where(b), src));
-  std::memcpy(out, w.slot[src], bytes);
-  WarpBarrier(b, w, mask, "a shuffle");  // every lane has read
+  w.reads[lane] = {out, bytes, src};
+  WarpBarrier(b, w, mask, kShuffleOp);  // *out written when it returns (Release)
 }
 
 const unsigned char* WarpGatherBegin(const void* value, size_t bytes) {
