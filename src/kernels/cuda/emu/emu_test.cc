@@ -457,9 +457,10 @@ TEST(CudaEmulator, ThreadsRunInTheDocumentedOrder) {
   }
   // A thread has a fiber of its own where the one before it waited: the first of the block, and
   // the one after each of the 42 that wait (43 a block).
-  int own = 2;  // each block's first
-  for (int t = 1; t < 64; ++t) own += (t - 1) % 3 != 0 ? 1 : 0;  // even: after t - 1
-  for (int t = 62; t >= 0; --t) own += (t + 1) % 3 != 0 ? 1 : 0;  // odd: after t + 1
+  // Each block's first; in even blocks thread t after t - 1, in odd ones after t + 1.
+  int own = 2;
+  for (int t = 1; t < 64; ++t) own += (t - 1) % 3 != 0 ? 1 : 0;
+  for (int t = 62; t >= 0; --t) own += (t + 1) % 3 != 0 ? 1 : 0;
   EXPECT_EQ(fibers, uint64_t(own));
   // A kernel that never waits: one fiber a block, however many threads.
   std::vector<float> in(1000, 3.0f);

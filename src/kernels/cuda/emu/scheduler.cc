@@ -176,9 +176,9 @@ struct Warp {
   int arrived = 0;
   uint64_t gen = 0;
   uint64_t gathers = 0;  // gathers released
-  // The slots, written before they are read (not cleared for each block): a shuffle's, with
-  // what each lane reads (delivered by the lane that releases the barrier: Release), and
-  // WarpGatherBegin's in turn, gather k in gathered[k % 2], which lanes read until their next
+  // The slots, written before they are read (not cleared for each block). A shuffle's: each
+  // lane's value and what it reads, delivered by the lane that releases the barrier (Release).
+  // WarpGatherBegin's in turn: gather k in gathered[k % 2], which lanes read until their next
   // warp operation; the barrier of gather k + 1 waits for every lane, so for its reads of k.
   struct Read {
     void* out;
@@ -214,7 +214,7 @@ struct Block {
   Context finished;  // where a fiber whose thread returned saves itself as it leaves for good
   Thread* running = nullptr;
   Cursor at;
-  bool reverse = false;              // the block's threads and warps in reverse order
+  bool reverse = false;               // the block's threads and warps in reverse order
   std::vector<unsigned> free_stacks;  // StackOf's, not held by a started thread
   unsigned alive = 0;
   unsigned sync_arrived = 0;
@@ -291,8 +291,10 @@ void ReleaseSync(Block& b) {
   ++b.progress;
 }
 
-// The thread's body, then what its return means to the block (a thread whose body throws, or
-// whose return hangs its warp, fails the launch: Fail does not return).
+// The thread's body, then what its return means to the block: it may release a barrier (and
+// deliver a shuffle's reads). A thread whose body throws fails the launch, as does its return
+// where it hangs its warp or completes a shuffle that reads a returned lane (Fail does not
+// return).
 void RunThread(Block& b, Thread& t) {
   std::string thrown;
   try {
@@ -319,7 +321,7 @@ void RunThread(Block& b, Thread& t) {
     Fail(b, fmt::format("{} returned while the other lanes of its warp wait at a warp-wide "
                         "operation (the hardware needs the whole warp)",
                         Where(b)));
-  // A shuffle waiting for this lane now waits only for the others.
+  // A shuffle waiting for this lane now waits only for the others: released here if they are in.
   if (w.arrived > 0 && w.arrived == std::popcount(w.mask & w.live)) Release(b, w);
   if (b.sync_arrived > 0 && b.sync_arrived == b.alive) ReleaseSync(b);
 }
@@ -551,7 +553,8 @@ void AsyncWait(int pending) { Current().running->MakeCopies(size_t(std::max(pend
 namespace {
 
 // The barrier of the running lane's warp for `mask`: returns when every lane of the mask still
-// running has arrived; true in the lane whose arrival released it (before any other resumes).
+// running has arrived (a shuffle's reads delivered: Release); true in the lane whose arrival
+// released it (before any other resumes).
 bool WarpBarrier(Block& b, Warp& w, unsigned mask, const char* op) {
   if (w.arrived == 0) {
     w.mask = mask;
