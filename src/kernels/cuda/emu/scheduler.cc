@@ -110,6 +110,9 @@ struct Block {
   uint64_t sync_gen = 0;
   uint64_t progress = 0;  // threads returned, barriers released
   std::string error;
+  unsigned WarpAt(unsigned wk) const {  // the warp wk-th in the block's order
+    return reverse ? unsigned(warps.size()) - 1 - wk : wk;
+  }
 };
 thread_local Block* g_block = nullptr;
 
@@ -121,6 +124,7 @@ Block& Current() {
 
 Thread* Next(Block& b);
 void Resume(Block& b, Thread& t, Context* from);
+[[noreturn]] void BackToScheduler(Block& b, Context* from);
 void StartFiber(Block& b, Thread& t);
 
 // The running thread waits (at a barrier, whose condition its caller checks again on return):
@@ -131,12 +135,7 @@ void Yield(Block& b) {
   Thread& self = *b.running;
   Thread* next = Next(b);
   if (next == &self) return;
-  if (next == nullptr) {
-    b.running = nullptr;
-    current = nullptr;
-    Switch(&self.ctx, &b.scheduler);
-    std::abort();  // never resumed
-  }
+  if (next == nullptr) BackToScheduler(b, &self.ctx);
   if (!next->started) StartFiber(b, *next);
   Resume(b, *next, &self.ctx);
 }
@@ -144,7 +143,7 @@ void Yield(Block& b) {
 // Ends the launch with `message`: this fiber is abandoned (its stack is reused by the next block).
 [[noreturn]] void Fail(Block& b, const std::string& message) {
   if (b.error.empty()) b.error = message;
-  for (;;) Switch(&b.finished, &b.scheduler);
+  BackToScheduler(b, &b.finished);
 }
 
 std::string Where(const Block& b, const Thread& t) {
@@ -156,8 +155,10 @@ std::string Where(const Block& b) { return Where(b, *b.running); }
 
 // Releases warp w's barrier, every lane of its mask still running having arrived. A shuffle's
 // lanes get what they read now, all written and none yet resumed: no second barrier for the
-// reads (a lane writes its slot again only after it has resumed).
+// reads (a lane writes its slot again only after it has resumed). A gather's release moves
+// the next gather to the other set of slots (WarpGatherBegin).
 void Release(Block& b, Warp& w) {
+  if (w.op == kGatherOp) ++w.gathers;
   if (w.op == kShuffleOp) {
     const unsigned base = unsigned(&w - b.warps.data()) * 32;
     for (unsigned lanes = w.mask & w.live; lanes != 0; lanes &= lanes - 1) {
@@ -215,6 +216,12 @@ void RunThread(Block& b, Thread& t) {
   if (b.sync_arrived > 0 && b.sync_arrived == b.alive) ReleaseSync(b);
 }
 
+// The cursor's pass over its warp starts: what the pass is measured against.
+void BeginPass(Block& b) {
+  b.at.warp_gen = b.warps[b.WarpAt(b.at.wk)].gen;
+  b.at.pass = b.progress;
+}
+
 // The next thread to run, in the order of the file's comment (device.h): a warp at a time, its
 // lanes in turn, the warp again while that moved it on (a lane released or returned), the next
 // warp; the block's round again while it moved the block on. Null when every thread has returned,
@@ -224,7 +231,7 @@ Thread* Next(Block& b) {
   Cursor& c = b.at;
   for (;;) {
     if (b.alive == 0) return nullptr;
-    const unsigned w = b.reverse ? warps - 1 - c.wk : c.wk;
+    const unsigned w = b.WarpAt(c.wk);
     const unsigned lo = 32 * w, lanes = std::min(32u, n - lo);
     while (c.k < lanes) {
       Thread& t = b.threads[lo + (b.reverse ? lanes - 1 - c.k : c.k)];
@@ -249,15 +256,27 @@ Thread* Next(Block& b) {
         c.round = b.progress;
       }
     }
-    c.warp_gen = b.warps[b.reverse ? warps - 1 - c.wk : c.wk].gen;
-    c.pass = b.progress;
+    BeginPass(b);
   }
 }
 
+// The running thread, as device functions see it (null: none).
+void SetRunning(Block& b, Thread* t) {
+  b.running = t;
+  current = t == nullptr ? nullptr : &t->idx;
+}
+
 void Resume(Block& b, Thread& t, Context* from) {
-  b.running = &t;
-  current = &t.idx;
+  SetRunning(b, &t);
   Switch(from, &t.ctx);
+}
+
+// Leaves the running fiber for good (its context saved in *from, never resumed): the block has
+// ended, failed or deadlocked.
+[[noreturn]] void BackToScheduler(Block& b, Context* from) {
+  SetRunning(b, nullptr);
+  Switch(from, &b.scheduler);
+  std::abort();
 }
 
 // A fiber: runs the thread it was started for, and after it returns, the threads that come next
@@ -272,19 +291,13 @@ void Fiber(void* stack_index) {
     next = Next(b);
     if (next == nullptr || next->started) break;
     next->started = true;
-    b.running = next;
-    current = &next->idx;
+    SetRunning(b, next);
   }
   // This stack is free for the next fiber started: it is left for good, for the thread that
   // waits on its own stack, or the scheduler when there is none (the block ended or deadlocked).
   b.free_stacks.push_back(unsigned(reinterpret_cast<uintptr_t>(stack_index)));
-  if (next != nullptr) {
-    Resume(b, *next, &b.finished);
-  } else {
-    b.running = nullptr;
-    current = nullptr;
-    Switch(&b.finished, &b.scheduler);
-  }
+  if (next == nullptr) BackToScheduler(b, &b.finished);
+  Resume(b, *next, &b.finished);
   std::abort();  // never resumed
 }
 
@@ -327,13 +340,12 @@ bool RunBlock(Block& b) {
   const Indices& first = b.threads[0].idx;
   b.reverse = (first.block.x + first.block.y + first.block.z) % 2 == 1;
   b.at = Cursor{};
-  b.at.warp_gen = b.warps[b.reverse ? b.warps.size() - 1 : 0].gen;
-  b.at.pass = b.at.round = b.progress;
+  b.at.round = b.progress;
+  BeginPass(b);
   Thread* t = Next(b);
   StartFiber(b, *t);
   Resume(b, *t, &b.scheduler);
-  b.running = nullptr;
-  current = nullptr;
+  SetRunning(b, nullptr);
   if (b.error.empty() && b.alive > 0) b.error = "CUDA emulator: a block's scheduler resumed early";
   return b.error.empty();
 }
@@ -442,9 +454,8 @@ void AsyncWait(int pending) { Current().running->MakeCopies(size_t(std::max(pend
 namespace {
 
 // The barrier of the running lane's warp for `mask`: returns when every lane of the mask still
-// running has arrived (a shuffle's reads delivered: Release); true in the lane whose arrival
-// released it (before any other resumes).
-bool WarpBarrier(Block& b, Warp& w, unsigned mask, const char* op) {
+// running has arrived (and Release has run).
+void WarpBarrier(Block& b, Warp& w, unsigned mask, const char* op) {
   if (w.arrived == 0) {
     w.mask = mask;
     w.op = op;
@@ -459,10 +470,9 @@ bool WarpBarrier(Block& b, Warp& w, unsigned mask, const char* op) {
   if (++w.arrived == std::popcount(mask & w.live)) {
     Release(b, w);
     ++b.progress;
-    return true;
+    return;
   }
   while (w.gen == gen) Yield(b);
-  return false;
 }
 
 }  // namespace
@@ -493,7 +503,7 @@ const unsigned char* WarpGatherBegin(const void* value, size_t bytes) {
                         Where(b), w.live));
   auto& slots = w.gathered[w.gathers % 2];
   std::memcpy(slots[lane], value, bytes);
-  if (WarpBarrier(b, w, 0xffffffffu, kGatherOp)) ++w.gathers;
+  WarpBarrier(b, w, 0xffffffffu, kGatherOp);
   return &slots[0][0];
 }
 
