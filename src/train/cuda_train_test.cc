@@ -325,6 +325,7 @@ TEST_F(CudaTrainTest, Bf16AttentionRowsAutoOrFixedGiveTheSameBits) {
   }
 }
 
+#if ATOLL_HAVE_CUDA  // kernels::cuda's counts and probe
 // bf16 copies (GPT::set_bf16_copies): a forward and backward give the same loss and gradients,
 // bit for bit, with them as without, and round fewer elements: each block's four product inputs
 // (ln1, atty, ln2, fch_gelu: N (2 C + C / tp + 4 C / tp)) and lnf's (N C), once in the forward
@@ -463,6 +464,7 @@ TEST(CudaModel, Bf16CopiesChangeNoBitAndRoundLess) {
   }
   EXPECT_EQ(std::memcmp(trained[0].data(), trained[1].data(), trained[0].size() * 4), 0);
 }
+#endif
 
 // Under bf16 products the GPU keeps the logits in bf16 alone (kernels/cuda/ops.h
 // ClassifierForward): logits() gives them widened (each a bf16), near the float products' logits;
