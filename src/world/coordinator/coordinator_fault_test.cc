@@ -1,9 +1,12 @@
 // The coordinator when things go wrong, on purpose: sites that stop beating (declared dead
-// after the configured beats, and never falsely while the disk is slow), a disk that fills up
-// (no torn record, the coordinator stops and resumes cleanly), a dead site that must rejoin, a
-// stale retried Round, replies that must never reveal what the log could still lose, votes
-// across a restart, and a new process rejoining at the round it names.
+// after the configured beats, and never falsely while the disk is slow or the coordinator itself
+// is stopped), a disk that fills up (no torn record, the coordinator stops and resumes cleanly),
+// a dead site that must rejoin, a stale retried Round, replies that must never reveal what the
+// log could still lose, votes across a restart, and a new process rejoining at the round it
+// names.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -28,6 +31,7 @@
 #include "world/coordinator/test_fixture.h"
 #include "world/proto/coordinator.grpc.pb.h"
 #include "world/ps.h"
+#include "world/transport/test_world.h"
 
 namespace atl {
 namespace {
@@ -132,6 +136,55 @@ TEST_F(CoordinatorTest, ASlowLogDeclaresNoFalseDeaths) {
   ASSERT_GE(waited, 0) << "site 2 was never declared dead";
   EXPECT_LE(waited, 3 * hb + 1.5);
   EXPECT_EQ(coord->membership().live(), 2);
+}
+
+// The coordinator's own process stopped (SIGSTOP; as a VM losing its CPU, or a debugger) for
+// three dead-site times while both sites beat on: when it runs again it heard none of their
+// beats, but that silence is its own, so no site is declared dead (it counts silence again from
+// when it resumed). A site that really stops afterwards is still declared dead in time.
+TEST_F(CoordinatorTest, ACoordinatorStoppedForAWhileDeclaresNoSiteDeadForIt) {
+  const double dead_s = kDeadAfterBeats * kHeartbeat;
+  testing_wan::Pipe from_child;
+  const pid_t pid = ::fork();  // before this process starts any gRPC thread
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto coord = StartCoordinator(2);
+    if (coord == nullptr) ::_exit(10);
+    from_child.Write(coord->address());
+    for (;;) ::pause();
+  }
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reap{pid};
+  const std::string address = from_child.Read();
+  ASSERT_FALSE(address.empty()) << "the coordinator did not start";
+  std::vector<std::unique_ptr<CoordinatorClient>> clients;
+  for (int i = 0; i < 2; ++i) clients.push_back(Client(ClientOptions(address, i, 60)));
+  const int64_t epoch = RegisterAll(clients)[0].epoch;
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  std::this_thread::sleep_for(std::chrono::duration<double>(3 * dead_s));
+  ASSERT_EQ(::kill(pid, SIGCONT), 0);
+  // Three dead-site times more: a death declared for the pause would be known by then.
+  std::this_thread::sleep_for(std::chrono::duration<double>(3 * dead_s));
+  auto m = clients[0]->Peek();
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->epoch, epoch) << Show(*m);
+  EXPECT_EQ(m->live(), 2) << Show(*m);
+  EXPECT_EQ(LogText().find("\"death\""), std::string::npos) << LogText();
+  clients[1].reset();  // stops beating without leaving: a crash
+  const double t_kill = NowSeconds();
+  for (;;) {
+    m = clients[0]->Peek();
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    if (!m->sites[1].alive) break;
+    ASSERT_LT(NowSeconds() - t_kill, dead_s + 10) << "site 1 was never declared dead";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(m->epoch, epoch + 1);
 }
 
 // The disk fills up while site 1 registers: its register record is written half-way. The

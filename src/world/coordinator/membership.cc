@@ -302,7 +302,7 @@ void MembershipState::ReachRound(int site, int64_t round, const std::optional<Ro
 }
 
 void MembershipState::GraceAll(double until) {
-  for (Site& s : sites_) s.last_heartbeat = until;
+  for (Site& s : sites_) s.last_heartbeat = std::max(s.last_heartbeat, until);
 }
 
 Membership MembershipState::Current() const {

@@ -106,7 +106,8 @@ class MembershipState {
   // The site has reached `round` and casts `vote` there; a round below the site's (a stale retry)
   // changes nothing.
   void ReachRound(int site, int64_t round, const std::optional<RoundVote>& vote);
-  // Every live site's last heartbeat is set to `until` (a restart's grace).
+  // Every site's last heartbeat moves up to `until` where it was earlier: a restart's grace (a
+  // time ahead), or silence counted again from `until` after the coordinator itself stalled.
   void GraceAll(double until);
 
   Membership Current() const;

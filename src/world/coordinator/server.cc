@@ -182,11 +182,25 @@ std::shared_ptr<const MembershipState> CoordinatorImpl::Published() const {
 void CoordinatorImpl::Monitor() {
   const auto period =
       std::max<Clock::duration>(milliseconds(5), SteadySeconds(options_.heartbeat_s / 20));
+  double last_look = NowSeconds();
   std::unique_lock<std::mutex> lk(mu_);
   while (!stopping_ && failure_.ok()) {
     cv_.wait_for(lk, period);
     if (stopping_ || !failure_.ok()) break;
-    beats_.FoldInto(state_, NowSeconds());
+    const double now = NowSeconds();
+    beats_.FoldInto(state_, now);
+    // Looks a heartbeat interval apart (20 are due in one) mean the coordinator itself did not
+    // run: its process was stopped, or its machine lost the CPU (a VM's stolen time). Beats sent
+    // meanwhile wait in its sockets, unheard, so the silence it measured is its own: every site's
+    // counts from now. A site that really died is declared dead one dead-site time later.
+    if (now - last_look > options_.heartbeat_s) {
+      state_.GraceAll(now);
+      LogWarning(
+          "coordinator: it did not run for {:.2f} s (its process stopped or starved of CPU): "
+          "no site is declared dead for that time; silence counts from now",
+          now - last_look);
+    }
+    last_look = now;
     bool died = false;
     while (auto death = state_.NextDeath(NowSeconds())) {
       const int site = (*death)["site"].get<int>();
