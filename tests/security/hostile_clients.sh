@@ -25,7 +25,12 @@ trap cleanup EXIT
 "$ATOLL" coordinator --listen 127.0.0.1:0 --sites 2 --state "$T/coord" --certs "$T/certs" \
   --heartbeat-s 30 >"$T/addr" 2>"$T/coord.err" &
 COORD_PID=$!
-for _ in $(seq 100); do [[ -s $T/addr ]] && break; sleep 0.1; done
+# Up to 120 s (a start takes 0.2 s idle, over 10 s was seen with a build beside the suite).
+for _ in $(seq 1200); do
+  [[ -f $T/addr && $(wc -l <"$T/addr") -ge 1 ]] && break
+  kill -0 "$COORD_PID" 2>/dev/null || fail "the coordinator exited: $(tail -5 "$T/coord.err")"
+  sleep 0.1
+done
 ADDR=$(head -1 "$T/addr")
 [[ -n $ADDR ]] || fail "the coordinator printed no address: $(cat "$T/coord.err")"
 

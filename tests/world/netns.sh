@@ -51,10 +51,10 @@ done
 # Site to site across the bridge (a host whose firewall drops bridged traffic, as Docker's
 # FORWARD policy can, would hang the sites: skipped instead). A listener in site 0's namespace.
 ip netns exec "${P}n0" "$ATOLL" coordinator --listen "$NET.1:0" --sites 1 --state "$T/probe" \
-  --insecure >"$T/probe.addr" 2>/dev/null &
+  --insecure >"$T/probe.addr" 2>"$T/probe.err" &
 probe=$!
-for _ in $(seq 50); do [[ -s $T/probe.addr ]] && break; sleep 0.1; done
-port=$(head -1 "$T/probe.addr"); port=${port##*:}
+coordinator_address "$T/probe.addr" "$probe" "$T/probe.err"
+port=${ADDR##*:}
 reach=0
 ip netns exec "${P}n2" timeout 5 bash -c "exec 3<>/dev/tcp/$NET.1/$port" 2>/dev/null && reach=1
 kill "$probe" 2>/dev/null; wait "$probe" 2>/dev/null || true
@@ -78,8 +78,7 @@ for strategy in sync diloco streaming async; do
   "$ATOLL" coordinator --listen "$NET.254:0" --sites 3 --state "$D" --certs "$T/certs" \
     --heartbeat-s 0.5 >"$D/addr" 2>"$D/coord.err" &
   COORD_PID=$!
-  for _ in $(seq 100); do [[ -s $D/addr ]] && break; sleep 0.1; done
-  ADDR=$(head -1 "$D/addr")
+  coordinator_address "$D/addr" "$COORD_PID" "$D/coord.err"
   [[ $ADDR == "$NET.254:"* ]] || fail "$strategy: the coordinator printed '$ADDR': $(cat "$D/coord.err")"
   pids=()
   for s in 0 1 2; do

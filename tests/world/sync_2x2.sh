@@ -20,9 +20,7 @@ coordinator() {
   "$ATOLL" coordinator --listen 127.0.0.1:0 --sites "$1" --state "$T/coord" --insecure \
     --heartbeat-s 0.5 >"$T/addr" 2>"$T/coord.err" &
   COORD_PID=$!
-  for _ in $(seq 100); do [[ -s $T/addr ]] && break; sleep 0.1; done
-  ADDR=$(head -1 "$T/addr")
-  [[ -n $ADDR ]] || fail "the coordinator printed no address: $(cat "$T/coord.err")"
+  coordinator_address "$T/addr" "$COORD_PID" "$T/coord.err"
 }
 
 W=(--config configs/tiny.toml --set data.dir="$DATA" --set train.micro_batch_size=1
@@ -77,7 +75,11 @@ OMPI_MCA_orte_tmpdir_base="$T/ompi-0" \
   >/dev/null 2>"$T/b0.err" &
 p0=$!
 # Site 0 registers first (its config is the reference), then site 1 arrives with another shape.
-for _ in $(seq 200); do grep -q '"site":0' "$T/coord/coordinator.log" 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 1200); do
+  grep -q '"site":0' "$T/coord/coordinator.log" 2>/dev/null && break
+  kill -0 "$p0" 2>/dev/null || fail "site 0 exited before registering: $(tail -5 "$T/b0.err")"
+  sleep 0.1
+done
 expect_exit 2 env OMPI_MCA_orte_tmpdir_base="$T/ompi-1" \
   "$MPIEXEC" -n 2 "$ATOLL" train "${W[@]}" --set model.n_embd=64 \
   --coordinator "$ADDR" --site 1 --out "$T/b1"
