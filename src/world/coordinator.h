@@ -41,9 +41,9 @@
 // - Clients beat at half of min(their heartbeat_s, the coordinator's), so a mismatch cannot kill
 //   a site; a heartbeat call gives up after one interval. Destroying a client without Leave stops
 //   its heartbeats: the coordinator sees a crash.
-// - Silence is measured only while the coordinator runs: when its monitor finds it did not run
-//   for more than an interval (its process stopped, its machine starved of CPU), every site's
-//   silence counts from then on, and a warning says so.
+// - Silence is counted only while the coordinator runs: when its monitor finds it did not run
+//   for more than half an interval (its process stopped, its machine starved of CPU), that time
+//   is taken out of every site's silence, and a warning says so.
 // - Restart: replayed live sites get max(heartbeat_s, 1 s) of grace before the limit applies;
 //   clients notice the new coordinator (its id in every reply), register again (no epoch change),
 //   and retry an interrupted Round. A state dir is tied to its --sites.

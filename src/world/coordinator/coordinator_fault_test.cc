@@ -148,11 +148,16 @@ TEST_F(CoordinatorTest, ACoordinatorStoppedForAWhileDeclaresNoSiteDeadForIt) {
   const pid_t pid = ::fork();  // before this process starts any gRPC thread
   ASSERT_GE(pid, 0);
   if (pid == 0) {
+    ::close(from_child.fd[0]);
+    from_child.fd[0] = -1;
     auto coord = StartCoordinator(2);
     if (coord == nullptr) ::_exit(10);
     from_child.Write(coord->address());
     for (;;) ::pause();
   }
+  // The child's end alone stays open: a child that exits without an address ends the read.
+  ::close(from_child.fd[1]);
+  from_child.fd[1] = -1;
   struct Reap {
     pid_t pid;
     ~Reap() {

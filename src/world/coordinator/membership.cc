@@ -305,6 +305,12 @@ void MembershipState::GraceAll(double until) {
   for (Site& s : sites_) s.last_heartbeat = std::max(s.last_heartbeat, until);
 }
 
+void MembershipState::Pause(double seconds, double now) {
+  if (!(seconds > 0)) return;
+  for (Site& s : sites_)
+    s.last_heartbeat = std::max(s.last_heartbeat, std::min(now, s.last_heartbeat + seconds));
+}
+
 Membership MembershipState::Current() const {
   Membership m;
   m.epoch = epoch_;

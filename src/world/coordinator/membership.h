@@ -106,9 +106,11 @@ class MembershipState {
   // The site has reached `round` and casts `vote` there; a round below the site's (a stale retry)
   // changes nothing.
   void ReachRound(int site, int64_t round, const std::optional<RoundVote>& vote);
-  // Every site's last heartbeat moves up to `until` where it was earlier: a restart's grace (a
-  // time ahead), or silence counted again from `until` after the coordinator itself stalled.
+  // Every site's last heartbeat moves up to `until` where it was earlier: a restart's grace.
   void GraceAll(double until);
+  // The coordinator did not run for `seconds` before `now`: every site's last heartbeat moves that
+  // much later, up to `now` (never earlier), so that silence counts only while it runs.
+  void Pause(double seconds, double now);
 
   Membership Current() const;
   // The result of completed round `round`: the membership when it completed, with its votes

@@ -143,6 +143,33 @@ TEST(Membership, ADeadSiteMustRejoinAfterTheQuorum) {
 }
 
 // A site that left did its part; only a site declared dead is one whose operations must fail.
+// Time the coordinator did not run is taken out of every site's silence (the monitor's stalls):
+// a last beat moves that much later, never past now and never earlier (a restart's grace, ahead
+// of now, stays as it was).
+TEST(Membership, APauseIsNotCountedAsSilence) {
+  MembershipState m(3, 1.0, 3);  // dead after 3 s
+  RegisterAll(m, 3);
+  m.Beat(0, 100, 10.0);
+  m.Beat(1, 101, 15.0);
+  m.Beat(2, 102, 11.0);
+  EXPECT_EQ((*m.NextDeath(13.5))["site"], 0);  // silent 3.5 s
+  // The coordinator did not run from 11 to 16: site 0 was silent 1 s before it, sites 1 and 2
+  // (heard at 15 and 11) not at all.
+  m.Pause(5.0, 16.0);
+  EXPECT_FALSE(m.NextDeath(17.9).has_value());
+  auto death = m.NextDeath(18.05);
+  ASSERT_TRUE(death.has_value());
+  EXPECT_EQ((*death)["site"], 0);
+  EXPECT_NEAR((*death)["silent_s"].get<double>(), 3.05, 1e-9);
+  m.Pause(-1.0, 16.0);  // no pause: nothing moves
+  EXPECT_TRUE(m.NextDeath(18.05).has_value());
+  // A restart's grace ahead of now is kept.
+  m.GraceAll(30.0);
+  m.Pause(100.0, 20.0);
+  EXPECT_FALSE(m.NextDeath(32.9).has_value());
+  EXPECT_EQ((*m.NextDeath(33.1))["site"], 0);
+}
+
 TEST(Membership, ALeftSiteIsNotDead) {
   MembershipState m(3, 1.0, 3);
   RegisterAll(m, 3);

@@ -182,27 +182,32 @@ std::shared_ptr<const MembershipState> CoordinatorImpl::Published() const {
 void CoordinatorImpl::Monitor() {
   const auto period =
       std::max<Clock::duration>(milliseconds(5), SteadySeconds(options_.heartbeat_s / 20));
+  const double period_s = std::chrono::duration<double>(period).count();
+  // Looks further apart than this mean the coordinator did not run meanwhile: its process was
+  // stopped, its machine lost the CPU (a VM's stolen time), or the monitor waited for mu_. Beats
+  // sent meanwhile may wait in its sockets, unheard, so that time is not the sites' silence: it
+  // is taken out of every site's (MembershipState::Pause) before the beats heard are folded in.
+  // Silence then counts only while the coordinator runs: a site that really died is declared
+  // dead after a dead-site time of the coordinator's running, however often it stalls.
+  const double stalled_after = std::max(options_.heartbeat_s / 2, 4 * period_s);
   double last_look = NowSeconds();
   std::unique_lock<std::mutex> lk(mu_);
   while (!stopping_ && failure_.ok()) {
     cv_.wait_for(lk, period);
     if (stopping_ || !failure_.ok()) break;
-    const double now = NowSeconds();
-    beats_.FoldInto(state_, now);
-    // Looks a heartbeat interval apart (20 are due in one) mean the coordinator itself did not
-    // run: its process was stopped, or its machine lost the CPU (a VM's stolen time). Beats sent
-    // meanwhile wait in its sockets, unheard, so the silence it measured is its own: every site's
-    // counts from now. A site that really died is declared dead one dead-site time later.
-    if (now - last_look > options_.heartbeat_s) {
-      state_.GraceAll(now);
-      LogWarning(
-          "coordinator: it did not run for {:.2f} s (its process stopped or starved of CPU): "
-          "no site is declared dead for that time; silence counts from now",
-          now - last_look);
-    }
+    const double now = NowSeconds();  // one clock reading for the whole look
+    const double gap = now - last_look;
     last_look = now;
+    if (gap > stalled_after) {
+      state_.Pause(gap - period_s, now);
+      LogWarning(
+          "coordinator: it did not run for {:.2f} s (its process stopped, starved of CPU or "
+          "waiting for its lock): that time is not counted as any site's silence",
+          gap);
+    }
+    beats_.FoldInto(state_, now);
     bool died = false;
-    while (auto death = state_.NextDeath(NowSeconds())) {
+    while (auto death = state_.NextDeath(now)) {
       const int site = (*death)["site"].get<int>();
       const double silent = (*death)["silent_s"].get<double>();
       if (!CommitLocked(*death)) break;
