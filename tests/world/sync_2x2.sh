@@ -17,6 +17,7 @@ trap cleanup EXIT
 
 # coordinator SITES: starts one on a free port; sets ADDR.
 coordinator() {
+  rm -f "$T/addr"  # not the address of the one before
   "$ATOLL" coordinator --listen 127.0.0.1:0 --sites "$1" --state "$T/coord" --insecure \
     --heartbeat-s 0.5 >"$T/addr" 2>"$T/coord.err" &
   COORD_PID=$!
@@ -80,6 +81,7 @@ for _ in $(seq 1200); do
   kill -0 "$p0" 2>/dev/null || fail "site 0 exited before registering: $(tail -5 "$T/b0.err")"
   sleep 0.1
 done
+grep -q '"site":0' "$T/coord/coordinator.log" || fail "site 0 did not register within 120 s"
 expect_exit 2 env OMPI_MCA_orte_tmpdir_base="$T/ompi-1" \
   "$MPIEXEC" -n 2 "$ATOLL" train "${W[@]}" --set model.n_embd=64 \
   --coordinator "$ADDR" --site 1 --out "$T/b1"
