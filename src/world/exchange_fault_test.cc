@@ -6,7 +6,6 @@
 // coordinator's word can end the wait).
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -107,13 +106,7 @@ TEST(ExchangeFault, ASiteStoppedMidExchangeIsLeftOutWithinTheDeadSiteTime) {
   const pid_t pid = ::fork();  // before this process starts any gRPC thread
   ASSERT_GE(pid, 0);
   if (pid == 0) RunChild(to_child, from_child);
-  struct Reap {
-    pid_t pid;
-    ~Reap() {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  } reap{pid};
+  ReapAtExit reap{pid};
 
   std::string state = (std::filesystem::temp_directory_path() / "atoll_xfault_XXXXXX").string();
   ASSERT_NE(::mkdtemp(state.data()), nullptr);

@@ -6,7 +6,6 @@
 // names.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -158,13 +157,7 @@ TEST_F(CoordinatorTest, ACoordinatorStoppedForAWhileDeclaresNoSiteDeadForIt) {
   // The child's end alone stays open: a child that exits without an address ends the read.
   ::close(from_child.fd[1]);
   from_child.fd[1] = -1;
-  struct Reap {
-    pid_t pid;
-    ~Reap() {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  } reap{pid};
+  testing_wan::ReapAtExit reap{pid};
   const std::string address = from_child.Read();
   ASSERT_FALSE(address.empty()) << "the coordinator did not start";
   std::vector<std::unique_ptr<CoordinatorClient>> clients;

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -57,6 +59,15 @@ struct World {
   void Drop(int s) {
     comms[size_t(s)].reset();
     eps[size_t(s)].reset();
+  }
+};
+
+// A forked child killed (SIGKILL) and reaped when the test ends, however it ends.
+struct ReapAtExit {
+  pid_t pid;
+  ~ReapAtExit() {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
   }
 };
 
