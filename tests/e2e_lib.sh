@@ -23,6 +23,7 @@ fail() {
   echo "FAIL: $*" >&2
   exit 1
 }
+source "${BASH_SOURCE[0]%/*}/coordinator_lib.sh"
 
 # expect_exit CODE cmd...: runs cmd with stdout in $T/out and stderr in $T/err.
 expect_exit() {
@@ -88,22 +89,4 @@ kill_coordinator_at() {
   grep -q "the coordinator ended (killed by signal 9" "$run.err" ||
     fail "launch did not start the coordinator again: $(tail "$run.err")"
   ! grep -q "site [0-9] ended" "$run.err" || fail "a site ended with the coordinator: $(cat "$run.err")"
-}
-
-# coordinator_address OUT PID ERR [SECONDS]: waits until the coordinator of pid PID has printed
-# its address (the first line of OUT; its stderr in ERR) and sets ADDR; fails if it exits first
-# or has not printed it within SECONDS (120). A start takes 0.2 s on an idle machine; one took
-# over 10 s with a build running beside the suite (2026-11-29).
-coordinator_address() {
-  local i
-  ADDR=
-  for ((i = 0; i < ${4:-120} * 10; i++)); do
-    if [[ -f $1 && $(wc -l <"$1") -ge 1 ]]; then
-      ADDR=$(head -1 "$1")
-      return 0
-    fi
-    kill -0 "$2" 2>/dev/null || fail "the coordinator exited before printing its address: $(tail -5 "$3")"
-    sleep 0.1
-  done
-  fail "the coordinator printed no address within ${4:-120} s: $(tail -5 "$3")"
 }

@@ -12,6 +12,7 @@
 set -euo pipefail
 ATOLL=${1:?usage: $0 ATOLL}
 fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/../coordinator_lib.sh"
 T=$(mktemp -d "${TMPDIR:-/tmp}/atoll_hostile.XXXXXX")
 PY=/usr/bin/python3
 "$PY" -c "import grpc" 2>/dev/null || { echo "SKIP: $PY has no grpc (apt-get install python3-grpcio)"; exit 77; }
@@ -25,14 +26,7 @@ trap cleanup EXIT
 "$ATOLL" coordinator --listen 127.0.0.1:0 --sites 2 --state "$T/coord" --certs "$T/certs" \
   --heartbeat-s 30 >"$T/addr" 2>"$T/coord.err" &
 COORD_PID=$!
-# Up to 120 s (a start takes 0.2 s idle, over 10 s was seen with a build beside the suite).
-for _ in $(seq 1200); do
-  [[ -f $T/addr && $(wc -l <"$T/addr") -ge 1 ]] && break
-  kill -0 "$COORD_PID" 2>/dev/null || fail "the coordinator exited: $(tail -5 "$T/coord.err")"
-  sleep 0.1
-done
-ADDR=$(head -1 "$T/addr")
-[[ -n $ADDR ]] || fail "the coordinator printed no address: $(cat "$T/coord.err")"
+coordinator_address "$T/addr" "$COORD_PID" "$T/coord.err"
 
 "$PY" "$(dirname "$0")/hostile_clients.py" "$ADDR" "$T/certs" "$T/other" >"$T/py.out" 2>&1 ||
   fail "$(cat "$T/py.out")"
