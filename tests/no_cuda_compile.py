@@ -23,6 +23,9 @@ import sys
 NAMES = re.compile(r"cuda::|namespace [a-z:]*cuda\b|[Nn]ccl")
 CUDA_ONLY_DIRS = ("src/kernels/cuda/", "src/comm/nccl/")
 CUDA_ONLY_TARGETS = re.compile(r"_emu|kernels_cuda|nccl", re.IGNORECASE)
+# The toolkit's include directory (/usr/local/cuda/include, /usr/local/cuda-13.0/...) and the
+# emulator's stand-in headers (src/kernels/cuda/emu/include).
+CUDA_INCLUDE = re.compile(r"/cuda(-[0-9.]+)?/|/kernels/cuda/")
 
 
 def sources(root):
@@ -58,11 +61,12 @@ def main():
     if not any("-DATOLL_HAVE_CUDA=1" in e["command"] for e in commands.values()):
         print("SKIP: this build has no CUDA; it is the build without CUDA itself")
         return 77
-    named = [p for p in sources(root) if NAMES.search(open(os.path.join(root, p)).read())]
+    text = {p: open(os.path.join(root, p)).read() for p in set(sources(root)) | set(commands)}
+    named = [p for p in sources(root) if NAMES.search(text[p])]
     check = set(p for p in named if p.endswith(".cc") and p in commands)
     for header in (p for p in named if p.endswith(".h")):
         include = '#include "' + os.path.relpath(header, "src") + '"'
-        includers = sorted(p for p in commands if include in open(os.path.join(root, p)).read())
+        includers = sorted(p for p in commands if include in text[p])
         if includers:
             check.add(includers[0])
     failed = []
@@ -77,11 +81,11 @@ def main():
             if a in ("-o", "-c"):
                 skip = a == "-o"
                 continue
-            if a in ("-I", "-isystem") and "cuda" in args[i + 1]:
+            if a in ("-I", "-isystem") and CUDA_INCLUDE.search(args[i + 1]):
                 skip = True
                 continue
             if a.startswith(("-DATOLL_HAVE_CUDA", "-DATOLL_HAVE_NCCL")) or (
-                    a.startswith("-I") and "cuda" in a):
+                    a.startswith("-I") and CUDA_INCLUDE.search(a)):
                 continue
             if os.path.abspath(os.path.join(e["directory"], a)) == os.path.join(root, path):
                 continue
