@@ -104,15 +104,19 @@ __device__ inline void LdMatrix4(uint32_t (&r)[4], const void* row) {
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();
 #else
+  // "memory": the compiler sees that it reads shared memory, so no store to the tile is moved
+  // after it, nor a load before it, whatever barrier is (or is not) between them.
   const auto addr = uint32_t(__cvta_generic_to_shared(row));
   if constexpr (kTrans)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+                 : "r"(addr)
+                 : "memory");
   else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+                 : "r"(addr)
+                 : "memory");
 #endif
 }
 
