@@ -18,6 +18,7 @@
 #include "model/gpt.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
+#include "train/hf_import.h"
 #include "train/safetensors.h"
 
 namespace atl::cli {
@@ -72,7 +73,7 @@ Status RunEval(const EvalArgs& a) {
     return Status::InvalidArgument(
         fmt::format("--grads-dtype {}: expected F32 or F64", a.grads_dtype));
   if (a.threads > 0) omp_set_num_threads(a.threads);
-  ATOLL_ASSIGN_OR_RETURN(Checkpoint ck, LoadCheckpoint(a.checkpoint, /*with_optimizer=*/false));
+  ATOLL_ASSIGN_OR_RETURN(Checkpoint ck, LoadWeights(a.checkpoint));
   auto tokens = TokenFile::Open(a.tokens);
   if (!tokens.ok()) return tokens.status().WithContext("--tokens");
   const GPTConfig& mc = ck.config.model;
@@ -111,7 +112,10 @@ void AddEvalCommand(CLI::App& app) {
       "safetensors with the checkpoint's (Hugging Face) tensor names; --logits-out writes the\n"
       "logits of the first window (its first seq_len tokens) as \"logits\" [1, seq_len, vocab].\n"
       "Example: atoll eval --checkpoint runs/s1/checkpoint --tokens .cache/data/sotu/val.bin");
-  cmd->add_option("--checkpoint", args->checkpoint, "Checkpoint directory")->required();
+  cmd->add_option("--checkpoint", args->checkpoint,
+                  "Checkpoint directory: atoll's, or a Hugging Face GPT-2 model (config.json and "
+                  "model.safetensors)")
+      ->required();
   cmd->add_option("--tokens", args->tokens, "Token file (e.g. .cache/data/sotu/val.bin)")
       ->required();
   cmd->add_option("--grads-out", args->grads_out, "Write the loss's gradient here (safetensors)");

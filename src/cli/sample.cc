@@ -11,6 +11,7 @@
 #include "data/tokenizer.h"
 #include "model/gpt.h"
 #include "train/checkpoint.h"
+#include "train/hf_import.h"
 #include "train/sampling.h"
 
 namespace atl::cli {
@@ -33,7 +34,7 @@ Status RunSample(const SampleArgs& a) {
   if (!(a.temperature >= 0))
     return Status::InvalidArgument(fmt::format("--temperature {}: must be >= 0", a.temperature));
   if (a.top_k < 0) return Status::InvalidArgument(fmt::format("--top-k {}: must be >= 0", a.top_k));
-  ATOLL_ASSIGN_OR_RETURN(Checkpoint ck, LoadCheckpoint(a.checkpoint, /*with_optimizer=*/false));
+  ATOLL_ASSIGN_OR_RETURN(Checkpoint ck, LoadWeights(a.checkpoint));
   auto tok = Tokenizer::Load(DefaultEncoderDir());
   if (!tok.ok())
     return tok.status().WithContext(
@@ -70,7 +71,10 @@ void AddSampleCommand(CLI::App& app) {
       "prompt, settings and --seed give the same text. Generation stops at <|endoftext|>\n"
       "unless --keep-going.\n"
       "Example: atoll sample --checkpoint runs/s1/checkpoint --prompt \"The state of the Union\"");
-  cmd->add_option("--checkpoint", args->checkpoint, "Checkpoint directory")->required();
+  cmd->add_option("--checkpoint", args->checkpoint,
+                  "Checkpoint directory: atoll's, or a Hugging Face GPT-2 model (config.json and "
+                  "model.safetensors)")
+      ->required();
   cmd->add_option("--prompt", args->prompt, "Text to continue (empty: start a new document)");
   cmd->add_option("--tokens", args->tokens, "Tokens to generate (default 64)");
   cmd->add_option("--temperature", args->temperature, "Softmax temperature; 0: greedy (default 1)");

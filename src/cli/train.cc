@@ -32,6 +32,7 @@ struct TrainArgs {
   std::vector<std::string> sets;
   std::string out;
   std::string resume;
+  std::string init_from;
   bool quiet = false;
   bool mpi = false;
   // Several sites (world.sites > 1).
@@ -276,6 +277,7 @@ Status RunTrain(const TrainArgs& a) {
   } else {
     return Status::InvalidArgument("train: --config FILE is required (or --resume CHECKPOINT)");
   }
+  if (!a.init_from.empty()) cfg.train.init_from = a.init_from;
   if (!a.inject.empty()) {
     for (const std::string& spec : a.inject)
       cfg.faults.inject += (cfg.faults.inject.empty() ? "" : ";") + spec;
@@ -432,6 +434,7 @@ void AddTrainCommand(CLI::App& app) {
       "  [model] n_layer n_head n_embd seq_len vocab_size\n"
       "  [train] steps seed batch_size micro_batch_size lr min_lr warmup_steps weight_decay\n"
       "          beta1 beta2 eps grad_clip eval_every eval_batches checkpoint_every threads\n"
+      "          init_from (weights to start from; see --init-from)\n"
       "  [data]  dir\n"
       "  [parallel] dp tp pp schedule zero reproducible bucket_mb overlap   (dp * tp * pp = "
       "ranks)\n"
@@ -446,6 +449,7 @@ void AddTrainCommand(CLI::App& app) {
       "Examples:\n"
       "  atoll train --config configs/small.toml --out runs/s1 --set train.steps=200\n"
       "  atoll train --resume runs/s1/checkpoint-100 --out runs/s1\n"
+      "  atoll train --config configs/gpt2-124m.toml --init-from ~/gpt2 --out runs/ft\n"
       "  mpirun -n 2 atoll train --config configs/small.toml --set parallel.dp=2 --out runs/dp2\n"
       "  mpirun -n 8 atoll train --config configs/small.toml --set parallel.dp=2 \\\n"
       "      --set parallel.tp=2 --set parallel.pp=2 --out runs/mesh");
@@ -456,6 +460,11 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--resume", args->resume,
                   "Continue from a checkpoint directory (its config unless --config is given); "
                   "bitwise the same as not stopping")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--init-from", args->init_from,
+                  "Start from these weights (train.init_from): an atoll checkpoint or a Hugging "
+                  "Face GPT-2 directory (config.json + model.safetensors) of [model]'s shape; "
+                  "the optimizer starts afresh at step 0")
       ->check(CLI::ExistingDirectory);
   cmd->add_flag("--quiet,-q", args->quiet, "No progress output");
   cmd->add_flag("--mpi", args->mpi,

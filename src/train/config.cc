@@ -174,6 +174,9 @@ std::vector<ConfigKey> ConfigKeys(RunConfig& c) {
       {"train", "attention_backward", &c.train.attention_backward,
        "cuda, bf16: dQ by a kernel of its own (split) or from the dK/dV kernel (fused: other "
        "bits)"},
+      {"train", "init_from", &c.train.init_from,
+       "start from these weights: an atoll checkpoint or a Hugging Face GPT-2 directory (its "
+       "shape must be [model]'s; the optimizer starts afresh)"},
       {"data", "dir", &c.data.dir, "directory with train.bin and val.bin"},
       {"parallel", "dp", &c.parallel.dp, "data-parallel replicas (dp * tp * pp = MPI ranks)"},
       {"parallel", "tp", &c.parallel.tp, "tensor-parallel ranks (divides model.n_head)"},
@@ -472,7 +475,8 @@ StatusOr<RunConfig> RunConfigFromJson(const nlohmann::json& j) {
     // trained with their defaults: on the CPU, which has none of the GPU's settings).
     const bool late = s == "parallel" || s == "world" || s == "faults" || s == "sdc" ||
                       (s == "train" && (n == "device" || n == "precision" ||
-                                        n == "attention_rows" || n == "attention_backward"));
+                                        n == "attention_rows" || n == "attention_backward" ||
+                                        n == "init_from"));
     if (late && (!j.contains(s) || !j[s].contains(n))) continue;
     if (!j.contains(s) || !j[s].contains(n))
       return Status::InvalidArgument(fmt::format("config: missing key {}", k.path()));

@@ -67,6 +67,10 @@ struct TrainConfig {
   // How that attention's backward computes dQ: "split" (a kernel of its own) or "fused" (from the
   // dK/dV kernel's partial sums, added in a fixed order: dQ's bits are another order of sums).
   std::string attention_backward = "split";
+  // Start from these weights instead of a random initialization: an atoll checkpoint or a
+  // Hugging Face GPT-2 directory (train/hf_import.h), whose model shape must be [model]'s; the
+  // optimizer starts afresh at step 0. Ignored by --resume (the checkpoint's weights win).
+  std::string init_from;
 
   int64_t accumulation_steps() const { return batch_size / micro_batch_size; }
   bool operator==(const TrainConfig&) const = default;

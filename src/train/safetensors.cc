@@ -19,9 +19,23 @@ constexpr uint64_t kMaxHeader = uint64_t{100} << 20;
 }  // namespace
 
 const char* SafetensorsDTypeName(SafetensorsDType d) {
-  return d == SafetensorsDType::kF32 ? "F32" : "F64";
+  switch (d) {
+    case SafetensorsDType::kF32: return "F32";
+    case SafetensorsDType::kF64: return "F64";
+    case SafetensorsDType::kF16: return "F16";
+    case SafetensorsDType::kBF16: return "BF16";
+  }
+  return "?";
 }
-size_t SafetensorsDTypeSize(SafetensorsDType d) { return d == SafetensorsDType::kF32 ? 4 : 8; }
+size_t SafetensorsDTypeSize(SafetensorsDType d) {
+  switch (d) {
+    case SafetensorsDType::kF32: return 4;
+    case SafetensorsDType::kF64: return 8;
+    case SafetensorsDType::kF16:
+    case SafetensorsDType::kBF16: return 2;
+  }
+  return 0;
+}
 
 size_t TensorView::numel() const {
   size_t n = 1;
@@ -160,6 +174,10 @@ StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string_view bytes, const s
       t.dtype = SafetensorsDType::kF32;
     } else if (dt == "F64") {
       t.dtype = SafetensorsDType::kF64;
+    } else if (dt == "F16") {
+      t.dtype = SafetensorsDType::kF16;
+    } else if (dt == "BF16") {
+      t.dtype = SafetensorsDType::kBF16;
     } else {
       return bad_tensor(fmt::format("unsupported dtype {}", dt.dump()));
     }

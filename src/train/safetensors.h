@@ -23,7 +23,9 @@
 
 namespace atl {
 
-enum class SafetensorsDType { kF32, kF64 };
+// The dtypes read and written; F16 and BF16 are read from other tools' files (Hugging Face
+// checkpoints: train/hf_import.h), atoll writes F32 and F64.
+enum class SafetensorsDType { kF32, kF64, kF16, kBF16 };
 const char* SafetensorsDTypeName(SafetensorsDType d);
 size_t SafetensorsDTypeSize(SafetensorsDType d);
 

@@ -29,6 +29,7 @@
 #include "parallel/mesh.h"
 #include "parallel/pipeline.h"
 #include "train/gpu_setup.h"
+#include "train/hf_import.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/predict.h"
@@ -63,8 +64,28 @@ StatusOr<std::unique_ptr<Communicator>> NcclOver(Communicator& group) {
 #endif
 }
 
+// train.init_from: this rank's part of the weights of an atoll checkpoint or a Hugging Face
+// GPT-2 directory, whose model shape must be the run's.
+Status InitFromWeights(const RunConfig& cfg, Run& run) {
+  const std::string& path = cfg.train.init_from;
+  auto loaded = LoadWeights(path);
+  if (!loaded.ok()) return loaded.status().WithContext("train.init_from");
+  const GPTConfig &got = loaded->config.model, &want = cfg.model;
+  if (!(got == want))
+    return Status::InvalidArgument(fmt::format(
+        "train.init_from {}: the weights are of n_layer {} n_head {} n_embd {} seq_len {} "
+        "vocab_size {}, the config's [model] is of {} {} {} {} {}: set [model] to the weights' "
+        "shape",
+        path, got.n_layer, got.n_head, got.n_embd, got.seq_len, got.vocab_size, want.n_layer,
+        want.n_head, want.n_embd, want.seq_len, want.vocab_size));
+  CopyShard(want, run.model->shard(), loaded->params.data(), run.model->params(),
+            /*to_shard=*/true);
+  return Status::Ok();
+}
+
 // The rank's state for the run: the mesh, the model shard, the reducer and the optimizer, the
-// parameters initialized or resumed. Returns the step the run starts from.
+// parameters initialized (randomly, or from train.init_from) or resumed. Returns the step the run
+// starts from.
 StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& run) {
   const ParallelConfig& pc = cfg.parallel;
   const TrainConfig& tc = cfg.train;
@@ -157,6 +178,10 @@ StatusOr<int64_t> SetUp(const RunConfig& cfg, const TrainOptions& options, Run& 
   if (options.resume != nullptr) {
     ATOLL_RETURN_IF_ERROR(ResumeRun(*options.resume, options.resume_path, run));
     return options.resume->cursor.next_step;
+  }
+  if (!tc.init_from.empty()) {
+    ATOLL_RETURN_IF_ERROR(InitFromWeights(cfg, run));
+    return 0;
   }
   run.model->InitParameters(uint64_t(tc.seed));
   return 0;
