@@ -10,6 +10,8 @@
 #   tests  the CUDA tests (scripts/gpu_test.sh: every op against the CPU, the GPU training tests);
 #   hf     the Hugging Face check: a checkpoint trained on the GPU loads in transformers'
 #          GPT2LMHeadModel.from_pretrained and gives atoll eval's loss and logits (hf_check.py);
+#          and what transformers' save_pretrained writes of it, atoll eval reads back with the
+#          same loss (train/hf_import.h: "hf_import: PASS");
 #   sanitize  (not in the default) compute-sanitizer's racecheck, then memcheck, over the
 #          tensor-core attention's tests (CudaOps.Bf16Attention*: every block-row setting and
 #          backward kind): shared-memory races and out-of-bounds accesses that the emulator's
@@ -57,9 +59,24 @@ if "$ATOLL" train --config configs/tiny.toml -q --out "$w/run" --set train.devic
      --logits-out "$w/logits.safetensors" >"$w/eval.json" 2>"$out/hf_eval.log"; then
   loss=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["loss"])' "$w/eval.json")
   "$PY" scripts/hf_check.py --checkpoint "$w/run/checkpoint" --tokens .cache/data/sotu/val.bin \
-    --atoll-loss "$loss" --atoll-logits "$w/logits.safetensors" --max-windows 16 |
-    tee "$out/hf_check.json"
+    --atoll-loss "$loss" --atoll-logits "$w/logits.safetensors" --max-windows 16 \
+    --save-pretrained "$w/saved" | tee "$out/hf_check.json"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  # The other way: what transformers' save_pretrained wrote, read by atoll eval (the same loss).
+  if "$ATOLL" eval --checkpoint "$w/saved" --tokens .cache/data/sotu/val.bin --max-windows 16 \
+       >"$w/eval_saved.json" 2>>"$out/hf_eval.log"; then
+    back=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["loss"])' "$w/eval_saved.json")
+    if [[ $back == "$loss" ]]; then
+      echo "hf_import: PASS (atoll eval of transformers' save_pretrained: loss $back, as the checkpoint's)"
+    else
+      echo "hf_import: FAIL (atoll eval of transformers' save_pretrained: loss $back, the checkpoint's $loss)"
+      status=1
+    fi
+  else
+    echo "hf_import: FAIL (atoll eval of transformers' save_pretrained exited $?):"
+    tail -3 "$out/hf_eval.log"
+    status=1
+  fi
 else
   echo "gpu_check: training or eval for the HF check failed:"; tail -20 "$out"/hf_*.log
   status=1

@@ -10,6 +10,9 @@ atoll writes them), in float64 on the CPU, and compares with `atoll eval` on the
     non-overlapping, seq_len + 1 tokens each), against --atoll-loss: relative error <= rtol;
   - the logits of the first window, against --atoll-logits (atoll eval --logits-out): normalized
     error ||hf - atoll||_2 / ||hf||_2 <= rtol.
+With --save-pretrained OUT, the model transformers loaded is also written back by its own
+save_pretrained (float32, safetensors) into OUT, for `atoll eval --checkpoint OUT` to read: the
+other direction (train/hf_import.h; scripts/gpu_check.sh compares the two losses).
 Prints one JSON line with both errors and exits 0 on PASS, 1 on FAIL, 2 on a usage error. Needs
 torch, transformers and safetensors: the GPU machines have them (scripts/gpu_check.sh runs this).
 """
@@ -41,6 +44,7 @@ def main():
     ap.add_argument("--atoll-logits", required=True)
     ap.add_argument("--max-windows", type=int, default=16)
     ap.add_argument("--rtol", type=float, default=1e-5)
+    ap.add_argument("--save-pretrained", metavar="OUT", default="")
     a = ap.parse_args()
 
     import torch
@@ -66,9 +70,14 @@ def main():
     logit_err = (torch.linalg.norm(mine - theirs) / torch.linalg.norm(mine)).item()
     loss_err = abs(loss - a.atoll_loss) / abs(loss)
     ok = loss_err <= a.rtol and logit_err <= a.rtol
-    print(json.dumps({"windows": windows, "hf_loss": loss, "atoll_loss": a.atoll_loss,
-                      "loss_rel_err": loss_err, "logits_norm_err": logit_err,
-                      "rtol": a.rtol, "result": "PASS" if ok else "FAIL"}))
+    result = {"windows": windows, "hf_loss": loss, "atoll_loss": a.atoll_loss,
+              "loss_rel_err": loss_err, "logits_norm_err": logit_err,
+              "rtol": a.rtol, "result": "PASS" if ok else "FAIL"}
+    if a.save_pretrained:
+        # Back to the checkpoint's float32 (exact: every value came from a float).
+        model.float().save_pretrained(a.save_pretrained, safe_serialization=True)
+        result["saved"] = a.save_pretrained
+    print(json.dumps(result))
     return 0 if ok else 1
 
 
