@@ -14,6 +14,7 @@
 #include "data/import.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/safetensors.h"
 #include "train/strategies/async_client.h"
 #include "train/strategies/lowcomm.h"
 #include "train/strategies/sync_state.h"
@@ -82,6 +83,19 @@ void Checkpoint(const std::string& tmp) {
   Seed("manifest", "tiny", std::string(1, '\0') + Bytes(dir + "/manifest.json"));
   Seed("safetensors", "model", Bytes(dir + "/model.safetensors"));
   Seed("safetensors", "optimizer", Bytes(dir + "/optimizer.safetensors"));
+  {
+    // The dtypes of other tools' files (Hugging Face checkpoints: train/hf_import.h).
+    atl::SafetensorsWriter w;
+    const uint16_t halves[4] = {0x3c00, 0x8001, 0x7bff, 0x0400};
+    const uint8_t mask[4] = {1, 0, 1, 1};
+    const int64_t ids[2] = {-1, 50256};
+    w.SetMetadata("format", "pt");
+    w.Add("h.0.attn.c_attn.weight", atl::SafetensorsDType::kF16, {2, 2}, halves);
+    w.Add("wte.weight", atl::SafetensorsDType::kBF16, {4}, halves);
+    w.Add("h.0.attn.bias", atl::SafetensorsDType::kBool, {1, 1, 2, 2}, mask);
+    w.Add("position_ids", atl::SafetensorsDType::kI64, {2}, ids);
+    Seed("safetensors", "hf_dtypes", w.Serialize());
+  }
 }
 
 void TokenFiles(const std::string& tmp) {

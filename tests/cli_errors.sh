@@ -93,6 +93,23 @@ sed -i 's/"step": 2/"step": 3/' "$T/badmanifest/manifest.json"
 expect_exit 2 "$ATOLL" eval --checkpoint "$T/badmanifest" --tokens "$DATA/val.bin"
 expect_err "manifest.json"
 
+# Hugging Face weights (config.json + model.safetensors, no manifest): eval gives the checkpoint's
+# loss; another model_type is refused by name; --init-from with --resume is refused.
+mkdir -p "$T/hf" && cp "$CK/config.json" "$CK/model.safetensors" "$T/hf/"
+expect_exit 0 "$ATOLL" eval --checkpoint "$CK" --tokens "$DATA/val.bin" --max-windows 4
+cp "$T/out" "$T/loss_ck"
+expect_exit 0 "$ATOLL" eval --checkpoint "$T/hf" --tokens "$DATA/val.bin" --max-windows 4
+cmp -s "$T/out" "$T/loss_ck" || fail "eval of the HF copy: $(cat "$T/out"), not $(cat "$T/loss_ck")"
+cp -r "$T/hf" "$T/hfbert"
+sed -i 's/"model_type": "gpt2"/"model_type": "bert"/' "$T/hfbert/config.json"
+expect_exit 2 "$ATOLL" sample --checkpoint "$T/hfbert" --prompt hi
+expect_err "model_type"
+expect_exit 2 "$ATOLL" train --resume "$CK" --init-from "$T/hf" --out "$T/x"
+expect_err "--init-from and --resume"
+expect_exit 2 "$ATOLL" train --config configs/small.toml --set data.dir="$DATA" --init-from "$T/hf" \
+  --out "$T/x"
+expect_err "set [model] to the weights' shape"
+
 expect_exit 2 "$ATOLL" eval --checkpoint "$T/nothing" --tokens "$DATA/val.bin"
 expect_exit 2 "$ATOLL" eval --checkpoint "$CK" --tokens "$T/none.bin"
 expect_err "none.bin"

@@ -277,7 +277,12 @@ Status RunTrain(const TrainArgs& a) {
   } else {
     return Status::InvalidArgument("train: --config FILE is required (or --resume CHECKPOINT)");
   }
-  if (!a.init_from.empty()) cfg.train.init_from = a.init_from;
+  if (!a.init_from.empty()) {
+    if (!a.resume.empty())
+      return Status::InvalidArgument(
+          "train: --init-from and --resume: a resumed run goes on from its checkpoint's weights");
+    cfg.train.init_from = a.init_from;
+  }
   if (!a.inject.empty()) {
     for (const std::string& spec : a.inject)
       cfg.faults.inject += (cfg.faults.inject.empty() ? "" : ";") + spec;

@@ -41,7 +41,7 @@ float HalfToFloat(uint16_t h) {
   return f;
 }
 
-// A tensor's elements as floats (F64 rounded to nearest; the others exactly).
+// A float tensor's elements as floats (F64 rounded to nearest; the others exactly).
 void ToFloats(const TensorView& t, float* out) {
   const size_t n = t.numel();
   for (size_t i = 0; i < n; ++i) {
@@ -69,6 +69,8 @@ void ToFloats(const TensorView& t, float* out) {
         std::memcpy(&out[i], &bits, 4);
         break;
       }
+      default:  // not a float dtype: the callers refuse those first (SafetensorsFloat)
+        break;
     }
   }
 }
@@ -162,6 +164,8 @@ StatusOr<Checkpoint> LoadHuggingFaceWeights(const std::string& dir) {
       return Status::Corruption(
           fmt::format("{}: holds both {} and {}: which one is meant?", path, pt.name, bare));
     const TensorView* t = with != nullptr ? with : without;
+    // safetensors' own save_model keeps one name of tied tensors, the first in order: the head's.
+    if (t == nullptr && pt.name == "transformer.wte.weight") t = file.Find("lm_head.weight");
     if (t == nullptr)
       return Status::Corruption(
           fmt::format("{}: tensor {} (or {}) is missing", path, bare, pt.name));
@@ -169,6 +173,9 @@ StatusOr<Checkpoint> LoadHuggingFaceWeights(const std::string& dir) {
       return Status::Corruption(
           fmt::format("{}: tensor {}: shape [{}], config.json's model needs [{}]", path, t->name,
                       fmt::join(t->shape, ", "), fmt::join(pt.shape, ", ")));
+    if (!SafetensorsFloat(t->dtype))
+      return Status::Corruption(fmt::format("{}: tensor {}: dtype {}, not F32, F16, BF16 or F64",
+                                            path, t->name, SafetensorsDTypeName(t->dtype)));
     float* out = ck.params.data() + pt.offset;
     ToFloats(*t, out);
     for (size_t i = 0; i < pt.numel; ++i)
@@ -183,8 +190,8 @@ StatusOr<Checkpoint> LoadHuggingFaceWeights(const std::string& dir) {
     std::string_view bare = t.name;
     if (bare.substr(0, kPrefix.size()) == kPrefix) bare.remove_prefix(kPrefix.size());
     if (EndsWith(bare, ".attn.bias") || EndsWith(bare, ".attn.masked_bias"))
-      continue;  // the causal mask's buffers (older transformers saved them)
-    if (bare == "lm_head.weight" && t.shape == wte.shape) {
+      continue;  // the causal mask's buffers (older transformers saved them: F32, U8 or BOOL)
+    if (t.name == "lm_head.weight" && t.shape == wte.shape && SafetensorsFloat(t.dtype)) {
       std::vector<float> head(t.numel());
       ToFloats(t, head.data());
       if (std::memcmp(head.data(), ck.params.data() + wte.offset, wte.numel * sizeof(float)) != 0)

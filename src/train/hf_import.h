@@ -11,8 +11,10 @@
 //   model.safetensors  the tensors by GPT2LMHeadModel's names with or without the
 //                      "transformer." prefix (GPT2Model's, as the Hub's gpt2 has them), F32, F16,
 //                      BF16 or F64, widened to float exactly (F64 rounded); the attention's
-//                      mask buffers (attn.bias, attn.masked_bias) are skipped; an lm_head.weight
-//                      must equal wte (tied); any other tensor is refused
+//                      mask buffers (attn.bias, attn.masked_bias, of any dtype) are skipped; an
+//                      lm_head.weight must equal wte (tied), or stands for it when wte is absent
+//                      (safetensors' save_model keeps one name of tied tensors); any other
+//                      tensor is refused
 //
 // A sharded checkpoint (model.safetensors.index.json) or PyTorch pickles alone
 // (pytorch_model.bin) are refused with how to convert them. Errors: kNotFound for a missing

@@ -46,18 +46,31 @@ class HfImportTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // Writes dir_/config.json (config_) and dir_/model.safetensors: every layout tensor of
-  // `values` (as floats, or as the 2-byte patterns in `halves`) under its name with or without
-  // "transformer.", in `dtype`, then `extra` tensors (F32, from `extra_values`).
+  // A tensor beside the layout's: raw bytes of any dtype.
+  struct Extra {
+    std::string name;
+    std::vector<int64_t> shape;
+    SafetensorsDType dtype = SafetensorsDType::kF32;
+    std::vector<uint8_t> bytes;
+  };
+  static Extra Floats(std::string name, std::vector<int64_t> shape, const std::vector<float>& v) {
+    Extra e{std::move(name), std::move(shape), SafetensorsDType::kF32,
+            std::vector<uint8_t>(v.size() * sizeof(float))};
+    std::memcpy(e.bytes.data(), v.data(), e.bytes.size());
+    return e;
+  }
+  // Writes dir_/config.json (config_) and dir_/model.safetensors: every layout tensor but those
+  // named in `leave_out` of `values` (as floats, or as the 2-byte patterns in `halves`) under its
+  // name with or without "transformer.", in `dtype`, then the `extra` tensors.
   void Write(SafetensorsDType dtype, bool prefix, const std::vector<float>& values,
-             const std::vector<uint16_t>& halves = {},
-             const std::vector<std::pair<std::string, std::vector<int64_t>>>& extra = {},
-             const std::vector<std::vector<float>>& extra_values = {}) {
+             const std::vector<uint16_t>& halves = {}, const std::vector<Extra>& extra = {},
+             const std::string& leave_out = "") {
     ASSERT_TRUE(WriteFileAtomic(dir_ + "/config.json", config_.dump(2)).ok());
     SafetensorsWriter w;
     w.SetMetadata("format", "pt");
     doubles_.assign(values.begin(), values.end());
     for (const ParamTensor& t : ParameterLayout(kModel)) {
+      if (t.name == leave_out) continue;
       const std::string name = prefix ? t.name : t.name.substr(std::strlen("transformer."));
       const void* p = dtype == SafetensorsDType::kF32 ? static_cast<const void*>(&values[t.offset])
                       : dtype == SafetensorsDType::kF64
@@ -65,8 +78,7 @@ class HfImportTest : public ::testing::Test {
                           : static_cast<const void*>(&halves[t.offset]);
       w.Add(name, dtype, t.shape, p);
     }
-    for (size_t i = 0; i < extra.size(); ++i)
-      w.AddFloats(extra[i].first, extra[i].second, extra_values[i].data());
+    for (const Extra& e : extra) w.Add(e.name, e.dtype, e.shape, e.bytes.data());
     const Status st = w.Write(dir_ + "/model.safetensors");
     ASSERT_TRUE(st.ok()) << st.ToString();
   }
@@ -141,13 +153,23 @@ TEST_F(HfImportTest, MaskBuffersAndATiedHeadAreAccepted) {
   const std::vector<float> v = RandomValues(2);
   const int64_t T = kModel.seq_len, V = kModel.vocab_size, C = kModel.n_embd;
   const std::vector<float> mask(size_t(T * T), 1.0f), wte = Wte(v);
-  Write(
-      SafetensorsDType::kF32, false, v, {},
-      {{"h.0.attn.bias", {1, 1, T, T}}, {"h.1.attn.masked_bias", {1}}, {"lm_head.weight", {V, C}}},
-      {mask, {-1e4f}, wte});
+  // The mask buffers as transformers saved them: float, uint8 or bool; the head stored again.
+  Write(SafetensorsDType::kF32, false, v, {},
+        {Floats("h.0.attn.bias", {1, 1, T, T}, mask), Floats("h.1.attn.masked_bias", {1}, {-1e4f}),
+         Extra{"h.1.attn.bias",
+               {1, 1, T, T},
+               SafetensorsDType::kBool,
+               std::vector<uint8_t>(size_t(T * T), 1)},
+         Floats("lm_head.weight", {V, C}, wte)});
   auto ck = LoadHuggingFaceWeights(dir_);
   ASSERT_TRUE(ck.ok()) << ck.status().ToString();
   EXPECT_EQ(ck->params, v);
+  // safetensors' save_model of tied tensors keeps one name, the head's: it stands for wte.
+  Write(SafetensorsDType::kF32, true, v, {}, {Floats("lm_head.weight", {V, C}, wte)},
+        "transformer.wte.weight");
+  auto head = LoadHuggingFaceWeights(dir_);
+  ASSERT_TRUE(head.ok()) << head.status().ToString();
+  EXPECT_EQ(head->params, v);
 }
 
 TEST_F(HfImportTest, WhatAtollDoesNotComputeIsRefusedByName) {
@@ -155,10 +177,10 @@ TEST_F(HfImportTest, WhatAtollDoesNotComputeIsRefusedByName) {
   const int64_t V = kModel.vocab_size, C = kModel.n_embd;
   std::vector<float> other = Wte(v);
   other[5] += 1.0f;
-  Write(SafetensorsDType::kF32, true, v, {}, {{"lm_head.weight", {V, C}}}, {other});
+  Write(SafetensorsDType::kF32, true, v, {}, {Floats("lm_head.weight", {V, C}, other)});
   ExpectRefused(StatusCode::kInvalidArgument, "untied LM head");
-  Write(SafetensorsDType::kF32, true, v, {}, {{"transformer.h.0.attn.q_norm.weight", {C}}},
-        {std::vector<float>(size_t(C))});
+  Write(SafetensorsDType::kF32, true, v, {},
+        {Floats("transformer.h.0.attn.q_norm.weight", {C}, std::vector<float>(size_t(C)))});
   ExpectRefused(StatusCode::kInvalidArgument, "h.0.attn.q_norm.weight is not part of GPT-2");
   const nlohmann::json good = config_;
   for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
@@ -194,9 +216,14 @@ TEST_F(HfImportTest, DamagedOrMissingFilesAreRefused) {
   ExpectRefused(StatusCode::kCorruption, "element 7 is nan");
   v[7] = 0.0f;
   const ParamTensor ln = ParameterLayout(kModel).back();
-  Write(SafetensorsDType::kF32, true, v, {}, {{ln.name.substr(12), ln.shape}},
-        {std::vector<float>(ln.numel)});
+  Write(SafetensorsDType::kF32, true, v, {},
+        {Floats(ln.name.substr(12), ln.shape, std::vector<float>(ln.numel))});
   ExpectRefused(StatusCode::kCorruption, "holds both");
+  // A parameter of an integer dtype.
+  Write(SafetensorsDType::kF32, true, v, {},
+        {Extra{ln.name, ln.shape, SafetensorsDType::kI32, std::vector<uint8_t>(4 * ln.numel)}},
+        ln.name);
+  ExpectRefused(StatusCode::kCorruption, "dtype I32, not F32");
   fs::remove(dir_ + "/model.safetensors");
   ExpectRefused(StatusCode::kNotFound, "no model.safetensors");
   { std::ofstream(dir_ + "/pytorch_model.bin") << "pickle"; }
@@ -216,7 +243,7 @@ TEST_F(HfImportTest, DamagedOrMissingFilesAreRefused) {
 // train.init_from: a run started from a trained run's checkpoint, or from the same weights as a
 // Hugging Face directory (its model.safetensors and config.json alone), trains bit for bit alike,
 // from the trained weights (a far lower first loss than a random start), on one rank and on two
-// tensor-parallel ranks; a shape other than the config's is refused.
+// tensor-parallel ranks, and at a shorter context; another shape is refused.
 class InitFromTest : public TrainerTest {};
 
 TEST_F(InitFromTest, StartsFromAnAtollCheckpointOrAHuggingFaceDirectoryAlike) {
@@ -249,6 +276,17 @@ TEST_F(InitFromTest, StartsFromAnAtollCheckpointOrAHuggingFaceDirectoryAlike) {
     EXPECT_NEAR(two[i]["loss"].get<double>(), one[i]["loss"].get<double>(),
                 1e-5 * one[i]["loss"].get<double>())
         << "step " << i + 1;
+  // A shorter context takes wpe's first rows (and starts from the trained weights); a longer one
+  // is refused.
+  RunConfig shorter = from;
+  shorter.model.seq_len = 8;
+  const std::string s8 = Run(shorter, "short");
+  shorter.train.init_from.clear();
+  const std::string f8 = Run(shorter, "short_fresh");
+  EXPECT_LT(Metrics(s8)[0]["loss"].get<double>(), Metrics(f8)[0]["loss"].get<double>() - 0.5);
+  shorter.train.init_from = hf;
+  shorter.model.seq_len = 32;
+  EXPECT_EQ(TryRun(shorter, "longer").status().code(), StatusCode::kInvalidArgument);
   // Another shape: refused, naming both.
   RunConfig wide = from;
   wide.model.n_embd = 32;

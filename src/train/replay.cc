@@ -76,7 +76,8 @@ StatusOr<int64_t> ReplayServer::Init(int site, std::span<const float> params) {
   if (params.size() != log_.count || h != log_.init_checksum)
     return Status::Internal(fmt::format(
         "replay: site {}'s initial parameters ({} floats, xxh3 {:016x}) are not the logged ones "
-        "({} floats, xxh3 {:016x}): another config, seed or build",
+        "({} floats, xxh3 {:016x}): another config, seed or build, or train.init_from's weights "
+        "changed",
         site, params.size(), h, log_.count, log_.init_checksum));
   if (!initialized_) {
     params_.assign(params.begin(), params.end());

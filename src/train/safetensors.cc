@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 namespace atl {
@@ -18,23 +19,35 @@ namespace {
 constexpr uint64_t kMaxHeader = uint64_t{100} << 20;
 }  // namespace
 
-const char* SafetensorsDTypeName(SafetensorsDType d) {
-  switch (d) {
-    case SafetensorsDType::kF32: return "F32";
-    case SafetensorsDType::kF64: return "F64";
-    case SafetensorsDType::kF16: return "F16";
-    case SafetensorsDType::kBF16: return "BF16";
-  }
-  return "?";
+namespace {
+struct DTypeInfo {
+  SafetensorsDType dtype;
+  const char* name;
+  size_t size;
+};
+constexpr DTypeInfo kDTypes[] = {
+    {SafetensorsDType::kF32, "F32", 4},   {SafetensorsDType::kF64, "F64", 8},
+    {SafetensorsDType::kF16, "F16", 2},   {SafetensorsDType::kBF16, "BF16", 2},
+    {SafetensorsDType::kBool, "BOOL", 1}, {SafetensorsDType::kU8, "U8", 1},
+    {SafetensorsDType::kI8, "I8", 1},     {SafetensorsDType::kI16, "I16", 2},
+    {SafetensorsDType::kU16, "U16", 2},   {SafetensorsDType::kI32, "I32", 4},
+    {SafetensorsDType::kU32, "U32", 4},   {SafetensorsDType::kI64, "I64", 8},
+    {SafetensorsDType::kU64, "U64", 8},
+};
+constexpr bool InEnumOrder() {
+  for (size_t i = 0; i < std::size(kDTypes); ++i)
+    if (static_cast<size_t>(kDTypes[i].dtype) != i) return false;
+  return std::size(kDTypes) == static_cast<size_t>(SafetensorsDType::kU64) + 1;
 }
-size_t SafetensorsDTypeSize(SafetensorsDType d) {
-  switch (d) {
-    case SafetensorsDType::kF32: return 4;
-    case SafetensorsDType::kF64: return 8;
-    case SafetensorsDType::kF16:
-    case SafetensorsDType::kBF16: return 2;
-  }
-  return 0;
+static_assert(InEnumOrder(), "kDTypes: one entry per SafetensorsDType, in the enum's order");
+const DTypeInfo& Info(SafetensorsDType d) { return kDTypes[static_cast<int>(d)]; }
+}  // namespace
+
+const char* SafetensorsDTypeName(SafetensorsDType d) { return Info(d).name; }
+size_t SafetensorsDTypeSize(SafetensorsDType d) { return Info(d).size; }
+bool SafetensorsFloat(SafetensorsDType d) {
+  return d == SafetensorsDType::kF32 || d == SafetensorsDType::kF64 ||
+         d == SafetensorsDType::kF16 || d == SafetensorsDType::kBF16;
 }
 
 size_t TensorView::numel() const {
@@ -170,17 +183,11 @@ StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string_view bytes, const s
     TensorView t;
     t.name = key;
     const auto& dt = info["dtype"];
-    if (dt == "F32") {
-      t.dtype = SafetensorsDType::kF32;
-    } else if (dt == "F64") {
-      t.dtype = SafetensorsDType::kF64;
-    } else if (dt == "F16") {
-      t.dtype = SafetensorsDType::kF16;
-    } else if (dt == "BF16") {
-      t.dtype = SafetensorsDType::kBF16;
-    } else {
-      return bad_tensor(fmt::format("unsupported dtype {}", dt.dump()));
-    }
+    const DTypeInfo* known = nullptr;
+    for (const DTypeInfo& d : kDTypes)
+      if (dt == d.name) known = &d;
+    if (known == nullptr) return bad_tensor(fmt::format("unsupported dtype {}", dt.dump()));
+    t.dtype = known->dtype;
     const auto& shape = info["shape"];
     if (!shape.is_array()) return bad_tensor("shape is not an array");
     size_t numel = 1;

@@ -23,9 +23,26 @@
 
 namespace atl {
 
-// The dtypes read and written; F16 and BF16 are read from other tools' files (Hugging Face
-// checkpoints: train/hf_import.h), atoll writes F32 and F64.
-enum class SafetensorsDType { kF32, kF64, kF16, kBF16 };
+// The dtypes read and written. atoll writes F32 and F64; F16 and BF16 come in other tools' files
+// (Hugging Face checkpoints: train/hf_import.h), and so may integer and boolean tensors (an older
+// transformers' attention mask buffers), which a reader skips or refuses by name.
+enum class SafetensorsDType {
+  kF32,
+  kF64,
+  kF16,
+  kBF16,
+  kBool,
+  kU8,
+  kI8,
+  kI16,
+  kU16,
+  kI32,
+  kU32,
+  kI64,
+  kU64
+};
+// Whether d is F32, F64, F16 or BF16.
+bool SafetensorsFloat(SafetensorsDType d);
 const char* SafetensorsDTypeName(SafetensorsDType d);
 size_t SafetensorsDTypeSize(SafetensorsDType d);
 

@@ -91,7 +91,7 @@ TEST(Safetensors, MalformedHeadersAreRefusedNamingTheTensor) {
   };
   const Case cases[] = {
       {"{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4, "tensor x"},
-      {"{\"x\":{\"dtype\":\"I8\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, "unsupported dtype"},
+      {"{\"x\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, "unsupported dtype"},
       {"{\"x\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, "bad dimension"},
       {"{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 4, "backwards"},
       {"{\"x\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "data_offsets"},

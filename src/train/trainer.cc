@@ -65,21 +65,33 @@ StatusOr<std::unique_ptr<Communicator>> NcclOver(Communicator& group) {
 }
 
 // train.init_from: this rank's part of the weights of an atoll checkpoint or a Hugging Face
-// GPT-2 directory, whose model shape must be the run's.
+// GPT-2 directory, whose model shape must be the run's, or differ only in a longer context: then
+// wpe's first seq_len rows are taken (fine-tuning at a shorter context, as nanoGPT crops them).
 Status InitFromWeights(const RunConfig& cfg, Run& run) {
   const std::string& path = cfg.train.init_from;
   auto loaded = LoadWeights(path);
   if (!loaded.ok()) return loaded.status().WithContext("train.init_from");
   const GPTConfig &got = loaded->config.model, &want = cfg.model;
-  if (!(got == want))
+  GPTConfig cropped = got;
+  cropped.seq_len = want.seq_len;
+  if (!(cropped == want) || got.seq_len < want.seq_len)
     return Status::InvalidArgument(fmt::format(
         "train.init_from {}: the weights are of n_layer {} n_head {} n_embd {} seq_len {} "
         "vocab_size {}, the config's [model] is of {} {} {} {} {}: set [model] to the weights' "
-        "shape",
+        "shape (a shorter seq_len may be set)",
         path, got.n_layer, got.n_head, got.n_embd, got.seq_len, got.vocab_size, want.n_layer,
         want.n_head, want.n_embd, want.seq_len, want.vocab_size));
-  CopyShard(want, run.model->shard(), loaded->params.data(), run.model->params(),
-            /*to_shard=*/true);
+  std::vector<float> whole = std::move(loaded->params);
+  if (got.seq_len > want.seq_len) {
+    // Every tensor is the same but wpe, whose rows [seq_len, C] come first in its storage.
+    const auto from = ParameterLayout(got), to = ParameterLayout(want);
+    std::vector<float> mine(NumParameters(want));
+    for (size_t i = 0; i < to.size(); ++i)
+      std::copy_n(whole.begin() + long(from[i].offset), to[i].numel,
+                  mine.begin() + long(to[i].offset));
+    whole = std::move(mine);
+  }
+  CopyShard(want, run.model->shard(), whole.data(), run.model->params(), /*to_shard=*/true);
   return Status::Ok();
 }
 
