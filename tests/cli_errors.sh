@@ -106,6 +106,8 @@ expect_exit 2 "$ATOLL" sample --checkpoint "$T/hfbert" --prompt hi
 expect_err "model_type"
 expect_exit 2 "$ATOLL" train --resume "$CK" --init-from "$T/hf" --out "$T/x"
 expect_err "--init-from and --resume"
+expect_exit 2 "$ATOLL" train --resume "$CK" --set train.init_from="$T/hf" --out "$T/x"
+expect_err "leave train.init_from as it was"
 expect_exit 2 "$ATOLL" train --config configs/small.toml --set data.dir="$DATA" --init-from "$T/hf" \
   --out "$T/x"
 expect_err "set [model] to the weights' shape"

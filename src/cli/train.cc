@@ -262,6 +262,9 @@ Status RunRanks(const RunConfig& cfg, const TrainArgs& a, const Checkpoint* ck,
 Status RunTrain(const TrainArgs& a) {
   std::unique_ptr<Checkpoint> ck;
   RunConfig cfg;
+  if (!a.init_from.empty() && !a.resume.empty())
+    return Status::InvalidArgument(
+        "train: --init-from and --resume: a resumed run goes on from its checkpoint's weights");
   if (!a.resume.empty()) {
     auto loaded = LoadCheckpoint(a.resume, /*with_optimizer=*/true);
     if (!loaded.ok()) return loaded.status().WithContext("--resume");
@@ -277,11 +280,16 @@ Status RunTrain(const TrainArgs& a) {
   } else {
     return Status::InvalidArgument("train: --config FILE is required (or --resume CHECKPOINT)");
   }
-  if (!a.init_from.empty()) {
-    if (!a.resume.empty())
-      return Status::InvalidArgument(
-          "train: --init-from and --resume: a resumed run goes on from its checkpoint's weights");
-    cfg.train.init_from = a.init_from;
+  if (!a.init_from.empty()) cfg.train.init_from = a.init_from;
+  if (ck != nullptr) {
+    // A resumed run goes on from its checkpoint's weights: init_from is only its record (a
+    // --config without it takes the checkpoint's); another one named is refused.
+    if (cfg.train.init_from.empty()) cfg.train.init_from = ck->config.train.init_from;
+    if (cfg.train.init_from != ck->config.train.init_from)
+      return Status::InvalidArgument(fmt::format(
+          "--resume {}: train.init_from = '{}', the checkpoint's run had '{}': a resumed run "
+          "goes on from its checkpoint's weights (leave train.init_from as it was)",
+          a.resume, cfg.train.init_from, ck->config.train.init_from));
   }
   if (!a.inject.empty()) {
     for (const std::string& spec : a.inject)

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -69,8 +70,16 @@ void ToFloats(const TensorView& t, float* out) {
         std::memcpy(&out[i], &bits, 4);
         break;
       }
-      default:  // not a float dtype: the callers refuse those first (SafetensorsFloat)
-        break;
+      case SafetensorsDType::kBool:
+      case SafetensorsDType::kU8:
+      case SafetensorsDType::kI8:
+      case SafetensorsDType::kI16:
+      case SafetensorsDType::kU16:
+      case SafetensorsDType::kI32:
+      case SafetensorsDType::kU32:
+      case SafetensorsDType::kI64:
+      case SafetensorsDType::kU64:
+        std::abort();  // not a float dtype: every caller refuses those first (SafetensorsFloat)
     }
   }
 }

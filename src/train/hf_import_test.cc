@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -155,7 +156,8 @@ TEST_F(HfImportTest, MaskBuffersAndATiedHeadAreAccepted) {
   const std::vector<float> mask(size_t(T * T), 1.0f), wte = Wte(v);
   // The mask buffers as transformers saved them: float, uint8 or bool; the head stored again.
   Write(SafetensorsDType::kF32, false, v, {},
-        {Floats("h.0.attn.bias", {1, 1, T, T}, mask), Floats("h.1.attn.masked_bias", {1}, {-1e4f}),
+        {Floats("h.0.attn.bias", {1, 1, T, T}, mask),
+         Extra{"h.1.attn.masked_bias", {1}, SafetensorsDType::kU8, {0}},
          Extra{"h.1.attn.bias",
                {1, 1, T, T},
                SafetensorsDType::kBool,
@@ -284,9 +286,32 @@ TEST_F(InitFromTest, StartsFromAnAtollCheckpointOrAHuggingFaceDirectoryAlike) {
   shorter.train.init_from.clear();
   const std::string f8 = Run(shorter, "short_fresh");
   EXPECT_LT(Metrics(s8)[0]["loss"].get<double>(), Metrics(f8)[0]["loss"].get<double>() - 0.5);
+  // ... and trains as a directory holding those rows by hand does.
+  {
+    auto w = LoadWeights(hf);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    const std::string cut = root_ + "/hf8";
+    ASSERT_TRUE(MakeDirs(cut).ok());
+    ASSERT_TRUE(WriteFileAtomic(cut + "/config.json", HuggingFaceConfigJson(shorter.model)).ok());
+    SafetensorsWriter sw;
+    for (const ParamTensor& t : ParameterLayout(shorter.model)) {
+      const auto& whole = ParameterLayout(w->config.model);
+      const auto it = std::find_if(whole.begin(), whole.end(),
+                                   [&](const ParamTensor& u) { return u.name == t.name; });
+      ASSERT_NE(it, whole.end());
+      sw.AddFloats(t.name, t.shape, w->params.data() + it->offset);  // wpe: its first rows
+    }
+    ASSERT_TRUE(sw.Write(cut + "/model.safetensors").ok());
+    RunConfig by_hand = shorter;
+    by_hand.train.init_from = cut;
+    EXPECT_EQ(LossColumns(Run(by_hand, "short_by_hand")), LossColumns(s8));
+  }
   shorter.train.init_from = hf;
   shorter.model.seq_len = 32;
-  EXPECT_EQ(TryRun(shorter, "longer").status().code(), StatusCode::kInvalidArgument);
+  auto longer = TryRun(shorter, "longer");
+  EXPECT_EQ(longer.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(longer.status().message().find("seq_len 16"), std::string::npos)
+      << longer.status().ToString();
   // Another shape: refused, naming both.
   RunConfig wide = from;
   wide.model.n_embd = 32;

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 namespace atl {
@@ -35,6 +36,38 @@ TEST(Safetensors, HeaderFollowsTheFormat) {
   EXPECT_EQ(header["layer.b"]["data_offsets"], nlohmann::json({24, 40}));
   EXPECT_EQ(header["scalar"]["data_offsets"], nlohmann::json({40, 44}));
   EXPECT_EQ(bytes.size(), 8 + n + 44);
+}
+
+// Every dtype of the format reads back with its name and element size (atoll writes F32 and F64;
+// Hugging Face files bring the others: train/hf_import.h).
+TEST(Safetensors, EveryDtypeRoundTripsWithItsSize) {
+  const std::pair<SafetensorsDType, size_t> dtypes[] = {
+      {SafetensorsDType::kF32, 4},  {SafetensorsDType::kF64, 8},  {SafetensorsDType::kF16, 2},
+      {SafetensorsDType::kBF16, 2}, {SafetensorsDType::kBool, 1}, {SafetensorsDType::kU8, 1},
+      {SafetensorsDType::kI8, 1},   {SafetensorsDType::kI16, 2},  {SafetensorsDType::kU16, 2},
+      {SafetensorsDType::kI32, 4},  {SafetensorsDType::kU32, 4},  {SafetensorsDType::kI64, 8},
+      {SafetensorsDType::kU64, 8}};
+  const char* names[] = {"F32", "F64", "F16", "BF16", "BOOL", "U8", "I8",
+                         "I16", "U16", "I32", "U32",  "I64",  "U64"};
+  uint8_t bytes[24];
+  for (size_t i = 0; i < sizeof bytes; ++i) bytes[i] = uint8_t(i * 37 + 1);
+  SafetensorsWriter w;
+  for (size_t i = 0; i < std::size(dtypes); ++i) {
+    EXPECT_EQ(SafetensorsDTypeSize(dtypes[i].first), dtypes[i].second) << names[i];
+    EXPECT_STREQ(SafetensorsDTypeName(dtypes[i].first), names[i]);
+    w.Add(names[i], dtypes[i].first, {3}, bytes);
+  }
+  const std::string file = w.Serialize();
+  auto f = SafetensorsFile::Parse(file, "all.safetensors");
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  for (size_t i = 0; i < std::size(dtypes); ++i) {
+    const TensorView* t = f->Find(names[i]);
+    ASSERT_NE(t, nullptr) << names[i];
+    EXPECT_EQ(t->dtype, dtypes[i].first);
+    EXPECT_EQ(t->size, 3 * dtypes[i].second);
+    EXPECT_EQ(std::memcmp(t->data, bytes, t->size), 0) << names[i];
+    EXPECT_EQ(SafetensorsFloat(t->dtype), i < 4) << names[i];
+  }
 }
 
 TEST(Safetensors, RoundTripsThroughAFile) {
@@ -91,7 +124,8 @@ TEST(Safetensors, MalformedHeadersAreRefusedNamingTheTensor) {
   };
   const Case cases[] = {
       {"{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4, "tensor x"},
-      {"{\"x\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, "unsupported dtype"},
+      {"{\"x\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2,
+       "unsupported dtype"},
       {"{\"x\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, "bad dimension"},
       {"{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 4, "backwards"},
       {"{\"x\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "data_offsets"},

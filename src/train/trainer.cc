@@ -86,9 +86,13 @@ Status InitFromWeights(const RunConfig& cfg, Run& run) {
     // Every tensor is the same but wpe, whose rows [seq_len, C] come first in its storage.
     const auto from = ParameterLayout(got), to = ParameterLayout(want);
     std::vector<float> mine(NumParameters(want));
-    for (size_t i = 0; i < to.size(); ++i)
+    for (size_t i = 0; i < to.size(); ++i) {
+      if (from[i].name != to[i].name)  // the layout's order does not depend on seq_len
+        return Status::Internal(fmt::format("train.init_from: tensor {} of the weights against {}",
+                                            from[i].name, to[i].name));
       std::copy_n(whole.begin() + long(from[i].offset), to[i].numel,
                   mine.begin() + long(to[i].offset));
+    }
     whole = std::move(mine);
   }
   CopyShard(want, run.model->shard(), whole.data(), run.model->params(), /*to_shard=*/true);
