@@ -27,15 +27,11 @@ constexpr std::string_view kPrefix = "transformer.";
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-  float f;
-  if (exp == 0) {  // zero or subnormal: man * 2^-24
-    f = std::ldexp(float(man), -24);
-    uint32_t bits;
-    std::memcpy(&bits, &f, sizeof(bits));
-    bits |= sign;
-    std::memcpy(&f, &bits, sizeof(f));
-    return f;
+  if (exp == 0) {  // zero or subnormal: man * 2^-24 (exact), with its sign (-0 too)
+    const float f = std::ldexp(float(man), -24);
+    return sign != 0 ? -f : f;
   }
+  float f;
   const uint32_t bits =
       exp == 31 ? sign | 0x7f800000u | man << 13 : sign | (exp - 15 + 127) << 23 | man << 13;
   std::memcpy(&f, &bits, sizeof(f));
@@ -82,10 +78,6 @@ void ToFloats(const TensorView& t, float* out) {
         std::abort();  // not a float dtype: every caller refuses those first (SafetensorsFloat)
     }
   }
-}
-
-bool EndsWith(std::string_view s, std::string_view tail) {
-  return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
 }
 
 // The model shape of a GPT2Config, refusing what atoll's GPT does not compute.
@@ -197,8 +189,8 @@ StatusOr<Checkpoint> LoadHuggingFaceWeights(const std::string& dir) {
   for (const TensorView& t : file.tensors()) {
     if (used.count(t.name) != 0) continue;
     std::string_view bare = t.name;
-    if (bare.substr(0, kPrefix.size()) == kPrefix) bare.remove_prefix(kPrefix.size());
-    if (EndsWith(bare, ".attn.bias") || EndsWith(bare, ".attn.masked_bias"))
+    if (bare.starts_with(kPrefix)) bare.remove_prefix(kPrefix.size());
+    if (bare.ends_with(".attn.bias") || bare.ends_with(".attn.masked_bias"))
       continue;  // the causal mask's buffers (older transformers saved them: F32, U8 or BOOL)
     if (t.name == "lm_head.weight" && t.shape == wte.shape && SafetensorsFloat(t.dtype)) {
       std::vector<float> head(t.numel());

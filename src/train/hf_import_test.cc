@@ -294,8 +294,8 @@ TEST_F(InitFromTest, StartsFromAnAtollCheckpointOrAHuggingFaceDirectoryAlike) {
     ASSERT_TRUE(MakeDirs(cut).ok());
     ASSERT_TRUE(WriteFileAtomic(cut + "/config.json", HuggingFaceConfigJson(shorter.model)).ok());
     SafetensorsWriter sw;
+    const auto whole = ParameterLayout(w->config.model);
     for (const ParamTensor& t : ParameterLayout(shorter.model)) {
-      const auto& whole = ParameterLayout(w->config.model);
       const auto it = std::find_if(whole.begin(), whole.end(),
                                    [&](const ParamTensor& u) { return u.name == t.name; });
       ASSERT_NE(it, whole.end());

@@ -17,9 +17,7 @@ namespace {
 // Far above any real header (GPT-2 124M's is ~15 KB), far below anything that could exhaust
 // memory when a corrupted length is believed.
 constexpr uint64_t kMaxHeader = uint64_t{100} << 20;
-}  // namespace
 
-namespace {
 struct DTypeInfo {
   SafetensorsDType dtype;
   const char* name;
